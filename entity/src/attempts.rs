@@ -1,0 +1,39 @@
+//! One worker's try at one job, written before the provider is called.
+
+use crate::{AttemptOutcome, Timestamp};
+use sea_orm::entity::prelude::*;
+
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "attempts")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: Uuid,
+    pub job_id: Uuid,
+    pub tenant_id: Uuid,
+    pub number: i32,
+    pub run_token: Uuid,
+    pub worker_id: String,
+    pub outcome: AttemptOutcome,
+    pub error_code: Option<String>,
+    pub error_message: Option<String>,
+    pub provider: String,
+    pub model: String,
+    pub provider_request_id: Option<String>,
+    pub input_tokens: Option<i64>,
+    pub cached_input_tokens: Option<i64>,
+    pub output_tokens: Option<i64>,
+    /// Exact cost, known when the provider reported usage.
+    pub provider_cost_nanos: Option<i64>,
+    /// What the attempt may have cost when its outcome is unknown.
+    pub provider_cost_upper_bound_nanos: Option<i64>,
+    /// The price row this attempt was priced with.
+    pub model_price_id: Uuid,
+    pub latency_ms: Option<i64>,
+    pub started_at: Timestamp,
+    pub finished_at: Option<Timestamp>,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

@@ -1,0 +1,25 @@
+//! The credits held for one job until its outcome settles or releases them.
+
+use crate::{ReservationStatus, Timestamp};
+use sea_orm::entity::prelude::*;
+
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "credit_reservations")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: Uuid,
+    #[sea_orm(unique)]
+    pub job_id: Uuid,
+    pub tenant_id: Uuid,
+    pub amount_nanos: i64,
+    pub status: ReservationStatus,
+    pub settled_amount_nanos: i64,
+    pub released_amount_nanos: i64,
+    pub created_at: Timestamp,
+    pub resolved_at: Option<Timestamp>,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

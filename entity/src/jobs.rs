@@ -1,0 +1,42 @@
+//! A job: the business operation, independent of any request or attempt.
+
+use crate::{JobStatus, Timestamp};
+use sea_orm::entity::prelude::*;
+
+#[derive(Clone, Debug, PartialEq, DeriveEntityModel)]
+#[sea_orm(table_name = "jobs")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: Uuid,
+    pub tenant_id: Uuid,
+    pub idempotency_key: String,
+    /// SHA-256 of the canonical input: a replay with another input is a conflict.
+    pub request_hash: String,
+    pub status: JobStatus,
+    pub cancel_requested: bool,
+    pub model: String,
+    /// Messages, max output tokens, response schema and metadata, as submitted.
+    pub input: Json,
+    pub retry_unknown_outcome: bool,
+    pub result: Option<Json>,
+    pub error_code: Option<String>,
+    pub error_message: Option<String>,
+    pub attempt_count: i32,
+    pub max_attempts: i32,
+    /// The fence of the attempt that currently owns the job.
+    pub run_token: Option<Uuid>,
+    pub lease_until: Option<Timestamp>,
+    pub next_run_at: Timestamp,
+    /// The seq of the job's newest event; bumping it in the same UPDATE that changes the
+    /// job serialises event numbering with the job's row lock.
+    pub last_event_seq: i32,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    pub started_at: Option<Timestamp>,
+    pub finished_at: Option<Timestamp>,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

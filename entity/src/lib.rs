@@ -1,0 +1,25 @@
+//! SeaORM entities for jobledger, one module per table.
+//!
+//! Storage conventions shared by every table:
+//! - ids are UUIDs made in Rust (version 7, so they sort by creation time);
+//! - money is a BIGINT of nano-credits (`*_nanos`), so sums are exact on SQLite too;
+//! - time is a [`Timestamp`]: BIGINT microseconds since the Unix epoch, UTC, so that
+//!   comparisons in SQL (`lease_until < now`) are integer comparisons on both backends.
+
+pub mod api_keys;
+pub mod attempts;
+pub mod charges;
+pub mod credit_grants;
+pub mod credit_reservations;
+pub mod job_events;
+pub mod jobs;
+pub mod ledger_entries;
+pub mod model_prices;
+pub mod tenants;
+mod timestamp;
+mod values;
+
+pub use timestamp::Timestamp;
+pub use values::{
+    ApiKeyRole, AttemptOutcome, EventKind, JobStatus, LedgerEntryKind, ReservationStatus,
+};

@@ -1,0 +1,30 @@
+//! Versioned, effective-dated prices per model: what the provider charges us and
+//! what we charge the customer, in nano-credits per million tokens.
+
+use crate::Timestamp;
+use sea_orm::entity::prelude::*;
+
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "model_prices")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: Uuid,
+    pub model: String,
+    /// 1, 2, 3 … per model; a new price is a new version, never an update.
+    pub version: i32,
+    pub provider_input_nanos_per_million: i64,
+    pub provider_cached_input_nanos_per_million: i64,
+    pub provider_output_nanos_per_million: i64,
+    pub customer_input_nanos_per_million: i64,
+    pub customer_cached_input_nanos_per_million: i64,
+    pub customer_output_nanos_per_million: i64,
+    pub effective_from: Timestamp,
+    /// Where the price came from (a pricing page and its date, or a config file).
+    pub source: String,
+    pub created_at: Timestamp,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

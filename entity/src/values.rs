@@ -1,0 +1,131 @@
+//! The closed sets of values some columns hold, stored as their lowercase names.
+
+use sea_orm::entity::prelude::*;
+use serde::{Deserialize, Serialize};
+
+/// Where a job is in its lifecycle.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum, Serialize, Deserialize,
+)]
+#[sea_orm(rs_type = "String", db_type = "String(StringLen::None)")]
+pub enum JobStatus {
+    #[sea_orm(string_value = "queued")]
+    Queued,
+    #[sea_orm(string_value = "running")]
+    Running,
+    #[sea_orm(string_value = "succeeded")]
+    Succeeded,
+    #[sea_orm(string_value = "failed")]
+    Failed,
+    #[sea_orm(string_value = "cancelled")]
+    Cancelled,
+}
+
+impl JobStatus {
+    /// A terminal job never changes status again.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
+    }
+}
+
+/// How one attempt ended (or `Running` while it has not).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum, Serialize, Deserialize,
+)]
+#[sea_orm(rs_type = "String", db_type = "String(StringLen::None)")]
+pub enum AttemptOutcome {
+    #[sea_orm(string_value = "running")]
+    Running,
+    #[sea_orm(string_value = "succeeded")]
+    Succeeded,
+    #[sea_orm(string_value = "retryable_error")]
+    RetryableError,
+    #[sea_orm(string_value = "permanent_error")]
+    PermanentError,
+    #[sea_orm(string_value = "invalid_output")]
+    InvalidOutput,
+    /// The request was sent and no answer came back: the provider may have billed it.
+    #[sea_orm(string_value = "unknown")]
+    Unknown,
+    #[sea_orm(string_value = "cancelled")]
+    Cancelled,
+    /// The worker stopped renewing its lease; another attempt took the job over.
+    #[sea_orm(string_value = "lease_expired")]
+    LeaseExpired,
+}
+
+/// The state of a job's credit hold.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum, Serialize, Deserialize,
+)]
+#[sea_orm(rs_type = "String", db_type = "String(StringLen::None)")]
+pub enum ReservationStatus {
+    #[sea_orm(string_value = "held")]
+    Held,
+    #[sea_orm(string_value = "settled")]
+    Settled,
+    #[sea_orm(string_value = "released")]
+    Released,
+}
+
+/// A movement of credits in the append-only ledger.
+///
+/// Amounts are always positive; the kind gives the direction:
+/// granted = Σ grant, charged = Σ charge, held = Σ hold − Σ release − Σ charge.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum, Serialize, Deserialize,
+)]
+#[sea_orm(rs_type = "String", db_type = "String(StringLen::None)")]
+pub enum LedgerEntryKind {
+    #[sea_orm(string_value = "grant")]
+    Grant,
+    #[sea_orm(string_value = "hold")]
+    Hold,
+    #[sea_orm(string_value = "release")]
+    Release,
+    #[sea_orm(string_value = "charge")]
+    Charge,
+}
+
+/// What happened to a job, as recorded in its event stream.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum, Serialize, Deserialize,
+)]
+#[sea_orm(rs_type = "String", db_type = "String(StringLen::None)")]
+pub enum EventKind {
+    #[sea_orm(string_value = "created")]
+    Created,
+    #[sea_orm(string_value = "attempt_started")]
+    AttemptStarted,
+    #[sea_orm(string_value = "attempt_failed")]
+    AttemptFailed,
+    #[sea_orm(string_value = "retry_scheduled")]
+    RetryScheduled,
+    #[sea_orm(string_value = "cancel_requested")]
+    CancelRequested,
+    #[sea_orm(string_value = "succeeded")]
+    Succeeded,
+    #[sea_orm(string_value = "failed")]
+    Failed,
+    #[sea_orm(string_value = "cancelled")]
+    Cancelled,
+}
+
+impl EventKind {
+    /// The last event of a job's stream.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
+    }
+}
+
+/// What an API key may do.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum, Serialize, Deserialize,
+)]
+#[sea_orm(rs_type = "String", db_type = "String(StringLen::None)")]
+pub enum ApiKeyRole {
+    #[sea_orm(string_value = "tenant")]
+    Tenant,
+    #[sea_orm(string_value = "admin")]
+    Admin,
+}

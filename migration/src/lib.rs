@@ -1,0 +1,18 @@
+//! Schema migrations, portable across PostgreSQL and SQLite.
+//!
+//! Migrations describe tables with their own identifiers and never import the entity
+//! crate: an old migration must keep meaning what it meant when it was written.
+
+pub use sea_orm_migration::prelude::*;
+
+mod m20261130_000001_create_core_tables;
+
+/// Applies jobledger's migrations in order.
+pub struct Migrator;
+
+#[async_trait::async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![Box::new(m20261130_000001_create_core_tables::Migration)]
+    }
+}

@@ -1,0 +1,8 @@
+//! Tenants, their API keys, and who a request acts for.
+
+pub mod api_keys;
+mod principal;
+pub mod tenants;
+
+pub use api_keys::{AdminToken, ApiKey};
+pub use principal::Principal;

@@ -1,0 +1,45 @@
+//! Creating and reading tenants.
+
+use super::api_keys::{self, ApiKey};
+use crate::error::ServiceError;
+use entity::{Timestamp, tenants};
+use sea_orm::{ActiveValue::Set, ConnectionTrait, EntityTrait};
+use uuid::Uuid;
+
+/// Longest tenant name accepted.
+const MAX_NAME_LENGTH: usize = 200;
+
+/// Creates a tenant with a zero balance and its first API key.
+pub async fn create_tenant(
+    db: &impl ConnectionTrait,
+    name: &str,
+) -> Result<(tenants::Model, ApiKey), ServiceError> {
+    let name = name.trim();
+    if name.is_empty() || name.chars().count() > MAX_NAME_LENGTH {
+        return Err(ServiceError::validation(format!(
+            "name must be 1 to {MAX_NAME_LENGTH} characters"
+        )));
+    }
+    let row = tenants::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        name: Set(name.to_owned()),
+        granted_nanos: Set(0),
+        held_nanos: Set(0),
+        charged_nanos: Set(0),
+        created_at: Set(Timestamp::now()),
+    };
+    let tenant = tenants::Entity::insert(row).exec_with_returning(db).await?;
+    let key = api_keys::create_tenant_key(db, tenant.id).await?;
+    Ok((tenant, key))
+}
+
+/// The tenant with this id.
+pub async fn find_tenant(
+    db: &impl ConnectionTrait,
+    tenant_id: Uuid,
+) -> Result<tenants::Model, ServiceError> {
+    tenants::Entity::find_by_id(tenant_id)
+        .one(db)
+        .await?
+        .ok_or(ServiceError::NotFound)
+}

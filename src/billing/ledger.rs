@@ -1,0 +1,348 @@
+//! The credit ledger: grants, holds, charges and releases.
+//!
+//! Every movement is an append-only `ledger_entries` row written in the same
+//! transaction as the cached balance on `tenants` it explains, so a replay of the
+//! ledger always equals the cached balance. Callers pass the transaction in.
+
+use super::Credits;
+use crate::error::ServiceError;
+use entity::{
+    LedgerEntryKind, ReservationStatus, Timestamp, charges, credit_grants, credit_reservations,
+    ledger_entries, tenants,
+};
+use sea_orm::sea_query::{Expr, ExprTrait};
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DbErr, EntityTrait, FromQueryResult,
+    QueryFilter, QuerySelect,
+};
+use uuid::Uuid;
+
+/// A tenant's credits. `available = granted − charged − held`, never below zero.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Balance {
+    pub granted: Credits,
+    pub held: Credits,
+    pub charged: Credits,
+}
+
+impl Balance {
+    /// What new holds may still use.
+    pub fn available(&self) -> Credits {
+        self.granted - self.charged - self.held
+    }
+}
+
+impl From<&tenants::Model> for Balance {
+    fn from(tenant: &tenants::Model) -> Self {
+        Self {
+            granted: Credits::from_nanos(tenant.granted_nanos),
+            held: Credits::from_nanos(tenant.held_nanos),
+            charged: Credits::from_nanos(tenant.charged_nanos),
+        }
+    }
+}
+
+/// A new grant of credits to a tenant.
+#[derive(Clone, Debug)]
+pub struct NewGrant {
+    pub tenant_id: Uuid,
+    pub amount: Credits,
+    pub idempotency_key: String,
+    pub reason: Option<String>,
+}
+
+/// Adds credits to a tenant, once per idempotency key: a repeated key with the same
+/// amount returns the first grant; with another amount it is a conflict.
+pub async fn grant(
+    db: &impl ConnectionTrait,
+    new: NewGrant,
+) -> Result<credit_grants::Model, ServiceError> {
+    if !new.amount.is_positive() {
+        return Err(ServiceError::validation("amount must be greater than zero"));
+    }
+    let existing = credit_grants::Entity::find()
+        .filter(credit_grants::Column::TenantId.eq(new.tenant_id))
+        .filter(credit_grants::Column::IdempotencyKey.eq(&new.idempotency_key))
+        .one(db)
+        .await?;
+    if let Some(existing) = existing {
+        return if existing.amount_nanos == new.amount.nanos() && existing.reason == new.reason {
+            Ok(existing)
+        } else {
+            Err(ServiceError::IdempotencyConflict)
+        };
+    }
+    let now = Timestamp::now();
+    let updated = tenants::Entity::update_many()
+        .col_expr(
+            tenants::Column::GrantedNanos,
+            Expr::col(tenants::Column::GrantedNanos).add(new.amount.nanos()),
+        )
+        .filter(tenants::Column::Id.eq(new.tenant_id))
+        .exec(db)
+        .await?;
+    if updated.rows_affected == 0 {
+        return Err(ServiceError::NotFound);
+    }
+    let row = credit_grants::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        tenant_id: Set(new.tenant_id),
+        amount_nanos: Set(new.amount.nanos()),
+        idempotency_key: Set(new.idempotency_key),
+        reason: Set(new.reason),
+        created_at: Set(now),
+    };
+    let grant = credit_grants::Entity::insert(row)
+        .exec_with_returning(db)
+        .await?;
+    append_entry(
+        db,
+        grant.tenant_id,
+        LedgerEntryKind::Grant,
+        new.amount,
+        None,
+        Some(grant.id),
+    )
+    .await?;
+    Ok(grant)
+}
+
+/// Holds `amount` of a tenant's available credits for a job, or refuses without
+/// writing anything when the balance is short.
+///
+/// The check and the hold are one conditional UPDATE, so concurrent holds can never
+/// take the balance below zero: on PostgreSQL the row lock makes the second UPDATE
+/// re-evaluate its condition after the first commits.
+pub async fn hold(
+    db: &impl ConnectionTrait,
+    tenant_id: Uuid,
+    job_id: Uuid,
+    amount: Credits,
+) -> Result<credit_reservations::Model, ServiceError> {
+    let available = Expr::col(tenants::Column::GrantedNanos)
+        .sub(Expr::col(tenants::Column::ChargedNanos))
+        .sub(Expr::col(tenants::Column::HeldNanos));
+    let updated = tenants::Entity::update_many()
+        .col_expr(
+            tenants::Column::HeldNanos,
+            Expr::col(tenants::Column::HeldNanos).add(amount.nanos()),
+        )
+        .filter(tenants::Column::Id.eq(tenant_id))
+        .filter(available.gte(amount.nanos()))
+        .exec(db)
+        .await?;
+    if updated.rows_affected == 0 {
+        let balance = balance(db, tenant_id)
+            .await?
+            .ok_or(ServiceError::NotFound)?;
+        return Err(ServiceError::InsufficientCredits {
+            needed: amount,
+            available: balance.available(),
+        });
+    }
+    let row = credit_reservations::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        job_id: Set(job_id),
+        tenant_id: Set(tenant_id),
+        amount_nanos: Set(amount.nanos()),
+        status: Set(ReservationStatus::Held),
+        settled_amount_nanos: Set(0),
+        released_amount_nanos: Set(0),
+        created_at: Set(Timestamp::now()),
+        resolved_at: Set(None),
+    };
+    let reservation = credit_reservations::Entity::insert(row)
+        .exec_with_returning(db)
+        .await?;
+    append_entry(
+        db,
+        tenant_id,
+        LedgerEntryKind::Hold,
+        amount,
+        Some(job_id),
+        None,
+    )
+    .await?;
+    Ok(reservation)
+}
+
+/// How a job's hold was resolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settlement {
+    pub charged: Credits,
+    pub released: Credits,
+}
+
+/// Charges the customer for a job's accepted attempt — at most the hold — and
+/// releases the rest, in the caller's transaction.
+///
+/// Returns `None` when the reservation was already resolved: a hold resolves exactly
+/// once, whoever asks twice.
+pub async fn settle(
+    db: &impl ConnectionTrait,
+    job_id: Uuid,
+    attempt_id: Uuid,
+    charge: Credits,
+) -> Result<Option<Settlement>, DbErr> {
+    resolve(db, job_id, Some((attempt_id, charge))).await
+}
+
+/// Releases a job's whole hold (failed or cancelled jobs). `None` when already resolved.
+pub async fn release(db: &impl ConnectionTrait, job_id: Uuid) -> Result<Option<Settlement>, DbErr> {
+    resolve(db, job_id, None).await
+}
+
+async fn resolve(
+    db: &impl ConnectionTrait,
+    job_id: Uuid,
+    charge: Option<(Uuid, Credits)>,
+) -> Result<Option<Settlement>, DbErr> {
+    let Some(reservation) = credit_reservations::Entity::find()
+        .filter(credit_reservations::Column::JobId.eq(job_id))
+        .filter(credit_reservations::Column::Status.eq(ReservationStatus::Held))
+        .one(db)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let held = Credits::from_nanos(reservation.amount_nanos);
+    let charged = charge.map_or(Credits::ZERO, |(_, amount)| amount.min(held));
+    let released = held - charged;
+    let now = Timestamp::now();
+    let status = if charge.is_some() {
+        ReservationStatus::Settled
+    } else {
+        ReservationStatus::Released
+    };
+    // The status condition makes resolution happen once even if two callers raced
+    // past the read above.
+    let updated = credit_reservations::Entity::update_many()
+        .col_expr(credit_reservations::Column::Status, Expr::value(status))
+        .col_expr(
+            credit_reservations::Column::SettledAmountNanos,
+            Expr::value(charged.nanos()),
+        )
+        .col_expr(
+            credit_reservations::Column::ReleasedAmountNanos,
+            Expr::value(released.nanos()),
+        )
+        .col_expr(credit_reservations::Column::ResolvedAt, Expr::value(now))
+        .filter(credit_reservations::Column::Id.eq(reservation.id))
+        .filter(credit_reservations::Column::Status.eq(ReservationStatus::Held))
+        .exec(db)
+        .await?;
+    if updated.rows_affected == 0 {
+        return Ok(None);
+    }
+    tenants::Entity::update_many()
+        .col_expr(
+            tenants::Column::HeldNanos,
+            Expr::col(tenants::Column::HeldNanos).sub(held.nanos()),
+        )
+        .col_expr(
+            tenants::Column::ChargedNanos,
+            Expr::col(tenants::Column::ChargedNanos).add(charged.nanos()),
+        )
+        .filter(tenants::Column::Id.eq(reservation.tenant_id))
+        .exec(db)
+        .await?;
+    if let Some((attempt_id, _)) = charge {
+        let row = charges::ActiveModel {
+            id: Set(Uuid::now_v7()),
+            job_id: Set(job_id),
+            tenant_id: Set(reservation.tenant_id),
+            attempt_id: Set(attempt_id),
+            amount_nanos: Set(charged.nanos()),
+            created_at: Set(now),
+        };
+        charges::Entity::insert(row).exec(db).await?;
+        append_entry(
+            db,
+            reservation.tenant_id,
+            LedgerEntryKind::Charge,
+            charged,
+            Some(job_id),
+            None,
+        )
+        .await?;
+    }
+    if released.is_positive() {
+        append_entry(
+            db,
+            reservation.tenant_id,
+            LedgerEntryKind::Release,
+            released,
+            Some(job_id),
+            None,
+        )
+        .await?;
+    }
+    Ok(Some(Settlement { charged, released }))
+}
+
+async fn append_entry(
+    db: &impl ConnectionTrait,
+    tenant_id: Uuid,
+    kind: LedgerEntryKind,
+    amount: Credits,
+    job_id: Option<Uuid>,
+    grant_id: Option<Uuid>,
+) -> Result<(), DbErr> {
+    let row = ledger_entries::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        tenant_id: Set(tenant_id),
+        kind: Set(kind),
+        amount_nanos: Set(amount.nanos()),
+        job_id: Set(job_id),
+        grant_id: Set(grant_id),
+        created_at: Set(Timestamp::now()),
+    };
+    ledger_entries::Entity::insert(row).exec(db).await?;
+    Ok(())
+}
+
+/// A tenant's cached balance; `None` when the tenant does not exist.
+pub async fn balance(db: &impl ConnectionTrait, tenant_id: Uuid) -> Result<Option<Balance>, DbErr> {
+    Ok(tenants::Entity::find_by_id(tenant_id)
+        .one(db)
+        .await?
+        .as_ref()
+        .map(Balance::from))
+}
+
+/// A tenant's balance recomputed from the ledger alone, to check the cached one.
+pub async fn replay_balance(db: &impl ConnectionTrait, tenant_id: Uuid) -> Result<Balance, DbErr> {
+    #[derive(FromQueryResult)]
+    struct KindTotal {
+        kind: LedgerEntryKind,
+        total: i64,
+    }
+    let totals = ledger_entries::Entity::find()
+        .select_only()
+        .column(ledger_entries::Column::Kind)
+        .column_as(
+            Expr::col(ledger_entries::Column::AmountNanos)
+                .sum()
+                .cast_as("BIGINT"),
+            "total",
+        )
+        .filter(ledger_entries::Column::TenantId.eq(tenant_id))
+        .group_by(ledger_entries::Column::Kind)
+        .into_model::<KindTotal>()
+        .all(db)
+        .await?;
+    let total = |kind| {
+        Credits::from_nanos(
+            totals
+                .iter()
+                .find(|row| row.kind == kind)
+                .map_or(0, |row| row.total),
+        )
+    };
+    let charged = total(LedgerEntryKind::Charge);
+    Ok(Balance {
+        granted: total(LedgerEntryKind::Grant),
+        held: total(LedgerEntryKind::Hold) - total(LedgerEntryKind::Release) - charged,
+        charged,
+    })
+}

@@ -1,0 +1,44 @@
+//! The error of the service layer: what a job, billing or account operation can refuse.
+
+use crate::billing::Credits;
+
+/// Why a service operation did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// The input breaks a rule; the message says which, in words meant for the caller.
+    #[error("{0}")]
+    Validation(String),
+    /// The thing does not exist, or the caller may not know that it does.
+    #[error("not found")]
+    NotFound,
+    /// The caller is known but this operation is not theirs to perform.
+    #[error("forbidden")]
+    Forbidden,
+    /// The idempotency key was used before with a different request.
+    #[error("idempotency key already used with a different request")]
+    IdempotencyConflict,
+    /// The tenant's available balance does not cover the hold.
+    #[error("insufficient credits: the job needs a hold of {needed}, {available} is available")]
+    InsufficientCredits { needed: Credits, available: Credits },
+    #[error("database error: {0}")]
+    Database(#[from] sea_orm::DbErr),
+}
+
+impl ServiceError {
+    /// A validation error with the given message.
+    pub fn validation(message: impl Into<String>) -> Self {
+        Self::Validation(message.into())
+    }
+}
+
+impl<E> From<sea_orm::TransactionError<E>> for ServiceError
+where
+    E: std::error::Error + Into<ServiceError>,
+{
+    fn from(error: sea_orm::TransactionError<E>) -> Self {
+        match error {
+            sea_orm::TransactionError::Connection(error) => Self::Database(error),
+            sea_orm::TransactionError::Transaction(error) => error.into(),
+        }
+    }
+}

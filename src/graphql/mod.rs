@@ -1,0 +1,53 @@
+//! The GraphQL API: schema, resolvers and their types. Resolvers are thin: they
+//! check who is asking and call the services.
+
+mod error;
+mod mutation;
+mod query;
+mod subscription;
+mod types;
+
+use crate::accounts::Principal;
+use crate::startup::App;
+use async_graphql::{Context, Schema};
+
+pub use error::ErrorCode;
+pub use mutation::MutationRoot;
+pub use query::QueryRoot;
+pub use subscription::SubscriptionRoot;
+
+/// The schema with its resolvers.
+pub type AppSchema = Schema<QueryRoot, MutationRoot, SubscriptionRoot>;
+
+/// Deep enough for GraphiQL's and codegen tools' introspection queries.
+const MAX_DEPTH: usize = 32;
+/// Generous for introspection, low enough to refuse pathological queries.
+const MAX_COMPLEXITY: usize = 5_000;
+
+/// The schema serving `app`.
+pub fn build_schema(app: App) -> AppSchema {
+    Schema::build(QueryRoot, MutationRoot, SubscriptionRoot)
+        .data(app)
+        .limit_depth(MAX_DEPTH)
+        .limit_complexity(MAX_COMPLEXITY)
+        .finish()
+}
+
+/// The schema's SDL, as committed in `schema.graphql`.
+pub fn sdl() -> String {
+    Schema::build(QueryRoot, MutationRoot, SubscriptionRoot)
+        .finish()
+        .sdl()
+}
+
+/// Who the request acts for; `UNAUTHENTICATED` without a valid key.
+fn principal(context: &Context<'_>) -> async_graphql::Result<Principal> {
+    context
+        .data_opt::<Principal>()
+        .copied()
+        .ok_or_else(|| ErrorCode::Unauthenticated.error("a valid API key is required"))
+}
+
+fn app<'a>(context: &Context<'a>) -> &'a App {
+    context.data_unchecked::<App>()
+}

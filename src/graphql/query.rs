@@ -1,0 +1,83 @@
+//! Reads: a tenant's jobs and account.
+
+use super::types::{Account, Job, JobConnection, JobEdge, JobStatus, PageInfo};
+use super::{ErrorCode, app, principal};
+use crate::accounts::tenants;
+use crate::jobs::service::{self, MAX_PAGE_SIZE};
+use async_graphql::{Context, Object};
+use uuid::Uuid;
+
+/// Jobs per page when the client does not say.
+const DEFAULT_PAGE_SIZE: i32 = 20;
+
+/// The root of every query.
+pub struct QueryRoot;
+
+#[Object]
+impl QueryRoot {
+    /// One of the caller's jobs.
+    async fn job(&self, context: &Context<'_>, id: Uuid) -> async_graphql::Result<Job> {
+        let tenant_id = principal(context)?.tenant_id()?;
+        Ok(Job(
+            service::find_job(&app(context).db, tenant_id, id).await?
+        ))
+    }
+
+    /// The caller's jobs, newest first, `first` at a time (at most 100).
+    async fn jobs(
+        &self,
+        context: &Context<'_>,
+        first: Option<i32>,
+        after: Option<String>,
+        status: Option<JobStatus>,
+    ) -> async_graphql::Result<JobConnection> {
+        let tenant_id = principal(context)?.tenant_id()?;
+        let first = first.unwrap_or(DEFAULT_PAGE_SIZE);
+        let first = u64::try_from(first)
+            .ok()
+            .filter(|first| (1..=MAX_PAGE_SIZE).contains(first))
+            .ok_or_else(|| {
+                ErrorCode::Validation.error(format!("first must be 1 to {MAX_PAGE_SIZE}"))
+            })?;
+        let after = after
+            .map(|cursor| {
+                Uuid::parse_str(&cursor)
+                    .map_err(|_| ErrorCode::Validation.error("after is not a cursor from this API"))
+            })
+            .transpose()?;
+        let page = service::list_jobs(
+            &app(context).db,
+            tenant_id,
+            first,
+            after,
+            status.map(Into::into),
+        )
+        .await?;
+        let edges: Vec<JobEdge> = page
+            .jobs
+            .into_iter()
+            .map(|job| JobEdge {
+                cursor: job.id.to_string(),
+                node: Job(job),
+            })
+            .collect();
+        Ok(JobConnection {
+            page_info: PageInfo {
+                has_next_page: page.has_next_page,
+                end_cursor: edges.last().map(|edge| edge.cursor.clone()),
+            },
+            edges,
+        })
+    }
+
+    /// The caller's account and balance.
+    async fn account(&self, context: &Context<'_>) -> async_graphql::Result<Account> {
+        let tenant_id = principal(context)?.tenant_id()?;
+        let tenant = tenants::find_tenant(&app(context).db, tenant_id).await?;
+        Ok(Account {
+            id: tenant.id,
+            name: tenant.name.clone(),
+            tenant,
+        })
+    }
+}

@@ -1,0 +1,508 @@
+//! The GraphQL types of jobs, attempts, money and accounts.
+
+use super::app;
+use crate::billing::{Credits, ledger::Balance};
+use crate::error::ServiceError;
+use async_graphql::{ComplexObject, Context, Enum, Json, Object, SimpleObject};
+use chrono::{DateTime, Utc};
+use entity::{
+    Timestamp, attempts, charges, credit_grants, credit_reservations, job_events, jobs, tenants,
+};
+use rust_decimal::Decimal;
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder};
+use uuid::Uuid;
+
+fn time(timestamp: Timestamp) -> DateTime<Utc> {
+    timestamp.to_datetime()
+}
+
+fn money(nanos: i64) -> Decimal {
+    Credits::from_nanos(nanos).to_decimal()
+}
+
+/// Token counts fit GraphQL's 32-bit Int for any real call; saturate rather than fail.
+fn token_count(count: Option<i64>) -> Option<i32> {
+    count.map(|count| i32::try_from(count).unwrap_or(i32::MAX))
+}
+
+/// Where a job is in its lifecycle.
+#[derive(Enum, Clone, Copy, Debug, PartialEq, Eq)]
+#[graphql(remote = "entity::JobStatus")]
+pub enum JobStatus {
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+/// How an attempt ended.
+#[derive(Enum, Clone, Copy, Debug, PartialEq, Eq)]
+#[graphql(remote = "entity::AttemptOutcome")]
+pub enum AttemptOutcome {
+    Running,
+    Succeeded,
+    RetryableError,
+    PermanentError,
+    InvalidOutput,
+    /// The request was sent and no answer came back: it may have been billed.
+    Unknown,
+    Cancelled,
+    LeaseExpired,
+}
+
+/// The state of a job's credit hold.
+#[derive(Enum, Clone, Copy, Debug, PartialEq, Eq)]
+#[graphql(remote = "entity::ReservationStatus")]
+pub enum ReservationStatus {
+    Held,
+    Settled,
+    Released,
+}
+
+/// What happened to a job.
+#[derive(Enum, Clone, Copy, Debug, PartialEq, Eq)]
+#[graphql(remote = "entity::EventKind")]
+pub enum EventKind {
+    Created,
+    AttemptStarted,
+    AttemptFailed,
+    RetryScheduled,
+    CancelRequested,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+/// A durable LLM job.
+pub struct Job(pub jobs::Model);
+
+/// Why a job failed.
+#[derive(SimpleObject)]
+pub struct JobError {
+    pub code: String,
+    pub message: String,
+}
+
+#[Object]
+impl Job {
+    async fn id(&self) -> Uuid {
+        self.0.id
+    }
+
+    async fn status(&self) -> JobStatus {
+        self.0.status.into()
+    }
+
+    /// Whether the tenant asked to cancel the job.
+    async fn cancel_requested(&self) -> bool {
+        self.0.cancel_requested
+    }
+
+    async fn idempotency_key(&self) -> &str {
+        &self.0.idempotency_key
+    }
+
+    async fn model(&self) -> &str {
+        &self.0.model
+    }
+
+    /// The messages, limits, response schema and metadata the job was created with.
+    async fn input(&self) -> Json<serde_json::Value> {
+        Json(self.0.input.clone())
+    }
+
+    /// The accepted reply: parsed JSON when the job has a response schema, else text.
+    async fn result(&self) -> Option<Json<serde_json::Value>> {
+        self.0.result.clone().map(Json)
+    }
+
+    async fn error(&self) -> Option<JobError> {
+        Some(JobError {
+            code: self.0.error_code.clone()?,
+            message: self.0.error_message.clone().unwrap_or_default(),
+        })
+    }
+
+    async fn attempt_count(&self) -> i32 {
+        self.0.attempt_count
+    }
+
+    async fn max_attempts(&self) -> i32 {
+        self.0.max_attempts
+    }
+
+    /// Whether an attempt whose outcome is unknown may be retried (and paid twice).
+    async fn retry_unknown_outcome(&self) -> bool {
+        self.0.retry_unknown_outcome
+    }
+
+    async fn created_at(&self) -> DateTime<Utc> {
+        time(self.0.created_at)
+    }
+
+    async fn started_at(&self) -> Option<DateTime<Utc>> {
+        self.0.started_at.map(time)
+    }
+
+    async fn finished_at(&self) -> Option<DateTime<Utc>> {
+        self.0.finished_at.map(time)
+    }
+
+    /// Every attempt, oldest first, failures included.
+    async fn attempts(&self, context: &Context<'_>) -> async_graphql::Result<Vec<Attempt>> {
+        Ok(job_attempts(context, self.0.id)
+            .await?
+            .into_iter()
+            .map(Attempt)
+            .collect())
+    }
+
+    async fn reservation(
+        &self,
+        context: &Context<'_>,
+    ) -> async_graphql::Result<Option<Reservation>> {
+        Ok(credit_reservations::Entity::find()
+            .filter(credit_reservations::Column::JobId.eq(self.0.id))
+            .one(&app(context).db)
+            .await
+            .map_err(ServiceError::from)?
+            .map(Reservation))
+    }
+
+    /// What the customer paid, once the job succeeded.
+    async fn charge(&self, context: &Context<'_>) -> async_graphql::Result<Option<Charge>> {
+        Ok(charges::Entity::find()
+            .filter(charges::Column::JobId.eq(self.0.id))
+            .one(&app(context).db)
+            .await
+            .map_err(ServiceError::from)?
+            .map(Charge))
+    }
+
+    /// Provider cost over all attempts against what the customer paid.
+    async fn cost(&self, context: &Context<'_>) -> async_graphql::Result<JobCost> {
+        let attempts = job_attempts(context, self.0.id).await?;
+        let charge = charges::Entity::find()
+            .filter(charges::Column::JobId.eq(self.0.id))
+            .one(&app(context).db)
+            .await
+            .map_err(ServiceError::from)?;
+        Ok(JobCost::new(
+            &attempts,
+            charge.map_or(0, |charge| charge.amount_nanos),
+        ))
+    }
+
+    /// The job's timeline, oldest first.
+    async fn events(&self, context: &Context<'_>) -> async_graphql::Result<Vec<JobEvent>> {
+        Ok(job_events::Entity::find()
+            .filter(job_events::Column::JobId.eq(self.0.id))
+            .order_by_asc(job_events::Column::Seq)
+            .all(&app(context).db)
+            .await
+            .map_err(ServiceError::from)?
+            .into_iter()
+            .map(JobEvent)
+            .collect())
+    }
+}
+
+async fn job_attempts(
+    context: &Context<'_>,
+    job_id: Uuid,
+) -> async_graphql::Result<Vec<attempts::Model>> {
+    Ok(attempts::Entity::find()
+        .filter(attempts::Column::JobId.eq(job_id))
+        .order_by_asc(attempts::Column::Number)
+        .all(&app(context).db)
+        .await
+        .map_err(ServiceError::from)?)
+}
+
+/// One try at a job, with what the provider reported and what it cost.
+pub struct Attempt(pub attempts::Model);
+
+#[Object]
+impl Attempt {
+    async fn number(&self) -> i32 {
+        self.0.number
+    }
+
+    async fn outcome(&self) -> AttemptOutcome {
+        self.0.outcome.into()
+    }
+
+    async fn error_code(&self) -> Option<&str> {
+        self.0.error_code.as_deref()
+    }
+
+    async fn error_message(&self) -> Option<&str> {
+        self.0.error_message.as_deref()
+    }
+
+    async fn provider(&self) -> &str {
+        &self.0.provider
+    }
+
+    async fn provider_request_id(&self) -> Option<&str> {
+        self.0.provider_request_id.as_deref()
+    }
+
+    /// All input tokens, cached ones included.
+    async fn input_tokens(&self) -> Option<i32> {
+        token_count(self.0.input_tokens)
+    }
+
+    async fn cached_input_tokens(&self) -> Option<i32> {
+        token_count(self.0.cached_input_tokens)
+    }
+
+    async fn output_tokens(&self) -> Option<i32> {
+        token_count(self.0.output_tokens)
+    }
+
+    /// Exact provider cost; null while the outcome is unknown.
+    async fn provider_cost(&self) -> Option<Decimal> {
+        self.0.provider_cost_nanos.map(money)
+    }
+
+    /// The most the attempt may have cost, while its exact cost is unknown.
+    async fn provider_cost_upper_bound(&self) -> Option<Decimal> {
+        self.0.provider_cost_upper_bound_nanos.map(money)
+    }
+
+    async fn latency_ms(&self) -> Option<i64> {
+        self.0.latency_ms
+    }
+
+    async fn started_at(&self) -> DateTime<Utc> {
+        time(self.0.started_at)
+    }
+
+    async fn finished_at(&self) -> Option<DateTime<Utc>> {
+        self.0.finished_at.map(time)
+    }
+}
+
+/// The credits held for a job.
+pub struct Reservation(pub credit_reservations::Model);
+
+#[Object]
+impl Reservation {
+    async fn id(&self) -> Uuid {
+        self.0.id
+    }
+
+    /// The amount held when the job was created.
+    async fn amount(&self) -> Decimal {
+        money(self.0.amount_nanos)
+    }
+
+    async fn status(&self) -> ReservationStatus {
+        self.0.status.into()
+    }
+
+    /// The part of the hold that was charged.
+    async fn settled_amount(&self) -> Decimal {
+        money(self.0.settled_amount_nanos)
+    }
+
+    /// The part of the hold given back.
+    async fn released_amount(&self) -> Decimal {
+        money(self.0.released_amount_nanos)
+    }
+}
+
+/// What the customer paid for a job.
+pub struct Charge(pub charges::Model);
+
+#[Object]
+impl Charge {
+    async fn id(&self) -> Uuid {
+        self.0.id
+    }
+
+    async fn amount(&self) -> Decimal {
+        money(self.0.amount_nanos)
+    }
+
+    async fn created_at(&self) -> DateTime<Utc> {
+        time(self.0.created_at)
+    }
+}
+
+/// A job's economics.
+#[derive(SimpleObject)]
+pub struct JobCost {
+    /// Exact provider cost, summed over every attempt whose cost is known.
+    pub provider_cost: Decimal,
+    /// The most the job may have cost at the provider: the exact costs plus the bounds
+    /// of attempts whose outcome is unknown.
+    pub provider_cost_upper_bound: Decimal,
+    pub customer_charge: Decimal,
+    /// `customerCharge − providerCost`.
+    pub margin: Decimal,
+    /// Attempts whose cost is still a bound.
+    pub unknown_attempts: i32,
+}
+
+impl JobCost {
+    fn new(attempts: &[attempts::Model], charge_nanos: i64) -> Self {
+        let known: i64 = attempts.iter().filter_map(|a| a.provider_cost_nanos).sum();
+        let bounds: i64 = attempts
+            .iter()
+            .filter(|a| a.provider_cost_nanos.is_none())
+            .filter_map(|a| a.provider_cost_upper_bound_nanos)
+            .sum();
+        let unknown = attempts
+            .iter()
+            .filter(|a| a.provider_cost_nanos.is_none())
+            .count();
+        Self {
+            provider_cost: money(known),
+            provider_cost_upper_bound: money(known + bounds),
+            customer_charge: money(charge_nanos),
+            margin: money(charge_nanos - known),
+            unknown_attempts: i32::try_from(unknown).unwrap_or(i32::MAX),
+        }
+    }
+}
+
+/// One entry of a job's timeline.
+#[derive(Clone)]
+pub struct JobEvent(pub job_events::Model);
+
+#[Object]
+impl JobEvent {
+    /// 1, 2, 3 … within the job; subscriptions resume after a seq.
+    async fn seq(&self) -> i32 {
+        self.0.seq
+    }
+
+    async fn job_id(&self) -> Uuid {
+        self.0.job_id
+    }
+
+    async fn kind(&self) -> EventKind {
+        self.0.kind.into()
+    }
+
+    /// The job's status right after the event.
+    async fn status(&self) -> JobStatus {
+        self.0.status.into()
+    }
+
+    async fn at(&self) -> DateTime<Utc> {
+        time(self.0.at)
+    }
+
+    /// Details: the attempt number, its outcome and error.
+    async fn data(&self) -> Option<Json<serde_json::Value>> {
+        self.0.data.clone().map(Json)
+    }
+}
+
+/// A page of jobs.
+#[derive(SimpleObject)]
+pub struct JobConnection {
+    pub edges: Vec<JobEdge>,
+    pub page_info: PageInfo,
+}
+
+/// A job and the cursor to page on from it.
+#[derive(SimpleObject)]
+pub struct JobEdge {
+    pub cursor: String,
+    pub node: Job,
+}
+
+/// Relay page information.
+#[derive(SimpleObject)]
+pub struct PageInfo {
+    pub has_next_page: bool,
+    pub end_cursor: Option<String>,
+}
+
+/// The tenant's own account.
+#[derive(SimpleObject)]
+#[graphql(complex)]
+pub struct Account {
+    pub id: Uuid,
+    pub name: String,
+    #[graphql(skip)]
+    pub tenant: tenants::Model,
+}
+
+#[ComplexObject]
+impl Account {
+    async fn balance(&self) -> AccountBalance {
+        AccountBalance::from(Balance::from(&self.tenant))
+    }
+}
+
+/// A tenant's credits.
+#[derive(SimpleObject)]
+pub struct AccountBalance {
+    /// Everything ever granted.
+    pub granted: Decimal,
+    /// Reserved by jobs not yet finished.
+    pub held: Decimal,
+    /// Paid for succeeded jobs.
+    pub charged: Decimal,
+    /// `granted − charged − held`: what new jobs may reserve.
+    pub available: Decimal,
+}
+
+impl From<Balance> for AccountBalance {
+    fn from(balance: Balance) -> Self {
+        Self {
+            granted: balance.granted.to_decimal(),
+            held: balance.held.to_decimal(),
+            charged: balance.charged.to_decimal(),
+            available: balance.available().to_decimal(),
+        }
+    }
+}
+
+/// A tenant, as an admin sees it.
+#[derive(SimpleObject)]
+pub struct Tenant {
+    pub id: Uuid,
+    pub name: String,
+    pub created_at: DateTime<Utc>,
+}
+
+impl From<tenants::Model> for Tenant {
+    fn from(tenant: tenants::Model) -> Self {
+        Self {
+            id: tenant.id,
+            name: tenant.name,
+            created_at: time(tenant.created_at),
+        }
+    }
+}
+
+/// Credits granted to a tenant.
+#[derive(SimpleObject)]
+pub struct CreditGrant {
+    pub id: Uuid,
+    pub tenant_id: Uuid,
+    pub amount: Decimal,
+    pub idempotency_key: String,
+    pub reason: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+impl From<credit_grants::Model> for CreditGrant {
+    fn from(grant: credit_grants::Model) -> Self {
+        Self {
+            id: grant.id,
+            tenant_id: grant.tenant_id,
+            amount: money(grant.amount_nanos),
+            idempotency_key: grant.idempotency_key,
+            reason: grant.reason,
+            created_at: time(grant.created_at),
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! Turning a presented API key into a principal.
+
+use crate::accounts::{ApiKey, Principal, api_keys};
+use crate::startup::App;
+
+/// Why a presented credential was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    #[error("the credential must be \"Bearer <key>\"")]
+    Malformed,
+    #[error("the API key is not valid")]
+    UnknownKey,
+    #[error("could not check the API key")]
+    Database(#[from] sea_orm::DbErr),
+}
+
+/// The principal behind an `Authorization` value (`Bearer <key>`); `Ok(None)` when no
+/// credential was presented at all.
+pub async fn authenticate(
+    app: &App,
+    credential: Option<&str>,
+) -> Result<Option<Principal>, AuthError> {
+    let Some(credential) = credential.map(str::trim).filter(|text| !text.is_empty()) else {
+        return Ok(None);
+    };
+    let (scheme, key) = credential.split_once(' ').ok_or(AuthError::Malformed)?;
+    if !scheme.eq_ignore_ascii_case("bearer") || key.trim().is_empty() {
+        return Err(AuthError::Malformed);
+    }
+    let key = ApiKey::from_presented(key.trim());
+    api_keys::authenticate(&app.db, &app.admin_token, &key)
+        .await?
+        .map(Some)
+        .ok_or(AuthError::UnknownKey)
+}

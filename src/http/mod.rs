@@ -1,0 +1,30 @@
+//! The HTTP surface: GraphQL over HTTP and WebSocket, and health probes.
+
+mod auth;
+mod graphql;
+mod health;
+mod websocket;
+
+use crate::graphql::AppSchema;
+use crate::startup::App;
+use axum::Router;
+use axum::routing::get;
+use tower_http::trace::TraceLayer;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct HttpState {
+    pub app: App,
+    pub schema: AppSchema,
+}
+
+/// Every route of the API.
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/graphql", get(graphql::get).post(graphql::post))
+        .route("/graphql/ws", get(websocket::upgrade))
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}

@@ -1,0 +1,362 @@
+//! What a client asks a job to do, parsed into types that cannot hold a bad request.
+
+use crate::error::ServiceError;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// Longest idempotency key accepted, in characters.
+const MAX_IDEMPOTENCY_KEY_LENGTH: usize = 255;
+/// Most messages one job may carry.
+const MAX_MESSAGES: usize = 1_000;
+/// Most UTF-8 bytes of message content one job may carry.
+const MAX_CONTENT_BYTES: usize = 4 * 1024 * 1024;
+/// Largest `maxOutputTokens` accepted.
+pub const MAX_OUTPUT_TOKENS_CAP: u32 = 200_000;
+/// Attempts a job gets when the client does not say.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+/// Most attempts a client may ask for: each one may be paid at the provider.
+pub const MAX_ATTEMPTS_CAP: u32 = 10;
+/// Largest serialized metadata or response schema, in bytes.
+const MAX_JSON_BYTES: usize = 64 * 1024;
+/// Tokens counted for each message on top of its content: role markers and separators
+/// cost a few tokens in every chat format; 16 is more than any of them uses.
+const MESSAGE_OVERHEAD_TOKENS: u64 = 16;
+
+/// A client's unique name for one job request, so retries of the request are safe.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    /// A key of 1 to 255 characters with no control characters.
+    pub fn parse(text: String) -> Result<Self, ServiceError> {
+        let length = text.chars().count();
+        if length == 0 || length > MAX_IDEMPOTENCY_KEY_LENGTH {
+            return Err(ServiceError::validation(format!(
+                "idempotencyKey must be 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} characters"
+            )));
+        }
+        if text.chars().any(char::is_control) {
+            return Err(ServiceError::validation(
+                "idempotencyKey must not contain control characters",
+            ));
+        }
+        Ok(Self(text))
+    }
+
+    /// The key's text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Who speaks a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    Developer,
+    User,
+    Assistant,
+}
+
+impl Role {
+    fn parse(text: &str) -> Result<Self, ServiceError> {
+        match text {
+            "system" => Ok(Self::System),
+            "developer" => Ok(Self::Developer),
+            "user" => Ok(Self::User),
+            "assistant" => Ok(Self::Assistant),
+            other => Err(ServiceError::validation(format!(
+                "message role must be system, developer, user or assistant, not {other:?}"
+            ))),
+        }
+    }
+
+    /// The role's name in provider APIs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::System => "system",
+            Self::Developer => "developer",
+            Self::User => "user",
+            Self::Assistant => "assistant",
+        }
+    }
+}
+
+/// One chat message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: Role,
+    pub content: String,
+}
+
+/// The part of a job that is sent to the model, as stored in `jobs.input`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobInput {
+    pub messages: Vec<Message>,
+    pub max_output_tokens: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_schema: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Value>,
+}
+
+impl JobInput {
+    /// An upper bound of the input tokens any tokenizer can make of this input: every
+    /// token covers at least one UTF-8 byte, plus a per-message overhead. The schema
+    /// counts too, since providers send it to the model.
+    pub fn input_token_bound(&self) -> u64 {
+        let content: u64 = self
+            .messages
+            .iter()
+            .map(|message| message.content.len() as u64 + MESSAGE_OVERHEAD_TOKENS)
+            .sum();
+        let schema = self
+            .response_schema
+            .as_ref()
+            .map_or(0, |schema| schema.to_string().len() as u64);
+        content + schema
+    }
+}
+
+/// A job request as the API receives it, before any check.
+#[derive(Clone, Debug)]
+pub struct JobRequest {
+    pub idempotency_key: String,
+    pub model: String,
+    pub messages: Vec<(String, String)>,
+    pub max_output_tokens: i32,
+    pub response_schema: Option<Value>,
+    pub max_attempts: Option<i32>,
+    pub retry_unknown_outcome: Option<bool>,
+    pub metadata: Option<Value>,
+}
+
+/// A job request that passed every check.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewJob {
+    pub idempotency_key: IdempotencyKey,
+    pub model: String,
+    pub input: JobInput,
+    pub max_attempts: u32,
+    pub retry_unknown_outcome: bool,
+}
+
+impl NewJob {
+    /// Checks every rule and returns the first broken one as a `Validation` error.
+    pub fn parse(request: JobRequest) -> Result<Self, ServiceError> {
+        let idempotency_key = IdempotencyKey::parse(request.idempotency_key)?;
+        let model = request.model.trim().to_owned();
+        if model.is_empty() {
+            return Err(ServiceError::validation("model must not be empty"));
+        }
+        if request.messages.is_empty() || request.messages.len() > MAX_MESSAGES {
+            return Err(ServiceError::validation(format!(
+                "messages must hold 1 to {MAX_MESSAGES} messages"
+            )));
+        }
+        let messages = request
+            .messages
+            .into_iter()
+            .map(|(role, content)| {
+                Ok(Message {
+                    role: Role::parse(&role)?,
+                    content,
+                })
+            })
+            .collect::<Result<Vec<_>, ServiceError>>()?;
+        if messages
+            .iter()
+            .all(|message| message.content.trim().is_empty())
+        {
+            return Err(ServiceError::validation(
+                "at least one message must have content",
+            ));
+        }
+        let content_bytes: usize = messages.iter().map(|message| message.content.len()).sum();
+        if content_bytes > MAX_CONTENT_BYTES {
+            return Err(ServiceError::validation(format!(
+                "messages hold {content_bytes} bytes; at most {MAX_CONTENT_BYTES} are accepted"
+            )));
+        }
+        let max_output_tokens = u32::try_from(request.max_output_tokens)
+            .ok()
+            .filter(|tokens| (1..=MAX_OUTPUT_TOKENS_CAP).contains(tokens))
+            .ok_or_else(|| {
+                ServiceError::validation(format!(
+                    "maxOutputTokens must be 1 to {MAX_OUTPUT_TOKENS_CAP}"
+                ))
+            })?;
+        let max_attempts = match request.max_attempts {
+            None => DEFAULT_MAX_ATTEMPTS,
+            Some(attempts) => u32::try_from(attempts)
+                .ok()
+                .filter(|attempts| (1..=MAX_ATTEMPTS_CAP).contains(attempts))
+                .ok_or_else(|| {
+                    ServiceError::validation(format!("maxAttempts must be 1 to {MAX_ATTEMPTS_CAP}"))
+                })?,
+        };
+        if let Some(schema) = &request.response_schema {
+            if !schema.is_object() {
+                return Err(ServiceError::validation(
+                    "responseSchema must be a JSON object",
+                ));
+            }
+            check_json_size("responseSchema", schema)?;
+        }
+        if let Some(metadata) = &request.metadata {
+            check_json_size("metadata", metadata)?;
+        }
+        Ok(Self {
+            idempotency_key,
+            model,
+            input: JobInput {
+                messages,
+                max_output_tokens,
+                response_schema: request.response_schema,
+                metadata: request.metadata,
+            },
+            max_attempts,
+            retry_unknown_outcome: request.retry_unknown_outcome.unwrap_or(true),
+        })
+    }
+
+    /// SHA-256 of the canonical form of everything the request asks for: two requests
+    /// with one idempotency key are the same request exactly when this matches.
+    pub fn fingerprint(&self) -> String {
+        let request = serde_json::json!({
+            "model": self.model,
+            "input": self.input,
+            "max_attempts": self.max_attempts,
+            "retry_unknown_outcome": self.retry_unknown_outcome,
+        });
+        let mut canonical = String::new();
+        write_canonical(&request, &mut canonical);
+        hex::encode(Sha256::digest(canonical.as_bytes()))
+    }
+}
+
+fn check_json_size(field: &str, value: &Value) -> Result<(), ServiceError> {
+    let size = value.to_string().len();
+    if size > MAX_JSON_BYTES {
+        return Err(ServiceError::validation(format!(
+            "{field} is {size} bytes; at most {MAX_JSON_BYTES} are accepted"
+        )));
+    }
+    Ok(())
+}
+
+/// JSON with object keys sorted at every level, whatever order the client sent.
+fn write_canonical(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<_> = map.iter().collect();
+            entries.sort_by_key(|(key, _)| *key);
+            out.push('{');
+            for (index, (key, item)) in entries.into_iter().enumerate() {
+                if index > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(key.clone()).to_string());
+                out.push(':');
+                write_canonical(item, out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (index, item) in items.iter().enumerate() {
+                if index > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn request() -> JobRequest {
+        JobRequest {
+            idempotency_key: "key-1".into(),
+            model: "gpt-4o-mini".into(),
+            messages: vec![("user".into(), "Summarise this".into())],
+            max_output_tokens: 100,
+            response_schema: None,
+            max_attempts: None,
+            retry_unknown_outcome: None,
+            metadata: Some(json!({"b": 1, "a": {"y": 2, "x": 3}})),
+        }
+    }
+
+    #[test]
+    fn key_order_in_json_does_not_change_the_fingerprint() {
+        let first = NewJob::parse(request()).unwrap();
+        let mut reordered = request();
+        reordered.metadata = Some(json!({"a": {"x": 3, "y": 2}, "b": 1}));
+        assert_eq!(
+            first.fingerprint(),
+            NewJob::parse(reordered).unwrap().fingerprint()
+        );
+    }
+
+    #[test]
+    fn any_change_to_the_request_changes_the_fingerprint() {
+        let first = NewJob::parse(request()).unwrap().fingerprint();
+        let mut other = request();
+        other.max_output_tokens = 101;
+        assert_ne!(first, NewJob::parse(other).unwrap().fingerprint());
+        let mut other = request();
+        other.retry_unknown_outcome = Some(false);
+        assert_ne!(first, NewJob::parse(other).unwrap().fingerprint());
+    }
+
+    #[test]
+    fn defaults_are_three_attempts_and_retrying_unknown_outcomes() {
+        let job = NewJob::parse(request()).unwrap();
+        assert_eq!(job.max_attempts, DEFAULT_MAX_ATTEMPTS);
+        assert!(job.retry_unknown_outcome);
+    }
+
+    #[test]
+    fn the_input_bound_counts_bytes_and_overhead() {
+        let mut job = request();
+        job.messages = vec![("user".into(), "héllo".into())];
+        let job = NewJob::parse(job).unwrap();
+        assert_eq!(job.input.input_token_bound(), 6 + MESSAGE_OVERHEAD_TOKENS);
+    }
+
+    #[test]
+    fn bad_requests_are_refused_with_a_reason() {
+        type BreakRequest = fn(&mut JobRequest);
+        let cases: Vec<(BreakRequest, &str)> = vec![
+            (|r| r.idempotency_key = String::new(), "idempotencyKey"),
+            (|r| r.model = " ".into(), "model"),
+            (|r| r.messages.clear(), "messages"),
+            (|r| r.messages[0].0 = "robot".into(), "role"),
+            (|r| r.messages[0].1 = "  ".into(), "content"),
+            (|r| r.max_output_tokens = 0, "maxOutputTokens"),
+            (|r| r.max_output_tokens = 200_001, "maxOutputTokens"),
+            (|r| r.max_attempts = Some(0), "maxAttempts"),
+            (|r| r.max_attempts = Some(11), "maxAttempts"),
+            (|r| r.response_schema = Some(json!([1])), "responseSchema"),
+        ];
+        for (break_it, field) in cases {
+            let mut request = request();
+            break_it(&mut request);
+            match NewJob::parse(request) {
+                Err(ServiceError::Validation(message)) => {
+                    assert!(message.contains(field), "{message:?} should name {field}")
+                }
+                other => panic!("expected a validation error naming {field}, got {other:?}"),
+            }
+        }
+    }
+}

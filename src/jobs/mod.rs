@@ -1,0 +1,10 @@
+//! Jobs: how they are created and read, claimed under a lease, run by workers, and
+//! how their events reach subscribers.
+
+pub mod events;
+pub mod input;
+pub mod queue;
+pub mod service;
+pub mod worker;
+
+pub use events::{EventBus, EventNotice};

@@ -1,0 +1,599 @@
+//! The job queue in the database: claiming, lease renewal, recording attempts and
+//! finishing them.
+//!
+//! Every write an attempt makes is fenced: it matches the job only while the job is
+//! `running` with the attempt's own `run_token`. A write that matches nothing means
+//! the attempt lost the job (its lease expired and it was taken back), and the attempt
+//! then writes nothing further.
+
+use super::events::{self, EventNotice};
+use crate::billing::{Credits, ModelPrice, TokenUsage, ledger};
+use crate::db::begin_write;
+use entity::{AttemptOutcome, EventKind, JobStatus, Timestamp, attempts, jobs};
+use sea_orm::sea_query::{Expr, ExprTrait};
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr,
+    EntityTrait, QueryFilter, QueryOrder, QuerySelect, Statement,
+};
+use serde_json::{Value, json};
+use std::time::Duration;
+use uuid::Uuid;
+
+/// A job this worker claimed: the job as claimed, fenced by its run token.
+#[derive(Clone, Debug)]
+pub struct Claim {
+    pub job: jobs::Model,
+    pub run_token: Uuid,
+}
+
+/// Claims up to `limit` due queued jobs, each with a fresh run token and a lease of
+/// `lease`. Row locks last only this short transaction.
+pub async fn claim(
+    db: &DatabaseConnection,
+    limit: u32,
+    lease: Duration,
+) -> Result<Vec<Claim>, DbErr> {
+    if limit == 0 {
+        return Ok(Vec::new());
+    }
+    let now = Timestamp::now();
+    let lease_until = now.plus(chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX));
+    let tokens: Vec<Uuid> = (0..limit).map(|_| Uuid::new_v4()).collect();
+    let claimed = match db.get_database_backend() {
+        DbBackend::Postgres => claim_postgres(db, now, lease_until, &tokens).await?,
+        _ => claim_sqlite(db, now, lease_until, &tokens).await?,
+    };
+    Ok(claimed
+        .into_iter()
+        .filter_map(|job| {
+            let run_token = job.run_token?;
+            Some(Claim { job, run_token })
+        })
+        .collect())
+}
+
+/// One statement: lock due rows with SKIP LOCKED (so concurrent workers never wait
+/// for each other or claim the same job) and give each its own token. MATERIALIZED
+/// keeps the planner from re-running the locking subquery, which could claim more
+/// than `limit` rows.
+async fn claim_postgres(
+    db: &DatabaseConnection,
+    now: Timestamp,
+    lease_until: Timestamp,
+    tokens: &[Uuid],
+) -> Result<Vec<jobs::Model>, DbErr> {
+    const SQL: &str = r#"
+        WITH picked AS MATERIALIZED (
+            SELECT id FROM jobs
+            WHERE status = 'queued' AND next_run_at <= $1
+            ORDER BY next_run_at, id
+            LIMIT $2
+            FOR UPDATE SKIP LOCKED
+        ), numbered AS (
+            SELECT id, row_number() OVER (ORDER BY id) AS position FROM picked
+        ), tokens AS (
+            SELECT token, position FROM unnest($3::uuid[]) WITH ORDINALITY AS t(token, position)
+        )
+        UPDATE jobs SET
+            status = 'running',
+            attempt_count = jobs.attempt_count + 1,
+            run_token = tokens.token,
+            lease_until = $4,
+            started_at = COALESCE(jobs.started_at, $1),
+            updated_at = $1
+        FROM numbered JOIN tokens ON tokens.position = numbered.position
+        WHERE jobs.id = numbered.id
+        RETURNING jobs.*"#;
+    let token_array = format!(
+        "{{{}}}",
+        tokens
+            .iter()
+            .map(Uuid::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let statement = Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        SQL,
+        [
+            now.micros().into(),
+            (tokens.len() as i64).into(),
+            token_array.into(),
+            lease_until.micros().into(),
+        ],
+    );
+    jobs::Entity::find().from_raw_sql(statement).all(db).await
+}
+
+/// SQLite has no row locks: an IMMEDIATE transaction holds the database's write lock
+/// from the first read, so no other claim can interleave.
+async fn claim_sqlite(
+    db: &DatabaseConnection,
+    now: Timestamp,
+    lease_until: Timestamp,
+    tokens: &[Uuid],
+) -> Result<Vec<jobs::Model>, DbErr> {
+    let transaction = begin_write(db).await?;
+    let due: Vec<Uuid> = jobs::Entity::find()
+        .select_only()
+        .column(jobs::Column::Id)
+        .filter(jobs::Column::Status.eq(JobStatus::Queued))
+        .filter(jobs::Column::NextRunAt.lte(now))
+        .order_by_asc(jobs::Column::NextRunAt)
+        .order_by_asc(jobs::Column::Id)
+        .limit(tokens.len() as u64)
+        .into_tuple()
+        .all(&transaction)
+        .await?;
+    let mut claimed = Vec::with_capacity(due.len());
+    for (job_id, token) in due.into_iter().zip(tokens) {
+        let rows = jobs::Entity::update_many()
+            .col_expr(jobs::Column::Status, Expr::value(JobStatus::Running))
+            .col_expr(
+                jobs::Column::AttemptCount,
+                Expr::col(jobs::Column::AttemptCount).add(1),
+            )
+            .col_expr(jobs::Column::RunToken, Expr::value(*token))
+            .col_expr(jobs::Column::LeaseUntil, Expr::value(lease_until))
+            .col_expr(
+                jobs::Column::StartedAt,
+                Expr::col(jobs::Column::StartedAt).if_null(now),
+            )
+            .col_expr(jobs::Column::UpdatedAt, Expr::value(now))
+            .filter(jobs::Column::Id.eq(job_id))
+            .filter(jobs::Column::Status.eq(JobStatus::Queued))
+            .exec_with_returning(&transaction)
+            .await?;
+        claimed.extend(rows);
+    }
+    transaction.commit().await?;
+    Ok(claimed)
+}
+
+/// What a lease renewal learned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Renewal {
+    /// The lease was extended; the attempt goes on unless cancel was requested.
+    Renewed { cancel_requested: bool },
+    /// The job is no longer this attempt's: stop and write nothing.
+    Lost,
+}
+
+/// Extends the attempt's lease to `lease` from now, if the attempt still owns the job.
+pub async fn renew_lease(
+    db: &impl ConnectionTrait,
+    claim: &Claim,
+    lease: Duration,
+) -> Result<Renewal, DbErr> {
+    let lease_until =
+        Timestamp::now().plus(chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX));
+    let renewed = fenced_update(claim)
+        .col_expr(jobs::Column::LeaseUntil, Expr::value(lease_until))
+        .exec_with_returning(db)
+        .await?;
+    Ok(match renewed.first() {
+        Some(job) => Renewal::Renewed {
+            cancel_requested: job.cancel_requested,
+        },
+        None => Renewal::Lost,
+    })
+}
+
+/// An UPDATE of the claimed job that matches only while the claim still owns it.
+fn fenced_update(claim: &Claim) -> sea_orm::UpdateMany<jobs::Entity> {
+    jobs::Entity::update_many()
+        .filter(jobs::Column::Id.eq(claim.job.id))
+        .filter(jobs::Column::RunToken.eq(claim.run_token))
+        .filter(jobs::Column::Status.eq(JobStatus::Running))
+}
+
+/// Details of an attempt known before the provider is called.
+#[derive(Clone, Debug)]
+pub struct AttemptStart {
+    pub worker_id: String,
+    pub provider: String,
+    pub price: ModelPrice,
+    /// What the call may cost at most, recorded now so that an attempt that never
+    /// reports back still carries a bound.
+    pub provider_cost_bound: Credits,
+}
+
+/// Records the attempt row and its `ATTEMPT_STARTED` event before the provider is
+/// called. `None` when the claim no longer owns the job.
+pub async fn start_attempt(
+    db: &DatabaseConnection,
+    claim: &Claim,
+    start: &AttemptStart,
+) -> Result<Option<(attempts::Model, EventNotice)>, DbErr> {
+    let transaction = begin_write(db).await?;
+    let now = Timestamp::now();
+    let Some(job) = fenced_update(claim)
+        .col_expr(jobs::Column::UpdatedAt, Expr::value(now))
+        .col_expr(
+            jobs::Column::LastEventSeq,
+            Expr::col(jobs::Column::LastEventSeq).add(1),
+        )
+        .exec_with_returning(&transaction)
+        .await?
+        .into_iter()
+        .next()
+    else {
+        transaction.rollback().await?;
+        return Ok(None);
+    };
+    let row = attempts::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        job_id: Set(job.id),
+        tenant_id: Set(job.tenant_id),
+        number: Set(job.attempt_count),
+        run_token: Set(claim.run_token),
+        worker_id: Set(start.worker_id.clone()),
+        outcome: Set(AttemptOutcome::Running),
+        error_code: Set(None),
+        error_message: Set(None),
+        provider: Set(start.provider.clone()),
+        model: Set(job.model.clone()),
+        provider_request_id: Set(None),
+        input_tokens: Set(None),
+        cached_input_tokens: Set(None),
+        output_tokens: Set(None),
+        provider_cost_nanos: Set(None),
+        provider_cost_upper_bound_nanos: Set(Some(start.provider_cost_bound.nanos())),
+        model_price_id: Set(start.price.id),
+        latency_ms: Set(None),
+        started_at: Set(now),
+        finished_at: Set(None),
+    };
+    let attempt = attempts::Entity::insert(row)
+        .exec_with_returning(&transaction)
+        .await?;
+    let notice = events::append(
+        &transaction,
+        &job,
+        EventKind::AttemptStarted,
+        Some(json!({"attempt": attempt.number})),
+    )
+    .await?;
+    transaction.commit().await?;
+    Ok(Some((attempt, notice)))
+}
+
+/// What became of the provider call, for the attempt row.
+#[derive(Clone, Debug)]
+pub struct AttemptReport {
+    pub outcome: AttemptOutcome,
+    /// Usage the provider reported; with it the cost is exact.
+    pub usage: Option<TokenUsage>,
+    /// True when the request cannot have been billed (never sent, or refused with an
+    /// error status): the cost is then exactly zero.
+    pub not_billed: bool,
+    pub error: Option<JobError>,
+    pub provider_request_id: Option<String>,
+    pub latency: Duration,
+}
+
+/// A machine-readable code and a human message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobError {
+    pub code: String,
+    pub message: String,
+}
+
+impl JobError {
+    /// An error with one of the codes jobledger uses.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code: code.as_str().to_owned(),
+            message: message.into(),
+        }
+    }
+}
+
+/// The codes a failed job or attempt carries, as clients see them in `error.code`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorCode {
+    /// The provider refused the request (4xx); retrying cannot help.
+    ProviderRejected,
+    /// The provider was unreachable or answered with a retryable error.
+    ProviderUnavailable,
+    /// The request was sent and no answer came back.
+    OutcomeUnknown,
+    /// The reply did not satisfy the job's response schema.
+    InvalidOutput,
+    /// The worker running the attempt stopped renewing its lease.
+    LeaseExpired,
+    /// The attempt was aborted because the tenant cancelled the job.
+    Cancelled,
+}
+
+impl ErrorCode {
+    /// The code's text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ProviderRejected => "PROVIDER_REJECTED",
+            Self::ProviderUnavailable => "PROVIDER_UNAVAILABLE",
+            Self::OutcomeUnknown => "OUTCOME_UNKNOWN",
+            Self::InvalidOutput => "INVALID_OUTPUT",
+            Self::LeaseExpired => "LEASE_EXPIRED",
+            Self::Cancelled => "CANCELLED",
+        }
+    }
+}
+
+/// What becomes of the job after the attempt.
+#[derive(Clone, Debug)]
+pub enum JobOutcome {
+    /// The result is accepted and the customer is charged for it.
+    Succeeded { result: Value, charge: Credits },
+    /// Queued again, to be claimed at `at`.
+    Retry { at: Timestamp },
+    /// Failed for good; the hold is released.
+    Failed(JobError),
+    /// Cancelled as the tenant asked; the hold is released.
+    Cancelled,
+}
+
+/// Finishes an attempt in one transaction fenced by its run token: the job's new
+/// state, the attempt's outcome and cost, the settlement or release of the hold, and
+/// the event. `None` when the claim no longer owns the job; then nothing is written.
+pub async fn finish_attempt(
+    db: &DatabaseConnection,
+    claim: &Claim,
+    attempt: &attempts::Model,
+    price: &ModelPrice,
+    report: AttemptReport,
+    outcome: JobOutcome,
+) -> Result<Option<Vec<EventNotice>>, DbErr> {
+    let transaction = begin_write(db).await?;
+    let now = Timestamp::now();
+    let update = fenced_update(claim)
+        .col_expr(jobs::Column::RunToken, Expr::value(Option::<Uuid>::None))
+        .col_expr(
+            jobs::Column::LeaseUntil,
+            Expr::value(Option::<Timestamp>::None),
+        )
+        .col_expr(jobs::Column::UpdatedAt, Expr::value(now))
+        .col_expr(
+            jobs::Column::LastEventSeq,
+            Expr::col(jobs::Column::LastEventSeq).add(1),
+        );
+    let (status, kind) = match &outcome {
+        JobOutcome::Succeeded { .. } => (JobStatus::Succeeded, EventKind::Succeeded),
+        JobOutcome::Retry { .. } => (JobStatus::Queued, EventKind::RetryScheduled),
+        JobOutcome::Failed(_) => (JobStatus::Failed, EventKind::Failed),
+        JobOutcome::Cancelled => (JobStatus::Cancelled, EventKind::Cancelled),
+    };
+    let update = update.col_expr(jobs::Column::Status, Expr::value(status));
+    let update = match &outcome {
+        JobOutcome::Succeeded { result, .. } => update
+            .col_expr(jobs::Column::Result, Expr::value(result.clone()))
+            .col_expr(jobs::Column::FinishedAt, Expr::value(now)),
+        JobOutcome::Retry { at } => update.col_expr(jobs::Column::NextRunAt, Expr::value(*at)),
+        JobOutcome::Failed(error) => update
+            .col_expr(jobs::Column::ErrorCode, Expr::value(error.code.clone()))
+            .col_expr(
+                jobs::Column::ErrorMessage,
+                Expr::value(error.message.clone()),
+            )
+            .col_expr(jobs::Column::FinishedAt, Expr::value(now)),
+        JobOutcome::Cancelled => update.col_expr(jobs::Column::FinishedAt, Expr::value(now)),
+    };
+    let Some(job) = update
+        .exec_with_returning(&transaction)
+        .await?
+        .into_iter()
+        .next()
+    else {
+        transaction.rollback().await?;
+        return Ok(None);
+    };
+    record_attempt(&transaction, attempt, price, &report, now).await?;
+    match &outcome {
+        JobOutcome::Succeeded { charge, .. } => {
+            ledger::settle(&transaction, job.id, attempt.id, *charge).await?;
+        }
+        JobOutcome::Failed(_) | JobOutcome::Cancelled => {
+            ledger::release(&transaction, job.id).await?;
+        }
+        JobOutcome::Retry { .. } => {}
+    }
+    let data = json!({
+        "attempt": attempt.number,
+        "outcome": report.outcome,
+        "error": report.error.as_ref().map(|error| json!({"code": error.code, "message": error.message})),
+    });
+    let notice = events::append(&transaction, &job, kind, Some(data)).await?;
+    transaction.commit().await?;
+    Ok(Some(vec![notice]))
+}
+
+async fn record_attempt(
+    db: &impl ConnectionTrait,
+    attempt: &attempts::Model,
+    price: &ModelPrice,
+    report: &AttemptReport,
+    now: Timestamp,
+) -> Result<(), DbErr> {
+    // Exact cost when usage is known or nothing can have been billed; otherwise the
+    // bound stored at the start stands.
+    let exact_cost = match (&report.usage, report.not_billed) {
+        (Some(usage), _) => Some(price.provider_cost(usage)),
+        (None, true) => Some(Credits::ZERO),
+        (None, false) => None,
+    };
+    let mut update = attempts::Entity::update_many()
+        .col_expr(attempts::Column::Outcome, Expr::value(report.outcome))
+        .col_expr(attempts::Column::FinishedAt, Expr::value(now))
+        .col_expr(
+            attempts::Column::LatencyMs,
+            Expr::value(i64::try_from(report.latency.as_millis()).unwrap_or(i64::MAX)),
+        )
+        .col_expr(
+            attempts::Column::ProviderRequestId,
+            Expr::value(report.provider_request_id.clone()),
+        )
+        .col_expr(
+            attempts::Column::ErrorCode,
+            Expr::value(report.error.as_ref().map(|error| error.code.clone())),
+        )
+        .col_expr(
+            attempts::Column::ErrorMessage,
+            Expr::value(report.error.as_ref().map(|error| error.message.clone())),
+        );
+    if let Some(usage) = &report.usage {
+        update = update
+            .col_expr(
+                attempts::Column::InputTokens,
+                Expr::value(tokens(usage.input_tokens)),
+            )
+            .col_expr(
+                attempts::Column::CachedInputTokens,
+                Expr::value(tokens(usage.cached_input_tokens)),
+            )
+            .col_expr(
+                attempts::Column::OutputTokens,
+                Expr::value(tokens(usage.output_tokens)),
+            );
+    }
+    if let Some(cost) = exact_cost {
+        update = update
+            .col_expr(
+                attempts::Column::ProviderCostNanos,
+                Expr::value(cost.nanos()),
+            )
+            .col_expr(
+                attempts::Column::ProviderCostUpperBoundNanos,
+                Expr::value(Option::<i64>::None),
+            );
+    }
+    update
+        .filter(attempts::Column::Id.eq(attempt.id))
+        .filter(attempts::Column::RunToken.eq(attempt.run_token))
+        .exec(db)
+        .await?;
+    Ok(())
+}
+
+fn tokens(count: u64) -> i64 {
+    i64::try_from(count).unwrap_or(i64::MAX)
+}
+
+/// Most expired leases handled in one sweep.
+const EXPIRY_BATCH: u64 = 100;
+
+/// Takes back jobs whose attempt stopped renewing its lease (its worker crashed,
+/// froze or lost the database). The lost attempt becomes `lease_expired`, keeping its
+/// cost bound; the job is queued again, or ends when it was cancelled, has no
+/// attempts left, or forbids retrying an unknown outcome.
+pub async fn expire_leases(db: &DatabaseConnection) -> Result<Vec<EventNotice>, DbErr> {
+    let now = Timestamp::now();
+    let expired = jobs::Entity::find()
+        .filter(jobs::Column::Status.eq(JobStatus::Running))
+        .filter(jobs::Column::LeaseUntil.lt(now))
+        .order_by_asc(jobs::Column::LeaseUntil)
+        .limit(EXPIRY_BATCH)
+        .all(db)
+        .await?;
+    let mut notices = Vec::new();
+    for job in expired {
+        let Some(run_token) = job.run_token else {
+            continue;
+        };
+        let claim = Claim { job, run_token };
+        if let Some(notice) = expire_lease(db, &claim, now).await? {
+            notices.push(notice);
+        }
+    }
+    Ok(notices)
+}
+
+async fn expire_lease(
+    db: &DatabaseConnection,
+    claim: &Claim,
+    now: Timestamp,
+) -> Result<Option<EventNotice>, DbErr> {
+    let job = &claim.job;
+    let (status, kind, error) = if job.cancel_requested {
+        (JobStatus::Cancelled, EventKind::Cancelled, None)
+    } else if job.attempt_count >= job.max_attempts {
+        let error = JobError::new(
+            ErrorCode::LeaseExpired,
+            format!(
+                "attempt {} stopped renewing its lease and no attempts are left",
+                job.attempt_count
+            ),
+        );
+        (JobStatus::Failed, EventKind::Failed, Some(error))
+    } else if !job.retry_unknown_outcome {
+        let error = JobError::new(
+            ErrorCode::OutcomeUnknown,
+            "the attempt stopped renewing its lease after its request may have been sent, and the job does not retry unknown outcomes",
+        );
+        (JobStatus::Failed, EventKind::Failed, Some(error))
+    } else {
+        (JobStatus::Queued, EventKind::RetryScheduled, None)
+    };
+    let transaction = begin_write(db).await?;
+    let mut update = fenced_update(claim)
+        .filter(jobs::Column::LeaseUntil.lt(now))
+        .col_expr(jobs::Column::Status, Expr::value(status))
+        .col_expr(jobs::Column::RunToken, Expr::value(Option::<Uuid>::None))
+        .col_expr(
+            jobs::Column::LeaseUntil,
+            Expr::value(Option::<Timestamp>::None),
+        )
+        .col_expr(jobs::Column::NextRunAt, Expr::value(now))
+        .col_expr(jobs::Column::UpdatedAt, Expr::value(now))
+        .col_expr(
+            jobs::Column::LastEventSeq,
+            Expr::col(jobs::Column::LastEventSeq).add(1),
+        );
+    if status.is_terminal() {
+        update = update.col_expr(jobs::Column::FinishedAt, Expr::value(now));
+    }
+    if let Some(error) = &error {
+        update = update
+            .col_expr(jobs::Column::ErrorCode, Expr::value(error.code.clone()))
+            .col_expr(
+                jobs::Column::ErrorMessage,
+                Expr::value(error.message.clone()),
+            );
+    }
+    let Some(job) = update
+        .exec_with_returning(&transaction)
+        .await?
+        .into_iter()
+        .next()
+    else {
+        // Renewed or finished in the meantime: the lease was not lost after all.
+        transaction.rollback().await?;
+        return Ok(None);
+    };
+    attempts::Entity::update_many()
+        .col_expr(
+            attempts::Column::Outcome,
+            Expr::value(AttemptOutcome::LeaseExpired),
+        )
+        .col_expr(attempts::Column::FinishedAt, Expr::value(now))
+        .col_expr(
+            attempts::Column::ErrorCode,
+            Expr::value(ErrorCode::LeaseExpired.as_str()),
+        )
+        .filter(attempts::Column::JobId.eq(job.id))
+        .filter(attempts::Column::RunToken.eq(claim.run_token))
+        .filter(attempts::Column::Outcome.eq(AttemptOutcome::Running))
+        .exec(&transaction)
+        .await?;
+    if status.is_terminal() {
+        ledger::release(&transaction, job.id).await?;
+    }
+    let data = json!({
+        "attempt": job.attempt_count,
+        "outcome": AttemptOutcome::LeaseExpired,
+        "error": error.as_ref().map(|error| json!({"code": error.code, "message": error.message})),
+    });
+    let notice = events::append(&transaction, &job, kind, Some(data)).await?;
+    transaction.commit().await?;
+    tracing::warn!(job.id = %job.id, status = ?job.status, "took back a job whose lease expired");
+    Ok(Some(notice))
+}

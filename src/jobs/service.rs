@@ -1,0 +1,244 @@
+//! Creating, reading, listing and cancelling jobs on behalf of a tenant.
+
+use super::events::{self, EventBus, EventNotice};
+use super::input::NewJob;
+use crate::billing::{ledger, prices};
+use crate::db::begin_write;
+use crate::error::ServiceError;
+use entity::{EventKind, JobStatus, Timestamp, jobs};
+use sea_orm::sea_query::{Expr, ExprTrait};
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait, QueryFilter,
+    QueryOrder, QuerySelect,
+};
+use uuid::Uuid;
+
+/// The answer to a create: the job, and whether it existed before this request.
+#[derive(Clone, Debug)]
+pub struct CreatedJob {
+    pub job: jobs::Model,
+    pub replayed: bool,
+}
+
+/// Creates a job, its credit hold and its `CREATED` event in one transaction — or,
+/// when the tenant used this idempotency key before, returns that job.
+///
+/// Concurrent creates with one key yield one job: the loser of the race hits the
+/// unique (tenant, key) index, rolls back everything it wrote, and reads the winner's.
+pub async fn create_job(
+    db: &DatabaseConnection,
+    bus: &EventBus,
+    tenant_id: Uuid,
+    new: NewJob,
+) -> Result<CreatedJob, ServiceError> {
+    let fingerprint = new.fingerprint();
+    let price = prices::price_at(db, &new.model, Timestamp::now())
+        .await?
+        .ok_or_else(|| {
+            ServiceError::validation(format!(
+                "model {:?} has no price and cannot be run",
+                new.model
+            ))
+        })?;
+    let hold = price.customer_hold(
+        new.input.input_token_bound(),
+        u64::from(new.input.max_output_tokens),
+    );
+    // One retry is enough: after a unique violation the other job is committed.
+    for _ in 0..2 {
+        let transaction = begin_write(db).await?;
+        if let Some(existing) = find_by_key(&transaction, tenant_id, &new).await? {
+            transaction.rollback().await?;
+            return replay(existing, &fingerprint);
+        }
+        let now = Timestamp::now();
+        let row = jobs::ActiveModel {
+            id: Set(Uuid::now_v7()),
+            tenant_id: Set(tenant_id),
+            idempotency_key: Set(new.idempotency_key.as_str().to_owned()),
+            request_hash: Set(fingerprint.clone()),
+            status: Set(JobStatus::Queued),
+            cancel_requested: Set(false),
+            model: Set(new.model.clone()),
+            input: Set(serde_json::to_value(&new.input).expect("job input serializes")),
+            retry_unknown_outcome: Set(new.retry_unknown_outcome),
+            result: Set(None),
+            error_code: Set(None),
+            error_message: Set(None),
+            attempt_count: Set(0),
+            max_attempts: Set(new.max_attempts as i32),
+            run_token: Set(None),
+            lease_until: Set(None),
+            next_run_at: Set(now),
+            last_event_seq: Set(1),
+            created_at: Set(now),
+            updated_at: Set(now),
+            started_at: Set(None),
+            finished_at: Set(None),
+        };
+        let job = match jobs::Entity::insert(row)
+            .exec_with_returning(&transaction)
+            .await
+        {
+            Ok(job) => job,
+            Err(error) if prices::is_unique_violation(&error) => {
+                transaction.rollback().await?;
+                continue;
+            }
+            Err(error) => return Err(error.into()),
+        };
+        ledger::hold(&transaction, tenant_id, job.id, hold).await?;
+        let created = events::append(&transaction, &job, EventKind::Created, None).await?;
+        transaction.commit().await?;
+        tracing::info!(job.id = %job.id, tenant.id = %tenant_id, model = %job.model, hold = %hold, "job created");
+        bus.publish([created]);
+        return Ok(CreatedJob {
+            job,
+            replayed: false,
+        });
+    }
+    let existing = find_by_key(db, tenant_id, &new)
+        .await?
+        .ok_or_else(|| ServiceError::Database(sea_orm::DbErr::Custom("job vanished".into())))?;
+    replay(existing, &fingerprint)
+}
+
+async fn find_by_key(
+    db: &impl ConnectionTrait,
+    tenant_id: Uuid,
+    new: &NewJob,
+) -> Result<Option<jobs::Model>, sea_orm::DbErr> {
+    jobs::Entity::find()
+        .filter(jobs::Column::TenantId.eq(tenant_id))
+        .filter(jobs::Column::IdempotencyKey.eq(new.idempotency_key.as_str()))
+        .one(db)
+        .await
+}
+
+fn replay(existing: jobs::Model, fingerprint: &str) -> Result<CreatedJob, ServiceError> {
+    if existing.request_hash == fingerprint {
+        Ok(CreatedJob {
+            job: existing,
+            replayed: true,
+        })
+    } else {
+        Err(ServiceError::IdempotencyConflict)
+    }
+}
+
+/// The tenant's job with this id. Another tenant's job is `NotFound`, not
+/// `Forbidden`: a tenant must not learn which ids exist.
+pub async fn find_job(
+    db: &impl ConnectionTrait,
+    tenant_id: Uuid,
+    job_id: Uuid,
+) -> Result<jobs::Model, ServiceError> {
+    jobs::Entity::find_by_id(job_id)
+        .filter(jobs::Column::TenantId.eq(tenant_id))
+        .one(db)
+        .await?
+        .ok_or(ServiceError::NotFound)
+}
+
+/// One page of a tenant's jobs, newest first.
+#[derive(Clone, Debug)]
+pub struct JobPage {
+    pub jobs: Vec<jobs::Model>,
+    pub has_next_page: bool,
+}
+
+/// Most jobs one page may hold.
+pub const MAX_PAGE_SIZE: u64 = 100;
+
+/// A page of at most `first` jobs older than the job `after`, optionally of one status.
+pub async fn list_jobs(
+    db: &impl ConnectionTrait,
+    tenant_id: Uuid,
+    first: u64,
+    after: Option<Uuid>,
+    status: Option<JobStatus>,
+) -> Result<JobPage, ServiceError> {
+    let mut query = jobs::Entity::find().filter(jobs::Column::TenantId.eq(tenant_id));
+    if let Some(after) = after {
+        // Ids are version-7 UUIDs: ordering by id is ordering by creation.
+        query = query.filter(jobs::Column::Id.lt(after));
+    }
+    if let Some(status) = status {
+        query = query.filter(jobs::Column::Status.eq(status));
+    }
+    let mut jobs = query
+        .order_by_desc(jobs::Column::Id)
+        .limit(first + 1)
+        .all(db)
+        .await?;
+    let has_next_page = jobs.len() as u64 > first;
+    jobs.truncate(first as usize);
+    Ok(JobPage {
+        jobs,
+        has_next_page,
+    })
+}
+
+/// Records the tenant's wish to cancel a job.
+///
+/// A queued job becomes `CANCELLED` at once and its hold is released. A running job
+/// gets `cancel_requested`; its worker sees that, aborts the call and finishes the
+/// attempt as cancelled. A finished job stays as it is.
+pub async fn cancel_job(
+    db: &DatabaseConnection,
+    bus: &EventBus,
+    tenant_id: Uuid,
+    job_id: Uuid,
+) -> Result<jobs::Model, ServiceError> {
+    let transaction = begin_write(db).await?;
+    let now = Timestamp::now();
+    let cancelled = jobs::Entity::update_many()
+        .col_expr(jobs::Column::Status, Expr::value(JobStatus::Cancelled))
+        .col_expr(jobs::Column::CancelRequested, Expr::value(true))
+        .col_expr(jobs::Column::FinishedAt, Expr::value(now))
+        .col_expr(jobs::Column::UpdatedAt, Expr::value(now))
+        .col_expr(
+            jobs::Column::LastEventSeq,
+            Expr::col(jobs::Column::LastEventSeq).add(1),
+        )
+        .filter(jobs::Column::Id.eq(job_id))
+        .filter(jobs::Column::TenantId.eq(tenant_id))
+        .filter(jobs::Column::Status.eq(JobStatus::Queued))
+        .exec_with_returning(&transaction)
+        .await?;
+    let mut notices: Vec<EventNotice> = Vec::new();
+    let job = if let Some(job) = cancelled.into_iter().next() {
+        ledger::release(&transaction, job.id).await?;
+        notices.push(events::append(&transaction, &job, EventKind::Cancelled, None).await?);
+        job
+    } else {
+        let requested = jobs::Entity::update_many()
+            .col_expr(jobs::Column::CancelRequested, Expr::value(true))
+            .col_expr(jobs::Column::UpdatedAt, Expr::value(now))
+            .col_expr(
+                jobs::Column::LastEventSeq,
+                Expr::col(jobs::Column::LastEventSeq).add(1),
+            )
+            .filter(jobs::Column::Id.eq(job_id))
+            .filter(jobs::Column::TenantId.eq(tenant_id))
+            .filter(jobs::Column::Status.eq(JobStatus::Running))
+            .filter(jobs::Column::CancelRequested.eq(false))
+            .exec_with_returning(&transaction)
+            .await?;
+        match requested.into_iter().next() {
+            Some(job) => {
+                notices.push(
+                    events::append(&transaction, &job, EventKind::CancelRequested, None).await?,
+                );
+                job
+            }
+            None => find_job(&transaction, tenant_id, job_id).await?,
+        }
+    };
+    transaction.commit().await?;
+    if !notices.is_empty() {
+        tracing::info!(job.id = %job.id, status = ?job.status, "job cancel recorded");
+    }
+    bus.publish(notices);
+    Ok(job)
+}

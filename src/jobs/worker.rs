@@ -1,0 +1,484 @@
+//! Workers: claim due jobs, run each attempt under its own timeout and lease, and
+//! finish it — never tied to the request that created the job.
+
+use super::events::{EventBus, EventNotice};
+use super::input::JobInput;
+use super::queue::{
+    self, AttemptReport, AttemptStart, Claim, ErrorCode, JobError, JobOutcome, Renewal,
+};
+use crate::billing::{ModelPrice, prices};
+use crate::llm::{ChatRequest, Completion, ProviderError, ProviderRegistry};
+use entity::{AttemptOutcome, EventKind, Timestamp, attempts};
+use rand::Rng;
+use sea_orm::{DatabaseConnection, DbErr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// First retry delay; each further retry doubles it.
+const BACKOFF_BASE: Duration = Duration::from_secs(2);
+/// Longest delay between retries.
+const BACKOFF_CAP: Duration = Duration::from_secs(60);
+/// Longest `Retry-After` honoured; a provider asking for more is treated as this.
+const RETRY_AFTER_CAP: Duration = Duration::from_secs(600);
+/// Most jobs one claim takes, so one worker does not hoard a burst.
+const CLAIM_BATCH: usize = 16;
+
+/// How a worker pool runs attempts.
+#[derive(Clone, Debug)]
+pub struct WorkerSettings {
+    /// Most attempts running at once in this process.
+    pub concurrency: usize,
+    /// How long a claim owns a job without renewal.
+    pub lease: Duration,
+    /// Longest one provider call may take.
+    pub attempt_timeout: Duration,
+    /// How long running attempts may go on after shutdown is asked for.
+    pub shutdown_grace: Duration,
+    /// How often an idle worker looks for due jobs no notice told it about
+    /// (retries coming due, jobs created by another process).
+    pub poll_interval: Duration,
+}
+
+/// A pool of concurrent attempts in one process.
+#[derive(Clone, Debug)]
+pub struct Worker {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    id: String,
+    db: DatabaseConnection,
+    bus: EventBus,
+    providers: ProviderRegistry,
+    settings: WorkerSettings,
+}
+
+impl Worker {
+    /// A worker pool; `id` names it on the attempts it records.
+    pub fn new(
+        id: String,
+        db: DatabaseConnection,
+        bus: EventBus,
+        providers: ProviderRegistry,
+        settings: WorkerSettings,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                id,
+                db,
+                bus,
+                providers,
+                settings,
+            }),
+        }
+    }
+
+    /// Claims and runs jobs until `shutdown` is cancelled; then stops claiming, lets
+    /// running attempts finish within the grace period, and aborts the rest (their
+    /// leases lapse and another worker takes the jobs back).
+    pub async fn run(self, shutdown: CancellationToken) {
+        let settings = &self.inner.settings;
+        let permits = Arc::new(Semaphore::new(settings.concurrency));
+        let mut notices = self.inner.bus.subscribe();
+        let mut attempts = JoinSet::new();
+        let mut poll = tokio::time::interval(settings.poll_interval);
+        tracing::info!(worker.id = %self.inner.id, concurrency = settings.concurrency, "worker started");
+        while !shutdown.is_cancelled() {
+            if let Err(error) = self.take_back_expired_leases().await {
+                tracing::error!(error = %error, "sweeping expired leases failed");
+            }
+            let free = permits.available_permits().min(CLAIM_BATCH);
+            let claimed = match queue::claim(&self.inner.db, free as u32, settings.lease).await {
+                Ok(claimed) => claimed,
+                Err(error) => {
+                    tracing::error!(error = %error, "claiming jobs failed");
+                    Vec::new()
+                }
+            };
+            let batch_was_full = free > 0 && claimed.len() == free;
+            for claim in claimed {
+                let permit = permits
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .expect("the semaphore is never closed");
+                let worker = self.clone();
+                attempts.spawn(async move {
+                    worker.run_attempt(claim).await;
+                    drop(permit);
+                });
+            }
+            if batch_was_full {
+                continue;
+            }
+            // Idle or full: wait for a reason to look again.
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = poll.tick() => break,
+                    Some(_) = attempts.join_next(), if !attempts.is_empty() => break,
+                    notice = notices.recv() => match notice {
+                        Ok(notice) if notice.kind == EventKind::Created => break,
+                        Ok(_) => continue,
+                        Err(RecvError::Lagged(_)) => break,
+                        Err(RecvError::Closed) => break,
+                    },
+                }
+            }
+        }
+        tracing::info!(worker.id = %self.inner.id, running = attempts.len(), "worker stopping");
+        let drained = tokio::time::timeout(settings.shutdown_grace, async {
+            while attempts.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                aborted = attempts.len(),
+                "grace period over: aborting running attempts"
+            );
+            attempts.shutdown().await;
+        }
+    }
+
+    async fn take_back_expired_leases(&self) -> Result<(), DbErr> {
+        let notices = queue::expire_leases(&self.inner.db).await?;
+        self.inner.bus.publish(notices);
+        Ok(())
+    }
+
+    async fn run_attempt(&self, claim: Claim) {
+        let job_id = claim.job.id;
+        if let Err(error) = self.try_run_attempt(claim).await {
+            // The job keeps its lease until it lapses; then it is taken back and retried.
+            tracing::error!(job.id = %job_id, error = %error, "attempt failed to record its outcome");
+        }
+    }
+
+    async fn try_run_attempt(&self, claim: Claim) -> Result<(), DbErr> {
+        let inner = &self.inner;
+        let input: JobInput = serde_json::from_value(claim.job.input.clone())
+            .map_err(|error| DbErr::Custom(format!("stored job input is unreadable: {error}")))?;
+        let price = prices::price_at(&inner.db, &claim.job.model, Timestamp::now())
+            .await?
+            .ok_or_else(|| DbErr::Custom(format!("model {} has no price", claim.job.model)))?;
+        let provider = inner.providers.provider_for(&claim.job.model);
+        let start = AttemptStart {
+            worker_id: inner.id.clone(),
+            provider: provider.name().to_owned(),
+            provider_cost_bound: price.provider_cost_bound(
+                input.input_token_bound(),
+                u64::from(input.max_output_tokens),
+            ),
+            price,
+        };
+        let mut notices = inner.bus.subscribe();
+        let Some((attempt, started)) = queue::start_attempt(&inner.db, &claim, &start).await?
+        else {
+            tracing::warn!(job.id = %claim.job.id, "claim lost before the attempt started");
+            return Ok(());
+        };
+        inner.bus.publish([started]);
+        tracing::info!(
+            job.id = %claim.job.id, attempt = attempt.number, provider = provider.name(),
+            model = %claim.job.model, "attempt started"
+        );
+
+        let request = ChatRequest {
+            model: claim.job.model.clone(),
+            messages: input.messages.clone(),
+            max_output_tokens: input.max_output_tokens,
+            response_schema: input.response_schema.clone(),
+        };
+        let began = Instant::now();
+        let call = provider.complete(&request);
+        tokio::pin!(call);
+        let deadline = tokio::time::sleep(inner.settings.attempt_timeout);
+        tokio::pin!(deadline);
+        let mut renew = tokio::time::interval(inner.settings.lease / 3);
+        renew.tick().await;
+        let end = loop {
+            tokio::select! {
+                answer = &mut call => break CallEnd::Answered(answer),
+                _ = &mut deadline => break CallEnd::TimedOut,
+                _ = renew.tick() => match queue::renew_lease(&inner.db, &claim, inner.settings.lease).await {
+                    Ok(Renewal::Renewed { cancel_requested: true }) => break CallEnd::Cancelled,
+                    Ok(Renewal::Renewed { cancel_requested: false }) => {}
+                    Ok(Renewal::Lost) => break CallEnd::LeaseLost,
+                    // The lease may still hold; the next renewal or the fenced finish decides.
+                    Err(error) => tracing::warn!(job.id = %claim.job.id, error = %error, "lease renewal failed"),
+                },
+                notice = notices.recv() => if cancel_noticed(&notice, claim.job.id) {
+                    break CallEnd::Cancelled;
+                },
+            }
+        };
+        let latency = began.elapsed();
+        if matches!(end, CallEnd::LeaseLost) {
+            tracing::warn!(job.id = %claim.job.id, attempt = attempt.number, "lease lost: the attempt writes nothing more");
+            return Ok(());
+        }
+        let (report, outcome) = judge(&claim, &attempt, &start.price, &input, end, latency);
+        let report_outcome = report.outcome;
+        match queue::finish_attempt(&inner.db, &claim, &attempt, &start.price, report, outcome)
+            .await?
+        {
+            Some(notices) => {
+                tracing::info!(
+                    job.id = %claim.job.id, attempt = attempt.number, outcome = ?report_outcome,
+                    duration_ms = latency.as_millis() as u64, "attempt finished"
+                );
+                inner.bus.publish(notices);
+            }
+            None => {
+                tracing::warn!(job.id = %claim.job.id, "lease lost before the attempt finished")
+            }
+        }
+        Ok(())
+    }
+}
+
+fn cancel_noticed(notice: &Result<EventNotice, RecvError>, job_id: Uuid) -> bool {
+    matches!(notice, Ok(notice) if notice.job_id == job_id && notice.kind == EventKind::CancelRequested)
+}
+
+/// How the wait for the provider ended.
+#[derive(Debug)]
+enum CallEnd {
+    Answered(Result<Completion, ProviderError>),
+    TimedOut,
+    Cancelled,
+    LeaseLost,
+}
+
+/// Decides what an attempt's end means for the attempt row and for the job.
+fn judge(
+    claim: &Claim,
+    attempt: &attempts::Model,
+    price: &ModelPrice,
+    input: &JobInput,
+    end: CallEnd,
+    latency: Duration,
+) -> (AttemptReport, JobOutcome) {
+    let job = &claim.job;
+    let attempts_left = job.attempt_count < job.max_attempts;
+    let report = |outcome, usage, not_billed, error: Option<JobError>, request_id| AttemptReport {
+        outcome,
+        usage,
+        not_billed,
+        error,
+        provider_request_id: request_id,
+        latency,
+    };
+    let retry_or_fail = |error: JobError, retry_after: Option<Duration>| {
+        if attempts_left {
+            JobOutcome::Retry {
+                at: Timestamp::now().plus(
+                    chrono::Duration::from_std(retry_delay(attempt.number, retry_after))
+                        .unwrap_or(chrono::Duration::MAX),
+                ),
+            }
+        } else {
+            JobOutcome::Failed(error)
+        }
+    };
+    match end {
+        CallEnd::Answered(Ok(completion)) => {
+            let request_id = completion.request_id.clone();
+            match accept(&completion, input) {
+                Ok(result) => (
+                    report(
+                        AttemptOutcome::Succeeded,
+                        Some(completion.usage),
+                        false,
+                        None,
+                        request_id,
+                    ),
+                    JobOutcome::Succeeded {
+                        result,
+                        charge: price.customer_charge(&completion.usage),
+                    },
+                ),
+                Err(error) => (
+                    report(
+                        AttemptOutcome::InvalidOutput,
+                        Some(completion.usage),
+                        false,
+                        Some(error.clone()),
+                        request_id,
+                    ),
+                    retry_or_fail(error, None),
+                ),
+            }
+        }
+        CallEnd::Answered(Err(error)) => {
+            let request_id = error.request_id().map(str::to_owned);
+            match error {
+                ProviderError::NotSent { message } => {
+                    let error = JobError::new(ErrorCode::ProviderUnavailable, message);
+                    (
+                        report(
+                            AttemptOutcome::RetryableError,
+                            None,
+                            true,
+                            Some(error.clone()),
+                            None,
+                        ),
+                        retry_or_fail(error, None),
+                    )
+                }
+                ProviderError::Transient {
+                    status,
+                    message,
+                    retry_after,
+                    ..
+                } => {
+                    let error = JobError::new(
+                        ErrorCode::ProviderUnavailable,
+                        format!("provider answered {status}: {message}"),
+                    );
+                    (
+                        report(
+                            AttemptOutcome::RetryableError,
+                            None,
+                            true,
+                            Some(error.clone()),
+                            request_id,
+                        ),
+                        retry_or_fail(error, retry_after),
+                    )
+                }
+                ProviderError::Permanent {
+                    status, message, ..
+                } => {
+                    let error = JobError::new(
+                        ErrorCode::ProviderRejected,
+                        format!("provider refused the request with {status}: {message}"),
+                    );
+                    (
+                        report(
+                            AttemptOutcome::PermanentError,
+                            None,
+                            true,
+                            Some(error.clone()),
+                            request_id,
+                        ),
+                        JobOutcome::Failed(error),
+                    )
+                }
+                ProviderError::OutcomeUnknown { message } => {
+                    unknown_outcome(claim, message, report, retry_or_fail)
+                }
+            }
+        }
+        CallEnd::TimedOut => unknown_outcome(
+            claim,
+            format!(
+                "no answer within the attempt timeout of {} s",
+                latency.as_secs()
+            ),
+            report,
+            retry_or_fail,
+        ),
+        CallEnd::Cancelled => {
+            let error = JobError::new(
+                ErrorCode::Cancelled,
+                "cancelled while the provider call was running",
+            );
+            (
+                report(AttemptOutcome::Cancelled, None, false, Some(error), None),
+                JobOutcome::Cancelled,
+            )
+        }
+        CallEnd::LeaseLost => unreachable!("a lost lease is handled before judging"),
+    }
+}
+
+/// The request may have been billed: the cost stays a bound, and the job is retried
+/// only if it allows paying twice.
+fn unknown_outcome(
+    claim: &Claim,
+    message: String,
+    report: impl Fn(
+        AttemptOutcome,
+        Option<crate::billing::TokenUsage>,
+        bool,
+        Option<JobError>,
+        Option<String>,
+    ) -> AttemptReport,
+    retry_or_fail: impl Fn(JobError, Option<Duration>) -> JobOutcome,
+) -> (AttemptReport, JobOutcome) {
+    let error = JobError::new(ErrorCode::OutcomeUnknown, message);
+    let outcome = if claim.job.retry_unknown_outcome {
+        retry_or_fail(error.clone(), None)
+    } else {
+        JobOutcome::Failed(error.clone())
+    };
+    (
+        report(AttemptOutcome::Unknown, None, false, Some(error), None),
+        outcome,
+    )
+}
+
+/// The job's result from a reply: the parsed JSON when the job has a response schema,
+/// the text otherwise.
+fn accept(completion: &Completion, input: &JobInput) -> Result<serde_json::Value, JobError> {
+    if input.response_schema.is_none() {
+        return Ok(serde_json::Value::String(completion.text.clone()));
+    }
+    serde_json::from_str(&completion.text).map_err(|error| {
+        JobError::new(
+            ErrorCode::InvalidOutput,
+            format!("the reply is not JSON: {error}"),
+        )
+    })
+}
+
+/// The wait before retry `attempt + 1`: exponential backoff from 2 s doubling to a
+/// 60 s cap, with "equal jitter" (uniform between half and all of it) so that jobs
+/// failing together do not retry together; a longer `Retry-After` wins.
+fn retry_delay(attempt: i32, retry_after: Option<Duration>) -> Duration {
+    let exponent = u32::try_from(attempt.saturating_sub(1))
+        .unwrap_or(0)
+        .min(16);
+    let backoff = BACKOFF_BASE.saturating_mul(1 << exponent).min(BACKOFF_CAP);
+    let jittered = rand::rng().random_range(backoff / 2..=backoff);
+    match retry_after {
+        Some(wanted) => jittered.max(wanted.min(RETRY_AFTER_CAP)),
+        None => jittered,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_with_jitter_and_stops_at_the_cap() {
+        for _ in 0..100 {
+            let first = retry_delay(1, None);
+            assert!(first >= Duration::from_secs(1) && first <= Duration::from_secs(2));
+            let third = retry_delay(3, None);
+            assert!(third >= Duration::from_secs(4) && third <= Duration::from_secs(8));
+            let late = retry_delay(30, None);
+            assert!(late >= Duration::from_secs(30) && late <= BACKOFF_CAP);
+        }
+    }
+
+    #[test]
+    fn a_longer_retry_after_wins_and_is_capped() {
+        assert_eq!(
+            retry_delay(1, Some(Duration::from_secs(30))),
+            Duration::from_secs(30)
+        );
+        assert_eq!(
+            retry_delay(1, Some(Duration::from_secs(86_400))),
+            RETRY_AFTER_CAP
+        );
+    }
+}

@@ -1,0 +1,18 @@
+//! jobledger: durable, accountable LLM jobs.
+//!
+//! A job is created through GraphQL and lives in the database; workers claim it under
+//! a lease, call the model, and settle the credits held for it. See `DESIGN.md` in the
+//! shared folder for the lifecycle and the invariants.
+
+pub mod accounts;
+pub mod billing;
+pub mod cli;
+pub mod config;
+pub mod db;
+pub mod error;
+pub mod graphql;
+pub mod http;
+pub mod jobs;
+pub mod llm;
+pub mod startup;
+pub mod telemetry;

@@ -1,0 +1,83 @@
+//! Talking to model providers: one trait, real HTTP clients, the routing of model
+//! names to providers, and the simulator used when no provider is configured.
+
+pub mod openai;
+pub mod routing;
+pub mod simulator;
+
+use crate::billing::TokenUsage;
+use crate::jobs::input::Message;
+use serde_json::Value;
+use std::time::Duration;
+
+pub use routing::ProviderRegistry;
+
+/// One chat completion to run.
+#[derive(Clone, Debug)]
+pub struct ChatRequest {
+    pub model: String,
+    pub messages: Vec<Message>,
+    pub max_output_tokens: u32,
+    /// A JSON Schema the reply must satisfy, for providers that can enforce it.
+    pub response_schema: Option<Value>,
+}
+
+/// A provider's successful answer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Completion {
+    pub text: String,
+    pub usage: TokenUsage,
+    pub request_id: Option<String>,
+}
+
+/// Why a call produced no completion, classified by what it means for billing and
+/// retrying: whether the provider may have done (and billed) the work.
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderError {
+    /// The request never reached the provider (connection refused, DNS, TLS): nothing
+    /// was billed and retrying is safe.
+    #[error("request not sent: {message}")]
+    NotSent { message: String },
+    /// The provider answered with an error worth retrying (429, 408, 409, 5xx).
+    #[error("provider answered {status}: {message}")]
+    Transient {
+        status: u16,
+        message: String,
+        retry_after: Option<Duration>,
+        request_id: Option<String>,
+    },
+    /// The provider refused the request (400, 401, 403, 404, 422): retrying the same
+    /// request cannot succeed.
+    #[error("provider refused the request with {status}: {message}")]
+    Permanent {
+        status: u16,
+        message: String,
+        request_id: Option<String>,
+    },
+    /// The request was sent and no usable answer came back (timeout, connection lost,
+    /// unreadable body): the provider may have billed it.
+    #[error("outcome unknown: {message}")]
+    OutcomeUnknown { message: String },
+}
+
+impl ProviderError {
+    /// The provider's id for the failed request, when it sent one.
+    pub fn request_id(&self) -> Option<&str> {
+        match self {
+            Self::Transient { request_id, .. } | Self::Permanent { request_id, .. } => {
+                request_id.as_deref()
+            }
+            Self::NotSent { .. } | Self::OutcomeUnknown { .. } => None,
+        }
+    }
+}
+
+/// A model provider reached over HTTP.
+#[async_trait::async_trait]
+pub trait Provider: Send + Sync + std::fmt::Debug {
+    /// The provider's name as recorded on attempts (`openai`, `anthropic`, `simulator`).
+    fn name(&self) -> &str;
+
+    /// Runs one completion. Dropping the future aborts the call.
+    async fn complete(&self, request: &ChatRequest) -> Result<Completion, ProviderError>;
+}

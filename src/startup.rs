@@ -1,0 +1,193 @@
+//! Building and running the application: database, workers, providers and the API.
+
+use crate::accounts::AdminToken;
+use crate::billing::prices;
+use crate::config::{ProviderEndpoint, Settings};
+use crate::graphql;
+use crate::http::{self, HttpState};
+use crate::jobs::EventBus;
+use crate::jobs::worker::Worker;
+use crate::llm::ProviderRegistry;
+use crate::llm::openai::OpenAiClient;
+use crate::llm::routing::ModelFamily;
+use crate::llm::simulator::Simulator;
+use sea_orm::{DatabaseConnection, DbErr};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// What request handlers share: the database, the event bus and the admin token.
+#[derive(Clone, Debug)]
+pub struct App {
+    pub db: DatabaseConnection,
+    pub bus: EventBus,
+    pub admin_token: AdminToken,
+}
+
+/// Why the application could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error("database: {0}")]
+    Database(#[from] DbErr),
+    #[error("network: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+/// A built application, ready to run.
+pub struct Application {
+    app: App,
+    listener: Option<TcpListener>,
+    worker: Option<Worker>,
+    simulator: Option<BuiltInSimulator>,
+    admin_token_generated: bool,
+}
+
+/// The simulator a process starts for itself when no provider is configured.
+struct BuiltInSimulator {
+    stop: CancellationToken,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+impl Application {
+    /// Connects to the database, applies migrations, stores the built-in prices,
+    /// starts the simulator if needed and binds the listener.
+    pub async fn build(settings: Settings) -> Result<Self, StartupError> {
+        let db = crate::db::connect(&settings.database_url).await?;
+        crate::db::migrate(&db).await?;
+        prices::sync_prices(&db, &prices::built_in_prices(settings.customer_markup)).await?;
+
+        let (admin_token, admin_token_generated) = match &settings.admin_token {
+            Some(token) if !token.trim().is_empty() => (AdminToken::new(token.trim()), false),
+            _ => (AdminToken::generate(), true),
+        };
+        let bus = EventBus::default();
+        let app = App {
+            db: db.clone(),
+            bus: bus.clone(),
+            admin_token,
+        };
+
+        let (simulator_url, simulator) = match &settings.providers.simulator_url {
+            Some(url) => (url.clone(), None),
+            None => {
+                let (address, simulator) = BuiltInSimulator::start().await?;
+                (format!("http://{address}/v1"), Some(simulator))
+            }
+        };
+        let providers = provider_registry(&settings, &simulator_url)?;
+        let worker = settings.worker.clone().map(|worker_settings| {
+            let id = format!(
+                "{}-{}",
+                std::process::id(),
+                &uuid::Uuid::new_v4().simple().to_string()[..8]
+            );
+            Worker::new(
+                id,
+                db.clone(),
+                bus.clone(),
+                providers.clone(),
+                worker_settings,
+            )
+        });
+        let listener = match settings.listen {
+            Some(address) => Some(TcpListener::bind(address).await?),
+            None => None,
+        };
+        Ok(Self {
+            app,
+            listener,
+            worker,
+            simulator,
+            admin_token_generated,
+        })
+    }
+
+    /// The address the API listens on, once bound (port 0 picks a free one).
+    pub fn address(&self) -> Option<SocketAddr> {
+        self.listener
+            .as_ref()
+            .and_then(|listener| listener.local_addr().ok())
+    }
+
+    /// The admin token, and whether it was generated for this run (to be shown once).
+    pub fn admin_token(&self) -> (&str, bool) {
+        (self.app.admin_token.expose(), self.admin_token_generated)
+    }
+
+    /// The shared state, for tests and tools that call services directly.
+    pub fn app(&self) -> &App {
+        &self.app
+    }
+
+    /// Serves until `shutdown` is cancelled; then stops accepting, lets the workers
+    /// finish within their grace period, and stops the built-in simulator last, since
+    /// running attempts may still be talking to it.
+    pub async fn run(self, shutdown: CancellationToken) -> std::io::Result<()> {
+        let worker = self
+            .worker
+            .map(|worker| tokio::spawn(worker.run(shutdown.child_token())));
+        if let Some(listener) = self.listener {
+            let address = listener.local_addr()?;
+            let schema = graphql::build_schema(self.app.clone());
+            let router = http::router(HttpState {
+                app: self.app.clone(),
+                schema,
+            });
+            tracing::info!(address = %address, "listening on http://{address}/graphql");
+            axum::serve(listener, router)
+                .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+                .await?;
+        } else {
+            shutdown.cancelled().await;
+        }
+        if let Some(worker) = worker
+            && let Err(error) = worker.await
+        {
+            tracing::error!(error = %error, "the worker task ended abnormally");
+        }
+        if let Some(simulator) = self.simulator {
+            simulator.stop.cancel();
+            simulator.task.await.map_err(std::io::Error::other)??;
+        }
+        Ok(())
+    }
+}
+
+impl BuiltInSimulator {
+    async fn start() -> Result<(SocketAddr, Self), StartupError> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let address = listener.local_addr()?;
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(Simulator::new().serve(listener, stop.clone().cancelled_owned()));
+        tracing::info!(address = %address, "built-in LLM simulator serves every model without a provider");
+        Ok((address, Self { stop, task }))
+    }
+}
+
+/// Routes `gpt-*`/`o*` to the OpenAI-compatible provider and `claude-*` to Anthropic
+/// when configured, and everything else to the simulator.
+fn provider_registry(
+    settings: &Settings,
+    simulator_url: &str,
+) -> Result<ProviderRegistry, StartupError> {
+    let simulator = Arc::new(OpenAiClient::new("simulator", simulator_url, None));
+    let mut registry = ProviderRegistry::new(simulator);
+    if let Some(ProviderEndpoint { base_url, api_key }) = &settings.providers.openai {
+        registry = registry.route(
+            ModelFamily::OpenAi,
+            Arc::new(OpenAiClient::new("openai", base_url, api_key.clone())),
+        );
+    }
+    if settings.providers.anthropic.is_some() {
+        // Serving claude-* from the simulator while the operator configured Anthropic
+        // would silently fake results: refuse instead.
+        return Err(StartupError::Config(
+            "ANTHROPIC_BASE_URL/ANTHROPIC_API_KEY are set, but this build has no Anthropic client yet; unset them to serve claude-* models from the simulator".to_owned(),
+        ));
+    }
+    Ok(registry)
+}
