@@ -1,0 +1,249 @@
+//! Fencing by run token: an attempt that lost its job writes nothing, and concurrent
+//! claims never hand one job to two attempts.
+
+use crate::helpers::{AppOptions, Backend, TestApp, job_input, spawn_app_with};
+use crate::invariants::assert_billing_invariants;
+use entity::{
+    AttemptOutcome, JobStatus, ReservationStatus, Timestamp, attempts, charges,
+    credit_reservations, job_events, jobs, ledger_entries,
+};
+use jobledger::billing::{ModelPrice, TokenUsage, prices};
+use jobledger::jobs::input::JobInput;
+use jobledger::jobs::queue::{
+    self, AttemptReport, AttemptStart, Claim, ErrorCode, JobError, JobOutcome, Renewal,
+};
+use sea_orm::sea_query::Expr;
+use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
+use serde_json::json;
+use std::collections::HashSet;
+use std::time::Duration;
+use uuid::Uuid;
+
+on_both_backends!(
+    a_stale_run_token_cannot_renew_start_or_finish,
+    concurrent_claims_never_share_a_job,
+);
+
+const LEASE: Duration = Duration::from_secs(30);
+
+async fn attempt_start(app: &TestApp, claim: &Claim) -> AttemptStart {
+    let price: ModelPrice = prices::price_at(&app.app.db, &claim.job.model, Timestamp::now())
+        .await
+        .unwrap()
+        .unwrap();
+    let input: JobInput = serde_json::from_value(claim.job.input.clone()).unwrap();
+    AttemptStart {
+        worker_id: "test-worker".into(),
+        provider: "simulator".into(),
+        provider_cost_bound: price.provider_cost_bound(
+            input.input_token_bound(),
+            u64::from(input.max_output_tokens),
+        ),
+        price,
+    }
+}
+
+fn success_report() -> AttemptReport {
+    AttemptReport {
+        outcome: AttemptOutcome::Succeeded,
+        usage: Some(TokenUsage {
+            input_tokens: 10,
+            cached_input_tokens: 0,
+            output_tokens: 5,
+        }),
+        not_billed: false,
+        error: None,
+        provider_request_id: Some("req-stale".into()),
+        latency: Duration::from_millis(5),
+    }
+}
+
+/// Everything a stale finish could touch.
+async fn snapshot(
+    app: &TestApp,
+    job_id: Uuid,
+) -> (jobs::Model, u64, u64, u64, credit_reservations::Model) {
+    let db = &app.app.db;
+    (
+        jobs::Entity::find_by_id(job_id)
+            .one(db)
+            .await
+            .unwrap()
+            .unwrap(),
+        job_events::Entity::find()
+            .filter(job_events::Column::JobId.eq(job_id))
+            .count(db)
+            .await
+            .unwrap(),
+        ledger_entries::Entity::find().count(db).await.unwrap(),
+        charges::Entity::find().count(db).await.unwrap(),
+        credit_reservations::Entity::find()
+            .filter(credit_reservations::Column::JobId.eq(job_id))
+            .one(db)
+            .await
+            .unwrap()
+            .unwrap(),
+    )
+}
+
+async fn a_stale_run_token_cannot_renew_start_or_finish(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions { worker: None }).await;
+    let db = &app.app.db;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let job_id = app
+        .create_job_ok(&tenant, job_input("fenced", "hello"))
+        .await;
+
+    let stale = queue::claim(db, 1, LEASE).await.unwrap().remove(0);
+    let start = attempt_start(&app, &stale).await;
+    let (stale_attempt, _) = queue::start_attempt(db, &stale, &start)
+        .await
+        .unwrap()
+        .unwrap();
+
+    // The stale worker freezes; its lease passes and the job is taken back and claimed
+    // by a fresh attempt.
+    jobs::Entity::update_many()
+        .col_expr(
+            jobs::Column::LeaseUntil,
+            Expr::value(Timestamp::now().plus(chrono::Duration::seconds(-1))),
+        )
+        .filter(jobs::Column::Id.eq(job_id))
+        .exec(db)
+        .await
+        .unwrap();
+    let taken_back = queue::expire_leases(db).await.unwrap();
+    assert_eq!(taken_back.len(), 1);
+    let fresh = queue::claim(db, 1, LEASE).await.unwrap().remove(0);
+    assert_eq!(fresh.job.id, job_id);
+    assert_ne!(fresh.run_token, stale.run_token);
+    assert_eq!(fresh.job.attempt_count, 2);
+    let (fresh_attempt, _) = queue::start_attempt(db, &fresh, &start)
+        .await
+        .unwrap()
+        .unwrap();
+
+    let before = snapshot(&app, job_id).await;
+    assert_eq!(
+        queue::renew_lease(db, &stale, LEASE).await.unwrap(),
+        Renewal::Lost
+    );
+    assert!(
+        queue::start_attempt(db, &stale, &start)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let outcomes = [
+        JobOutcome::Succeeded {
+            result: json!("stale"),
+            charge: start
+                .price
+                .customer_charge(&success_report().usage.unwrap()),
+        },
+        JobOutcome::Failed(JobError::new(ErrorCode::ProviderRejected, "stale")),
+        JobOutcome::Cancelled,
+        JobOutcome::Retry {
+            at: Timestamp::now(),
+        },
+    ];
+    for outcome in outcomes {
+        let finished = queue::finish_attempt(
+            db,
+            &stale,
+            &stale_attempt,
+            &start.price,
+            success_report(),
+            outcome,
+        )
+        .await
+        .unwrap();
+        assert!(finished.is_none(), "a stale attempt finished the job");
+    }
+    let after = snapshot(&app, job_id).await;
+    assert_eq!(before, after, "a stale attempt wrote something");
+    assert_eq!(after.0.status, JobStatus::Running);
+    assert_eq!(after.0.run_token, Some(fresh.run_token));
+    assert_eq!(after.4.status, ReservationStatus::Held);
+    let stale_row = attempts::Entity::find_by_id(stale_attempt.id)
+        .one(db)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stale_row.outcome, AttemptOutcome::LeaseExpired);
+    assert!(stale_row.provider_cost_nanos.is_none());
+    assert_eq!(
+        stale_row.provider_cost_upper_bound_nanos,
+        Some(start.provider_cost_bound.nanos())
+    );
+    assert!(
+        stale_row.provider_request_id.is_none(),
+        "the stale report was not recorded"
+    );
+
+    // The owner of the job finishes it normally.
+    let report = success_report();
+    let charge = start.price.customer_charge(&report.usage.unwrap());
+    let finished = queue::finish_attempt(
+        db,
+        &fresh,
+        &fresh_attempt,
+        &start.price,
+        report,
+        JobOutcome::Succeeded {
+            result: json!("fresh"),
+            charge,
+        },
+    )
+    .await
+    .unwrap();
+    assert!(finished.is_some());
+    let job = app.job(&tenant, job_id).await;
+    assert_eq!(job["status"], "SUCCEEDED");
+    assert_eq!(job["result"], "fresh");
+    assert_eq!(
+        job["cost"]["unknownAttempts"], 1,
+        "the lost attempt keeps its bound"
+    );
+    assert_billing_invariants(db).await;
+}
+
+async fn concurrent_claims_never_share_a_job(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions { worker: None }).await;
+    let tenant = app.funded_tenant("acme", "50").await;
+    for index in 0..40 {
+        app.create_job_ok(&tenant, job_input(&format!("claim-{index}"), "hello"))
+            .await;
+    }
+    let claims =
+        futures_util::future::join_all((0..8).map(|_| queue::claim(&app.app.db, 7, LEASE))).await;
+    let mut seen = HashSet::new();
+    let mut total = 0;
+    for claimed in claims {
+        let claimed = claimed.expect("a claim failed");
+        assert!(claimed.len() <= 7, "a claim took more than its limit");
+        for claim in claimed {
+            total += 1;
+            assert!(
+                seen.insert(claim.job.id),
+                "job {} was claimed twice",
+                claim.job.id
+            );
+            assert_eq!(claim.job.status, JobStatus::Running);
+            assert_eq!(claim.job.attempt_count, 1);
+        }
+    }
+    assert_eq!(total, 40, "8 claims of 7 take all 40 jobs");
+    let running = jobs::Entity::find()
+        .filter(jobs::Column::Status.eq(JobStatus::Running))
+        .count(&app.app.db)
+        .await
+        .unwrap();
+    assert_eq!(running, 40);
+    assert!(
+        queue::claim(&app.app.db, 5, LEASE)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}

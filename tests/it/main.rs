@@ -1,0 +1,15 @@
+//! The integration tests: one binary that drives the real application over HTTP and
+//! WebSocket against real databases — SQLite always, PostgreSQL when
+//! `TEST_DATABASE_URL` is set — and the provider simulator over real HTTP.
+
+#[macro_use]
+mod helpers;
+
+mod accounts;
+mod contract;
+mod fencing;
+mod invariants;
+mod jobs;
+mod schema;
+mod simulator;
+mod subscriptions;
