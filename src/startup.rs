@@ -8,6 +8,7 @@ use crate::http::{self, HttpState};
 use crate::jobs::EventBus;
 use crate::jobs::worker::Worker;
 use crate::llm::ProviderRegistry;
+use crate::llm::anthropic::AnthropicClient;
 use crate::llm::openai::OpenAiClient;
 use crate::llm::routing::ModelFamily;
 use crate::llm::simulator::Simulator;
@@ -33,8 +34,6 @@ pub enum StartupError {
     Database(#[from] DbErr),
     #[error("network: {0}")]
     Io(#[from] std::io::Error),
-    #[error("configuration: {0}")]
-    Config(String),
 }
 
 /// A built application, ready to run.
@@ -78,7 +77,7 @@ impl Application {
                 (format!("http://{address}/v1"), Some(simulator))
             }
         };
-        let providers = provider_registry(&settings, &simulator_url)?;
+        let providers = provider_registry(&settings, &simulator_url);
         let worker = settings.worker.clone().map(|worker_settings| {
             let id = format!(
                 "{}-{}",
@@ -170,10 +169,7 @@ impl BuiltInSimulator {
 
 /// Routes `gpt-*`/`o*` to the OpenAI-compatible provider and `claude-*` to Anthropic
 /// when configured, and everything else to the simulator.
-fn provider_registry(
-    settings: &Settings,
-    simulator_url: &str,
-) -> Result<ProviderRegistry, StartupError> {
+fn provider_registry(settings: &Settings, simulator_url: &str) -> ProviderRegistry {
     let simulator = Arc::new(OpenAiClient::new("simulator", simulator_url, None));
     let mut registry = ProviderRegistry::new(simulator);
     if let Some(ProviderEndpoint { base_url, api_key }) = &settings.providers.openai {
@@ -182,12 +178,11 @@ fn provider_registry(
             Arc::new(OpenAiClient::new("openai", base_url, api_key.clone())),
         );
     }
-    if settings.providers.anthropic.is_some() {
-        // Serving claude-* from the simulator while the operator configured Anthropic
-        // would silently fake results: refuse instead.
-        return Err(StartupError::Config(
-            "ANTHROPIC_BASE_URL/ANTHROPIC_API_KEY are set, but this build has no Anthropic client yet; unset them to serve claude-* models from the simulator".to_owned(),
-        ));
+    if let Some(ProviderEndpoint { base_url, api_key }) = &settings.providers.anthropic {
+        registry = registry.route(
+            ModelFamily::Anthropic,
+            Arc::new(AnthropicClient::new("anthropic", base_url, api_key.clone())),
+        );
     }
-    Ok(registry)
+    registry
 }

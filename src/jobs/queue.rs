@@ -13,7 +13,7 @@ use entity::{AttemptOutcome, EventKind, JobStatus, Timestamp, attempts, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr,
-    EntityTrait, QueryFilter, QueryOrder, QuerySelect, Statement,
+    EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, Statement,
 };
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -221,11 +221,18 @@ pub async fn start_attempt(
         transaction.rollback().await?;
         return Ok(None);
     };
+    // Numbered by the rows already there, not by attempt_count: an attempt handed back
+    // at shutdown does not count against maxAttempts but is still a row of its own.
+    // The fenced UPDATE above holds the job's row lock, so numbering cannot race.
+    let earlier = attempts::Entity::find()
+        .filter(attempts::Column::JobId.eq(job.id))
+        .count(&transaction)
+        .await?;
     let row = attempts::ActiveModel {
         id: Set(Uuid::now_v7()),
         job_id: Set(job.id),
         tenant_id: Set(job.tenant_id),
-        number: Set(job.attempt_count),
+        number: Set(i32::try_from(earlier).unwrap_or(i32::MAX - 1) + 1),
         run_token: Set(claim.run_token),
         worker_id: Set(start.worker_id.clone()),
         outcome: Set(AttemptOutcome::Running),
@@ -304,6 +311,8 @@ pub enum ErrorCode {
     LeaseExpired,
     /// The attempt was aborted because the tenant cancelled the job.
     Cancelled,
+    /// The worker shut down during the call and handed the job back.
+    WorkerShutdown,
 }
 
 impl ErrorCode {
@@ -316,6 +325,7 @@ impl ErrorCode {
             Self::InvalidOutput => "INVALID_OUTPUT",
             Self::LeaseExpired => "LEASE_EXPIRED",
             Self::Cancelled => "CANCELLED",
+            Self::WorkerShutdown => "WORKER_SHUTDOWN",
         }
     }
 }
@@ -331,6 +341,9 @@ pub enum JobOutcome {
     Failed(JobError),
     /// Cancelled as the tenant asked; the hold is released.
     Cancelled,
+    /// Given back at once because the worker is shutting down: queued again, and the
+    /// attempt does not count against `maxAttempts`.
+    HandBack,
 }
 
 /// Finishes an attempt in one transaction fenced by its run token: the job's new
@@ -362,6 +375,7 @@ pub async fn finish_attempt(
         JobOutcome::Retry { .. } => (JobStatus::Queued, EventKind::RetryScheduled),
         JobOutcome::Failed(_) => (JobStatus::Failed, EventKind::Failed),
         JobOutcome::Cancelled => (JobStatus::Cancelled, EventKind::Cancelled),
+        JobOutcome::HandBack => (JobStatus::Queued, EventKind::RetryScheduled),
     };
     let update = update.col_expr(jobs::Column::Status, Expr::value(status));
     let update = match &outcome {
@@ -377,6 +391,12 @@ pub async fn finish_attempt(
             )
             .col_expr(jobs::Column::FinishedAt, Expr::value(now)),
         JobOutcome::Cancelled => update.col_expr(jobs::Column::FinishedAt, Expr::value(now)),
+        JobOutcome::HandBack => update
+            .col_expr(jobs::Column::NextRunAt, Expr::value(now))
+            .col_expr(
+                jobs::Column::AttemptCount,
+                Expr::col(jobs::Column::AttemptCount).sub(1),
+            ),
     };
     let Some(job) = update
         .exec_with_returning(&transaction)
@@ -395,7 +415,7 @@ pub async fn finish_attempt(
         JobOutcome::Failed(_) | JobOutcome::Cancelled => {
             ledger::release(&transaction, job.id).await?;
         }
-        JobOutcome::Retry { .. } => {}
+        JobOutcome::Retry { .. } | JobOutcome::HandBack => {}
     }
     let data = json!({
         "attempt": attempt.number,

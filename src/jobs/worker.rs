@@ -27,6 +27,8 @@ const BACKOFF_CAP: Duration = Duration::from_secs(60);
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(600);
 /// Most jobs one claim takes, so one worker does not hoard a burst.
 const CLAIM_BATCH: usize = 16;
+/// How long aborted attempts may take to record their hand-back after the grace period.
+const HAND_BACK_LIMIT: Duration = Duration::from_secs(10);
 
 /// How a worker pool runs attempts.
 #[derive(Clone, Debug)]
@@ -57,6 +59,9 @@ struct Inner {
     bus: EventBus,
     providers: ProviderRegistry,
     settings: WorkerSettings,
+    /// Cancelled when the grace period is over: running attempts stop waiting for the
+    /// provider and hand their jobs back.
+    abort: CancellationToken,
 }
 
 impl Worker {
@@ -75,13 +80,14 @@ impl Worker {
                 bus,
                 providers,
                 settings,
+                abort: CancellationToken::new(),
             }),
         }
     }
 
     /// Claims and runs jobs until `shutdown` is cancelled; then stops claiming, lets
-    /// running attempts finish within the grace period, and aborts the rest (their
-    /// leases lapse and another worker takes the jobs back).
+    /// running attempts finish within the grace period, and aborts the rest, handing
+    /// their jobs back at once without spending an attempt.
     pub async fn run(self, shutdown: CancellationToken) {
         let settings = &self.inner.settings;
         let permits = Arc::new(Semaphore::new(settings.concurrency));
@@ -133,15 +139,24 @@ impl Worker {
             }
         }
         tracing::info!(worker.id = %self.inner.id, running = attempts.len(), "worker stopping");
-        let drained = tokio::time::timeout(settings.shutdown_grace, async {
-            while attempts.join_next().await.is_some() {}
-        })
-        .await;
-        if drained.is_err() {
-            tracing::warn!(
-                aborted = attempts.len(),
-                "grace period over: aborting running attempts"
-            );
+        let drain = async { while attempts.join_next().await.is_some() {} };
+        if tokio::time::timeout(settings.shutdown_grace, drain)
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        tracing::warn!(
+            aborting = attempts.len(),
+            "grace period over: handing running jobs back"
+        );
+        self.inner.abort.cancel();
+        let hand_back = async { while attempts.join_next().await.is_some() {} };
+        if tokio::time::timeout(HAND_BACK_LIMIT, hand_back)
+            .await
+            .is_err()
+        {
+            // Their leases lapse and another worker takes the jobs back.
             attempts.shutdown().await;
         }
     }
@@ -216,6 +231,7 @@ impl Worker {
                 notice = notices.recv() => if cancel_noticed(&notice, claim.job.id) {
                     break CallEnd::Cancelled;
                 },
+                _ = inner.abort.cancelled() => break CallEnd::Aborted,
             }
         };
         let latency = began.elapsed();
@@ -254,6 +270,8 @@ enum CallEnd {
     TimedOut,
     Cancelled,
     LeaseLost,
+    /// The worker is shutting down and the grace period is over.
+    Aborted,
 }
 
 /// Decides what an attempt's end means for the attempt row and for the job.
@@ -393,6 +411,17 @@ fn judge(
             (
                 report(AttemptOutcome::Cancelled, None, false, Some(error), None),
                 JobOutcome::Cancelled,
+            )
+        }
+        CallEnd::Aborted => {
+            // The request was in flight: it may be billed, so its bound stays.
+            let error = JobError::new(
+                ErrorCode::WorkerShutdown,
+                "the worker shut down during the call and handed the job back",
+            );
+            (
+                report(AttemptOutcome::Unknown, None, false, Some(error), None),
+                JobOutcome::HandBack,
             )
         }
         CallEnd::LeaseLost => unreachable!("a lost lease is handled before judging"),

@@ -1,6 +1,8 @@
 //! Talking to model providers: one trait, real HTTP clients, the routing of model
 //! names to providers, and the simulator used when no provider is configured.
 
+pub mod anthropic;
+mod http;
 pub mod openai;
 pub mod routing;
 pub mod simulator;

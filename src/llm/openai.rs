@@ -1,19 +1,17 @@
 //! A client for OpenAI-compatible chat completions (OpenAI, OpenRouter, vLLM, Ollama,
 //! llama.cpp server, and the built-in simulator).
 
-use super::{ChatRequest, Completion, Provider, ProviderError};
+use super::{ChatRequest, Completion, Provider, ProviderError, http};
 use crate::billing::TokenUsage;
-use reqwest::header::{HeaderMap, RETRY_AFTER};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use std::time::Duration;
 
-/// How long establishing a connection may take before the call counts as not sent.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Request id headers, OpenAI's own name first; compatible servers vary.
+const REQUEST_ID_HEADERS: &[&str] = &["x-request-id", "request-id"];
 
 /// An OpenAI-compatible provider at `base_url` (which ends before `/chat/completions`,
 /// e.g. `https://api.openai.com/v1`).
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct OpenAiClient {
     name: String,
     base_url: String,
@@ -21,18 +19,26 @@ pub struct OpenAiClient {
     http: reqwest::Client,
 }
 
+impl std::fmt::Debug for OpenAiClient {
+    // Providers end up in logged structures (the registry, the worker): the key must
+    // not.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenAiClient")
+            .field("name", &self.name)
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .finish_non_exhaustive()
+    }
+}
+
 impl OpenAiClient {
     /// A client recorded on attempts as `name`.
     pub fn new(name: &str, base_url: &str, api_key: Option<String>) -> Self {
-        let http = reqwest::Client::builder()
-            .connect_timeout(CONNECT_TIMEOUT)
-            .build()
-            .expect("the TLS backend initialises");
         Self {
             name: name.to_owned(),
             base_url: base_url.trim_end_matches('/').to_owned(),
             api_key,
-            http,
+            http: http::client(),
         }
     }
 
@@ -100,38 +106,16 @@ impl Provider for OpenAiClient {
         if let Some(key) = &self.api_key {
             call = call.bearer_auth(key);
         }
-        let response = call.send().await.map_err(classify_send_error)?;
-        let status = response.status();
-        let header_request_id = request_id(response.headers());
-        let retry_after = retry_after(response.headers());
-        let body = response
-            .bytes()
-            .await
-            .map_err(|error| ProviderError::OutcomeUnknown {
-                message: format!("reading the answer failed: {error}"),
-            })?;
-        if !status.is_success() {
-            let message = error_message(&body);
-            let code = status.as_u16();
-            return Err(if is_transient(code) {
-                ProviderError::Transient {
-                    status: code,
-                    message,
-                    retry_after,
-                    request_id: header_request_id,
-                }
-            } else {
-                ProviderError::Permanent {
-                    status: code,
-                    message,
-                    request_id: header_request_id,
-                }
-            });
+        let answer = http::send(call).await?;
+        let header_request_id = answer.request_id(REQUEST_ID_HEADERS);
+        if !answer.status.is_success() {
+            return Err(answer.into_error(header_request_id));
         }
-        let parsed: ChatResponse =
-            serde_json::from_slice(&body).map_err(|error| ProviderError::OutcomeUnknown {
+        let parsed: ChatResponse = serde_json::from_slice(&answer.body).map_err(|error| {
+            ProviderError::OutcomeUnknown {
                 message: format!("the answer is not a chat completion: {error}"),
-            })?;
+            }
+        })?;
         let usage = parsed.usage.ok_or_else(|| ProviderError::OutcomeUnknown {
             message: "the answer carries no usage".to_owned(),
         })?;
@@ -154,49 +138,4 @@ impl Provider for OpenAiClient {
             request_id: header_request_id.or(parsed.id),
         })
     }
-}
-
-/// Whether an error status is worth retrying: rate limits, timeouts, conflicts and
-/// server errors.
-fn is_transient(status: u16) -> bool {
-    matches!(status, 408 | 409 | 429) || status >= 500
-}
-
-/// A connection that was never made means the request was never sent; anything
-/// after that may have reached the provider.
-fn classify_send_error(error: reqwest::Error) -> ProviderError {
-    if error.is_connect() {
-        ProviderError::NotSent {
-            message: error.to_string(),
-        }
-    } else {
-        ProviderError::OutcomeUnknown {
-            message: error.to_string(),
-        }
-    }
-}
-
-fn request_id(headers: &HeaderMap) -> Option<String> {
-    ["x-request-id", "request-id"]
-        .iter()
-        .find_map(|name| headers.get(*name)?.to_str().ok().map(str::to_owned))
-}
-
-/// `Retry-After` in seconds (the form providers send).
-fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let seconds: f64 = headers
-        .get(RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds))
-}
-
-fn error_message(body: &[u8]) -> String {
-    serde_json::from_slice::<Value>(body)
-        .ok()
-        .and_then(|value| value["error"]["message"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| String::from_utf8_lossy(body).chars().take(500).collect())
 }

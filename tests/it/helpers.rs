@@ -193,14 +193,19 @@ pub struct TestApp {
     pub address: SocketAddr,
     pub app: App,
     pub simulator: Simulator,
+    simulator_address: SocketAddr,
     pub http: reqwest::Client,
     shutdown: CancellationToken,
-    _database: TestDatabase,
+    /// The simulator outlives the app's shutdown, as a real provider would.
+    simulator_stop: CancellationToken,
+    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    database: Option<TestDatabase>,
 }
 
 impl Drop for TestApp {
     fn drop(&mut self) {
         self.shutdown.cancel();
+        self.simulator_stop.cancel();
     }
 }
 
@@ -219,22 +224,48 @@ pub async fn spawn_app(backend: Backend) -> TestApp {
 /// Starts the application on a random port as `options` say.
 pub async fn spawn_app_with(backend: Backend, options: AppOptions) -> TestApp {
     let database = TestDatabase::create(&backend).await;
+    spawn_app_on(database, RunningSimulator::start().await, options).await
+}
+
+/// A simulator serving on a random port until `stop` is cancelled.
+struct RunningSimulator {
+    simulator: Simulator,
+    address: SocketAddr,
+    stop: CancellationToken,
+}
+
+impl RunningSimulator {
+    async fn start() -> Self {
+        let stop = CancellationToken::new();
+        let simulator = Simulator::new();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(
+            simulator
+                .clone()
+                .serve(listener, stop.clone().cancelled_owned()),
+        );
+        Self {
+            simulator,
+            address,
+            stop,
+        }
+    }
+}
+
+async fn spawn_app_on(
+    database: TestDatabase,
+    simulator: RunningSimulator,
+    options: AppOptions,
+) -> TestApp {
     let shutdown = CancellationToken::new();
-    let simulator = Simulator::new();
-    let simulator_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let simulator_address = simulator_listener.local_addr().unwrap();
-    tokio::spawn(
-        simulator
-            .clone()
-            .serve(simulator_listener, shutdown.clone().cancelled_owned()),
-    );
     let settings = Settings {
         listen: Some("127.0.0.1:0".parse().unwrap()),
         database_url: database.url.clone(),
         admin_token: Some(ADMIN_TOKEN.to_owned()),
         worker: options.worker,
         providers: ProviderSettings {
-            simulator_url: Some(format!("http://{simulator_address}/v1")),
+            simulator_url: Some(format!("http://{}/v1", simulator.address)),
             ..ProviderSettings::default()
         },
         customer_markup: Decimal::from_str("1.25").unwrap(),
@@ -242,18 +273,41 @@ pub async fn spawn_app_with(backend: Backend, options: AppOptions) -> TestApp {
     let application = Application::build(settings).await.expect("the app builds");
     let address = application.address().unwrap();
     let app = application.app().clone();
-    tokio::spawn(application.run(shutdown.clone()));
+    let task = tokio::spawn(application.run(shutdown.clone()));
     TestApp {
         address,
         app,
-        simulator,
+        simulator: simulator.simulator,
+        simulator_address: simulator.address,
         http: reqwest::Client::new(),
         shutdown,
-        _database: database,
+        simulator_stop: simulator.stop,
+        task: Some(task),
+        database: Some(database),
     }
 }
 
 impl TestApp {
+    /// Shuts the application down as SIGTERM would, waits until it has stopped, and
+    /// starts a new one on the same database and simulator, as a redeploy would.
+    pub async fn restart(mut self, options: AppOptions) -> TestApp {
+        self.shutdown.cancel();
+        let task = self.task.take().expect("the app runs");
+        tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .expect("the app stops within 30 s")
+            .expect("the app task does not panic")
+            .expect("the app stops cleanly");
+        let simulator = RunningSimulator {
+            simulator: self.simulator.clone(),
+            address: self.simulator_address,
+            // The new app owns the simulator now: this one must not stop it when dropped.
+            stop: std::mem::take(&mut self.simulator_stop),
+        };
+        let database = self.database.take().expect("the app owns its database");
+        spawn_app_on(database, simulator, options).await
+    }
+
     /// Sends one operation of the contract (`operations.graphql`) by name.
     pub async fn operation(&self, key: Option<&str>, name: &str, variables: Value) -> Value {
         self.graphql(key, &crate::contract::operation(name), variables)

@@ -7,9 +7,11 @@ mod helpers;
 
 mod accounts;
 mod contract;
+mod engine;
 mod fencing;
 mod invariants;
 mod jobs;
+mod providers;
 mod schema;
 mod simulator;
 mod subscriptions;

@@ -1,0 +1,331 @@
+//! The durable execution engine: retries by class, unknown outcomes and their cost
+//! bounds, cancellation of running jobs, shutdown hand-back and lease expiry.
+
+use crate::helpers::{
+    AppOptions, Backend, TestApp, TestTenant, decimal, job_input, spawn_app, spawn_app_with,
+    test_worker_settings,
+};
+use crate::invariants::assert_billing_invariants;
+use entity::{Timestamp, jobs};
+use jobledger::jobs::queue;
+use jobledger::jobs::worker::WorkerSettings;
+use rust_decimal::Decimal;
+use sea_orm::sea_query::Expr;
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+on_both_backends!(
+    a_rate_limit_is_retried_after_its_retry_after,
+    a_dropped_connection_is_an_unknown_outcome_with_a_cost_bound,
+    a_hung_call_times_out_as_unknown_and_is_retried,
+    unknown_outcomes_are_not_retried_when_the_job_forbids_it,
+    exhausted_attempts_fail_the_job_and_release_the_hold,
+    cancelling_a_running_job_aborts_its_call,
+    shutdown_hands_running_jobs_back_without_spending_an_attempt,
+    a_lapsed_lease_is_taken_back_and_the_job_still_succeeds,
+);
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+fn outcomes(job: &Value) -> Vec<String> {
+    job["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|attempt| attempt["outcome"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+async fn run(app: &TestApp, tenant: &TestTenant, input: Value) -> Value {
+    let id = app.create_job_ok(tenant, input).await;
+    app.wait_until_finished(tenant, id, LIMIT).await
+}
+
+async fn a_rate_limit_is_retried_after_its_retry_after(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let job = run(
+        &app,
+        &tenant,
+        job_input(
+            "limited",
+            "hi [mock:status=429][mock:retry_after=2][mock:fail_first=1]",
+        ),
+    )
+    .await;
+    assert_eq!(job["status"], "SUCCEEDED", "{job}");
+    assert_eq!(outcomes(&job), ["RETRYABLE_ERROR", "SUCCEEDED"]);
+    assert_eq!(job["attempts"][0]["errorCode"], "PROVIDER_UNAVAILABLE");
+    let first_finished: chrono::DateTime<chrono::Utc> = job["attempts"][0]["finishedAt"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let second_started: chrono::DateTime<chrono::Utc> = job["attempts"][1]["startedAt"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        second_started - first_finished >= chrono::Duration::milliseconds(1_900),
+        "the retry came before Retry-After: {first_finished} → {second_started}"
+    );
+    assert_billing_invariants(&app.app.db).await;
+}
+
+async fn a_dropped_connection_is_an_unknown_outcome_with_a_cost_bound(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let job = run(
+        &app,
+        &tenant,
+        job_input("dropped", "hi [mock:drop][mock:fail_first=1]"),
+    )
+    .await;
+    assert_eq!(job["status"], "SUCCEEDED", "{job}");
+    assert_eq!(outcomes(&job), ["UNKNOWN", "SUCCEEDED"]);
+    let lost = &job["attempts"][0];
+    assert_eq!(lost["errorCode"], "OUTCOME_UNKNOWN");
+    assert!(
+        lost["providerCost"].is_null(),
+        "an unknown cost is not zero: {lost}"
+    );
+    let bound = decimal(&lost["providerCostUpperBound"]);
+    assert!(bound > Decimal::ZERO);
+    let cost = &job["cost"];
+    assert_eq!(cost["unknownAttempts"], 1);
+    assert_eq!(
+        decimal(&cost["providerCostUpperBound"]),
+        decimal(&cost["providerCost"]) + bound
+    );
+    // Both calls were billed by the provider; both attempts are on record.
+    let billed = app
+        .simulator
+        .calls()
+        .iter()
+        .filter(|call| call.billed)
+        .count();
+    assert_eq!(billed, 2);
+    assert_eq!(job["attempts"].as_array().unwrap().len(), billed);
+    assert_billing_invariants(&app.app.db).await;
+}
+
+async fn a_hung_call_times_out_as_unknown_and_is_retried(backend: Backend) {
+    let worker = WorkerSettings {
+        attempt_timeout: Duration::from_secs(1),
+        ..test_worker_settings()
+    };
+    let app = spawn_app_with(
+        backend,
+        AppOptions {
+            worker: Some(worker),
+        },
+    )
+    .await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let job = run(
+        &app,
+        &tenant,
+        job_input("hung", "hi [mock:hang][mock:fail_first=1]"),
+    )
+    .await;
+    assert_eq!(job["status"], "SUCCEEDED", "{job}");
+    assert_eq!(outcomes(&job), ["UNKNOWN", "SUCCEEDED"]);
+    assert!(job["attempts"][0]["providerCostUpperBound"].is_string());
+    assert_billing_invariants(&app.app.db).await;
+}
+
+async fn unknown_outcomes_are_not_retried_when_the_job_forbids_it(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let mut input = job_input("pay-once", "hi [mock:drop]");
+    input["retryUnknownOutcome"] = json!(false);
+    let job = run(&app, &tenant, input).await;
+    assert_eq!(job["status"], "FAILED");
+    assert_eq!(job["error"]["code"], "OUTCOME_UNKNOWN");
+    assert_eq!(outcomes(&job), ["UNKNOWN"]);
+    assert!(job["charge"].is_null());
+    assert_eq!(job["reservation"]["status"], "RELEASED");
+    assert_eq!(job["cost"]["unknownAttempts"], 1);
+    assert_eq!(app.simulator.calls().len(), 1, "no second call");
+    assert_billing_invariants(&app.app.db).await;
+}
+
+async fn exhausted_attempts_fail_the_job_and_release_the_hold(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let mut input = job_input("always-down", "hi [mock:status=503]");
+    input["maxAttempts"] = json!(2);
+    let job = run(&app, &tenant, input).await;
+    assert_eq!(job["status"], "FAILED");
+    assert_eq!(job["error"]["code"], "PROVIDER_UNAVAILABLE");
+    assert_eq!(job["attemptCount"], 2);
+    assert_eq!(outcomes(&job), ["RETRYABLE_ERROR", "RETRYABLE_ERROR"]);
+    assert_eq!(
+        decimal(&job["cost"]["providerCost"]),
+        Decimal::ZERO,
+        "error answers are not billed"
+    );
+    assert_eq!(
+        job["reservation"]["releasedAmount"],
+        job["reservation"]["amount"]
+    );
+    assert_eq!(
+        decimal(&app.balance(&tenant).await["available"]),
+        Decimal::from(5)
+    );
+    assert_billing_invariants(&app.app.db).await;
+}
+
+/// Polls until the job has an attempt running.
+async fn wait_until_running(app: &TestApp, tenant: &TestTenant, id: Uuid) {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let job = app.job(tenant, id).await;
+        if job["status"] == "RUNNING" && !job["attempts"].as_array().unwrap().is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the job never started: {job}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn cancelling_a_running_job_aborts_its_call(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let id = app
+        .create_job_ok(&tenant, job_input("long", "hi [mock:delay_ms=20000]"))
+        .await;
+    wait_until_running(&app, &tenant, id).await;
+    let response = app
+        .operation(Some(&tenant.key), "CancelJob", json!({"id": id}))
+        .await;
+    assert_eq!(
+        response["data"]["cancelJob"]["cancelRequested"], true,
+        "{response}"
+    );
+    // The call would take 20 s; the worker must abort it long before.
+    let job = app
+        .wait_until_finished(&tenant, id, Duration::from_secs(5))
+        .await;
+    assert_eq!(job["status"], "CANCELLED");
+    assert_eq!(outcomes(&job), ["CANCELLED"]);
+    assert!(
+        job["attempts"][0]["providerCostUpperBound"].is_string(),
+        "a cancelled call may still be billed"
+    );
+    assert!(job["charge"].is_null());
+    assert_eq!(job["reservation"]["status"], "RELEASED");
+    let kinds: Vec<_> = job["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "CREATED",
+            "ATTEMPT_STARTED",
+            "CANCEL_REQUESTED",
+            "CANCELLED"
+        ]
+    );
+    assert_billing_invariants(&app.app.db).await;
+}
+
+async fn shutdown_hands_running_jobs_back_without_spending_an_attempt(backend: Backend) {
+    let worker = WorkerSettings {
+        shutdown_grace: Duration::from_millis(500),
+        ..test_worker_settings()
+    };
+    let app = spawn_app_with(
+        backend,
+        AppOptions {
+            worker: Some(worker),
+        },
+    )
+    .await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    // The first call hangs; the next one (on the restarted app) answers at once.
+    let id = app
+        .create_job_ok(
+            &tenant,
+            job_input("handed-back", "hi [mock:hang][mock:fail_first=1]"),
+        )
+        .await;
+    wait_until_running(&app, &tenant, id).await;
+    let app = app.restart(AppOptions::default()).await;
+    let job = app.wait_until_finished(&tenant, id, LIMIT).await;
+    assert_eq!(job["status"], "SUCCEEDED", "{job}");
+    assert_eq!(outcomes(&job), ["UNKNOWN", "SUCCEEDED"]);
+    assert_eq!(job["attempts"][0]["errorCode"], "WORKER_SHUTDOWN");
+    assert!(job["attempts"][0]["providerCostUpperBound"].is_string());
+    assert_eq!(
+        job["attemptCount"], 1,
+        "the handed-back attempt does not count"
+    );
+    let kinds: Vec<_> = job["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "CREATED",
+            "ATTEMPT_STARTED",
+            "RETRY_SCHEDULED",
+            "ATTEMPT_STARTED",
+            "SUCCEEDED"
+        ]
+    );
+    let calls = app.simulator.calls();
+    assert_eq!(calls.len(), 2, "one aborted call, one answered: {calls:?}");
+    assert!(calls[0].billed, "the provider bills the call it started");
+    assert_billing_invariants(&app.app.db).await;
+}
+
+async fn a_lapsed_lease_is_taken_back_and_the_job_still_succeeds(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions { worker: None }).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let id = app
+        .create_job_ok(&tenant, job_input("orphan", "hello"))
+        .await;
+    // A worker claims the job and dies without a word: its lease is in the past.
+    let claim = queue::claim(&app.app.db, 1, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(claim.job.id, id);
+    jobs::Entity::update_many()
+        .col_expr(
+            jobs::Column::LeaseUntil,
+            Expr::value(Timestamp::now().plus(chrono::Duration::seconds(-1))),
+        )
+        .filter(jobs::Column::Id.eq(id))
+        .exec(&app.app.db)
+        .await
+        .unwrap();
+    let app = app.restart(AppOptions::default()).await;
+    let job = app.wait_until_finished(&tenant, id, LIMIT).await;
+    assert_eq!(job["status"], "SUCCEEDED", "{job}");
+    assert_eq!(
+        job["attemptCount"], 2,
+        "the lost claim counted as an attempt"
+    );
+    let kinds: Vec<_> = job["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["CREATED", "RETRY_SCHEDULED", "ATTEMPT_STARTED", "SUCCEEDED"]
+    );
+    assert_billing_invariants(&app.app.db).await;
+}
