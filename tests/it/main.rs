@@ -7,6 +7,7 @@ mod helpers;
 
 mod accounts;
 mod contract;
+mod crash;
 mod engine;
 mod fencing;
 mod invariants;

@@ -1,0 +1,435 @@
+//! A crash never loses a job or a cent: the real binary runs as separate processes
+//! (simulator, API, two workers) on PostgreSQL, one worker is SIGKILLed while its
+//! attempts are mid-call, and a replacement takes over. Every job must still succeed,
+//! be charged exactly once, and leave the ledger consistent.
+
+use crate::helpers::{Backend, TestDatabase};
+use entity::{AttemptOutcome, attempts};
+use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
+use serde_json::{Value, json};
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tokio::process::{Child, Command};
+use uuid::Uuid;
+
+const ADMIN_TOKEN: &str = "crash-test-admin-token";
+const JOBS: usize = 50;
+const SHORTEST_DELAY_MS: u64 = 300;
+const LONGEST_DELAY_MS: u64 = 2_500;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_loses_no_job_and_no_cent() {
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let began = Instant::now();
+    let database = TestDatabase::create(&backend).await;
+    // Declared after the database so that the processes die before it is dropped.
+    let mut processes = Processes::new();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+
+    let mock = free_address();
+    processes.spawn(
+        "mock-llm",
+        &["mock-llm", "--listen", &mock.to_string()],
+        &[],
+    );
+    wait_for_http(&http, &format!("http://{mock}/_mock/calls"), &mut processes).await;
+
+    let openai_base_url = format!("http://{mock}/v1");
+    let provider_env = [
+        ("OPENAI_BASE_URL", openai_base_url.as_str()),
+        ("JOBLEDGER_ADMIN_TOKEN", ADMIN_TOKEN),
+    ];
+    let api = free_address();
+    processes.spawn(
+        "api",
+        &[
+            "serve",
+            "--workers",
+            "0",
+            "--listen",
+            &api.to_string(),
+            "--database-url",
+            &database.url,
+        ],
+        &provider_env,
+    );
+    wait_for_http(&http, &format!("http://{api}/readyz"), &mut processes).await;
+    let worker_args = [
+        "worker",
+        "--database-url",
+        &database.url,
+        "--workers",
+        "8",
+        "--lease-seconds",
+        "3",
+        "--attempt-timeout-seconds",
+        "30",
+    ];
+    let victim = processes.spawn("worker-1 (killed)", &worker_args, &provider_env);
+    let survivor = processes.spawn("worker-2", &worker_args, &provider_env);
+    processes.wait_for_log(victim, "worker started").await;
+    processes.wait_for_log(survivor, "worker started").await;
+    eprintln!("crash test: processes up after {:?}", began.elapsed());
+
+    let client = Client {
+        http: http.clone(),
+        url: format!("http://{api}/graphql"),
+    };
+    let created = client
+        .send(ADMIN_TOKEN, "CreateTenant", json!({"name": "crash-test"}))
+        .await;
+    let tenant_id = created["createTenant"]["tenant"]["id"].as_str().unwrap();
+    let key = created["createTenant"]["apiKey"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    client
+        .send(
+            ADMIN_TOKEN,
+            "GrantCredits",
+            json!({"input": {"tenantId": tenant_id, "amount": "100", "idempotencyKey": "crash-topup"}}),
+        )
+        .await;
+    let mut job_ids = Vec::with_capacity(JOBS);
+    for index in 0..JOBS {
+        // Long and short calls interleaved, so that whatever a worker holds at the
+        // kill, several of its calls are still waiting for their answer.
+        let step = (index * 17) % JOBS;
+        let delay = SHORTEST_DELAY_MS
+            + (LONGEST_DELAY_MS - SHORTEST_DELAY_MS) * step as u64 / (JOBS as u64 - 1);
+        let input = json!({
+            "idempotencyKey": format!("crash-{index}"),
+            "model": "gpt-4o-mini",
+            "messages": [{"role": "user", "content": format!("crash test job {index} [mock:delay_ms={delay}]")}],
+            "maxOutputTokens": 100,
+        });
+        let data = client
+            .send(&key, "CreateJob", json!({"input": input}))
+            .await;
+        let id: Uuid = data["createJob"]["job"]["id"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        job_ids.push(id);
+    }
+    eprintln!(
+        "crash test: {JOBS} jobs created after {:?}",
+        began.elapsed()
+    );
+
+    // Kill the victim once the workers are busy and it has calls in flight.
+    let db = jobledger::db::connect(&database.url).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let running = client.running_jobs(&key).await;
+    assert!(running > 0, "no job is RUNNING a second after creation");
+    let victim_prefix = format!("{}-", processes.pid(victim));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let in_flight = loop {
+        let in_flight = attempts::Entity::find()
+            .filter(attempts::Column::WorkerId.starts_with(&victim_prefix))
+            .filter(attempts::Column::Outcome.eq(AttemptOutcome::Running))
+            .count(&db)
+            .await
+            .unwrap();
+        if in_flight >= 3 {
+            break in_flight;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the worker to kill never had 3 attempts in flight"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    processes.kill(victim).await;
+    eprintln!(
+        "crash test: SIGKILLed the worker with {in_flight} attempts in flight ({running} jobs RUNNING) after {:?}",
+        began.elapsed()
+    );
+    let replacement = processes.spawn("worker-3 (replacement)", &worker_args, &provider_env);
+    processes.wait_for_log(replacement, "worker started").await;
+
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let statuses = client.job_statuses(&key).await;
+        let unfinished = statuses
+            .values()
+            .filter(|status| matches!(status.as_str(), "QUEUED" | "RUNNING"))
+            .count();
+        if statuses.len() == JOBS && unfinished == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{unfinished} jobs still unfinished after 90 s: {statuses:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    eprintln!("crash test: every job terminal after {:?}", began.elapsed());
+
+    let calls: Vec<Value> = http
+        .get(format!("http://{mock}/_mock/calls"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let billed: HashSet<&str> = calls
+        .iter()
+        .filter(|call| call["billed"] == json!(true))
+        .map(|call| call["request_id"].as_str().unwrap())
+        .collect();
+
+    let mut attempt_rows = 0;
+    let mut lease_expired = 0;
+    for id in &job_ids {
+        let job = client.send(&key, "Job", json!({"id": id})).await["job"].clone();
+        assert_eq!(
+            job["status"], "SUCCEEDED",
+            "job {id} did not succeed: {job}"
+        );
+        let reservation = &job["reservation"];
+        assert_eq!(reservation["status"], "SETTLED", "job {id}: {job}");
+        let amount = crate::helpers::decimal(&reservation["amount"]);
+        let settled = crate::helpers::decimal(&reservation["settledAmount"]);
+        let released = crate::helpers::decimal(&reservation["releasedAmount"]);
+        assert_eq!(settled + released, amount, "job {id}: {job}");
+        assert!(!job["charge"].is_null(), "job {id} was not charged: {job}");
+        assert_eq!(
+            crate::helpers::decimal(&job["charge"]["amount"]),
+            settled,
+            "job {id}: the charge is not what was settled: {job}"
+        );
+
+        let attempts = job["attempts"].as_array().unwrap();
+        attempt_rows += attempts.len();
+        let numbers: Vec<_> = attempts
+            .iter()
+            .map(|attempt| attempt["number"].as_i64().unwrap())
+            .collect();
+        let expected: Vec<_> = (1..=attempts.len() as i64).collect();
+        assert_eq!(numbers, expected, "job {id}: attempt numbers: {job}");
+        let succeeded: Vec<_> = attempts
+            .iter()
+            .filter(|attempt| attempt["outcome"] == "SUCCEEDED")
+            .collect();
+        assert_eq!(
+            succeeded.len(),
+            1,
+            "job {id} must have exactly one succeeded attempt: {job}"
+        );
+        let request_id = succeeded[0]["providerRequestId"].as_str().unwrap_or("");
+        assert!(
+            billed.contains(request_id),
+            "job {id}: its accepted call {request_id:?} is not a billed call of the simulator"
+        );
+        for attempt in attempts {
+            assert_ne!(
+                attempt["outcome"], "RUNNING",
+                "job {id} finished with an attempt still running: {job}"
+            );
+            if attempt["outcome"] == "LEASE_EXPIRED" {
+                lease_expired += 1;
+                assert!(
+                    !attempt["providerCostUpperBound"].is_null(),
+                    "job {id}: a lapsed attempt carries no cost bound: {job}"
+                );
+            }
+        }
+    }
+    eprintln!(
+        "crash test: {attempt_rows} attempts, {} billed calls of {} received, {lease_expired} lease expired",
+        billed.len(),
+        calls.len()
+    );
+    assert!(
+        attempt_rows >= billed.len(),
+        "the simulator billed {} calls but only {attempt_rows} attempts were recorded",
+        billed.len()
+    );
+    assert!(
+        lease_expired >= 1,
+        "no attempt was LEASE_EXPIRED: the kill hit no running attempt"
+    );
+    crate::invariants::assert_billing_invariants(&db).await;
+    db.close().await.ok();
+    processes.kill_all().await;
+    eprintln!("crash test: passed in {:?}", began.elapsed());
+}
+
+/// A port that was free a moment ago.
+fn free_address() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap()
+}
+
+/// Polls `url` until it answers 200 (bounded), failing early if a process exited.
+async fn wait_for_http(http: &reqwest::Client, url: &str, processes: &mut Processes) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(response) = http.get(url).send().await
+            && response.status().is_success()
+        {
+            return;
+        }
+        processes.assert_alive();
+        assert!(Instant::now() < deadline, "{url} never answered 200");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The contract's operations over HTTP.
+struct Client {
+    http: reqwest::Client,
+    url: String,
+}
+
+impl Client {
+    /// Sends one contract operation and returns its `data`, failing on any error.
+    async fn send(&self, key: &str, name: &str, variables: Value) -> Value {
+        let response: Value = self
+            .http
+            .post(&self.url)
+            .bearer_auth(key)
+            .json(&json!({"query": crate::contract::operation(name), "variables": variables}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert!(response["errors"].is_null(), "{name} failed: {response}");
+        response["data"].clone()
+    }
+
+    /// Every job's status, through `Jobs` (all of them fit one page).
+    async fn job_statuses(&self, key: &str) -> HashMap<String, String> {
+        let data = self.send(key, "Jobs", json!({"first": 100})).await;
+        data["jobs"]["edges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|edge| {
+                (
+                    edge["node"]["id"].as_str().unwrap().to_owned(),
+                    edge["node"]["status"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    async fn running_jobs(&self, key: &str) -> usize {
+        let data = self
+            .send(key, "Jobs", json!({"first": 100, "status": "RUNNING"}))
+            .await;
+        data["jobs"]["edges"].as_array().unwrap().len()
+    }
+}
+
+/// The child processes of the test, each logging to its own file. All are killed
+/// when this is dropped; if the test is failing, their logs are printed first.
+struct Processes {
+    directory: tempfile::TempDir,
+    children: Vec<(String, PathBuf, Child)>,
+}
+
+impl Processes {
+    fn new() -> Self {
+        Self {
+            directory: tempfile::tempdir().unwrap(),
+            children: Vec::new(),
+        }
+    }
+
+    /// Starts `jobledger args…` with `env`; returns its index.
+    fn spawn(&mut self, name: &str, args: &[&str], env: &[(&str, &str)]) -> usize {
+        let index = self.children.len();
+        let log = self.directory.path().join(format!("{index}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_jobledger"))
+            .args(args)
+            .envs(env.iter().copied())
+            .env_remove("DATABASE_URL")
+            .env_remove("ANTHROPIC_BASE_URL")
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("OPENAI_API_KEY")
+            .env("RUST_LOG", "info,sqlx=warn,sea_orm=warn")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|error| panic!("cannot start {name}: {error}"));
+        self.children.push((name.to_owned(), log, child));
+        index
+    }
+
+    fn pid(&self, index: usize) -> u32 {
+        self.children[index].2.id().expect("the process is running")
+    }
+
+    fn log(path: &Path) -> String {
+        std::fs::read_to_string(path).unwrap_or_default()
+    }
+
+    /// Waits until the process's log contains `text` (bounded).
+    async fn wait_for_log(&mut self, index: usize, text: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !Self::log(&self.children[index].1).contains(text) {
+            self.assert_alive();
+            assert!(
+                Instant::now() < deadline,
+                "{} never logged {text:?}",
+                self.children[index].0
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Panics if a process that should run has exited.
+    fn assert_alive(&mut self) {
+        for (name, _, child) in &mut self.children {
+            if child.id().is_some()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!("{name} exited early: {status}");
+            }
+        }
+    }
+
+    /// SIGKILL, and reap.
+    async fn kill(&mut self, index: usize) {
+        let child = &mut self.children[index].2;
+        child.start_kill().unwrap();
+        child.wait().await.unwrap();
+    }
+
+    async fn kill_all(&mut self) {
+        for (_, _, child) in &mut self.children {
+            if child.id().is_some() {
+                child.start_kill().ok();
+                child.wait().await.ok();
+            }
+        }
+    }
+}
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for (name, log, _) in &self.children {
+            eprintln!("===== {name} ({}) =====\n{}", log.display(), Self::log(log));
+        }
+    }
+}
