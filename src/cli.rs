@@ -7,6 +7,7 @@ use crate::startup::Application;
 use clap::{Args, Parser, Subcommand};
 use rust_decimal::Decimal;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -28,6 +29,10 @@ enum Command {
     Migrate(DatabaseArgs),
     /// Run the OpenAI-compatible provider simulator.
     MockLlm(MockLlmArgs),
+    /// Recompute every balance from the ledger and check the billing invariants; print
+    /// one line per invariant. Exit code 0: all hold; 1: a violation was found; 2: the
+    /// audit could not run (database unreachable, missing or not migrated).
+    Audit(DatabaseArgs),
 }
 
 #[derive(Debug, Args)]
@@ -53,6 +58,13 @@ struct WorkerArgs {
     /// How long running attempts may go on after SIGINT/SIGTERM.
     #[arg(long, env = "JOBLEDGER_SHUTDOWN_GRACE_SECONDS", default_value_t = 30)]
     shutdown_grace_seconds: u64,
+    /// Most jobs of one tenant running at once across all workers; unbounded when
+    /// unset (claims stay fair across tenants either way).
+    #[arg(long, env = "JOBLEDGER_TENANT_CONCURRENCY", value_parser = clap::value_parser!(u32).range(1..))]
+    tenant_concurrency: Option<u32>,
+    /// TOML file of providers, model routes and prices (see jobledger.example.toml).
+    #[arg(long, env = "JOBLEDGER_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -81,6 +93,7 @@ impl WorkerArgs {
             lease: Duration::from_secs(self.lease_seconds),
             attempt_timeout: Duration::from_secs(self.attempt_timeout_seconds),
             shutdown_grace: Duration::from_secs(self.shutdown_grace_seconds),
+            tenant_concurrency: self.tenant_concurrency,
             poll_interval: POLL_INTERVAL,
         })
     }
@@ -96,6 +109,7 @@ impl WorkerArgs {
                 crate::billing::prices::DEFAULT_CUSTOMER_MARKUP,
             )
             .expect("the default markup is a decimal"),
+            config_file: self.config,
         }
     }
 }
@@ -135,6 +149,33 @@ impl Cli {
                 Simulator::new()
                     .serve(listener, shutdown.cancelled_owned())
                     .await?;
+            }
+            Command::Audit(args) => {
+                use crate::billing::audit;
+                // One read-only snapshot; the exit code tells "the books are wrong" (1)
+                // apart from "could not look" (2), as diff and cmp do.
+                let report = async {
+                    let db = audit::connect(&args.database_url).await?;
+                    let report = audit::audit_snapshot(&db).await;
+                    db.close().await.ok();
+                    report
+                }
+                .await;
+                match report {
+                    Ok(report) => {
+                        print!("{report}");
+                        std::io::Write::flush(&mut std::io::stdout())?;
+                        if !report.is_clean() {
+                            std::process::exit(1);
+                        }
+                    }
+                    Err(error) => {
+                        eprintln!(
+                            "error: the audit could not run (is the database reachable and migrated?): {error}"
+                        );
+                        std::process::exit(2);
+                    }
+                }
             }
         }
         Ok(())

@@ -1,8 +1,12 @@
-//! Settings of a running process, gathered from flags and the environment.
+//! Settings of a running process, gathered from flags, the environment and the
+//! optional config file (`file`).
+
+pub mod file;
 
 use crate::jobs::worker::WorkerSettings;
 use rust_decimal::Decimal;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 /// The default database: a SQLite file in the working directory.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite:jobledger.db";
@@ -20,8 +24,12 @@ pub struct Settings {
     /// `None`: no workers in this process (`serve --workers 0`).
     pub worker: Option<WorkerSettings>,
     pub providers: ProviderSettings,
-    /// Customer price over provider price for the built-in price list.
+    /// Customer price over provider price for the built-in price list (the config
+    /// file's `customer_markup` replaces it).
     pub customer_markup: Decimal,
+    /// The TOML file of providers, routes and prices (`--config`, `JOBLEDGER_CONFIG`),
+    /// read and validated when the application is built.
+    pub config_file: Option<PathBuf>,
 }
 
 /// Where each provider family is reached.

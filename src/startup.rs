@@ -2,11 +2,14 @@
 
 use crate::accounts::AdminToken;
 use crate::billing::prices;
+use crate::config::file::{ConfigError, ConfigFile, ProviderKind};
 use crate::config::{ProviderEndpoint, Settings};
 use crate::graphql;
 use crate::http::{self, HttpState};
 use crate::jobs::EventBus;
+use crate::jobs::relay::NotificationRelay;
 use crate::jobs::worker::Worker;
+use crate::llm::Provider;
 use crate::llm::ProviderRegistry;
 use crate::llm::anthropic::AnthropicClient;
 use crate::llm::openai::OpenAiClient;
@@ -34,6 +37,8 @@ pub enum StartupError {
     Database(#[from] DbErr),
     #[error("network: {0}")]
     Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Config(#[from] ConfigError),
 }
 
 /// A built application, ready to run.
@@ -42,6 +47,7 @@ pub struct Application {
     listener: Option<TcpListener>,
     worker: Option<Worker>,
     simulator: Option<BuiltInSimulator>,
+    relay: Option<NotificationRelay>,
     admin_token_generated: bool,
 }
 
@@ -52,18 +58,32 @@ struct BuiltInSimulator {
 }
 
 impl Application {
-    /// Connects to the database, applies migrations, stores the built-in prices,
-    /// starts the simulator if needed and binds the listener.
+    /// Reads and validates the config file (before touching anything), connects to
+    /// the database, applies migrations, stores the prices that changed as new
+    /// versions, starts the simulator if needed and binds the listener.
     pub async fn build(settings: Settings) -> Result<Self, StartupError> {
+        let config = match &settings.config_file {
+            Some(path) => {
+                let config = ConfigFile::load(path)?;
+                tracing::info!(file = %path.display(), "config file read");
+                Some(config)
+            }
+            None => None,
+        };
+        let price_list = match &config {
+            Some(config) => config.prices(settings.customer_markup)?,
+            None => prices::built_in_prices(settings.customer_markup),
+        };
         let db = crate::db::connect(&settings.database_url).await?;
         crate::db::migrate(&db).await?;
-        prices::sync_prices(&db, &prices::built_in_prices(settings.customer_markup)).await?;
+        prices::sync_prices(&db, &price_list).await?;
 
         let (admin_token, admin_token_generated) = match &settings.admin_token {
             Some(token) if !token.trim().is_empty() => (AdminToken::new(token.trim()), false),
             _ => (AdminToken::generate(), true),
         };
         let bus = EventBus::default();
+        let relay = NotificationRelay::listen(&db).await?;
         let app = App {
             db: db.clone(),
             bus: bus.clone(),
@@ -77,7 +97,7 @@ impl Application {
                 (format!("http://{address}/v1"), Some(simulator))
             }
         };
-        let providers = provider_registry(&settings, &simulator_url);
+        let providers = provider_registry(&settings, config.as_ref(), &simulator_url);
         let worker = settings.worker.clone().map(|worker_settings| {
             let id = format!(
                 "{}-{}",
@@ -101,6 +121,7 @@ impl Application {
             listener,
             worker,
             simulator,
+            relay,
             admin_token_generated,
         })
     }
@@ -126,6 +147,9 @@ impl Application {
     /// finish within their grace period, and stops the built-in simulator last, since
     /// running attempts may still be talking to it.
     pub async fn run(self, shutdown: CancellationToken) -> std::io::Result<()> {
+        let relay = self
+            .relay
+            .map(|relay| tokio::spawn(relay.run(self.app.bus.clone(), shutdown.child_token())));
         let worker = self
             .worker
             .map(|worker| tokio::spawn(worker.run(shutdown.child_token())));
@@ -148,6 +172,11 @@ impl Application {
         {
             tracing::error!(error = %error, "the worker task ended abnormally");
         }
+        if let Some(relay) = relay
+            && let Err(error) = relay.await
+        {
+            tracing::error!(error = %error, "the notification relay ended abnormally");
+        }
         if let Some(simulator) = self.simulator {
             simulator.stop.cancel();
             simulator.task.await.map_err(std::io::Error::other)??;
@@ -167,9 +196,16 @@ impl BuiltInSimulator {
     }
 }
 
-/// Routes `gpt-*`/`o*` to the OpenAI-compatible provider and `claude-*` to Anthropic
-/// when configured, and everything else to the simulator.
-fn provider_registry(settings: &Settings, simulator_url: &str) -> ProviderRegistry {
+/// Routes each model, first match wins: an exact name from the config file, then the
+/// longest prefix pattern from the config file, then `gpt-*`/`o*` to the
+/// OpenAI-compatible provider and `claude-*` to Anthropic when the environment
+/// configures them, and everything else to the simulator (at `simulator_url`, which
+/// `kind = "simulator"` providers of the file reach as well).
+pub fn provider_registry(
+    settings: &Settings,
+    config: Option<&ConfigFile>,
+    simulator_url: &str,
+) -> ProviderRegistry {
     let simulator = Arc::new(OpenAiClient::new("simulator", simulator_url, None));
     let mut registry = ProviderRegistry::new(simulator);
     if let Some(ProviderEndpoint { base_url, api_key }) = &settings.providers.openai {
@@ -183,6 +219,38 @@ fn provider_registry(settings: &Settings, simulator_url: &str) -> ProviderRegist
             ModelFamily::Anthropic,
             Arc::new(AnthropicClient::new("anthropic", base_url, api_key.clone())),
         );
+    }
+    let Some(config) = config else {
+        return registry;
+    };
+    let named: std::collections::BTreeMap<&str, Arc<dyn Provider>> = config
+        .providers
+        .iter()
+        .map(|(name, provider)| {
+            let key = provider.api_key().map(str::to_owned);
+            let base_url = provider.base_url.as_deref().unwrap_or(simulator_url);
+            let client: Arc<dyn Provider> = match provider.kind {
+                ProviderKind::OpenAi => Arc::new(OpenAiClient::new(name, base_url, key)),
+                ProviderKind::Anthropic => Arc::new(AnthropicClient::new(name, base_url, key)),
+                ProviderKind::Simulator => Arc::new(OpenAiClient::new(name, simulator_url, None)),
+            };
+            (name.as_str(), client)
+        })
+        .collect();
+    for (pattern, provider) in &config.routes {
+        // Validated when the file was read: every route names a defined provider.
+        if let Some(client) = named.get(provider.as_str()) {
+            tracing::info!(model = %pattern, provider = %provider, "model route from the config file");
+            registry = registry.route_pattern(pattern, client.clone());
+        }
+    }
+    for (model, entry) in &config.models {
+        if entry.price.is_some() && registry.uses_fallback(model) {
+            tracing::warn!(
+                model = %model,
+                "the config file prices this model but routes it to no provider: the built-in simulator serves it"
+            );
+        }
     }
     registry
 }

@@ -7,6 +7,7 @@
 //!   comparisons in SQL (`lease_until < now`) are integer comparisons on both backends.
 
 pub mod api_keys;
+pub mod attempt_reconciliations;
 pub mod attempts;
 pub mod charges;
 pub mod credit_grants;

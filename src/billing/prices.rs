@@ -24,12 +24,13 @@ impl PricePerMillion {
         Credits::from_nanos(i64::try_from(nanos).unwrap_or(i64::MAX))
     }
 
-    /// The price multiplied by `factor`, rounded up to the nano-credit.
-    fn scaled(self, factor: Decimal) -> Self {
-        let nanos = (Decimal::from(self.0.nanos()) * factor).ceil();
-        Self(Credits::from_nanos(
-            i64::try_from(nanos).unwrap_or(i64::MAX),
-        ))
+    /// The price multiplied by `factor`, rounded up to the nano-credit; `None` when
+    /// the result does not fit.
+    fn scaled(self, factor: Decimal) -> Option<Self> {
+        let nanos = Decimal::from(self.0.nanos()).checked_mul(factor)?.ceil();
+        i64::try_from(nanos)
+            .ok()
+            .map(|nanos| Self(Credits::from_nanos(nanos)))
     }
 }
 
@@ -176,8 +177,28 @@ const BUILT_IN_PRICES: &[(&str, &str, &str, &str, &str)] = &[
     ),
 ];
 
-/// The built-in price list, with customer prices at `markup` times the provider's.
-pub fn built_in_prices(markup: Decimal) -> Vec<ConfiguredPrice> {
+/// A provider's list price for one model, before a customer price policy applies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListPrice {
+    pub model: String,
+    pub provider: Rates,
+    pub source: String,
+}
+
+impl ListPrice {
+    /// The price with customer rates at `markup` times the provider's.
+    pub fn marked_up(&self, markup: Decimal) -> ConfiguredPrice {
+        ConfiguredPrice {
+            model: self.model.clone(),
+            provider: self.provider,
+            customer: marked_up(&self.provider, markup),
+            source: self.source.clone(),
+        }
+    }
+}
+
+/// The built-in provider list prices.
+pub fn built_in_list() -> Vec<ListPrice> {
     BUILT_IN_PRICES
         .iter()
         .map(|(model, input, cached_input, output, source)| {
@@ -185,28 +206,46 @@ pub fn built_in_prices(markup: Decimal) -> Vec<ConfiguredPrice> {
                 let value = Decimal::from_str(text).expect("built-in prices are decimals");
                 PricePerMillion(Credits::from_decimal(value).expect("built-in prices fit"))
             };
-            let provider = Rates {
-                input: rate(input),
-                cached_input: rate(cached_input),
-                output: rate(output),
-            };
-            ConfiguredPrice {
+            ListPrice {
                 model: (*model).to_owned(),
-                customer: marked_up(&provider, markup),
-                provider,
+                provider: Rates {
+                    input: rate(input),
+                    cached_input: rate(cached_input),
+                    output: rate(output),
+                },
                 source: (*source).to_owned(),
             }
         })
         .collect()
 }
 
-/// Customer rates at `markup` times the provider's rates.
+/// The built-in price list, with customer prices at `markup` times the provider's.
+pub fn built_in_prices(markup: Decimal) -> Vec<ConfiguredPrice> {
+    built_in_list()
+        .iter()
+        .map(|price| price.marked_up(markup))
+        .collect()
+}
+
+/// Customer rates at `markup` times the provider's rates (saturating at the largest
+/// amount; `checked_marked_up` says when that would happen).
 pub fn marked_up(provider: &Rates, markup: Decimal) -> Rates {
+    let max = PricePerMillion(Credits::from_nanos(i64::MAX));
     Rates {
-        input: provider.input.scaled(markup),
-        cached_input: provider.cached_input.scaled(markup),
-        output: provider.output.scaled(markup),
+        input: provider.input.scaled(markup).unwrap_or(max),
+        cached_input: provider.cached_input.scaled(markup).unwrap_or(max),
+        output: provider.output.scaled(markup).unwrap_or(max),
     }
+}
+
+/// Customer rates at `markup` times the provider's rates, or `None` when one does not
+/// fit in an amount of credits.
+pub fn checked_marked_up(provider: &Rates, markup: Decimal) -> Option<Rates> {
+    Some(Rates {
+        input: provider.input.scaled(markup)?,
+        cached_input: provider.cached_input.scaled(markup)?,
+        output: provider.output.scaled(markup)?,
+    })
 }
 
 /// Stores each configured price as a new version when it differs from the model's

@@ -1,6 +1,7 @@
 //! The GraphQL API: schema, resolvers and their types. Resolvers are thin: they
 //! check who is asking and call the services.
 
+mod billing;
 mod error;
 mod mutation;
 mod query;
@@ -9,12 +10,15 @@ mod types;
 
 use crate::accounts::Principal;
 use crate::startup::App;
-use async_graphql::{Context, Schema};
+use async_graphql::{Context, MergedObject, Schema};
 
 pub use error::ErrorCode;
 pub use mutation::MutationRoot;
-pub use query::QueryRoot;
 pub use subscription::SubscriptionRoot;
+
+/// The root of every query: jobs and accounts, and the billing dashboards.
+#[derive(MergedObject, Default)]
+pub struct QueryRoot(query::JobQuery, billing::BillingQuery);
 
 /// The schema with its resolvers.
 pub type AppSchema = Schema<QueryRoot, MutationRoot, SubscriptionRoot>;
@@ -26,7 +30,7 @@ const MAX_COMPLEXITY: usize = 5_000;
 
 /// The schema serving `app`.
 pub fn build_schema(app: App) -> AppSchema {
-    Schema::build(QueryRoot, MutationRoot, SubscriptionRoot)
+    Schema::build(QueryRoot::default(), MutationRoot, SubscriptionRoot)
         .data(app)
         .limit_depth(MAX_DEPTH)
         .limit_complexity(MAX_COMPLEXITY)
@@ -35,7 +39,7 @@ pub fn build_schema(app: App) -> AppSchema {
 
 /// The schema's SDL, as committed in `schema.graphql`.
 pub fn sdl() -> String {
-    Schema::build(QueryRoot, MutationRoot, SubscriptionRoot)
+    Schema::build(QueryRoot::default(), MutationRoot, SubscriptionRoot)
         .finish()
         .sdl()
 }

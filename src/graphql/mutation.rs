@@ -1,14 +1,17 @@
 //! Changes: jobs for tenants; tenants and credits for admins.
 
-use super::types::{CreditGrant, Job, Tenant};
+use super::types::{Attempt, CreditGrant, Job, Tenant};
 use super::{ErrorCode, app, principal};
 use crate::accounts::tenants;
-use crate::billing::{Credits, CreditsError, ledger};
+use crate::billing::reconciliation::{self, NewReconciliation};
+use crate::billing::{Credits, CreditsError, TokenUsage, ledger};
 use crate::db::begin_write;
 use crate::error::ServiceError;
 use crate::jobs::input::{JobRequest, NewJob};
 use crate::jobs::service;
 use async_graphql::{Context, InputObject, Json, Object, SimpleObject};
+use chrono::{DateTime, Utc};
+use entity::attempt_reconciliations;
 use rust_decimal::Decimal;
 use uuid::Uuid;
 
@@ -62,6 +65,75 @@ pub struct CreateTenantPayload {
     pub tenant: Tenant,
     pub api_key: String,
 }
+
+/// The real usage of an attempt whose outcome was unknown, e.g. from the provider's
+/// usage report or generation lookup.
+#[derive(InputObject)]
+pub struct ReconcileAttemptInput {
+    pub attempt_id: Uuid,
+    /// All input tokens, cached ones included.
+    pub input_tokens: i32,
+    /// Input tokens served from the provider's prompt cache (default 0).
+    pub cached_input_tokens: Option<i32>,
+    pub output_tokens: i32,
+    /// The provider's id for the request, when the report names it.
+    pub provider_request_id: Option<String>,
+    /// Why, and from which source: kept in the audit trail.
+    pub note: String,
+}
+
+/// The audit-trail entry of a reconciled attempt.
+#[derive(SimpleObject)]
+pub struct AttemptReconciliation {
+    pub id: Uuid,
+    pub attempt_id: Uuid,
+    pub job_id: Uuid,
+    pub tenant_id: Uuid,
+    /// The bound the attempt carried until now.
+    pub previous_upper_bound: Option<Decimal>,
+    /// The exact cost, at the price version the attempt was priced with.
+    pub provider_cost: Decimal,
+    pub input_tokens: i32,
+    pub cached_input_tokens: i32,
+    pub output_tokens: i32,
+    pub provider_request_id: Option<String>,
+    pub note: String,
+    pub reconciled_by: String,
+    pub created_at: DateTime<Utc>,
+}
+
+impl From<attempt_reconciliations::Model> for AttemptReconciliation {
+    fn from(row: attempt_reconciliations::Model) -> Self {
+        let money = |nanos| Credits::from_nanos(nanos).to_decimal();
+        // Stored from 32-bit input, so they fit; saturate rather than fail all the same.
+        let count = |tokens: i64| i32::try_from(tokens).unwrap_or(i32::MAX);
+        Self {
+            id: row.id,
+            attempt_id: row.attempt_id,
+            job_id: row.job_id,
+            tenant_id: row.tenant_id,
+            previous_upper_bound: row.previous_upper_bound_nanos.map(money),
+            provider_cost: money(row.provider_cost_nanos),
+            input_tokens: count(row.input_tokens),
+            cached_input_tokens: count(row.cached_input_tokens),
+            output_tokens: count(row.output_tokens),
+            provider_request_id: row.provider_request_id,
+            note: row.note,
+            reconciled_by: row.reconciled_by,
+            created_at: row.created_at.to_datetime(),
+        }
+    }
+}
+
+/// The audit-trail entry and the attempt with its exact cost.
+#[derive(SimpleObject)]
+pub struct ReconcileAttemptPayload {
+    pub reconciliation: AttemptReconciliation,
+    pub attempt: Attempt,
+}
+
+/// Who an admin request is recorded as: admins share one token and carry no name yet.
+const ADMIN_ACTOR: &str = "admin";
 
 /// The root of every mutation.
 pub struct MutationRoot;
@@ -156,5 +228,48 @@ impl MutationRoot {
         .await?;
         transaction.commit().await.map_err(ServiceError::from)?;
         Ok(grant.into())
+    }
+
+    /// Admin: records the real usage of an attempt whose outcome was unknown, turning
+    /// its cost bound into the exact cost at the attempt's own price version, with an
+    /// audit-trail entry. The customer's charge does not change. `NOT_FOUND` for an
+    /// unknown attempt, `VALIDATION` for one whose cost is already exact.
+    async fn reconcile_attempt(
+        &self,
+        context: &Context<'_>,
+        input: ReconcileAttemptInput,
+    ) -> async_graphql::Result<ReconcileAttemptPayload> {
+        principal(context)?.require_admin()?;
+        let count = |field: &str, value: i32| {
+            u64::try_from(value)
+                .map_err(|_| ErrorCode::Validation.error(format!("{field} must not be negative")))
+        };
+        let usage = TokenUsage {
+            input_tokens: count("inputTokens", input.input_tokens)?,
+            cached_input_tokens: count(
+                "cachedInputTokens",
+                input.cached_input_tokens.unwrap_or(0),
+            )?,
+            output_tokens: count("outputTokens", input.output_tokens)?,
+        };
+        let transaction = begin_write(&app(context).db)
+            .await
+            .map_err(ServiceError::from)?;
+        let reconciled = reconciliation::reconcile_attempt(
+            &transaction,
+            NewReconciliation {
+                attempt_id: input.attempt_id,
+                usage,
+                provider_request_id: input.provider_request_id,
+                note: input.note,
+                reconciled_by: ADMIN_ACTOR.to_owned(),
+            },
+        )
+        .await?;
+        transaction.commit().await.map_err(ServiceError::from)?;
+        Ok(ReconcileAttemptPayload {
+            reconciliation: reconciled.reconciliation.into(),
+            attempt: Attempt(reconciled.attempt),
+        })
     }
 }

@@ -10,11 +10,12 @@ use uuid::Uuid;
 /// Jobs per page when the client does not say.
 const DEFAULT_PAGE_SIZE: i32 = 20;
 
-/// The root of every query.
-pub struct QueryRoot;
+/// The queries of jobs and accounts.
+#[derive(Default)]
+pub struct JobQuery;
 
 #[Object]
-impl QueryRoot {
+impl JobQuery {
     /// One of the caller's jobs.
     async fn job(&self, context: &Context<'_>, id: Uuid) -> async_graphql::Result<Job> {
         let tenant_id = principal(context)?.tenant_id()?;

@@ -1,7 +1,7 @@
 //! The GraphQL types of jobs, attempts, money and accounts.
 
 use super::app;
-use crate::billing::{Credits, ledger::Balance};
+use crate::billing::{Credits, ledger::Balance, reports};
 use crate::error::ServiceError;
 use async_graphql::{ComplexObject, Context, Enum, Json, Object, SimpleObject};
 use chrono::{DateTime, Utc};
@@ -182,16 +182,8 @@ impl Job {
 
     /// Provider cost over all attempts against what the customer paid.
     async fn cost(&self, context: &Context<'_>) -> async_graphql::Result<JobCost> {
-        let attempts = job_attempts(context, self.0.id).await?;
-        let charge = charges::Entity::find()
-            .filter(charges::Column::JobId.eq(self.0.id))
-            .one(&app(context).db)
-            .await
-            .map_err(ServiceError::from)?;
-        Ok(JobCost::new(
-            &attempts,
-            charge.map_or(0, |charge| charge.amount_nanos),
-        ))
+        // The same per-job query as the `jobCosts` dashboard, so the two always agree.
+        Ok(reports::job_cost(&app(context).db, self.0.id).await?.into())
     }
 
     /// The job's timeline, oldest first.
@@ -347,24 +339,14 @@ pub struct JobCost {
     pub unknown_attempts: i32,
 }
 
-impl JobCost {
-    fn new(attempts: &[attempts::Model], charge_nanos: i64) -> Self {
-        let known: i64 = attempts.iter().filter_map(|a| a.provider_cost_nanos).sum();
-        let bounds: i64 = attempts
-            .iter()
-            .filter(|a| a.provider_cost_nanos.is_none())
-            .filter_map(|a| a.provider_cost_upper_bound_nanos)
-            .sum();
-        let unknown = attempts
-            .iter()
-            .filter(|a| a.provider_cost_nanos.is_none())
-            .count();
+impl From<reports::JobCost> for JobCost {
+    fn from(cost: reports::JobCost) -> Self {
         Self {
-            provider_cost: money(known),
-            provider_cost_upper_bound: money(known + bounds),
-            customer_charge: money(charge_nanos),
-            margin: money(charge_nanos - known),
-            unknown_attempts: i32::try_from(unknown).unwrap_or(i32::MAX),
+            provider_cost: cost.provider_cost.to_decimal(),
+            provider_cost_upper_bound: cost.provider_cost_upper_bound().to_decimal(),
+            customer_charge: cost.customer_charge.to_decimal(),
+            margin: cost.margin().to_decimal(),
+            unknown_attempts: i32::try_from(cost.unknown_attempts).unwrap_or(i32::MAX),
         }
     }
 }

@@ -11,6 +11,7 @@ use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait,
     QueryFilter, QueryOrder,
 };
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::time::Duration;
 use tokio::sync::broadcast::{self, error::RecvError};
@@ -22,7 +23,7 @@ const BUS_CAPACITY: usize = 4096;
 const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A hint that an event was stored, published after its transaction committed.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EventNotice {
     pub job_id: Uuid,
     pub tenant_id: Uuid,
@@ -78,13 +79,15 @@ pub async fn append(
         data: Set(data),
     };
     job_events::Entity::insert(row).exec(db).await?;
-    Ok(EventNotice {
+    let notice = EventNotice {
         job_id: job.id,
         tenant_id: job.tenant_id,
         seq: job.last_event_seq,
         kind,
         status: job.status,
-    })
+    };
+    super::relay::notify(db, &notice).await?;
+    Ok(notice)
 }
 
 /// A job's events after `after_seq`, oldest first.

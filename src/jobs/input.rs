@@ -204,6 +204,20 @@ impl NewJob {
                 ));
             }
             check_json_size("responseSchema", schema)?;
+            // Refused now rather than after a paid call: a schema that does not compile
+            // could never accept a reply. Remote `$ref`s do not resolve (no fetching).
+            jsonschema::meta::validate(schema)
+                .map_err(|error| error.to_string())
+                .and_then(|()| {
+                    jsonschema::validator_for(schema)
+                        .map(drop)
+                        .map_err(|error| error.to_string())
+                })
+                .map_err(|error| {
+                    ServiceError::validation(format!(
+                        "responseSchema is not a valid JSON Schema: {error}"
+                    ))
+                })?;
         }
         if let Some(metadata) = &request.metadata {
             check_json_size("metadata", metadata)?;
@@ -347,6 +361,10 @@ mod tests {
             (|r| r.max_attempts = Some(0), "maxAttempts"),
             (|r| r.max_attempts = Some(11), "maxAttempts"),
             (|r| r.response_schema = Some(json!([1])), "responseSchema"),
+            (
+                |r| r.response_schema = Some(json!({"type": "no-such-type"})),
+                "responseSchema",
+            ),
         ];
         for (break_it, field) in cases {
             let mut request = request();

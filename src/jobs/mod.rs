@@ -4,6 +4,7 @@
 pub mod events;
 pub mod input;
 pub mod queue;
+pub mod relay;
 pub mod service;
 pub mod worker;
 

@@ -26,22 +26,47 @@ pub struct Claim {
     pub run_token: Uuid,
 }
 
-/// Claims up to `limit` due queued jobs, each with a fresh run token and a lease of
-/// `lease`. Row locks last only this short transaction.
-pub async fn claim(
-    db: &DatabaseConnection,
-    limit: u32,
-    lease: Duration,
-) -> Result<Vec<Claim>, DbErr> {
-    if limit == 0 {
+/// What one claim asks for.
+#[derive(Clone, Copy, Debug)]
+pub struct ClaimRequest {
+    /// Most jobs to take.
+    pub limit: u32,
+    /// How long each claimed job is owned without renewal.
+    pub lease: Duration,
+    /// Most jobs of one tenant running at once across every process, if bounded.
+    pub tenant_limit: Option<u32>,
+}
+
+impl ClaimRequest {
+    /// Up to `limit` jobs under a lease of `lease`, with no bound per tenant.
+    pub fn new(limit: u32, lease: Duration) -> Self {
+        Self {
+            limit,
+            lease,
+            tenant_limit: None,
+        }
+    }
+}
+
+/// Claims up to `limit` due queued jobs, each with a fresh run token and a lease.
+///
+/// Claiming is fair across tenants: candidates are ranked within their tenant
+/// (oldest due first) and taken rank by rank, so one tenant's 10,000 queued jobs do
+/// not starve another tenant's single job. A tenant already running `tenant_limit`
+/// jobs gets no more (a soft bound: two claims racing may both admit up to it).
+/// Row locks last only this short transaction.
+pub async fn claim(db: &DatabaseConnection, request: ClaimRequest) -> Result<Vec<Claim>, DbErr> {
+    if request.limit == 0 {
         return Ok(Vec::new());
     }
     let now = Timestamp::now();
-    let lease_until = now.plus(chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX));
-    let tokens: Vec<Uuid> = (0..limit).map(|_| Uuid::new_v4()).collect();
+    let lease_until =
+        now.plus(chrono::Duration::from_std(request.lease).unwrap_or(chrono::Duration::MAX));
+    let tokens: Vec<Uuid> = (0..request.limit).map(|_| Uuid::new_v4()).collect();
+    let tenant_limit = i64::from(request.tenant_limit.unwrap_or(u32::MAX));
     let claimed = match db.get_database_backend() {
-        DbBackend::Postgres => claim_postgres(db, now, lease_until, &tokens).await?,
-        _ => claim_sqlite(db, now, lease_until, &tokens).await?,
+        DbBackend::Postgres => claim_postgres(db, now, lease_until, &tokens, tenant_limit).await?,
+        _ => claim_sqlite(db, now, lease_until, &tokens, tenant_limit).await?,
     };
     Ok(claimed
         .into_iter()
@@ -52,25 +77,42 @@ pub async fn claim(
         .collect())
 }
 
-/// One statement: lock due rows with SKIP LOCKED (so concurrent workers never wait
-/// for each other or claim the same job) and give each its own token. MATERIALIZED
-/// keeps the planner from re-running the locking subquery, which could claim more
-/// than `limit` rows.
+/// Due queued jobs ranked within their tenant, with how many jobs that tenant runs.
+/// `{now}` is replaced by the backend's placeholder for the current time.
+const CANDIDATES: &str = r#"
+    running AS (
+        SELECT tenant_id, COUNT(*) AS busy FROM jobs WHERE status = 'running' GROUP BY tenant_id
+    ), candidates AS (
+        SELECT jobs.id, jobs.next_run_at,
+               ROW_NUMBER() OVER (PARTITION BY jobs.tenant_id ORDER BY jobs.next_run_at, jobs.id) AS tenant_rank,
+               COALESCE(running.busy, 0) AS busy
+        FROM jobs LEFT JOIN running ON running.tenant_id = jobs.tenant_id
+        WHERE jobs.status = 'queued' AND jobs.next_run_at <= {now}
+    )"#;
+
+/// One statement: lock the chosen rows with SKIP LOCKED (so concurrent workers never
+/// wait for each other or claim the same job) and give each its own token.
+/// MATERIALIZED keeps the planner from re-running the locking subquery, which could
+/// claim more than `limit` rows.
 async fn claim_postgres(
     db: &DatabaseConnection,
     now: Timestamp,
     lease_until: Timestamp,
     tokens: &[Uuid],
+    tenant_limit: i64,
 ) -> Result<Vec<jobs::Model>, DbErr> {
-    const SQL: &str = r#"
-        WITH picked AS MATERIALIZED (
-            SELECT id FROM jobs
-            WHERE status = 'queued' AND next_run_at <= $1
-            ORDER BY next_run_at, id
+    let sql = format!(
+        r#"
+        WITH {candidates}, picked AS MATERIALIZED (
+            SELECT jobs.id, candidates.tenant_rank, candidates.next_run_at
+            FROM jobs JOIN candidates ON candidates.id = jobs.id
+            WHERE jobs.status = 'queued' AND candidates.tenant_rank + candidates.busy <= $5
+            ORDER BY candidates.tenant_rank, candidates.next_run_at, jobs.id
             LIMIT $2
-            FOR UPDATE SKIP LOCKED
+            FOR UPDATE OF jobs SKIP LOCKED
         ), numbered AS (
-            SELECT id, row_number() OVER (ORDER BY id) AS position FROM picked
+            SELECT id, row_number() OVER (ORDER BY tenant_rank, next_run_at, id) AS position
+            FROM picked
         ), tokens AS (
             SELECT token, position FROM unnest($3::uuid[]) WITH ORDINALITY AS t(token, position)
         )
@@ -83,7 +125,9 @@ async fn claim_postgres(
             updated_at = $1
         FROM numbered JOIN tokens ON tokens.position = numbered.position
         WHERE jobs.id = numbered.id
-        RETURNING jobs.*"#;
+        RETURNING jobs.*"#,
+        candidates = CANDIDATES.replace("{now}", "$1"),
+    );
     let token_array = format!(
         "{{{}}}",
         tokens
@@ -94,12 +138,13 @@ async fn claim_postgres(
     );
     let statement = Statement::from_sql_and_values(
         DbBackend::Postgres,
-        SQL,
+        sql,
         [
             now.micros().into(),
             (tokens.len() as i64).into(),
             token_array.into(),
             lease_until.micros().into(),
+            tenant_limit.into(),
         ],
     );
     jobs::Entity::find().from_raw_sql(statement).all(db).await
@@ -112,21 +157,33 @@ async fn claim_sqlite(
     now: Timestamp,
     lease_until: Timestamp,
     tokens: &[Uuid],
+    tenant_limit: i64,
 ) -> Result<Vec<jobs::Model>, DbErr> {
     let transaction = begin_write(db).await?;
-    let due: Vec<Uuid> = jobs::Entity::find()
-        .select_only()
-        .column(jobs::Column::Id)
-        .filter(jobs::Column::Status.eq(JobStatus::Queued))
-        .filter(jobs::Column::NextRunAt.lte(now))
-        .order_by_asc(jobs::Column::NextRunAt)
-        .order_by_asc(jobs::Column::Id)
-        .limit(tokens.len() as u64)
-        .into_tuple()
+    let sql = format!(
+        r#"
+        WITH {candidates}
+        SELECT jobs.* FROM jobs JOIN candidates ON candidates.id = jobs.id
+        WHERE candidates.tenant_rank + candidates.busy <= ?3
+        ORDER BY candidates.tenant_rank, candidates.next_run_at, jobs.id
+        LIMIT ?2"#,
+        candidates = CANDIDATES.replace("{now}", "?1"),
+    );
+    let statement = Statement::from_sql_and_values(
+        DbBackend::Sqlite,
+        sql,
+        [
+            now.micros().into(),
+            (tokens.len() as i64).into(),
+            tenant_limit.into(),
+        ],
+    );
+    let due = jobs::Entity::find()
+        .from_raw_sql(statement)
         .all(&transaction)
         .await?;
     let mut claimed = Vec::with_capacity(due.len());
-    for (job_id, token) in due.into_iter().zip(tokens) {
+    for (job, token) in due.into_iter().zip(tokens) {
         let rows = jobs::Entity::update_many()
             .col_expr(jobs::Column::Status, Expr::value(JobStatus::Running))
             .col_expr(
@@ -140,7 +197,7 @@ async fn claim_sqlite(
                 Expr::col(jobs::Column::StartedAt).if_null(now),
             )
             .col_expr(jobs::Column::UpdatedAt, Expr::value(now))
-            .filter(jobs::Column::Id.eq(job_id))
+            .filter(jobs::Column::Id.eq(job.id))
             .filter(jobs::Column::Status.eq(JobStatus::Queued))
             .exec_with_returning(&transaction)
             .await?;

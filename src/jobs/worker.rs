@@ -4,13 +4,14 @@
 use super::events::{EventBus, EventNotice};
 use super::input::JobInput;
 use super::queue::{
-    self, AttemptReport, AttemptStart, Claim, ErrorCode, JobError, JobOutcome, Renewal,
+    self, AttemptReport, AttemptStart, Claim, ClaimRequest, ErrorCode, JobError, JobOutcome,
+    Renewal,
 };
 use crate::billing::{ModelPrice, prices};
 use crate::llm::{ChatRequest, Completion, ProviderError, ProviderRegistry};
 use entity::{AttemptOutcome, EventKind, Timestamp, attempts};
 use rand::Rng;
-use sea_orm::{DatabaseConnection, DbErr};
+use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, PaginatorTrait, QueryFilter};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
@@ -25,6 +26,11 @@ const BACKOFF_BASE: Duration = Duration::from_secs(2);
 const BACKOFF_CAP: Duration = Duration::from_secs(60);
 /// Longest `Retry-After` honoured; a provider asking for more is treated as this.
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(600);
+/// Retries a job gets after replies that failed its response schema, within its
+/// `maxAttempts`: a model that keeps answering off-schema is not paid for forever.
+const INVALID_OUTPUT_RETRIES: u64 = 2;
+/// Schema violations named in an invalid-output error.
+const MAX_REPORTED_SCHEMA_ERRORS: usize = 3;
 /// Most jobs one claim takes, so one worker does not hoard a burst.
 const CLAIM_BATCH: usize = 16;
 /// How long aborted attempts may take to record their hand-back after the grace period.
@@ -41,6 +47,8 @@ pub struct WorkerSettings {
     pub attempt_timeout: Duration,
     /// How long running attempts may go on after shutdown is asked for.
     pub shutdown_grace: Duration,
+    /// Most jobs of one tenant running at once across all workers (a soft bound).
+    pub tenant_concurrency: Option<u32>,
     /// How often an idle worker looks for due jobs no notice told it about
     /// (retries coming due, jobs created by another process).
     pub poll_interval: Duration,
@@ -100,7 +108,12 @@ impl Worker {
                 tracing::error!(error = %error, "sweeping expired leases failed");
             }
             let free = permits.available_permits().min(CLAIM_BATCH);
-            let claimed = match queue::claim(&self.inner.db, free as u32, settings.lease).await {
+            let request = ClaimRequest {
+                limit: free as u32,
+                lease: settings.lease,
+                tenant_limit: settings.tenant_concurrency,
+            };
+            let claimed = match queue::claim(&self.inner.db, request).await {
                 Ok(claimed) => claimed,
                 Err(error) => {
                     tracing::error!(error = %error, "claiming jobs failed");
@@ -239,7 +252,20 @@ impl Worker {
             tracing::warn!(job.id = %claim.job.id, attempt = attempt.number, "lease lost: the attempt writes nothing more");
             return Ok(());
         }
-        let (report, outcome) = judge(&claim, &attempt, &start.price, &input, end, latency);
+        let earlier_invalid_outputs = attempts::Entity::find()
+            .filter(attempts::Column::JobId.eq(claim.job.id))
+            .filter(attempts::Column::Outcome.eq(AttemptOutcome::InvalidOutput))
+            .count(&inner.db)
+            .await?;
+        let (report, outcome) = judge(
+            &claim,
+            &attempt,
+            &start.price,
+            &input,
+            end,
+            latency,
+            earlier_invalid_outputs,
+        );
         let report_outcome = report.outcome;
         match queue::finish_attempt(&inner.db, &claim, &attempt, &start.price, report, outcome)
             .await?
@@ -282,6 +308,7 @@ fn judge(
     input: &JobInput,
     end: CallEnd,
     latency: Duration,
+    earlier_invalid_outputs: u64,
 ) -> (AttemptReport, JobOutcome) {
     let job = &claim.job;
     let attempts_left = job.attempt_count < job.max_attempts;
@@ -330,7 +357,11 @@ fn judge(
                         Some(error.clone()),
                         request_id,
                     ),
-                    retry_or_fail(error, None),
+                    if earlier_invalid_outputs < INVALID_OUTPUT_RETRIES {
+                        retry_or_fail(error, None)
+                    } else {
+                        JobOutcome::Failed(error)
+                    },
                 ),
             }
         }
@@ -457,15 +488,41 @@ fn unknown_outcome(
 /// The job's result from a reply: the parsed JSON when the job has a response schema,
 /// the text otherwise.
 fn accept(completion: &Completion, input: &JobInput) -> Result<serde_json::Value, JobError> {
-    if input.response_schema.is_none() {
+    let Some(schema) = &input.response_schema else {
         return Ok(serde_json::Value::String(completion.text.clone()));
+    };
+    let invalid = |message: String| JobError::new(ErrorCode::InvalidOutput, message);
+    let value: serde_json::Value = serde_json::from_str(strip_code_fence(&completion.text))
+        .map_err(|error| invalid(format!("the reply is not JSON: {error}")))?;
+    // The schema compiled when the job was created; it still does.
+    let validator = jsonschema::validator_for(schema)
+        .map_err(|error| invalid(format!("the response schema does not compile: {error}")))?;
+    let problems: Vec<String> = validator
+        .iter_errors(&value)
+        .take(MAX_REPORTED_SCHEMA_ERRORS)
+        .map(|error| format!("{} at {}", error, error.instance_path()))
+        .collect();
+    if problems.is_empty() {
+        Ok(value)
+    } else {
+        Err(invalid(format!(
+            "the reply does not match the response schema: {}",
+            problems.join("; ")
+        )))
     }
-    serde_json::from_str(&completion.text).map_err(|error| {
-        JobError::new(
-            ErrorCode::InvalidOutput,
-            format!("the reply is not JSON: {error}"),
-        )
-    })
+}
+
+/// Models asked for JSON often wrap it in a Markdown code fence anyway.
+fn strip_code_fence(text: &str) -> &str {
+    let trimmed = text.trim();
+    let Some(inner) = trimmed.strip_prefix("```") else {
+        return trimmed;
+    };
+    let inner = inner.trim_end().strip_suffix("```").unwrap_or(inner);
+    // Drop the info string (`json`) after the opening fence.
+    inner
+        .trim_start_matches(|c: char| c.is_ascii_alphanumeric())
+        .trim()
 }
 
 /// The wait before retry `attempt + 1`: exponential backoff from 2 s doubling to a
@@ -497,6 +554,14 @@ mod tests {
             let late = retry_delay(30, None);
             assert!(late >= Duration::from_secs(30) && late <= BACKOFF_CAP);
         }
+    }
+
+    #[test]
+    fn code_fences_around_json_are_ignored() {
+        assert_eq!(strip_code_fence("```json\n{\"a\": 1}\n```"), "{\"a\": 1}");
+        assert_eq!(strip_code_fence("  {\"a\": 1} "), "{\"a\": 1}");
+        assert_eq!(strip_code_fence("```\n[1]\n```"), "[1]");
+        assert_eq!(strip_code_fence("```json {\"a\": 1}```"), "{\"a\": 1}");
     }
 
     #[test]

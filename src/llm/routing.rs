@@ -1,7 +1,62 @@
 //! Which provider serves which model.
+//!
+//! A model name is routed, first match wins: an exact name from the config file, then
+//! the longest matching prefix pattern (`"gpt-4o*"`) from the config file, then its
+//! family's provider from the environment (`OPENAI_*`, `ANTHROPIC_*`), then the
+//! fallback (the built-in simulator).
 
 use super::Provider;
+use std::collections::HashMap;
 use std::sync::Arc;
+
+/// A model name (`llama3-local`) or a prefix pattern (`gpt-*`, or `*` for every model).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ModelPattern {
+    Exact(String),
+    /// The text before the trailing `*`.
+    Prefix(String),
+}
+
+/// Why a text is not a model pattern.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PatternError {
+    #[error("a model name cannot be empty")]
+    Empty,
+    #[error("`*` may only end a pattern (as in \"gpt-*\")")]
+    InnerWildcard,
+}
+
+impl ModelPattern {
+    /// `name` as an exact model name, or as a prefix pattern when it ends with `*`.
+    pub fn parse(text: &str) -> Result<Self, PatternError> {
+        if text.trim().is_empty() {
+            return Err(PatternError::Empty);
+        }
+        match text.strip_suffix('*') {
+            Some(prefix) if prefix.contains('*') => Err(PatternError::InnerWildcard),
+            Some(prefix) => Ok(Self::Prefix(prefix.to_owned())),
+            None if text.contains('*') => Err(PatternError::InnerWildcard),
+            None => Ok(Self::Exact(text.to_owned())),
+        }
+    }
+
+    /// Whether `model` matches.
+    pub fn matches(&self, model: &str) -> bool {
+        match self {
+            Self::Exact(name) => name == model,
+            Self::Prefix(prefix) => model.starts_with(prefix.as_str()),
+        }
+    }
+}
+
+impl std::fmt::Display for ModelPattern {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Exact(name) => f.write_str(name),
+            Self::Prefix(prefix) => write!(f, "{prefix}*"),
+        }
+    }
+}
 
 /// The families of model names the built-in routing knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +87,9 @@ impl ModelFamily {
 /// fallback (the simulator when no provider is configured at all).
 #[derive(Clone, Debug)]
 pub struct ProviderRegistry {
+    exact: HashMap<String, Arc<dyn Provider>>,
+    /// Longest prefix first, so the most specific pattern wins.
+    prefixes: Vec<(String, Arc<dyn Provider>)>,
     families: Vec<(ModelFamily, Arc<dyn Provider>)>,
     fallback: Arc<dyn Provider>,
 }
@@ -40,9 +98,29 @@ impl ProviderRegistry {
     /// A registry sending every model to `fallback`.
     pub fn new(fallback: Arc<dyn Provider>) -> Self {
         Self {
+            exact: HashMap::new(),
+            prefixes: Vec::new(),
             families: Vec::new(),
             fallback,
         }
+    }
+
+    /// Sends the models `pattern` matches to `provider`, ahead of every family route.
+    /// An exact name beats any prefix; among prefixes the longest wins; routing one
+    /// pattern twice keeps the last.
+    pub fn route_pattern(mut self, pattern: &ModelPattern, provider: Arc<dyn Provider>) -> Self {
+        match pattern {
+            ModelPattern::Exact(name) => {
+                self.exact.insert(name.clone(), provider);
+            }
+            ModelPattern::Prefix(prefix) => {
+                self.prefixes.retain(|(existing, _)| existing != prefix);
+                self.prefixes.push((prefix.clone(), provider));
+                self.prefixes
+                    .sort_by(|(a, _), (b, _)| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+            }
+        }
+        self
     }
 
     /// Sends every model of `family` to `provider`.
@@ -51,8 +129,23 @@ impl ProviderRegistry {
         self
     }
 
+    /// Whether no route claims `model`, so the fallback serves it.
+    pub fn uses_fallback(&self, model: &str) -> bool {
+        Arc::ptr_eq(&self.provider_for(model), &self.fallback)
+    }
+
     /// The provider that serves `model`.
     pub fn provider_for(&self, model: &str) -> Arc<dyn Provider> {
+        if let Some(provider) = self.exact.get(model) {
+            return provider.clone();
+        }
+        if let Some((_, provider)) = self
+            .prefixes
+            .iter()
+            .find(|(prefix, _)| model.starts_with(prefix.as_str()))
+        {
+            return provider.clone();
+        }
         let family = ModelFamily::of(model);
         self.families
             .iter()
@@ -75,5 +168,68 @@ mod tests {
         );
         assert_eq!(ModelFamily::of("ollama-llama3"), None);
         assert_eq!(ModelFamily::of("other"), None);
+    }
+
+    #[test]
+    fn patterns_are_names_or_trailing_wildcards() {
+        assert_eq!(
+            ModelPattern::parse("llama3-local"),
+            Ok(ModelPattern::Exact("llama3-local".to_owned()))
+        );
+        assert_eq!(
+            ModelPattern::parse("gpt-*"),
+            Ok(ModelPattern::Prefix("gpt-".to_owned()))
+        );
+        assert_eq!(
+            ModelPattern::parse("*"),
+            Ok(ModelPattern::Prefix(String::new()))
+        );
+        assert_eq!(ModelPattern::parse(" "), Err(PatternError::Empty));
+        assert_eq!(
+            ModelPattern::parse("g*t-4"),
+            Err(PatternError::InnerWildcard)
+        );
+        assert_eq!(ModelPattern::parse("**"), Err(PatternError::InnerWildcard));
+        assert!(ModelPattern::parse("gpt-*").unwrap().matches("gpt-4o"));
+        assert!(!ModelPattern::parse("gpt-*").unwrap().matches("claude-x"));
+    }
+
+    #[derive(Debug)]
+    struct Named(&'static str);
+
+    #[async_trait::async_trait]
+    impl Provider for Named {
+        fn name(&self) -> &str {
+            self.0
+        }
+
+        async fn complete(
+            &self,
+            _: &crate::llm::ChatRequest,
+        ) -> Result<crate::llm::Completion, crate::llm::ProviderError> {
+            unreachable!("routing tests never call a provider")
+        }
+    }
+
+    #[test]
+    fn exact_beats_longest_prefix_beats_family_beats_fallback() {
+        let pattern = |text| ModelPattern::parse(text).unwrap();
+        let registry = ProviderRegistry::new(Arc::new(Named("simulator")))
+            .route(ModelFamily::OpenAi, Arc::new(Named("openai-env")))
+            .route(ModelFamily::Anthropic, Arc::new(Named("anthropic-env")))
+            .route_pattern(&pattern("gpt-*"), Arc::new(Named("router")))
+            .route_pattern(&pattern("gpt-4o*"), Arc::new(Named("azure")))
+            .route_pattern(&pattern("gpt-4o-mini"), Arc::new(Named("local")))
+            .route_pattern(&pattern("llama*"), Arc::new(Named("ollama")));
+        let name = |model| registry.provider_for(model).name().to_owned();
+        assert_eq!(name("gpt-4o-mini"), "local");
+        assert_eq!(name("gpt-4o"), "azure");
+        assert_eq!(name("gpt-4.1"), "router");
+        assert_eq!(name("o3-mini"), "openai-env");
+        assert_eq!(name("claude-sonnet-4-5"), "anthropic-env");
+        assert_eq!(name("llama3-local"), "ollama");
+        assert_eq!(name("mistral"), "simulator");
+        assert!(registry.uses_fallback("mistral"));
+        assert!(!registry.uses_fallback("o3-mini"));
     }
 }

@@ -7,7 +7,7 @@ use crate::helpers::{
 };
 use crate::invariants::assert_billing_invariants;
 use entity::{Timestamp, jobs};
-use jobledger::jobs::queue;
+use jobledger::jobs::queue::{self, ClaimRequest};
 use jobledger::jobs::worker::WorkerSettings;
 use rust_decimal::Decimal;
 use sea_orm::sea_query::Expr;
@@ -25,6 +25,8 @@ on_both_backends!(
     cancelling_a_running_job_aborts_its_call,
     shutdown_hands_running_jobs_back_without_spending_an_attempt,
     a_lapsed_lease_is_taken_back_and_the_job_still_succeeds,
+    claims_are_fair_across_tenants,
+    a_tenant_runs_at_most_its_concurrency_bound,
 );
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -121,6 +123,7 @@ async fn a_hung_call_times_out_as_unknown_and_is_retried(backend: Backend) {
         backend,
         AppOptions {
             worker: Some(worker),
+            ..AppOptions::default()
         },
     )
     .await;
@@ -245,6 +248,7 @@ async fn shutdown_hands_running_jobs_back_without_spending_an_attempt(backend: B
         backend,
         AppOptions {
             worker: Some(worker),
+            ..AppOptions::default()
         },
     )
     .await;
@@ -290,13 +294,20 @@ async fn shutdown_hands_running_jobs_back_without_spending_an_attempt(backend: B
 }
 
 async fn a_lapsed_lease_is_taken_back_and_the_job_still_succeeds(backend: Backend) {
-    let app = spawn_app_with(backend, AppOptions { worker: None }).await;
+    let app = spawn_app_with(
+        backend,
+        AppOptions {
+            worker: None,
+            ..AppOptions::default()
+        },
+    )
+    .await;
     let tenant = app.funded_tenant("acme", "5").await;
     let id = app
         .create_job_ok(&tenant, job_input("orphan", "hello"))
         .await;
     // A worker claims the job and dies without a word: its lease is in the past.
-    let claim = queue::claim(&app.app.db, 1, Duration::from_secs(60))
+    let claim = queue::claim(&app.app.db, ClaimRequest::new(1, Duration::from_secs(60)))
         .await
         .unwrap()
         .remove(0);
@@ -328,4 +339,124 @@ async fn a_lapsed_lease_is_taken_back_and_the_job_still_succeeds(backend: Backen
         ["CREATED", "RETRY_SCHEDULED", "ATTEMPT_STARTED", "SUCCEEDED"]
     );
     assert_billing_invariants(&app.app.db).await;
+}
+
+/// When each job's accepted attempt started and finished.
+async fn attempt_spans(
+    app: &TestApp,
+    tenant: &TestTenant,
+    ids: &[Uuid],
+) -> Vec<(chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)> {
+    let mut spans = Vec::new();
+    for id in ids {
+        let job = app.wait_until_finished(tenant, *id, LIMIT).await;
+        assert_eq!(job["status"], "SUCCEEDED", "{job}");
+        let attempt = &job["attempts"][0];
+        spans.push((
+            attempt["startedAt"].as_str().unwrap().parse().unwrap(),
+            attempt["finishedAt"].as_str().unwrap().parse().unwrap(),
+        ));
+    }
+    spans.sort();
+    spans
+}
+
+async fn claims_are_fair_across_tenants(backend: Backend) {
+    let app = spawn_app_with(
+        backend,
+        AppOptions {
+            worker: None,
+            ..AppOptions::default()
+        },
+    )
+    .await;
+    let busy = app.funded_tenant("busy", "50").await;
+    let quiet = app.funded_tenant("quiet", "5").await;
+    let mut busy_jobs = Vec::new();
+    for index in 0..20 {
+        busy_jobs.push(
+            app.create_job_ok(
+                &busy,
+                job_input(&format!("bulk-{index}"), "hi [mock:delay_ms=200]"),
+            )
+            .await,
+        );
+    }
+    // The quiet tenant's only job is the newest of all.
+    let quiet_job = app
+        .create_job_ok(&quiet, job_input("single", "hi [mock:delay_ms=200]"))
+        .await;
+    let worker = WorkerSettings {
+        concurrency: 2,
+        ..test_worker_settings()
+    };
+    let app = app
+        .restart(AppOptions {
+            worker: Some(worker),
+            ..AppOptions::default()
+        })
+        .await;
+
+    let quiet_started = attempt_spans(&app, &quiet, &[quiet_job]).await[0].0;
+    let busy_spans = attempt_spans(&app, &busy, &busy_jobs).await;
+    let busy_before = busy_spans
+        .iter()
+        .filter(|(started, _)| *started < quiet_started)
+        .count();
+    assert!(
+        busy_before <= 1,
+        "{busy_before} of the busy tenant's jobs started before the quiet tenant's only job"
+    );
+    assert_billing_invariants(&app.app.db).await;
+}
+
+async fn a_tenant_runs_at_most_its_concurrency_bound(backend: Backend) {
+    let app = spawn_app_with(
+        backend,
+        AppOptions {
+            worker: None,
+            ..AppOptions::default()
+        },
+    )
+    .await;
+    let bounded = app.funded_tenant("bounded", "5").await;
+    let other = app.funded_tenant("other", "5").await;
+    let mut bounded_jobs = Vec::new();
+    for index in 0..3 {
+        bounded_jobs.push(
+            app.create_job_ok(
+                &bounded,
+                job_input(&format!("one-at-a-time-{index}"), "hi [mock:delay_ms=400]"),
+            )
+            .await,
+        );
+    }
+    let other_job = app
+        .create_job_ok(&other, job_input("alongside", "hi [mock:delay_ms=400]"))
+        .await;
+    let worker = WorkerSettings {
+        concurrency: 4,
+        tenant_concurrency: Some(1),
+        ..test_worker_settings()
+    };
+    let app = app
+        .restart(AppOptions {
+            worker: Some(worker),
+            ..AppOptions::default()
+        })
+        .await;
+
+    let spans = attempt_spans(&app, &bounded, &bounded_jobs).await;
+    for pair in spans.windows(2) {
+        assert!(
+            pair[1].0 >= pair[0].1,
+            "two of one tenant's jobs overlapped: {pair:?}"
+        );
+    }
+    // The bound is per tenant: another tenant's job runs beside the first one.
+    let other_span = attempt_spans(&app, &other, &[other_job]).await[0];
+    assert!(
+        other_span.0 < spans[0].1,
+        "the other tenant waited for the bounded one: {other_span:?} vs {spans:?}"
+    );
 }

@@ -10,7 +10,8 @@ use entity::{
 use jobledger::billing::{ModelPrice, TokenUsage, prices};
 use jobledger::jobs::input::JobInput;
 use jobledger::jobs::queue::{
-    self, AttemptReport, AttemptStart, Claim, ErrorCode, JobError, JobOutcome, Renewal,
+    self, AttemptReport, AttemptStart, Claim, ClaimRequest, ErrorCode, JobError, JobOutcome,
+    Renewal,
 };
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
@@ -87,14 +88,24 @@ async fn snapshot(
 }
 
 async fn a_stale_run_token_cannot_renew_start_or_finish(backend: Backend) {
-    let app = spawn_app_with(backend, AppOptions { worker: None }).await;
+    let app = spawn_app_with(
+        backend,
+        AppOptions {
+            worker: None,
+            ..AppOptions::default()
+        },
+    )
+    .await;
     let db = &app.app.db;
     let tenant = app.funded_tenant("acme", "5").await;
     let job_id = app
         .create_job_ok(&tenant, job_input("fenced", "hello"))
         .await;
 
-    let stale = queue::claim(db, 1, LEASE).await.unwrap().remove(0);
+    let stale = queue::claim(db, ClaimRequest::new(1, LEASE))
+        .await
+        .unwrap()
+        .remove(0);
     let start = attempt_start(&app, &stale).await;
     let (stale_attempt, _) = queue::start_attempt(db, &stale, &start)
         .await
@@ -114,7 +125,10 @@ async fn a_stale_run_token_cannot_renew_start_or_finish(backend: Backend) {
         .unwrap();
     let taken_back = queue::expire_leases(db).await.unwrap();
     assert_eq!(taken_back.len(), 1);
-    let fresh = queue::claim(db, 1, LEASE).await.unwrap().remove(0);
+    let fresh = queue::claim(db, ClaimRequest::new(1, LEASE))
+        .await
+        .unwrap()
+        .remove(0);
     assert_eq!(fresh.job.id, job_id);
     assert_ne!(fresh.run_token, stale.run_token);
     assert_eq!(fresh.job.attempt_count, 2);
@@ -209,14 +223,23 @@ async fn a_stale_run_token_cannot_renew_start_or_finish(backend: Backend) {
 }
 
 async fn concurrent_claims_never_share_a_job(backend: Backend) {
-    let app = spawn_app_with(backend, AppOptions { worker: None }).await;
+    let app = spawn_app_with(
+        backend,
+        AppOptions {
+            worker: None,
+            ..AppOptions::default()
+        },
+    )
+    .await;
     let tenant = app.funded_tenant("acme", "50").await;
     for index in 0..40 {
         app.create_job_ok(&tenant, job_input(&format!("claim-{index}"), "hello"))
             .await;
     }
-    let claims =
-        futures_util::future::join_all((0..8).map(|_| queue::claim(&app.app.db, 7, LEASE))).await;
+    let claims = futures_util::future::join_all(
+        (0..8).map(|_| queue::claim(&app.app.db, ClaimRequest::new(7, LEASE))),
+    )
+    .await;
     let mut seen = HashSet::new();
     let mut total = 0;
     for claimed in claims {
@@ -241,7 +264,7 @@ async fn concurrent_claims_never_share_a_job(backend: Backend) {
         .unwrap();
     assert_eq!(running, 40);
     assert!(
-        queue::claim(&app.app.db, 5, LEASE)
+        queue::claim(&app.app.db, ClaimRequest::new(5, LEASE))
             .await
             .unwrap()
             .is_empty()

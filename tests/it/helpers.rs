@@ -164,12 +164,16 @@ fn replace_database_name(url: &str, name: &str) -> String {
 pub struct AppOptions {
     /// `None`: no workers; the test claims jobs itself.
     pub worker: Option<WorkerSettings>,
+    /// A config file (`--config`); providers of `kind = "simulator"` in it reach the
+    /// test's simulator.
+    pub config_file: Option<std::path::PathBuf>,
 }
 
 impl Default for AppOptions {
     fn default() -> Self {
         Self {
             worker: Some(test_worker_settings()),
+            config_file: None,
         }
     }
 }
@@ -181,6 +185,7 @@ pub fn test_worker_settings() -> WorkerSettings {
         lease: Duration::from_secs(5),
         attempt_timeout: Duration::from_secs(10),
         shutdown_grace: Duration::from_secs(5),
+        tenant_concurrency: None,
         poll_interval: Duration::from_millis(100),
     }
 }
@@ -258,10 +263,22 @@ async fn spawn_app_on(
     simulator: RunningSimulator,
     options: AppOptions,
 ) -> TestApp {
+    let url = database.url.clone();
+    spawn_app_at(&url, Some(database), simulator, options).await
+}
+
+/// Starts an app on the database at `url`; it drops the database at the end only if
+/// it owns it.
+async fn spawn_app_at(
+    url: &str,
+    database: Option<TestDatabase>,
+    simulator: RunningSimulator,
+    options: AppOptions,
+) -> TestApp {
     let shutdown = CancellationToken::new();
     let settings = Settings {
         listen: Some("127.0.0.1:0".parse().unwrap()),
-        database_url: database.url.clone(),
+        database_url: url.to_owned(),
         admin_token: Some(ADMIN_TOKEN.to_owned()),
         worker: options.worker,
         providers: ProviderSettings {
@@ -269,6 +286,7 @@ async fn spawn_app_on(
             ..ProviderSettings::default()
         },
         customer_markup: Decimal::from_str("1.25").unwrap(),
+        config_file: options.config_file,
     };
     let application = Application::build(settings).await.expect("the app builds");
     let address = application.address().unwrap();
@@ -283,7 +301,7 @@ async fn spawn_app_on(
         shutdown,
         simulator_stop: simulator.stop,
         task: Some(task),
-        database: Some(database),
+        database,
     }
 }
 
@@ -306,6 +324,22 @@ impl TestApp {
         };
         let database = self.database.take().expect("the app owns its database");
         spawn_app_on(database, simulator, options).await
+    }
+
+    /// A second application on the same database and simulator, as another process
+    /// of a deployment would be. It neither drops the database nor stops the simulator.
+    pub async fn another_process(&self, options: AppOptions) -> TestApp {
+        let url = &self
+            .database
+            .as_ref()
+            .expect("the app owns its database")
+            .url;
+        let simulator = RunningSimulator {
+            simulator: self.simulator.clone(),
+            address: self.simulator_address,
+            stop: CancellationToken::new(),
+        };
+        spawn_app_at(url, None, simulator, options).await
     }
 
     /// Sends one operation of the contract (`operations.graphql`) by name.

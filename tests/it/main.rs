@@ -6,13 +6,18 @@
 mod helpers;
 
 mod accounts;
+mod audit;
+mod billing;
+mod config;
 mod contract;
 mod crash;
 mod engine;
 mod fencing;
 mod invariants;
 mod jobs;
+mod processes;
 mod providers;
 mod schema;
 mod simulator;
+mod structured;
 mod subscriptions;

@@ -1,0 +1,322 @@
+//! The billing dashboards: per-job costs, a summary over a time window and the credit
+//! ledger, for tenants (their own figures) and admins (any tenant's, or all).
+
+use super::types::{JobStatus, PageInfo};
+use super::{app, principal};
+use crate::billing::Credits;
+use crate::billing::reports::{self, PageRequest, Scope, Window};
+use async_graphql::{Context, Enum, Object, SimpleObject};
+use chrono::{DateTime, Utc};
+use entity::{Timestamp, ledger_entries};
+use rust_decimal::Decimal;
+use uuid::Uuid;
+
+fn money(amount: Credits) -> Decimal {
+    amount.to_decimal()
+}
+
+fn time(timestamp: Timestamp) -> DateTime<Utc> {
+    timestamp.to_datetime()
+}
+
+/// The window of creation times `[from, to)`, at microsecond precision.
+fn window(from: Option<DateTime<Utc>>, to: Option<DateTime<Utc>>) -> async_graphql::Result<Window> {
+    Ok(Window::new(
+        from.map(Timestamp::from),
+        to.map(Timestamp::from),
+    )?)
+}
+
+/// One job's economics, as the cost dashboard lists it. The figures are those of the
+/// job's `cost` field.
+#[derive(SimpleObject)]
+pub struct JobCostLine {
+    pub job_id: Uuid,
+    pub tenant_id: Uuid,
+    pub model: String,
+    pub status: JobStatus,
+    /// Attempt rows, failures and unknown outcomes included.
+    pub attempts: i64,
+    /// Σ exact attempt costs.
+    pub provider_cost: Decimal,
+    /// The most the job may have cost at the provider: the exact costs plus the bounds
+    /// of attempts whose cost is unknown.
+    pub provider_cost_upper_bound: Decimal,
+    /// Attempts whose cost is still a bound.
+    pub unknown_attempts: i64,
+    /// What the customer paid: the job's charge, 0 when it has none.
+    pub customer_charge: Decimal,
+    /// `customerCharge − providerCost`.
+    pub margin: Decimal,
+    pub created_at: DateTime<Utc>,
+}
+
+impl From<reports::JobCost> for JobCostLine {
+    fn from(cost: reports::JobCost) -> Self {
+        Self {
+            job_id: cost.job_id,
+            tenant_id: cost.tenant_id,
+            status: cost.status.into(),
+            attempts: cost.attempts,
+            provider_cost: money(cost.provider_cost),
+            provider_cost_upper_bound: money(cost.provider_cost_upper_bound()),
+            unknown_attempts: cost.unknown_attempts,
+            customer_charge: money(cost.customer_charge),
+            margin: money(cost.margin()),
+            created_at: time(cost.created_at),
+            model: cost.model,
+        }
+    }
+}
+
+/// A job's cost line and the cursor to page on from it.
+#[derive(SimpleObject)]
+pub struct JobCostEdge {
+    pub cursor: String,
+    pub node: JobCostLine,
+}
+
+/// A page of job costs.
+#[derive(SimpleObject)]
+pub struct JobCostConnection {
+    pub edges: Vec<JobCostEdge>,
+    pub page_info: PageInfo,
+}
+
+/// One model's share of a billing summary.
+#[derive(SimpleObject)]
+pub struct ModelBilling {
+    pub model: String,
+    /// Jobs of this model created in the window.
+    pub jobs: i64,
+    /// Σ exact costs of those jobs' attempts.
+    pub provider_cost: Decimal,
+    /// `providerCost` plus the bounds of attempts whose cost is unknown.
+    pub provider_cost_upper_bound: Decimal,
+    /// Σ charges of those jobs.
+    pub customer_charges: Decimal,
+    /// `customerCharges − providerCost`.
+    pub margin: Decimal,
+}
+
+/// What the jobs created in a window did and cost. Attempts and charges count with the
+/// job they belong to, even when they happened after the window.
+#[derive(SimpleObject)]
+pub struct BillingSummary {
+    /// Jobs created in the window, whatever their status.
+    pub jobs_created: i64,
+    pub jobs_succeeded: i64,
+    pub jobs_failed: i64,
+    pub jobs_cancelled: i64,
+    /// Attempt rows of those jobs, failures and unknown outcomes included.
+    pub provider_attempts: i64,
+    /// Attempts beyond each job's first ÷ `providerAttempts`; 0 without attempts.
+    pub retry_rate: f64,
+    /// Attempts whose outcome is `UNKNOWN` (sent, no answer: possibly billed).
+    pub unknown_outcomes: i64,
+    /// Attempts whose worker's lease lapsed (`LEASE_EXPIRED`).
+    pub lease_expirations: i64,
+    /// Σ exact attempt costs.
+    pub provider_cost: Decimal,
+    /// `providerCost` plus the bounds of attempts whose cost is unknown.
+    pub provider_cost_upper_bound: Decimal,
+    /// Σ charges of those jobs.
+    pub customer_charges: Decimal,
+    /// `customerCharges − providerCost`.
+    pub margin: Decimal,
+    /// `providerCost ÷ jobsSucceeded` — what each success cost, failed jobs' attempts
+    /// included — rounded half away from zero to 9 decimals; null when no job succeeded.
+    pub cost_per_succeeded_job: Option<Decimal>,
+    /// Per model, sorted by model name.
+    pub by_model: Vec<ModelBilling>,
+}
+
+impl From<reports::BillingSummary> for BillingSummary {
+    fn from(summary: reports::BillingSummary) -> Self {
+        Self {
+            jobs_created: summary.jobs_created,
+            jobs_succeeded: summary.jobs_succeeded,
+            jobs_failed: summary.jobs_failed,
+            jobs_cancelled: summary.jobs_cancelled,
+            provider_attempts: summary.provider_attempts,
+            retry_rate: summary.retry_rate(),
+            unknown_outcomes: summary.unknown_outcomes,
+            lease_expirations: summary.lease_expirations,
+            provider_cost: money(summary.provider_cost),
+            provider_cost_upper_bound: money(summary.provider_cost_upper_bound()),
+            customer_charges: money(summary.customer_charges),
+            margin: money(summary.margin()),
+            cost_per_succeeded_job: summary.cost_per_succeeded_job(),
+            by_model: summary
+                .by_model
+                .into_iter()
+                .map(|model| ModelBilling {
+                    jobs: model.jobs,
+                    provider_cost: money(model.provider_cost),
+                    provider_cost_upper_bound: money(model.provider_cost_upper_bound()),
+                    customer_charges: money(model.customer_charges),
+                    margin: money(model.margin()),
+                    model: model.model,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A movement of credits; the amount is positive and the kind gives the direction.
+#[derive(Enum, Clone, Copy, Debug, PartialEq, Eq)]
+#[graphql(remote = "entity::LedgerEntryKind")]
+pub enum LedgerEntryKind {
+    /// Credits added by an admin: granted goes up.
+    Grant,
+    /// Credits held for a new job: available goes down.
+    Hold,
+    /// The unused part of a hold given back: available goes up.
+    Release,
+    /// What a succeeded job cost the customer, taken from its hold.
+    Charge,
+}
+
+/// One entry of a tenant's append-only credit ledger.
+#[derive(SimpleObject)]
+pub struct LedgerEntry {
+    pub id: Uuid,
+    pub kind: LedgerEntryKind,
+    /// Always positive; `kind` gives the direction.
+    pub amount: Decimal,
+    /// The job a hold, release or charge belongs to.
+    pub job_id: Option<Uuid>,
+    /// The grant a `GRANT` entry records.
+    pub grant_id: Option<Uuid>,
+    pub created_at: DateTime<Utc>,
+}
+
+impl From<ledger_entries::Model> for LedgerEntry {
+    fn from(entry: ledger_entries::Model) -> Self {
+        Self {
+            id: entry.id,
+            kind: entry.kind.into(),
+            amount: money(Credits::from_nanos(entry.amount_nanos)),
+            job_id: entry.job_id,
+            grant_id: entry.grant_id,
+            created_at: time(entry.created_at),
+        }
+    }
+}
+
+/// A ledger entry and the cursor to page on from it.
+#[derive(SimpleObject)]
+pub struct LedgerEntryEdge {
+    pub cursor: String,
+    pub node: LedgerEntry,
+}
+
+/// A page of ledger entries.
+#[derive(SimpleObject)]
+pub struct LedgerEntryConnection {
+    pub edges: Vec<LedgerEntryEdge>,
+    pub page_info: PageInfo,
+}
+
+/// The billing dashboards.
+#[derive(Default)]
+pub struct BillingQuery;
+
+#[Object]
+impl BillingQuery {
+    /// One line per job created in `[from, to)` (either bound optional), newest first,
+    /// `first` at a time (default 20, at most 100) after the cursor `after` (the
+    /// `endCursor` of the previous page; an unknown cursor is a `VALIDATION` error).
+    /// Each line agrees with the job's `cost` field: `attempts` counts attempt rows,
+    /// `providerCost` sums exact attempt costs, `providerCostUpperBound` adds the bounds
+    /// of attempts whose cost is unknown, `customerCharge` is the charge (0 without
+    /// one) and `margin = customerCharge − providerCost`.
+    ///
+    /// A tenant sees its own jobs (naming another `tenantId` is `FORBIDDEN`); an admin
+    /// sees the named tenant's jobs, or every tenant's when `tenantId` is omitted.
+    async fn job_costs(
+        &self,
+        context: &Context<'_>,
+        from: Option<DateTime<Utc>>,
+        to: Option<DateTime<Utc>>,
+        first: Option<i32>,
+        after: Option<String>,
+        tenant_id: Option<Uuid>,
+    ) -> async_graphql::Result<JobCostConnection> {
+        let db = &app(context).db;
+        let scope = Scope::for_caller(db, principal(context)?, tenant_id).await?;
+        let page = PageRequest::new(first, after.as_deref())?;
+        let costs = reports::job_costs(db, scope, window(from, to)?, page).await?;
+        let edges: Vec<JobCostEdge> = costs
+            .items
+            .into_iter()
+            .map(|cost| JobCostEdge {
+                cursor: cost.job_id.to_string(),
+                node: cost.into(),
+            })
+            .collect();
+        Ok(JobCostConnection {
+            page_info: PageInfo {
+                has_next_page: costs.has_next_page,
+                end_cursor: edges.last().map(|edge| edge.cursor.clone()),
+            },
+            edges,
+        })
+    }
+
+    /// Totals over the jobs created in `[from, to)`: job counts by outcome, their
+    /// attempts (with the retry rate, unknown outcomes and lease expirations), provider
+    /// cost (exact, and with the bounds of unknown outcomes), customer charges, margin
+    /// and cost per succeeded job, overall and per model. Attempts and charges count
+    /// with their job even when they happened after `to`.
+    ///
+    /// A tenant sees its own figures (naming another `tenantId` is `FORBIDDEN`); an
+    /// admin sees the named tenant's, or every tenant's when `tenantId` is omitted.
+    async fn billing_summary(
+        &self,
+        context: &Context<'_>,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        tenant_id: Option<Uuid>,
+    ) -> async_graphql::Result<BillingSummary> {
+        let db = &app(context).db;
+        let scope = Scope::for_caller(db, principal(context)?, tenant_id).await?;
+        let summary = reports::billing_summary(db, scope, window(Some(from), Some(to))?).await?;
+        Ok(summary.into())
+    }
+
+    /// The tenant's credit ledger, newest first, `first` at a time (default 20, at most
+    /// 100) after the cursor `after` (an unknown cursor is a `VALIDATION` error): every
+    /// grant, hold, release and charge, each a positive amount whose kind gives the
+    /// direction.
+    ///
+    /// A tenant sees its own ledger (naming another `tenantId` is `FORBIDDEN`); an admin
+    /// must name the tenant (`VALIDATION` otherwise).
+    async fn credit_ledger(
+        &self,
+        context: &Context<'_>,
+        first: Option<i32>,
+        after: Option<String>,
+        tenant_id: Option<Uuid>,
+    ) -> async_graphql::Result<LedgerEntryConnection> {
+        let db = &app(context).db;
+        let tenant_id = Scope::single_tenant(db, principal(context)?, tenant_id).await?;
+        let page = PageRequest::new(first, after.as_deref())?;
+        let entries = reports::credit_ledger(db, tenant_id, page).await?;
+        let edges: Vec<LedgerEntryEdge> = entries
+            .items
+            .into_iter()
+            .map(|entry| LedgerEntryEdge {
+                cursor: entry.id.to_string(),
+                node: entry.into(),
+            })
+            .collect();
+        Ok(LedgerEntryConnection {
+            page_info: PageInfo {
+                has_next_page: entries.has_next_page,
+                end_cursor: edges.last().map(|edge| edge.cursor.clone()),
+            },
+            edges,
+        })
+    }
+}

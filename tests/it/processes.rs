@@ -1,0 +1,78 @@
+//! Several processes on one PostgreSQL database: event notices cross between them
+//! through LISTEN/NOTIFY, so pickup and cancellation do not wait for a poll or a
+//! lease renewal.
+
+use crate::helpers::{AppOptions, Backend, job_input, spawn_app_with, test_worker_settings};
+use crate::invariants::assert_billing_invariants;
+use jobledger::jobs::worker::WorkerSettings;
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+/// Workers that would take a minute to notice anything without a notification.
+fn deaf_worker() -> WorkerSettings {
+    WorkerSettings {
+        lease: Duration::from_secs(60),
+        poll_interval: Duration::from_secs(60),
+        ..test_worker_settings()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notices_cross_processes_for_pickup_and_cancel() {
+    let Some(backend @ Backend::Postgres(_)) = Backend::postgres() else {
+        return;
+    };
+    let api = spawn_app_with(
+        backend,
+        AppOptions {
+            worker: None,
+            ..AppOptions::default()
+        },
+    )
+    .await;
+    let workers = api
+        .another_process(AppOptions {
+            worker: Some(deaf_worker()),
+            ..AppOptions::default()
+        })
+        .await;
+    let tenant = api.funded_tenant("acme", "5").await;
+
+    // Created on the API process, run by the worker process long before its poll.
+    let quick = api
+        .create_job_ok(&tenant, job_input("quick", "hello"))
+        .await;
+    let job = api
+        .wait_until_finished(&tenant, quick, Duration::from_secs(15))
+        .await;
+    assert_eq!(job["status"], "SUCCEEDED", "{job}");
+
+    // Cancelled on the API process, aborted by the worker process long before its
+    // next lease renewal (every 20 s here).
+    let long = api
+        .create_job_ok(&tenant, job_input("long", "hello [mock:hang]"))
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while api.job(&tenant, long).await["attempts"]
+        .as_array()
+        .unwrap()
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "the long job never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cancel = api
+        .operation(Some(&tenant.key), "CancelJob", json!({"id": long}))
+        .await;
+    assert_eq!(
+        cancel["data"]["cancelJob"]["cancelRequested"], true,
+        "{cancel}"
+    );
+    let job = api
+        .wait_until_finished(&tenant, long, Duration::from_secs(10))
+        .await;
+    assert_eq!(job["status"], "CANCELLED", "{job}");
+    assert_eq!(job["attempts"][0]["outcome"], "CANCELLED");
+    assert_billing_invariants(&api.app.db).await;
+    drop(workers);
+}
