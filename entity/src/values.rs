@@ -109,6 +109,10 @@ pub enum EventKind {
     Failed,
     #[sea_orm(string_value = "cancelled")]
     Cancelled,
+    /// Text the model produced so far, streamed live to subscribers and never stored
+    /// (the final result is).
+    #[sea_orm(string_value = "output_delta")]
+    OutputDelta,
 }
 
 impl EventKind {

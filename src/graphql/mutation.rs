@@ -40,6 +40,9 @@ pub struct CreateJobInput {
     pub retry_unknown_outcome: Option<bool>,
     /// Any JSON the client wants kept with the job.
     pub metadata: Option<Json<serde_json::Value>>,
+    /// Stream the reply: `jobUpdates` subscribers then see `OUTPUT_DELTA` events with
+    /// the text as it is written (default false).
+    pub stream_output: Option<bool>,
 }
 
 /// The job, and whether an earlier request with the same key created it.
@@ -160,6 +163,7 @@ impl MutationRoot {
             max_attempts: input.max_attempts,
             retry_unknown_outcome: input.retry_unknown_outcome,
             metadata: input.metadata.map(|json| json.0),
+            stream_output: input.stream_output,
         })?;
         let app = app(context);
         let created = service::create_job(&app.db, &app.bus, tenant_id, new).await?;

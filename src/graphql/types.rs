@@ -72,6 +72,8 @@ pub enum EventKind {
     Succeeded,
     Failed,
     Cancelled,
+    /// Live text of a streaming attempt; not stored, so not replayed.
+    OutputDelta,
 }
 
 /// A durable LLM job.
@@ -382,6 +384,11 @@ impl JobEvent {
     /// Details: the attempt number, its outcome and error.
     async fn data(&self) -> Option<Json<serde_json::Value>> {
         self.0.data.clone().map(Json)
+    }
+
+    /// The text an `OUTPUT_DELTA` event carries.
+    async fn delta(&self) -> Option<&str> {
+        self.0.data.as_ref()?.get("delta")?.as_str()
     }
 }
 

@@ -30,6 +30,9 @@ pub struct EventNotice {
     pub seq: i32,
     pub kind: EventKind,
     pub status: JobStatus,
+    /// The text of an `OutputDelta`, which exists only as a notice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta: Option<String>,
 }
 
 /// Fans event notices out to every subscriber and worker of this process.
@@ -85,6 +88,7 @@ pub async fn append(
         seq: job.last_event_seq,
         kind,
         status: job.status,
+        delta: None,
     };
     super::relay::notify(db, &notice).await?;
     Ok(notice)
@@ -105,7 +109,8 @@ pub async fn events_after(
 }
 
 /// A job's events after `after_seq`: first those stored, then new ones as they are
-/// stored; ends after the terminal event (at once if it was already replayed).
+/// stored, with the live `OutputDelta`s of a streaming attempt in between; ends after
+/// the terminal event (at once if it was already replayed).
 pub fn job_updates(
     db: DatabaseConnection,
     bus: &EventBus,
@@ -118,6 +123,8 @@ pub fn job_updates(
     async_stream::try_stream! {
         let mut last_seq = after_seq;
         let mut poll = tokio::time::interval(POLL_INTERVAL);
+        // A delta that arrived before the stored event it follows was read.
+        let mut pending_delta: Option<EventNotice> = None;
         loop {
             for event in events_after(&db, job_id, last_seq).await? {
                 last_seq = event.seq;
@@ -127,21 +134,54 @@ pub fn job_updates(
                     return;
                 }
             }
+            if let Some(delta) = pending_delta.take() {
+                yield delta_event(&delta);
+            }
             let job = jobs::Entity::find_by_id(job_id).one(&db).await?;
             if job.is_none_or(|job| job.status.is_terminal() && job.last_event_seq <= last_seq) {
                 return;
             }
             loop {
-                tokio::select! {
-                    notice = notices.recv() => match notice {
-                        Ok(notice) if notice.job_id == job_id && notice.seq > last_seq => break,
-                        Ok(_) => continue,
-                        Err(RecvError::Lagged(_)) => break,
-                        Err(RecvError::Closed) => return,
-                    },
-                    _ = poll.tick() => break,
+                let wake = tokio::select! {
+                    notice = notices.recv() => Wake::Notice(notice),
+                    _ = poll.tick() => Wake::Poll,
+                };
+                match wake {
+                    Wake::Notice(Ok(notice)) if notice.job_id != job_id => {}
+                    Wake::Notice(Ok(notice)) if notice.kind == EventKind::OutputDelta => {
+                        if notice.seq > last_seq {
+                            pending_delta = Some(notice);
+                            break;
+                        }
+                        yield delta_event(&notice);
+                    }
+                    Wake::Notice(Ok(notice)) if notice.seq > last_seq => break,
+                    Wake::Notice(Ok(_)) => {}
+                    // Missed notices: the table has whatever they said.
+                    Wake::Notice(Err(RecvError::Lagged(_))) | Wake::Poll => break,
+                    Wake::Notice(Err(RecvError::Closed)) => return,
                 }
             }
         }
+    }
+}
+
+/// Why a subscription looks again.
+enum Wake {
+    Notice(Result<EventNotice, RecvError>),
+    Poll,
+}
+
+/// The event a subscriber sees for a live delta: it carries the seq of the stored
+/// event it follows, so resuming after it replays nothing twice.
+fn delta_event(notice: &EventNotice) -> job_events::Model {
+    job_events::Model {
+        job_id: notice.job_id,
+        seq: notice.seq,
+        tenant_id: notice.tenant_id,
+        kind: EventKind::OutputDelta,
+        status: notice.status,
+        at: entity::Timestamp::now(),
+        data: Some(serde_json::json!({ "delta": notice.delta })),
     }
 }

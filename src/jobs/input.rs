@@ -100,6 +100,9 @@ pub struct JobInput {
     pub response_schema: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Value>,
+    /// Stream the reply, so subscribers see `OUTPUT_DELTA` events while it is written.
+    #[serde(default)]
+    pub stream_output: bool,
 }
 
 impl JobInput {
@@ -131,6 +134,7 @@ pub struct JobRequest {
     pub max_attempts: Option<i32>,
     pub retry_unknown_outcome: Option<bool>,
     pub metadata: Option<Value>,
+    pub stream_output: Option<bool>,
 }
 
 /// A job request that passed every check.
@@ -230,6 +234,7 @@ impl NewJob {
                 max_output_tokens,
                 response_schema: request.response_schema,
                 metadata: request.metadata,
+                stream_output: request.stream_output.unwrap_or(false),
             },
             max_attempts,
             retry_unknown_outcome: request.retry_unknown_outcome.unwrap_or(true),
@@ -307,6 +312,7 @@ mod tests {
             max_attempts: None,
             retry_unknown_outcome: None,
             metadata: Some(json!({"b": 1, "a": {"y": 2, "x": 3}})),
+            stream_output: None,
         }
     }
 

@@ -35,6 +35,19 @@ pub async fn notify(db: &impl ConnectionTrait, notice: &EventNotice) -> Result<(
     Ok(())
 }
 
+/// Publishes a notice that is never stored (an output delta) exactly once to every
+/// subscriber: on PostgreSQL through NOTIFY, which also reaches this process's own
+/// listener; elsewhere on the local bus.
+pub async fn broadcast(db: &DatabaseConnection, bus: &EventBus, notice: EventNotice) {
+    if db.get_database_backend() == DbBackend::Postgres {
+        if let Err(error) = notify(db, &notice).await {
+            tracing::warn!(job.id = %notice.job_id, error = %error, "an output delta was not sent");
+        }
+    } else {
+        bus.publish([notice]);
+    }
+}
+
 /// A LISTEN connection feeding notices from other processes into this one's bus.
 pub struct NotificationRelay {
     listener: PgListener,

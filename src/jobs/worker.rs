@@ -7,6 +7,7 @@ use super::queue::{
     self, AttemptReport, AttemptStart, Claim, ClaimRequest, ErrorCode, JobError, JobOutcome,
     Renewal,
 };
+use super::relay;
 use crate::billing::{ModelPrice, prices};
 use crate::llm::{ChatRequest, Completion, ProviderError, ProviderRegistry};
 use entity::{AttemptOutcome, EventKind, Timestamp, attempts};
@@ -211,7 +212,7 @@ impl Worker {
             tracing::warn!(job.id = %claim.job.id, "claim lost before the attempt started");
             return Ok(());
         };
-        inner.bus.publish([started]);
+        inner.bus.publish([started.clone()]);
         tracing::info!(
             job.id = %claim.job.id, attempt = attempt.number, provider = provider.name(),
             model = %claim.job.model, "attempt started"
@@ -223,30 +224,58 @@ impl Worker {
             max_output_tokens: input.max_output_tokens,
             response_schema: input.response_schema.clone(),
         };
+        // A streaming attempt sends its text to a forwarder that batches it into
+        // OUTPUT_DELTA notices; the forwarder is drained before the attempt finishes,
+        // so every delta reaches subscribers before the terminal event.
+        let (deltas, forwarder) = if input.stream_output {
+            let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+            let forwarder = tokio::spawn(forward_deltas(
+                inner.db.clone(),
+                inner.bus.clone(),
+                started,
+                receiver,
+            ));
+            (Some(sender), Some(forwarder))
+        } else {
+            (None, None)
+        };
         let began = Instant::now();
-        let call = provider.complete(&request);
-        tokio::pin!(call);
-        let deadline = tokio::time::sleep(inner.settings.attempt_timeout);
-        tokio::pin!(deadline);
-        let mut renew = tokio::time::interval(inner.settings.lease / 3);
-        renew.tick().await;
-        let end = loop {
-            tokio::select! {
-                answer = &mut call => break CallEnd::Answered(answer),
-                _ = &mut deadline => break CallEnd::TimedOut,
-                _ = renew.tick() => match queue::renew_lease(&inner.db, &claim, inner.settings.lease).await {
-                    Ok(Renewal::Renewed { cancel_requested: true }) => break CallEnd::Cancelled,
-                    Ok(Renewal::Renewed { cancel_requested: false }) => {}
-                    Ok(Renewal::Lost) => break CallEnd::LeaseLost,
-                    // The lease may still hold; the next renewal or the fenced finish decides.
-                    Err(error) => tracing::warn!(job.id = %claim.job.id, error = %error, "lease renewal failed"),
-                },
-                notice = notices.recv() => if cancel_noticed(&notice, claim.job.id) {
-                    break CallEnd::Cancelled;
-                },
-                _ = inner.abort.cancelled() => break CallEnd::Aborted,
+        let end = {
+            let call = async {
+                match &deltas {
+                    Some(sender) => provider.stream(&request, sender).await,
+                    None => provider.complete(&request).await,
+                }
+            };
+            tokio::pin!(call);
+            let deadline = tokio::time::sleep(inner.settings.attempt_timeout);
+            tokio::pin!(deadline);
+            let mut renew = tokio::time::interval(inner.settings.lease / 3);
+            renew.tick().await;
+            loop {
+                tokio::select! {
+                    answer = &mut call => break CallEnd::Answered(answer),
+                    _ = &mut deadline => break CallEnd::TimedOut,
+                    _ = renew.tick() => match queue::renew_lease(&inner.db, &claim, inner.settings.lease).await {
+                        Ok(Renewal::Renewed { cancel_requested: true }) => break CallEnd::Cancelled,
+                        Ok(Renewal::Renewed { cancel_requested: false }) => {}
+                        Ok(Renewal::Lost) => break CallEnd::LeaseLost,
+                        // The lease may still hold; the next renewal or the fenced finish decides.
+                        Err(error) => tracing::warn!(job.id = %claim.job.id, error = %error, "lease renewal failed"),
+                    },
+                    notice = notices.recv() => if cancel_noticed(&notice, claim.job.id) {
+                        break CallEnd::Cancelled;
+                    },
+                    _ = inner.abort.cancelled() => break CallEnd::Aborted,
+                }
             }
         };
+        drop(deltas);
+        if let Some(forwarder) = forwarder
+            && let Err(error) = forwarder.await
+        {
+            tracing::warn!(job.id = %claim.job.id, error = %error, "the delta forwarder ended abnormally");
+        }
         let latency = began.elapsed();
         if matches!(end, CallEnd::LeaseLost) {
             tracing::warn!(job.id = %claim.job.id, attempt = attempt.number, "lease lost: the attempt writes nothing more");
@@ -282,6 +311,48 @@ impl Worker {
             }
         }
         Ok(())
+    }
+}
+
+/// How long text may wait to be batched into one delta notice.
+const DELTA_WINDOW: Duration = Duration::from_millis(50);
+/// Most bytes of text in one delta notice (PostgreSQL caps a NOTIFY payload at 8000).
+const MAX_DELTA_BYTES: usize = 2_000;
+
+/// Batches the text of a streaming attempt into `OutputDelta` notices that follow the
+/// attempt's `AttemptStarted` event, until the call drops its sender.
+async fn forward_deltas(
+    db: DatabaseConnection,
+    bus: EventBus,
+    started: EventNotice,
+    mut pieces: tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    while let Some(first) = pieces.recv().await {
+        let mut text = first;
+        let mut closed = false;
+        let window = tokio::time::sleep(DELTA_WINDOW);
+        tokio::pin!(window);
+        while text.len() < MAX_DELTA_BYTES {
+            tokio::select! {
+                piece = pieces.recv() => match piece {
+                    Some(piece) => text.push_str(&piece),
+                    None => {
+                        closed = true;
+                        break;
+                    }
+                },
+                _ = &mut window => break,
+            }
+        }
+        let notice = EventNotice {
+            kind: EventKind::OutputDelta,
+            delta: Some(text),
+            ..started.clone()
+        };
+        relay::broadcast(&db, &bus, notice).await;
+        if closed {
+            return;
+        }
     }
 }
 

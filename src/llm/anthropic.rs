@@ -1,6 +1,7 @@
-//! A client for Anthropic's Messages API (`POST /v1/messages`), without streaming.
+//! A client for Anthropic's Messages API (`POST /v1/messages`), plain and streamed.
 
-use super::{ChatRequest, Completion, Provider, ProviderError, http};
+use super::http::{self, Opened};
+use super::{ChatRequest, Completion, DeltaSender, Provider, ProviderError};
 use crate::billing::TokenUsage;
 use crate::jobs::input::Role;
 use serde::Deserialize;
@@ -152,15 +153,7 @@ impl Provider for AnthropicClient {
     }
 
     async fn complete(&self, request: &ChatRequest) -> Result<Completion, ProviderError> {
-        let mut call = self
-            .http
-            .post(&self.messages_url)
-            .header("anthropic-version", API_VERSION)
-            .json(&Self::body(request));
-        if let Some(key) = &self.api_key {
-            call = call.header("x-api-key", key);
-        }
-        let answer = http::send(call).await?;
+        let answer = http::send(self.call(Self::body(request))).await?;
         let header_request_id = answer.request_id(REQUEST_ID_HEADERS);
         if !answer.status.is_success() {
             let request_id = header_request_id.or_else(|| error_body_request_id(&answer.body));
@@ -186,6 +179,90 @@ impl Provider for AnthropicClient {
             usage: usage.token_usage(),
             request_id: header_request_id.or(parsed.id),
         })
+    }
+
+    async fn stream(
+        &self,
+        request: &ChatRequest,
+        deltas: &DeltaSender,
+    ) -> Result<Completion, ProviderError> {
+        let mut body = Self::body(request);
+        body["stream"] = json!(true);
+        let mut events = match http::open_stream(self.call(body)).await? {
+            Opened::Events(events) => events,
+            Opened::Refused(answer) => {
+                let request_id = answer
+                    .request_id(REQUEST_ID_HEADERS)
+                    .or_else(|| error_body_request_id(&answer.body));
+                return Err(answer.into_error(request_id));
+            }
+        };
+        let mut request_id = events.request_id(REQUEST_ID_HEADERS);
+        let mut text = String::new();
+        // Input usage comes with `message_start`, output usage with `message_delta`.
+        let mut usage: Option<Usage> = None;
+        let mut stopped = false;
+        while let Some(event) = events.next_event().await? {
+            let data: Value = serde_json::from_str(&event.data).unwrap_or(Value::Null);
+            match event.event.as_deref().or(data["type"].as_str()) {
+                Some("message_start") => {
+                    let message = &data["message"];
+                    if request_id.is_none() {
+                        request_id = message["id"].as_str().map(str::to_owned);
+                    }
+                    usage = serde_json::from_value(message["usage"].clone()).ok();
+                }
+                Some("content_block_delta") => {
+                    if let Some(piece) = data["delta"]["text"].as_str().filter(|p| !p.is_empty()) {
+                        text.push_str(piece);
+                        // A closed receiver only means nobody watches the live output.
+                        let _ = deltas.send(piece.to_owned());
+                    }
+                }
+                Some("message_delta") => {
+                    if let (Some(usage), Some(output)) =
+                        (usage.as_mut(), data["usage"]["output_tokens"].as_u64())
+                    {
+                        usage.output_tokens = output;
+                    }
+                }
+                Some("message_stop") => {
+                    stopped = true;
+                    break;
+                }
+                Some("error") => {
+                    // The provider was generating when it gave up: it may bill that.
+                    return Err(ProviderError::OutcomeUnknown {
+                        message: format!("the stream ended with an error: {}", data["error"]),
+                    });
+                }
+                _ => {}
+            }
+        }
+        match (usage, stopped) {
+            (Some(usage), true) => Ok(Completion {
+                text,
+                usage: usage.token_usage(),
+                request_id,
+            }),
+            _ => Err(ProviderError::OutcomeUnknown {
+                message: "the stream ended before message_stop or without usage".to_owned(),
+            }),
+        }
+    }
+}
+
+impl AnthropicClient {
+    fn call(&self, body: Value) -> reqwest::RequestBuilder {
+        let call = self
+            .http
+            .post(&self.messages_url)
+            .header("anthropic-version", API_VERSION)
+            .json(&body);
+        match &self.api_key {
+            Some(key) => call.header("x-api-key", key),
+            None => call,
+        }
     }
 }
 

@@ -47,6 +47,128 @@ pub(super) async fn send(call: RequestBuilder) -> Result<Answer, ProviderError> 
     })
 }
 
+/// What opening a streaming call gave: the event stream, or an error answer read in
+/// full.
+pub(super) enum Opened {
+    Events(EventStream),
+    Refused(Answer),
+}
+
+/// Sends a streaming `call`. A successful answer is returned unread, as a stream of
+/// server-sent events; an error status is read in full like [`send`] does.
+pub(super) async fn open_stream(call: RequestBuilder) -> Result<Opened, ProviderError> {
+    let response = call.send().await.map_err(classify_send_error)?;
+    if response.status().is_success() {
+        return Ok(Opened::Events(EventStream {
+            headers: response.headers().clone(),
+            response,
+            buffer: Vec::new(),
+        }));
+    }
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body =
+        response
+            .bytes()
+            .await
+            .map(Vec::from)
+            .map_err(|error| ProviderError::OutcomeUnknown {
+                message: format!("reading the answer failed: {error}"),
+            })?;
+    Ok(Opened::Refused(Answer {
+        status,
+        headers,
+        body,
+    }))
+}
+
+/// One server-sent event.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct ServerEvent {
+    /// The `event:` field, when the server names its events (Anthropic does).
+    pub event: Option<String>,
+    /// The `data:` lines, joined by newlines.
+    pub data: String,
+}
+
+/// The body of a streaming answer, read event by event.
+pub(super) struct EventStream {
+    pub headers: HeaderMap,
+    response: reqwest::Response,
+    buffer: Vec<u8>,
+}
+
+impl EventStream {
+    /// The first of the `names` headers that carries a request id.
+    pub fn request_id(&self, names: &[&str]) -> Option<String> {
+        names
+            .iter()
+            .find_map(|name| self.headers.get(*name)?.to_str().ok().map(str::to_owned))
+    }
+
+    /// The next event, or `None` at the end of the body. A connection lost midway is
+    /// an unknown outcome: the provider was generating, and bills what it generated.
+    pub async fn next_event(&mut self) -> Result<Option<ServerEvent>, ProviderError> {
+        loop {
+            if let Some(end) = find_blank_line(&self.buffer) {
+                let block: Vec<u8> = self.buffer.drain(..end.0).collect();
+                self.buffer.drain(..end.1 - end.0);
+                if let Some(event) = parse_event(&block) {
+                    return Ok(Some(event));
+                }
+                continue;
+            }
+            match self.response.chunk().await {
+                Ok(Some(bytes)) => self.buffer.extend_from_slice(&bytes),
+                Ok(None) => {
+                    let rest = std::mem::take(&mut self.buffer);
+                    return Ok(parse_event(&rest));
+                }
+                Err(error) => {
+                    return Err(ProviderError::OutcomeUnknown {
+                        message: format!("the stream broke off: {error}"),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Where the first blank line (`\n\n` or `\r\n\r\n`) starts and ends.
+fn find_blank_line(buffer: &[u8]) -> Option<(usize, usize)> {
+    let lf = buffer
+        .windows(2)
+        .position(|pair| pair == b"\n\n")
+        .map(|at| (at, at + 2));
+    let crlf = buffer
+        .windows(4)
+        .position(|quad| quad == b"\r\n\r\n")
+        .map(|at| (at, at + 4));
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+        (a, b) => a.or(b),
+    }
+}
+
+/// An event from its lines; `None` for a block of comments or nothing.
+fn parse_event(block: &[u8]) -> Option<ServerEvent> {
+    let text = String::from_utf8_lossy(block);
+    let mut event = ServerEvent::default();
+    let mut data = Vec::new();
+    for line in text.lines() {
+        if let Some(value) = line.strip_prefix("event:") {
+            event.event = Some(value.trim().to_owned());
+        } else if let Some(value) = line.strip_prefix("data:") {
+            data.push(value.strip_prefix(' ').unwrap_or(value).to_owned());
+        }
+    }
+    if data.is_empty() && event.event.is_none() {
+        return None;
+    }
+    event.data = data.join("\n");
+    Some(event)
+}
+
 impl Answer {
     /// The first of the `names` headers that carries a request id.
     pub fn request_id(&self, names: &[&str]) -> Option<String> {
@@ -59,6 +181,16 @@ impl Answer {
     pub fn into_error(self, request_id: Option<String>) -> ProviderError {
         let message = error_message(&self.body);
         let status = self.status.as_u16();
+        if is_quota_exhausted(&self.body) {
+            // A 429 that no retry fixes: the provider account is out of credit. Every
+            // job on this provider will fail until an operator tops it up.
+            tracing::error!(status, message = %message, "the provider account has no quota left");
+            return ProviderError::Permanent {
+                status,
+                message,
+                request_id,
+            };
+        }
         if is_transient(status) {
             ProviderError::Transient {
                 status,
@@ -74,6 +206,17 @@ impl Answer {
             }
         }
     }
+}
+
+/// OpenAI (and compatible routers) answer 429 `insufficient_quota` when the account
+/// is out of credit, not merely rate limited.
+fn is_quota_exhausted(body: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(body).is_ok_and(|value| {
+        let error = &value["error"];
+        [&error["code"], &error["type"]]
+            .iter()
+            .any(|field| field.as_str() == Some("insufficient_quota"))
+    })
 }
 
 /// Whether an error status is worth retrying: rate limits, timeouts, conflicts and
@@ -122,6 +265,29 @@ fn error_message(body: &[u8]) -> String {
 mod tests {
     use super::*;
     use reqwest::header::HeaderValue;
+
+    #[test]
+    fn events_split_on_blank_lines_of_either_kind() {
+        let body = b"event: a\ndata: 1\n\n: comment\n\ndata: x\r\ndata: y\r\n\r\n";
+        let first = find_blank_line(body).unwrap();
+        assert_eq!(
+            parse_event(&body[..first.0]),
+            Some(ServerEvent {
+                event: Some("a".into()),
+                data: "1".into()
+            })
+        );
+        let rest = &body[first.1..];
+        let second = find_blank_line(rest).unwrap();
+        assert_eq!(
+            parse_event(&rest[..second.0]),
+            None,
+            "a comment is no event"
+        );
+        let last = &rest[second.1..];
+        let third = find_blank_line(last).unwrap();
+        assert_eq!(parse_event(&last[..third.0]).unwrap().data, "x\ny");
+    }
 
     #[test]
     fn transient_statuses() {

@@ -82,4 +82,21 @@ pub trait Provider: Send + Sync + std::fmt::Debug {
 
     /// Runs one completion. Dropping the future aborts the call.
     async fn complete(&self, request: &ChatRequest) -> Result<Completion, ProviderError>;
+
+    /// Runs one completion streaming: each piece of the reply's text is sent to
+    /// `deltas` as it arrives, and the result is what `complete` would return. A
+    /// provider that cannot stream sends the whole reply as one piece.
+    async fn stream(
+        &self,
+        request: &ChatRequest,
+        deltas: &DeltaSender,
+    ) -> Result<Completion, ProviderError> {
+        let completion = self.complete(request).await?;
+        // A closed receiver only means nobody watches the live output.
+        let _ = deltas.send(completion.text.clone());
+        Ok(completion)
+    }
 }
+
+/// Where a streaming call sends the reply's text as it arrives.
+pub type DeltaSender = tokio::sync::mpsc::UnboundedSender<String>;

@@ -1,7 +1,8 @@
 //! A client for OpenAI-compatible chat completions (OpenAI, OpenRouter, vLLM, Ollama,
 //! llama.cpp server, and the built-in simulator).
 
-use super::{ChatRequest, Completion, Provider, ProviderError, http};
+use super::http::{self, Opened};
+use super::{ChatRequest, Completion, DeltaSender, Provider, ProviderError};
 use crate::billing::TokenUsage;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -87,6 +88,22 @@ struct Usage {
     prompt_tokens_details: Option<PromptTokensDetails>,
 }
 
+impl Usage {
+    /// OpenAI's `prompt_tokens` already include the cached ones; reasoning tokens are
+    /// part of `completion_tokens` and priced as output.
+    fn token_usage(&self) -> TokenUsage {
+        TokenUsage {
+            input_tokens: self.prompt_tokens,
+            cached_input_tokens: self
+                .prompt_tokens_details
+                .as_ref()
+                .and_then(|details| details.cached_tokens)
+                .unwrap_or(0),
+            output_tokens: self.completion_tokens,
+        }
+    }
+}
+
 #[derive(Deserialize)]
 struct PromptTokensDetails {
     cached_tokens: Option<u64>,
@@ -99,14 +116,7 @@ impl Provider for OpenAiClient {
     }
 
     async fn complete(&self, request: &ChatRequest) -> Result<Completion, ProviderError> {
-        let mut call = self
-            .http
-            .post(format!("{}/chat/completions", self.base_url))
-            .json(&Self::body(request));
-        if let Some(key) = &self.api_key {
-            call = call.bearer_auth(key);
-        }
-        let answer = http::send(call).await?;
+        let answer = http::send(self.call(Self::body(request))).await?;
         let header_request_id = answer.request_id(REQUEST_ID_HEADERS);
         if !answer.status.is_success() {
             return Err(answer.into_error(header_request_id));
@@ -127,15 +137,91 @@ impl Provider for OpenAiClient {
             .unwrap_or_default();
         Ok(Completion {
             text,
-            usage: TokenUsage {
-                input_tokens: usage.prompt_tokens,
-                cached_input_tokens: usage
-                    .prompt_tokens_details
-                    .and_then(|details| details.cached_tokens)
-                    .unwrap_or(0),
-                output_tokens: usage.completion_tokens,
-            },
+            usage: usage.token_usage(),
             request_id: header_request_id.or(parsed.id),
         })
     }
+
+    async fn stream(
+        &self,
+        request: &ChatRequest,
+        deltas: &DeltaSender,
+    ) -> Result<Completion, ProviderError> {
+        let mut body = Self::body(request);
+        body["stream"] = json!(true);
+        // Without this the stream carries no usage and the cost would stay unknown.
+        body["stream_options"] = json!({"include_usage": true});
+        let mut events = match http::open_stream(self.call(body)).await? {
+            Opened::Events(events) => events,
+            Opened::Refused(answer) => {
+                let request_id = answer.request_id(REQUEST_ID_HEADERS);
+                return Err(answer.into_error(request_id));
+            }
+        };
+        let mut request_id = events.request_id(REQUEST_ID_HEADERS);
+        let mut text = String::new();
+        let mut usage = None;
+        while let Some(event) = events.next_event().await? {
+            if event.data.trim() == "[DONE]" {
+                break;
+            }
+            let chunk: StreamChunk = serde_json::from_str(&event.data).map_err(|error| {
+                ProviderError::OutcomeUnknown {
+                    message: format!("a stream chunk is not a chat completion chunk: {error}"),
+                }
+            })?;
+            if request_id.is_none() {
+                request_id = chunk.id;
+            }
+            for choice in chunk.choices {
+                if let Some(piece) = choice.delta.content.filter(|piece| !piece.is_empty()) {
+                    text.push_str(&piece);
+                    // A closed receiver only means nobody watches the live output.
+                    let _ = deltas.send(piece);
+                }
+            }
+            if let Some(reported) = chunk.usage {
+                usage = Some(reported.token_usage());
+            }
+        }
+        let usage = usage.ok_or_else(|| ProviderError::OutcomeUnknown {
+            message: "the stream ended without usage".to_owned(),
+        })?;
+        Ok(Completion {
+            text,
+            usage,
+            request_id,
+        })
+    }
+}
+
+impl OpenAiClient {
+    fn call(&self, body: Value) -> reqwest::RequestBuilder {
+        let call = self
+            .http
+            .post(format!("{}/chat/completions", self.base_url))
+            .json(&body);
+        match &self.api_key {
+            Some(key) => call.bearer_auth(key),
+            None => call,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct StreamChunk {
+    id: Option<String>,
+    #[serde(default)]
+    choices: Vec<StreamChoice>,
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+struct StreamChoice {
+    delta: StreamDelta,
+}
+
+#[derive(Deserialize)]
+struct StreamDelta {
+    content: Option<String>,
 }

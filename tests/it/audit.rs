@@ -28,6 +28,7 @@ use uuid::Uuid;
 
 on_both_backends!(
     a_normal_scenario_audits_clean,
+    the_report_does_not_depend_on_the_page_size,
     a_bumped_cached_balance_breaks_balance_matches_ledger,
     an_over_spent_tenant_breaks_available_non_negative,
     a_grant_without_its_ledger_entry_breaks_granted_equals_grants,
@@ -211,6 +212,41 @@ async fn a_normal_scenario_audits_clean(backend: Backend) {
     assert_billing_invariants(&s.app.app.db).await;
     let snapshot = audit::audit_snapshot(&s.app.app.db).await.unwrap();
     assert_eq!(snapshot, report);
+}
+
+async fn the_report_does_not_depend_on_the_page_size(backend: Backend) {
+    let s = scenario(backend).await;
+    // A second tenant, so that tenants page too.
+    let other = s.app.funded_tenant("globex", "1").await;
+    s.app
+        .create_job_ok(&other, job_input("theirs", "hello"))
+        .await;
+    let whole = report(&s.app).await;
+    assert!(whole.is_clean(), "{whole}");
+    assert_eq!(whole.check(Invariant::BalanceMatchesLedger).checked, 2);
+    assert_eq!(whole.check(Invariant::OneReservationPerJob).checked, 6);
+    for page_size in [1, 2, 5] {
+        let paged = audit::audit_in_pages(&s.app.app.db, page_size)
+            .await
+            .unwrap();
+        assert_eq!(paged, whole, "pages of {page_size}");
+    }
+    // Violations on several pages are all found.
+    jobs::Entity::update_many()
+        .col_expr(jobs::Column::Status, Expr::value(JobStatus::Failed))
+        .filter(jobs::Column::Status.eq(JobStatus::Queued))
+        .exec(&s.app.app.db)
+        .await
+        .unwrap();
+    let paged = audit::audit_in_pages(&s.app.app.db, 1).await.unwrap();
+    assert_eq!(paged, report(&s.app).await);
+    assert_eq!(
+        paged
+            .check(Invariant::ReservationMatchesJobStatus)
+            .violation_count,
+        2,
+        "{paged}"
+    );
 }
 
 async fn a_bumped_cached_balance_breaks_balance_matches_ledger(backend: Backend) {

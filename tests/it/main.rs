@@ -19,5 +19,6 @@ mod processes;
 mod providers;
 mod schema;
 mod simulator;
+mod streaming;
 mod structured;
 mod subscriptions;

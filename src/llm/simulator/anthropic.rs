@@ -1,15 +1,12 @@
 //! `POST /v1/messages` in Anthropic's shape.
 
-use std::convert::Infallible;
-
 use axum::Extension;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderName, StatusCode};
-use axum::response::sse::{Event, Sse};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
-use futures_util::stream;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -17,7 +14,8 @@ use uuid::Uuid;
 use super::Simulator;
 use super::conn::ConnHandle;
 use super::exchange::{
-    Completion, Content, Dialect, Prompt, ReplyFormat, admit, deltas, reject, with_request_id,
+    Completion, Content, Dialect, Prompt, ReplyFormat, admit, deltas, paced, reject,
+    with_request_id,
 };
 
 struct Anthropic;
@@ -196,5 +194,5 @@ fn streamed(completion: &Completion) -> Response {
         }),
     ));
     events.push(event("message_stop", json!({ "type": "message_stop" })));
-    Sse::new(stream::iter(events.into_iter().map(Ok::<_, Infallible>))).into_response()
+    paced(events, completion.chunk_delay)
 }

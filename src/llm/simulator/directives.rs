@@ -19,6 +19,8 @@ pub(super) const NOT_JSON: &str = "this is not JSON {";
 #[derive(Debug, Default, Clone, PartialEq)]
 pub(super) struct Directives {
     pub delay_ms: Option<u64>,
+    /// Pause between the chunks of a streamed answer.
+    pub chunk_delay_ms: Option<u64>,
     pub status: Option<StatusCode>,
     pub retry_after: Option<String>,
     pub fail_first: Option<u64>,
@@ -51,6 +53,11 @@ impl Directives {
             ("delay_ms", Some(ms)) => {
                 if let Ok(ms) = ms.trim().parse() {
                     self.delay_ms = Some(ms);
+                }
+            }
+            ("chunk_delay_ms", Some(ms)) => {
+                if let Ok(ms) = ms.trim().parse() {
+                    self.chunk_delay_ms = Some(ms);
                 }
             }
             ("status", Some(code)) => {

@@ -78,6 +78,25 @@ pub(super) struct Completion {
     pub truncated: bool,
     pub input_tokens: u64,
     pub output_tokens: u64,
+    /// Pause between the chunks of a streamed answer (`chunk_delay_ms`).
+    pub chunk_delay: std::time::Duration,
+}
+
+/// An SSE body that sends `events` with `pause` between them, the way a model
+/// generating token by token would.
+pub(super) fn paced(
+    events: Vec<axum::response::sse::Event>,
+    pause: std::time::Duration,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    use futures_util::StreamExt;
+    let stream = futures_util::stream::iter(events).then(move |event| async move {
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
+        Ok::<_, std::convert::Infallible>(event)
+    });
+    axum::response::sse::Sse::new(stream).into_response()
 }
 
 /// What differs between providers outside the success path.
@@ -131,6 +150,9 @@ pub(super) async fn admit<D: Dialect>(
                 truncated,
                 input_tokens,
                 output_tokens,
+                chunk_delay: std::time::Duration::from_millis(
+                    directives.chunk_delay_ms.unwrap_or(0),
+                ),
             })
         }
         Some(Fault::Status(status)) => {

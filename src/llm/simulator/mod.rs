@@ -39,7 +39,9 @@
 //!
 //! * `delay_ms=N`: wait N ms before answering. For streams the whole delay
 //!   comes before the first byte (status line included); the chunks then
-//!   follow at once.
+//!   follow at once, unless `chunk_delay_ms` is given.
+//! * `chunk_delay_ms=N`: in a streamed answer, wait N ms before each chunk, as
+//!   a model generating token by token would.
 //! * `status=CODE`: answer with that 4xx/5xx status (other codes are
 //!   ignored) and a provider-shaped error body.
 //! * `retry_after=S`: add `Retry-After: S` to an error status answer.
