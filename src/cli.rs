@@ -2,6 +2,7 @@
 
 use crate::config::{DEFAULT_DATABASE_URL, ProviderSettings, Settings};
 use crate::jobs::worker::WorkerSettings;
+use crate::llm::Timeouts;
 use crate::llm::simulator::Simulator;
 use crate::startup::Application;
 use clap::{Args, Parser, Subcommand};
@@ -62,6 +63,14 @@ struct WorkerArgs {
     /// unset (claims stay fair across tenants either way).
     #[arg(long, env = "JOBLEDGER_TENANT_CONCURRENCY", value_parser = clap::value_parser!(u32).range(1..))]
     tenant_concurrency: Option<u32>,
+    /// How long connecting to a provider may take; past it the call counts as never
+    /// sent, and retrying is safe.
+    #[arg(long, env = "JOBLEDGER_CONNECT_TIMEOUT_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    connect_timeout_seconds: u64,
+    /// How long a provider may take to start answering once the request is sent; past
+    /// it the outcome is unknown. Unset: only the attempt timeout applies.
+    #[arg(long, env = "JOBLEDGER_FIRST_BYTE_TIMEOUT_SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    first_byte_timeout_seconds: Option<u64>,
     /// TOML file of providers, model routes and prices (see jobledger.example.toml).
     #[arg(long, env = "JOBLEDGER_CONFIG", value_name = "FILE")]
     config: Option<PathBuf>,
@@ -104,7 +113,13 @@ impl WorkerArgs {
             worker: self.settings(),
             database_url: self.database.database_url,
             admin_token: std::env::var("JOBLEDGER_ADMIN_TOKEN").ok(),
-            providers: ProviderSettings::from_env(),
+            providers: ProviderSettings {
+                timeouts: Timeouts {
+                    connect: Duration::from_secs(self.connect_timeout_seconds),
+                    first_byte: self.first_byte_timeout_seconds.map(Duration::from_secs),
+                },
+                ..ProviderSettings::from_env()
+            },
             customer_markup: Decimal::from_str_exact(
                 crate::billing::prices::DEFAULT_CUSTOMER_MARKUP,
             )

@@ -4,6 +4,7 @@
 pub mod file;
 
 use crate::jobs::worker::WorkerSettings;
+use crate::llm::Timeouts;
 use rust_decimal::Decimal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -40,6 +41,8 @@ pub struct ProviderSettings {
     /// A simulator already running elsewhere (tests read its call log); `None` starts
     /// one inside the process for every model no provider claims.
     pub simulator_url: Option<String>,
+    /// Connect and first-byte timeouts of every provider call.
+    pub timeouts: Timeouts,
 }
 
 /// A provider's base URL and key.
@@ -62,6 +65,7 @@ impl ProviderSettings {
                 "https://api.anthropic.com",
             ),
             simulator_url: None,
+            timeouts: Timeouts::default(),
         }
     }
 }

@@ -206,18 +206,24 @@ pub fn provider_registry(
     config: Option<&ConfigFile>,
     simulator_url: &str,
 ) -> ProviderRegistry {
-    let simulator = Arc::new(OpenAiClient::new("simulator", simulator_url, None));
-    let mut registry = ProviderRegistry::new(simulator);
+    let timeouts = settings.providers.timeouts;
+    let openai = |name: &str, base_url: &str, key: Option<String>| -> Arc<dyn Provider> {
+        Arc::new(OpenAiClient::new(name, base_url, key).with_timeouts(timeouts))
+    };
+    let anthropic = |name: &str, base_url: &str, key: Option<String>| -> Arc<dyn Provider> {
+        Arc::new(AnthropicClient::new(name, base_url, key).with_timeouts(timeouts))
+    };
+    let mut registry = ProviderRegistry::new(openai("simulator", simulator_url, None));
     if let Some(ProviderEndpoint { base_url, api_key }) = &settings.providers.openai {
         registry = registry.route(
             ModelFamily::OpenAi,
-            Arc::new(OpenAiClient::new("openai", base_url, api_key.clone())),
+            openai("openai", base_url, api_key.clone()),
         );
     }
     if let Some(ProviderEndpoint { base_url, api_key }) = &settings.providers.anthropic {
         registry = registry.route(
             ModelFamily::Anthropic,
-            Arc::new(AnthropicClient::new("anthropic", base_url, api_key.clone())),
+            anthropic("anthropic", base_url, api_key.clone()),
         );
     }
     let Some(config) = config else {
@@ -229,10 +235,10 @@ pub fn provider_registry(
         .map(|(name, provider)| {
             let key = provider.api_key().map(str::to_owned);
             let base_url = provider.base_url.as_deref().unwrap_or(simulator_url);
-            let client: Arc<dyn Provider> = match provider.kind {
-                ProviderKind::OpenAi => Arc::new(OpenAiClient::new(name, base_url, key)),
-                ProviderKind::Anthropic => Arc::new(AnthropicClient::new(name, base_url, key)),
-                ProviderKind::Simulator => Arc::new(OpenAiClient::new(name, simulator_url, None)),
+            let client = match provider.kind {
+                ProviderKind::OpenAi => openai(name, base_url, key),
+                ProviderKind::Anthropic => anthropic(name, base_url, key),
+                ProviderKind::Simulator => openai(name, simulator_url, None),
             };
             (name.as_str(), client)
         })

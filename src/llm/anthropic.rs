@@ -1,7 +1,7 @@
 //! A client for Anthropic's Messages API (`POST /v1/messages`), plain and streamed.
 
 use super::http::{self, Opened};
-use super::{ChatRequest, Completion, DeltaSender, Provider, ProviderError};
+use super::{ChatRequest, Completion, DeltaSender, Provider, ProviderError, Timeouts};
 use crate::billing::TokenUsage;
 use crate::jobs::input::Role;
 use serde::Deserialize;
@@ -24,7 +24,7 @@ pub struct AnthropicClient {
     name: String,
     messages_url: String,
     api_key: Option<String>,
-    http: reqwest::Client,
+    http: http::Transport,
 }
 
 impl AnthropicClient {
@@ -39,8 +39,14 @@ impl AnthropicClient {
             name: name.to_owned(),
             messages_url: format!("{base}/v1/messages"),
             api_key,
-            http: http::client(),
+            http: http::Transport::new(Timeouts::default()),
         }
+    }
+
+    /// The same client with other connect and first-byte timeouts.
+    pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
+        self.http = http::Transport::new(timeouts);
+        self
     }
 
     fn body(request: &ChatRequest) -> Value {
@@ -153,7 +159,7 @@ impl Provider for AnthropicClient {
     }
 
     async fn complete(&self, request: &ChatRequest) -> Result<Completion, ProviderError> {
-        let answer = http::send(self.call(Self::body(request))).await?;
+        let answer = self.http.send(self.call(Self::body(request))).await?;
         let header_request_id = answer.request_id(REQUEST_ID_HEADERS);
         if !answer.status.is_success() {
             let request_id = header_request_id.or_else(|| error_body_request_id(&answer.body));
@@ -188,7 +194,7 @@ impl Provider for AnthropicClient {
     ) -> Result<Completion, ProviderError> {
         let mut body = Self::body(request);
         body["stream"] = json!(true);
-        let mut events = match http::open_stream(self.call(body)).await? {
+        let mut events = match self.http.open_stream(self.call(body)).await? {
             Opened::Events(events) => events,
             Opened::Refused(answer) => {
                 let request_id = answer

@@ -1,50 +1,72 @@
 //! What every HTTP provider client does the same way: sending a call, reading the
 //! answer, and classifying failures by whether the provider may have billed them.
 
-use super::ProviderError;
+use super::{ProviderError, Timeouts};
 use reqwest::header::{HeaderMap, RETRY_AFTER};
 use reqwest::{RequestBuilder, StatusCode};
 use serde_json::Value;
 use std::time::Duration;
 
-/// How long establishing a connection may take before the call counts as not sent.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The HTTP client a provider uses. No overall timeout: the worker bounds each
-/// attempt itself and drops the future, which aborts the call.
-pub(super) fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .connect_timeout(CONNECT_TIMEOUT)
-        .build()
-        .expect("the TLS backend initialises")
+/// The HTTP side of a provider client: a connection pool with the connect timeout,
+/// and the first-byte timeout applied to every call. No overall timeout: the worker
+/// bounds each attempt itself and drops the future, which aborts the call.
+#[derive(Clone, Debug)]
+pub(super) struct Transport {
+    client: reqwest::Client,
+    first_byte: Option<std::time::Duration>,
 }
 
-/// A provider's answer, read in full, whatever its status.
-pub(super) struct Answer {
-    pub status: StatusCode,
-    pub headers: HeaderMap,
-    pub body: Vec<u8>,
-}
+impl Transport {
+    pub(super) fn new(timeouts: Timeouts) -> Self {
+        Self {
+            client: reqwest::Client::builder()
+                .connect_timeout(timeouts.connect)
+                .build()
+                .expect("the TLS backend initialises"),
+            first_byte: timeouts.first_byte,
+        }
+    }
 
-/// Sends `call` and reads the whole answer. Failing to connect means nothing was
-/// sent; any failure after that may have reached (and been billed by) the provider.
-pub(super) async fn send(call: RequestBuilder) -> Result<Answer, ProviderError> {
-    let response = call.send().await.map_err(classify_send_error)?;
-    let status = response.status();
-    let headers = response.headers().clone();
-    let body =
-        response
-            .bytes()
-            .await
-            .map(Vec::from)
-            .map_err(|error| ProviderError::OutcomeUnknown {
-                message: format!("reading the answer failed: {error}"),
-            })?;
-    Ok(Answer {
-        status,
-        headers,
-        body,
-    })
+    /// A POST to `url`.
+    pub(super) fn post(&self, url: &str) -> RequestBuilder {
+        self.client.post(url)
+    }
+
+    /// Sends `call` and waits for the answer's head. Failing to connect means nothing
+    /// was sent; no head within the first-byte timeout, or any failure after the
+    /// connection, may have reached (and been billed by) the provider.
+    async fn head(&self, call: RequestBuilder) -> Result<reqwest::Response, ProviderError> {
+        let sent = call.send();
+        let response = match self.first_byte {
+            Some(limit) => tokio::time::timeout(limit, sent).await.map_err(|_| {
+                ProviderError::OutcomeUnknown {
+                    message: format!("no answer within the first-byte timeout of {limit:?}"),
+                }
+            })?,
+            None => sent.await,
+        };
+        response.map_err(classify_send_error)
+    }
+
+    /// Sends `call` and reads the whole answer, whatever its status.
+    pub(super) async fn send(&self, call: RequestBuilder) -> Result<Answer, ProviderError> {
+        let response = self.head(call).await?;
+        Answer::read(response).await
+    }
+
+    /// Sends a streaming `call`. A successful answer is returned unread, as a stream
+    /// of server-sent events; an error status is read in full like [`Self::send`].
+    pub(super) async fn open_stream(&self, call: RequestBuilder) -> Result<Opened, ProviderError> {
+        let response = self.head(call).await?;
+        if response.status().is_success() {
+            return Ok(Opened::Events(EventStream {
+                headers: response.headers().clone(),
+                response,
+                buffer: Vec::new(),
+            }));
+        }
+        Answer::read(response).await.map(Opened::Refused)
+    }
 }
 
 /// What opening a streaming call gave: the event stream, or an error answer read in
@@ -54,32 +76,11 @@ pub(super) enum Opened {
     Refused(Answer),
 }
 
-/// Sends a streaming `call`. A successful answer is returned unread, as a stream of
-/// server-sent events; an error status is read in full like [`send`] does.
-pub(super) async fn open_stream(call: RequestBuilder) -> Result<Opened, ProviderError> {
-    let response = call.send().await.map_err(classify_send_error)?;
-    if response.status().is_success() {
-        return Ok(Opened::Events(EventStream {
-            headers: response.headers().clone(),
-            response,
-            buffer: Vec::new(),
-        }));
-    }
-    let status = response.status();
-    let headers = response.headers().clone();
-    let body =
-        response
-            .bytes()
-            .await
-            .map(Vec::from)
-            .map_err(|error| ProviderError::OutcomeUnknown {
-                message: format!("reading the answer failed: {error}"),
-            })?;
-    Ok(Opened::Refused(Answer {
-        status,
-        headers,
-        body,
-    }))
+/// A provider's answer, read in full, whatever its status.
+pub(super) struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
 }
 
 /// One server-sent event.
@@ -170,6 +171,21 @@ fn parse_event(block: &[u8]) -> Option<ServerEvent> {
 }
 
 impl Answer {
+    async fn read(response: reqwest::Response) -> Result<Self, ProviderError> {
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response.bytes().await.map(Vec::from).map_err(|error| {
+            ProviderError::OutcomeUnknown {
+                message: format!("reading the answer failed: {error}"),
+            }
+        })?;
+        Ok(Self {
+            status,
+            headers,
+            body,
+        })
+    }
+
     /// The first of the `names` headers that carries a request id.
     pub fn request_id(&self, names: &[&str]) -> Option<String> {
         names

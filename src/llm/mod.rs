@@ -98,5 +98,25 @@ pub trait Provider: Send + Sync + std::fmt::Debug {
     }
 }
 
+/// How long the phases of one provider call may take; the whole call is bounded by
+/// the worker's attempt timeout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    /// Establishing the connection; past it the request counts as never sent.
+    pub connect: Duration,
+    /// From sending the request to the answer's head; past it the outcome is unknown.
+    /// `None` leaves it to the attempt timeout.
+    pub first_byte: Option<Duration>,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            connect: Duration::from_secs(10),
+            first_byte: None,
+        }
+    }
+}
+
 /// Where a streaming call sends the reply's text as it arrives.
 pub type DeltaSender = tokio::sync::mpsc::UnboundedSender<String>;

@@ -2,7 +2,7 @@
 //! llama.cpp server, and the built-in simulator).
 
 use super::http::{self, Opened};
-use super::{ChatRequest, Completion, DeltaSender, Provider, ProviderError};
+use super::{ChatRequest, Completion, DeltaSender, Provider, ProviderError, Timeouts};
 use crate::billing::TokenUsage;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -17,7 +17,7 @@ pub struct OpenAiClient {
     name: String,
     base_url: String,
     api_key: Option<String>,
-    http: reqwest::Client,
+    http: http::Transport,
 }
 
 impl std::fmt::Debug for OpenAiClient {
@@ -39,8 +39,14 @@ impl OpenAiClient {
             name: name.to_owned(),
             base_url: base_url.trim_end_matches('/').to_owned(),
             api_key,
-            http: http::client(),
+            http: http::Transport::new(Timeouts::default()),
         }
+    }
+
+    /// The same client with other connect and first-byte timeouts.
+    pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
+        self.http = http::Transport::new(timeouts);
+        self
     }
 
     fn body(request: &ChatRequest) -> Value {
@@ -116,7 +122,7 @@ impl Provider for OpenAiClient {
     }
 
     async fn complete(&self, request: &ChatRequest) -> Result<Completion, ProviderError> {
-        let answer = http::send(self.call(Self::body(request))).await?;
+        let answer = self.http.send(self.call(Self::body(request))).await?;
         let header_request_id = answer.request_id(REQUEST_ID_HEADERS);
         if !answer.status.is_success() {
             return Err(answer.into_error(header_request_id));
@@ -151,7 +157,7 @@ impl Provider for OpenAiClient {
         body["stream"] = json!(true);
         // Without this the stream carries no usage and the cost would stay unknown.
         body["stream_options"] = json!({"include_usage": true});
-        let mut events = match http::open_stream(self.call(body)).await? {
+        let mut events = match self.http.open_stream(self.call(body)).await? {
             Opened::Events(events) => events,
             Opened::Refused(answer) => {
                 let request_id = answer.request_id(REQUEST_ID_HEADERS);
@@ -199,7 +205,7 @@ impl OpenAiClient {
     fn call(&self, body: Value) -> reqwest::RequestBuilder {
         let call = self
             .http
-            .post(format!("{}/chat/completions", self.base_url))
+            .post(&format!("{}/chat/completions", self.base_url))
             .json(&body);
         match &self.api_key {
             Some(key) => call.bearer_auth(key),

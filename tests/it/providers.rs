@@ -557,3 +557,38 @@ async fn openai_connection_refused_is_not_sent() {
         "expected NotSent, got {error:?}"
     );
 }
+
+#[tokio::test]
+async fn a_provider_slow_to_answer_hits_the_first_byte_timeout_as_an_unknown_outcome() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(5)))
+        .mount(&server)
+        .await;
+    let timeouts = jobledger::llm::Timeouts {
+        connect: Duration::from_secs(5),
+        first_byte: Some(Duration::from_millis(200)),
+    };
+    let clients: [Box<dyn Provider>; 2] = [
+        Box::new(
+            OpenAiClient::new("openai", &format!("{}/v1", server.uri()), None)
+                .with_timeouts(timeouts),
+        ),
+        Box::new(AnthropicClient::new("anthropic", &server.uri(), None).with_timeouts(timeouts)),
+    ];
+    for client in clients {
+        match client.complete(&hello()).await {
+            Err(ProviderError::OutcomeUnknown { message }) => {
+                assert!(
+                    message.contains("first-byte"),
+                    "{}: {message}",
+                    client.name()
+                )
+            }
+            other => panic!(
+                "{}: expected an unknown outcome, got {other:?}",
+                client.name()
+            ),
+        }
+    }
+}
