@@ -219,6 +219,11 @@ pub struct Attempt(pub attempts::Model);
 
 #[Object]
 impl Attempt {
+    /// The attempt's id, as `reconcileAttempt` takes it.
+    async fn id(&self) -> Uuid {
+        self.0.id
+    }
+
     async fn number(&self) -> i32 {
         self.0.number
     }

@@ -236,6 +236,21 @@ pub async fn renew_lease(
     })
 }
 
+/// Locks the claimed job for the rest of `transaction` and returns it as it is now;
+/// `None` when the claim no longer owns it.
+async fn lock_claimed(
+    transaction: &impl ConnectionTrait,
+    claim: &Claim,
+    now: Timestamp,
+) -> Result<Option<jobs::Model>, DbErr> {
+    Ok(fenced_update(claim)
+        .col_expr(jobs::Column::UpdatedAt, Expr::value(now))
+        .exec_with_returning(transaction)
+        .await?
+        .into_iter()
+        .next())
+}
+
 /// An UPDATE of the claimed job that matches only while the claim still owns it.
 fn fenced_update(claim: &Claim) -> sea_orm::UpdateMany<jobs::Entity> {
     jobs::Entity::update_many()
@@ -416,6 +431,18 @@ pub async fn finish_attempt(
 ) -> Result<Option<Vec<EventNotice>>, DbErr> {
     let transaction = begin_write(db).await?;
     let now = Timestamp::now();
+    let Some(current) = lock_claimed(&transaction, claim, now).await? else {
+        transaction.rollback().await?;
+        return Ok(None);
+    };
+    // A cancel that landed while the call ran wins over going round again: a job the
+    // tenant cancelled is never queued for another (paid) attempt.
+    let outcome = match outcome {
+        JobOutcome::Retry { .. } | JobOutcome::HandBack if current.cancel_requested => {
+            JobOutcome::Cancelled
+        }
+        other => other,
+    };
     let update = fenced_update(claim)
         .col_expr(jobs::Column::RunToken, Expr::value(Option::<Uuid>::None))
         .col_expr(
@@ -589,7 +616,17 @@ async fn expire_lease(
     claim: &Claim,
     now: Timestamp,
 ) -> Result<Option<EventNotice>, DbErr> {
-    let job = &claim.job;
+    let transaction = begin_write(db).await?;
+    // Decide from the row as it is now, locked, not from the copy read before: a
+    // cancel may have landed in between.
+    let Some(job) = lock_claimed(&transaction, claim, now)
+        .await?
+        .filter(|job| job.lease_until.is_some_and(|lease| lease < now))
+    else {
+        // Renewed or finished in the meantime: the lease was not lost after all.
+        transaction.rollback().await?;
+        return Ok(None);
+    };
     let (status, kind, error) = if job.cancel_requested {
         (JobStatus::Cancelled, EventKind::Cancelled, None)
     } else if job.attempt_count >= job.max_attempts {
@@ -610,7 +647,6 @@ async fn expire_lease(
     } else {
         (JobStatus::Queued, EventKind::RetryScheduled, None)
     };
-    let transaction = begin_write(db).await?;
     let mut update = fenced_update(claim)
         .filter(jobs::Column::LeaseUntil.lt(now))
         .col_expr(jobs::Column::Status, Expr::value(status))

@@ -192,48 +192,50 @@ pub async fn cancel_job(
 ) -> Result<jobs::Model, ServiceError> {
     let transaction = begin_write(db).await?;
     let now = Timestamp::now();
-    let cancelled = jobs::Entity::update_many()
-        .col_expr(jobs::Column::Status, Expr::value(JobStatus::Cancelled))
-        .col_expr(jobs::Column::CancelRequested, Expr::value(true))
-        .col_expr(jobs::Column::FinishedAt, Expr::value(now))
-        .col_expr(jobs::Column::UpdatedAt, Expr::value(now))
-        .col_expr(
-            jobs::Column::LastEventSeq,
-            Expr::col(jobs::Column::LastEventSeq).add(1),
-        )
+    // Lock the row first and decide on what it is now: between a read and a write a
+    // worker could queue the job for a retry, and the cancel would be lost.
+    let current = jobs::Entity::update_many()
+        .col_expr(jobs::Column::UpdatedAt, Expr::col(jobs::Column::UpdatedAt))
         .filter(jobs::Column::Id.eq(job_id))
         .filter(jobs::Column::TenantId.eq(tenant_id))
-        .filter(jobs::Column::Status.eq(JobStatus::Queued))
         .exec_with_returning(&transaction)
-        .await?;
+        .await?
+        .into_iter()
+        .next()
+        .ok_or(ServiceError::NotFound)?;
+    let bump_seq = Expr::col(jobs::Column::LastEventSeq).add(1);
     let mut notices: Vec<EventNotice> = Vec::new();
-    let job = if let Some(job) = cancelled.into_iter().next() {
-        ledger::release(&transaction, job.id).await?;
-        notices.push(events::append(&transaction, &job, EventKind::Cancelled, None).await?);
-        job
-    } else {
-        let requested = jobs::Entity::update_many()
-            .col_expr(jobs::Column::CancelRequested, Expr::value(true))
-            .col_expr(jobs::Column::UpdatedAt, Expr::value(now))
-            .col_expr(
-                jobs::Column::LastEventSeq,
-                Expr::col(jobs::Column::LastEventSeq).add(1),
-            )
-            .filter(jobs::Column::Id.eq(job_id))
-            .filter(jobs::Column::TenantId.eq(tenant_id))
-            .filter(jobs::Column::Status.eq(JobStatus::Running))
-            .filter(jobs::Column::CancelRequested.eq(false))
-            .exec_with_returning(&transaction)
-            .await?;
-        match requested.into_iter().next() {
-            Some(job) => {
-                notices.push(
-                    events::append(&transaction, &job, EventKind::CancelRequested, None).await?,
-                );
-                job
-            }
-            None => find_job(&transaction, tenant_id, job_id).await?,
+    let job = match current.status {
+        JobStatus::Queued => {
+            let job = jobs::Entity::update_many()
+                .col_expr(jobs::Column::Status, Expr::value(JobStatus::Cancelled))
+                .col_expr(jobs::Column::CancelRequested, Expr::value(true))
+                .col_expr(jobs::Column::FinishedAt, Expr::value(now))
+                .col_expr(jobs::Column::UpdatedAt, Expr::value(now))
+                .col_expr(jobs::Column::LastEventSeq, bump_seq)
+                .filter(jobs::Column::Id.eq(job_id))
+                .exec_with_returning(&transaction)
+                .await?
+                .remove(0);
+            ledger::release(&transaction, job.id).await?;
+            notices.push(events::append(&transaction, &job, EventKind::Cancelled, None).await?);
+            job
         }
+        JobStatus::Running if !current.cancel_requested => {
+            let job = jobs::Entity::update_many()
+                .col_expr(jobs::Column::CancelRequested, Expr::value(true))
+                .col_expr(jobs::Column::UpdatedAt, Expr::value(now))
+                .col_expr(jobs::Column::LastEventSeq, bump_seq)
+                .filter(jobs::Column::Id.eq(job_id))
+                .exec_with_returning(&transaction)
+                .await?
+                .remove(0);
+            notices
+                .push(events::append(&transaction, &job, EventKind::CancelRequested, None).await?);
+            job
+        }
+        // Already finished, or already asked to cancel.
+        _ => current,
     };
     transaction.commit().await?;
     if !notices.is_empty() {

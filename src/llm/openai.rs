@@ -49,7 +49,7 @@ impl OpenAiClient {
         self
     }
 
-    fn body(request: &ChatRequest) -> Value {
+    fn body(&self, request: &ChatRequest) -> Value {
         let messages: Vec<Value> = request
             .messages
             .iter()
@@ -58,7 +58,7 @@ impl OpenAiClient {
         let mut body = json!({
             "model": request.model,
             "messages": messages,
-            "max_tokens": request.max_output_tokens,
+            self.token_limit_field(): request.max_output_tokens,
         });
         if let Some(schema) = &request.response_schema {
             body["response_format"] = json!({
@@ -122,7 +122,7 @@ impl Provider for OpenAiClient {
     }
 
     async fn complete(&self, request: &ChatRequest) -> Result<Completion, ProviderError> {
-        let answer = self.http.send(self.call(Self::body(request))).await?;
+        let answer = self.http.send(self.call(self.body(request))).await?;
         let header_request_id = answer.request_id(REQUEST_ID_HEADERS);
         if !answer.status.is_success() {
             return Err(answer.into_error(header_request_id));
@@ -153,7 +153,7 @@ impl Provider for OpenAiClient {
         request: &ChatRequest,
         deltas: &DeltaSender,
     ) -> Result<Completion, ProviderError> {
-        let mut body = Self::body(request);
+        let mut body = self.body(request);
         body["stream"] = json!(true);
         // Without this the stream carries no usage and the cost would stay unknown.
         body["stream_options"] = json!({"include_usage": true});
@@ -202,6 +202,17 @@ impl Provider for OpenAiClient {
 }
 
 impl OpenAiClient {
+    /// OpenAI itself refuses `max_tokens` for its reasoning models and wants
+    /// `max_completion_tokens` everywhere; most compatible servers (vLLM, Ollama,
+    /// llama.cpp, older routers) know `max_tokens` only.
+    fn token_limit_field(&self) -> &'static str {
+        if self.base_url.contains("api.openai.com") {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        }
+    }
+
     fn call(&self, body: Value) -> reqwest::RequestBuilder {
         let call = self
             .http

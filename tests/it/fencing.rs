@@ -21,6 +21,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 on_both_backends!(
+    a_cancel_the_worker_missed_wins_over_a_retry,
     a_stale_run_token_cannot_renew_start_or_finish,
     concurrent_claims_never_share_a_job,
 );
@@ -269,4 +270,87 @@ async fn concurrent_claims_never_share_a_job(backend: Backend) {
             .unwrap()
             .is_empty()
     );
+}
+
+/// A cancel lands while the call runs and the worker never notices (another process,
+/// or the call failing at that moment): whatever the attempt proposes next — a retry,
+/// a hand-back, or its lease lapsing — the job ends cancelled and is never run again.
+async fn a_cancel_the_worker_missed_wins_over_a_retry(backend: Backend) {
+    let app = spawn_app_with(
+        backend,
+        AppOptions {
+            worker: None,
+            ..AppOptions::default()
+        },
+    )
+    .await;
+    let db = &app.app.db;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let proposals = [
+        (
+            "retry",
+            Some(JobOutcome::Retry {
+                at: Timestamp::now(),
+            }),
+        ),
+        ("hand-back", Some(JobOutcome::HandBack)),
+        ("lease-lapse", None),
+    ];
+    for (key, proposal) in proposals {
+        let job_id = app.create_job_ok(&tenant, job_input(key, "hello")).await;
+        let claim = queue::claim(db, ClaimRequest::new(1, LEASE))
+            .await
+            .unwrap()
+            .remove(0);
+        let start = attempt_start(&app, &claim).await;
+        let (attempt, _) = queue::start_attempt(db, &claim, &start)
+            .await
+            .unwrap()
+            .unwrap();
+        let cancel = app
+            .operation(Some(&tenant.key), "CancelJob", json!({"id": job_id}))
+            .await;
+        assert_eq!(cancel["data"]["cancelJob"]["status"], "RUNNING", "{cancel}");
+        assert_eq!(cancel["data"]["cancelJob"]["cancelRequested"], true);
+        match proposal {
+            Some(outcome) => {
+                let report = AttemptReport {
+                    outcome: AttemptOutcome::RetryableError,
+                    usage: None,
+                    not_billed: true,
+                    error: Some(JobError::new(ErrorCode::ProviderUnavailable, "503")),
+                    provider_request_id: None,
+                    latency: Duration::from_millis(5),
+                };
+                let finished =
+                    queue::finish_attempt(db, &claim, &attempt, &start.price, report, outcome)
+                        .await
+                        .unwrap();
+                assert!(finished.is_some());
+            }
+            None => {
+                jobs::Entity::update_many()
+                    .col_expr(
+                        jobs::Column::LeaseUntil,
+                        Expr::value(Timestamp::now().plus(chrono::Duration::seconds(-1))),
+                    )
+                    .filter(jobs::Column::Id.eq(job_id))
+                    .exec(db)
+                    .await
+                    .unwrap();
+                assert_eq!(queue::expire_leases(db).await.unwrap().len(), 1);
+            }
+        }
+        let job = app.job(&tenant, job_id).await;
+        assert_eq!(job["status"], "CANCELLED", "{key}: {job}");
+        assert_eq!(job["reservation"]["status"], "RELEASED", "{key}");
+        assert!(
+            queue::claim(db, ClaimRequest::new(5, LEASE))
+                .await
+                .unwrap()
+                .is_empty(),
+            "{key}: a cancelled job was claimed again"
+        );
+    }
+    assert_billing_invariants(db).await;
 }
