@@ -2,8 +2,8 @@
 //! bounds, cancellation of running jobs, shutdown hand-back and lease expiry.
 
 use crate::helpers::{
-    AppOptions, Backend, TestApp, TestTenant, decimal, job_input, spawn_app, spawn_app_with,
-    test_worker_settings,
+    AppOptions, Backend, TestApp, TestTenant, decimal, event_kinds, job_input, spawn_app,
+    spawn_app_with, test_worker_settings,
 };
 use crate::invariants::assert_billing_invariants;
 use entity::{Timestamp, jobs};
@@ -221,12 +221,7 @@ async fn cancelling_a_running_job_aborts_its_call(backend: Backend) {
     );
     assert!(job["charge"].is_null());
     assert_eq!(job["reservation"]["status"], "RELEASED");
-    let kinds: Vec<_> = job["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["kind"].as_str().unwrap())
-        .collect();
+    let kinds = event_kinds(&job);
     assert_eq!(
         kinds,
         [
@@ -271,12 +266,7 @@ async fn shutdown_hands_running_jobs_back_without_spending_an_attempt(backend: B
         job["attemptCount"], 1,
         "the handed-back attempt does not count"
     );
-    let kinds: Vec<_> = job["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["kind"].as_str().unwrap())
-        .collect();
+    let kinds = event_kinds(&job);
     assert_eq!(
         kinds,
         [
@@ -328,12 +318,7 @@ async fn a_lapsed_lease_is_taken_back_and_the_job_still_succeeds(backend: Backen
         job["attemptCount"], 2,
         "the lost claim counted as an attempt"
     );
-    let kinds: Vec<_> = job["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["kind"].as_str().unwrap())
-        .collect();
+    let kinds = event_kinds(&job);
     assert_eq!(
         kinds,
         ["CREATED", "RETRY_SCHEDULED", "ATTEMPT_STARTED", "SUCCEEDED"]

@@ -233,14 +233,15 @@ pub async fn spawn_app_with(backend: Backend, options: AppOptions) -> TestApp {
 }
 
 /// A simulator serving on a random port until `stop` is cancelled.
-struct RunningSimulator {
-    simulator: Simulator,
-    address: SocketAddr,
-    stop: CancellationToken,
+pub struct RunningSimulator {
+    pub simulator: Simulator,
+    pub address: SocketAddr,
+    pub stop: CancellationToken,
 }
 
 impl RunningSimulator {
-    async fn start() -> Self {
+    /// A new simulator on 127.0.0.1 and a free port.
+    pub async fn start() -> Self {
         let stop = CancellationToken::new();
         let simulator = Simulator::new();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -495,6 +496,16 @@ impl TestApp {
             .expect("the subscription did not complete in time")?;
         Ok(payloads)
     }
+}
+
+/// The kinds of a job's stored events, in order (from the contract's `Job` query).
+pub fn event_kinds(job: &Value) -> Vec<String> {
+    job["events"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no events in {job}"))
+        .iter()
+        .map(|event| event["kind"].as_str().unwrap().to_owned())
+        .collect()
 }
 
 /// A small valid job input.

@@ -2,7 +2,7 @@
 //! holds, running to a settled charge, failures, cancellation and listing.
 
 use crate::helpers::{
-    AppOptions, Backend, decimal, error_code, job_input, spawn_app, spawn_app_with,
+    AppOptions, Backend, decimal, error_code, event_kinds, job_input, spawn_app, spawn_app_with,
 };
 use crate::invariants::assert_billing_invariants;
 use entity::{credit_reservations, jobs, ledger_entries};
@@ -90,12 +90,7 @@ async fn a_job_runs_to_success_with_one_charge_within_its_hold(backend: Backend)
     assert_eq!(decimal(&job["cost"]["margin"]), charge - provider_cost);
     assert_eq!(job["cost"]["unknownAttempts"], 0);
 
-    let kinds: Vec<_> = job["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["kind"].as_str().unwrap())
-        .collect();
+    let kinds = event_kinds(&job);
     assert_eq!(kinds, ["CREATED", "ATTEMPT_STARTED", "SUCCEEDED"]);
 
     let balance = app.balance(&tenant).await;
@@ -376,12 +371,7 @@ async fn a_queued_job_is_cancelled_at_once(backend: Backend) {
     assert_eq!(response["data"]["cancelJob"]["cancelRequested"], true);
     let job = app.job(&tenant, id).await;
     assert_eq!(job["reservation"]["status"], "RELEASED");
-    let kinds: Vec<_> = job["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["kind"].as_str().unwrap())
-        .collect();
+    let kinds = event_kinds(&job);
     assert_eq!(kinds, ["CREATED", "CANCELLED"]);
     // Cancelling again changes nothing.
     let again = app

@@ -315,16 +315,12 @@ async fn anthropic_unreadable_or_usageless_success_is_an_unknown_outcome() {
 
 /// The simulator on a random port, stopped when the returned token is cancelled.
 async fn simulator() -> (String, Simulator, CancellationToken) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    let simulator = Simulator::new();
-    let stop = CancellationToken::new();
-    tokio::spawn(
-        simulator
-            .clone()
-            .serve(listener, stop.clone().cancelled_owned()),
-    );
-    (format!("http://{address}"), simulator, stop)
+    let running = crate::helpers::RunningSimulator::start().await;
+    (
+        format!("http://{}", running.address),
+        running.simulator,
+        running.stop,
+    )
 }
 
 /// The simulator's tokenizer: one token per started 4 bytes of all input text.

@@ -3,7 +3,7 @@
 //! `jobUpdates`, in order, before its terminal event.
 
 use crate::contract::operation;
-use crate::helpers::{Backend, job_input, spawn_app};
+use crate::helpers::{Backend, event_kinds, job_input, spawn_app};
 use crate::invariants::assert_billing_invariants;
 use jobledger::jobs::input::{Message, Role};
 use jobledger::llm::anthropic::AnthropicClient;
@@ -12,7 +12,6 @@ use jobledger::llm::simulator::Simulator;
 use jobledger::llm::{ChatRequest, Provider, ProviderError};
 use serde_json::json;
 use std::time::Duration;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use wiremock::matchers::{body_partial_json, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -93,13 +92,10 @@ async fn a_streaming_job_shows_its_text_live_and_in_order(backend: Backend) {
     assert_eq!(job["attempts"][0]["outputTokens"], calls[0].output_tokens);
     assert!(job["charge"]["amount"].is_string());
     // Deltas are not stored: the timeline keeps the stored events only.
-    let stored: Vec<_> = job["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["kind"].as_str().unwrap())
-        .collect();
-    assert_eq!(stored, ["CREATED", "ATTEMPT_STARTED", "SUCCEEDED"]);
+    assert_eq!(
+        event_kinds(&job),
+        ["CREATED", "ATTEMPT_STARTED", "SUCCEEDED"]
+    );
     assert_billing_invariants(&app.app.db).await;
 }
 
@@ -122,16 +118,12 @@ fn request(model: &str, content: &str) -> ChatRequest {
 }
 
 async fn simulator() -> (String, Simulator, CancellationToken) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    let simulator = Simulator::new();
-    let stop = CancellationToken::new();
-    tokio::spawn(
-        simulator
-            .clone()
-            .serve(listener, stop.clone().cancelled_owned()),
-    );
-    (format!("http://{address}"), simulator, stop)
+    let running = crate::helpers::RunningSimulator::start().await;
+    (
+        format!("http://{}", running.address),
+        running.simulator,
+        running.stop,
+    )
 }
 
 /// Streams `request` and returns the completion with the pieces sent on the way.
