@@ -149,6 +149,12 @@ impl Cli {
                 if args.workers == 0 {
                     return Err("worker needs --workers of at least 1".into());
                 }
+                if args.database.database_url.starts_with("sqlite:") {
+                    // Notices cross processes only through PostgreSQL.
+                    tracing::warn!(
+                        "a separate worker process on SQLite learns of new jobs by polling and of cancels at lease renewal, and its live output never reaches the API process; run `serve` alone on SQLite, or use PostgreSQL"
+                    );
+                }
                 let application = Application::build(args.into_settings(None)).await?;
                 application.run(shutdown_on_signal()).await?;
             }

@@ -30,15 +30,3 @@ impl ServiceError {
         Self::Validation(message.into())
     }
 }
-
-impl<E> From<sea_orm::TransactionError<E>> for ServiceError
-where
-    E: std::error::Error + Into<ServiceError>,
-{
-    fn from(error: sea_orm::TransactionError<E>) -> Self {
-        match error {
-            sea_orm::TransactionError::Connection(error) => Self::Database(error),
-            sea_orm::TransactionError::Transaction(error) => error.into(),
-        }
-    }
-}

@@ -147,9 +147,12 @@ impl Application {
     /// finish within their grace period, and stops the built-in simulator last, since
     /// running attempts may still be talking to it.
     pub async fn run(self, shutdown: CancellationToken) -> std::io::Result<()> {
+        // The relay outlives the shutdown signal: draining attempts still need cancels
+        // from other processes. It stops after the workers have.
+        let relay_stop = CancellationToken::new();
         let relay = self
             .relay
-            .map(|relay| tokio::spawn(relay.run(self.app.bus.clone(), shutdown.child_token())));
+            .map(|relay| tokio::spawn(relay.run(self.app.bus.clone(), relay_stop.clone())));
         let worker = self
             .worker
             .map(|worker| tokio::spawn(worker.run(shutdown.child_token())));
@@ -172,6 +175,7 @@ impl Application {
         {
             tracing::error!(error = %error, "the worker task ended abnormally");
         }
+        relay_stop.cancel();
         if let Some(relay) = relay
             && let Err(error) = relay.await
         {

@@ -5,6 +5,7 @@
 //! ledger always equals the cached balance. Callers pass the transaction in.
 
 use super::Credits;
+use crate::db::begin_write;
 use crate::error::ServiceError;
 use entity::{
     LedgerEntryKind, ReservationStatus, Timestamp, charges, credit_grants, credit_reservations,
@@ -12,8 +13,8 @@ use entity::{
 };
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, DbErr, EntityTrait, FromQueryResult,
-    QueryFilter, QuerySelect,
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait,
+    FromQueryResult, QueryFilter, QuerySelect,
 };
 use uuid::Uuid;
 
@@ -72,6 +73,16 @@ pub async fn grant(
             Err(ServiceError::IdempotencyConflict)
         };
     }
+    let current = balance(db, new.tenant_id)
+        .await?
+        .ok_or(ServiceError::NotFound)?;
+    // An overflowing sum would not wrap on SQLite: it would turn the column into a
+    // float. Refuse it instead.
+    if current.granted.checked_add(new.amount).is_none() {
+        return Err(ServiceError::validation(
+            "amount: the tenant's granted total would exceed the largest amount stored",
+        ));
+    }
     let now = Timestamp::now();
     let updated = tenants::Entity::update_many()
         .col_expr(
@@ -105,6 +116,31 @@ pub async fn grant(
     )
     .await?;
     Ok(grant)
+}
+
+/// [`grant`] in a transaction of its own. Two grants racing with one key: the loser
+/// hits the unique (tenant, key) index, and trying again replays the winner's grant.
+pub async fn grant_credits(
+    db: &DatabaseConnection,
+    new: NewGrant,
+) -> Result<credit_grants::Model, ServiceError> {
+    let mut tries_left = 2;
+    loop {
+        let transaction = begin_write(db).await?;
+        match grant(&transaction, new.clone()).await {
+            Ok(granted) => {
+                transaction.commit().await?;
+                return Ok(granted);
+            }
+            Err(ServiceError::Database(error))
+                if tries_left > 1 && super::prices::is_unique_violation(&error) =>
+            {
+                transaction.rollback().await?;
+                tries_left -= 1;
+            }
+            Err(error) => return Err(error),
+        }
+    }
 }
 
 /// Holds `amount` of a tenant's available credits for a job, or refuses without

@@ -1,6 +1,7 @@
 //! The billing dashboards: per-job costs, a summary over a time window and the credit
 //! ledger, for tenants (their own figures) and admins (any tenant's, or all).
 
+use super::scalars::Amount;
 use super::types::{JobStatus, PageInfo};
 use super::{app, principal};
 use crate::billing::Credits;
@@ -8,11 +9,10 @@ use crate::billing::reports::{self, PageRequest, Scope, Window};
 use async_graphql::{Context, Enum, Object, SimpleObject};
 use chrono::{DateTime, Utc};
 use entity::{Timestamp, ledger_entries};
-use rust_decimal::Decimal;
 use uuid::Uuid;
 
-fn money(amount: Credits) -> Decimal {
-    amount.to_decimal()
+fn money(amount: Credits) -> Amount {
+    Amount::from(amount)
 }
 
 fn time(timestamp: Timestamp) -> DateTime<Utc> {
@@ -38,16 +38,16 @@ pub struct JobCostLine {
     /// Attempt rows, failures and unknown outcomes included.
     pub attempts: i64,
     /// Σ exact attempt costs.
-    pub provider_cost: Decimal,
+    pub provider_cost: Amount,
     /// The most the job may have cost at the provider: the exact costs plus the bounds
     /// of attempts whose cost is unknown.
-    pub provider_cost_upper_bound: Decimal,
+    pub provider_cost_upper_bound: Amount,
     /// Attempts whose cost is still a bound.
     pub unknown_attempts: i64,
     /// What the customer paid: the job's charge, 0 when it has none.
-    pub customer_charge: Decimal,
+    pub customer_charge: Amount,
     /// `customerCharge − providerCost`.
-    pub margin: Decimal,
+    pub margin: Amount,
     pub created_at: DateTime<Utc>,
 }
 
@@ -90,13 +90,13 @@ pub struct ModelBilling {
     /// Jobs of this model created in the window.
     pub jobs: i64,
     /// Σ exact costs of those jobs' attempts.
-    pub provider_cost: Decimal,
+    pub provider_cost: Amount,
     /// `providerCost` plus the bounds of attempts whose cost is unknown.
-    pub provider_cost_upper_bound: Decimal,
+    pub provider_cost_upper_bound: Amount,
     /// Σ charges of those jobs.
-    pub customer_charges: Decimal,
+    pub customer_charges: Amount,
     /// `customerCharges − providerCost`.
-    pub margin: Decimal,
+    pub margin: Amount,
 }
 
 /// What the jobs created in a window did and cost. Attempts and charges count with the
@@ -117,16 +117,16 @@ pub struct BillingSummary {
     /// Attempts whose worker's lease lapsed (`LEASE_EXPIRED`).
     pub lease_expirations: i64,
     /// Σ exact attempt costs.
-    pub provider_cost: Decimal,
+    pub provider_cost: Amount,
     /// `providerCost` plus the bounds of attempts whose cost is unknown.
-    pub provider_cost_upper_bound: Decimal,
+    pub provider_cost_upper_bound: Amount,
     /// Σ charges of those jobs.
-    pub customer_charges: Decimal,
+    pub customer_charges: Amount,
     /// `customerCharges − providerCost`.
-    pub margin: Decimal,
+    pub margin: Amount,
     /// `providerCost ÷ jobsSucceeded` — what each success cost, failed jobs' attempts
     /// included — rounded half away from zero to 9 decimals; null when no job succeeded.
-    pub cost_per_succeeded_job: Option<Decimal>,
+    pub cost_per_succeeded_job: Option<Amount>,
     /// Per model, sorted by model name.
     pub by_model: Vec<ModelBilling>,
 }
@@ -146,7 +146,7 @@ impl From<reports::BillingSummary> for BillingSummary {
             provider_cost_upper_bound: money(summary.provider_cost_upper_bound()),
             customer_charges: money(summary.customer_charges),
             margin: money(summary.margin()),
-            cost_per_succeeded_job: summary.cost_per_succeeded_job(),
+            cost_per_succeeded_job: summary.cost_per_succeeded_job().map(Amount),
             by_model: summary
                 .by_model
                 .into_iter()
@@ -183,7 +183,7 @@ pub struct LedgerEntry {
     pub id: Uuid,
     pub kind: LedgerEntryKind,
     /// Always positive; `kind` gives the direction.
-    pub amount: Decimal,
+    pub amount: Amount,
     /// The job a hold, release or charge belongs to.
     pub job_id: Option<Uuid>,
     /// The grant a `GRANT` entry records.

@@ -5,6 +5,7 @@ mod billing;
 mod error;
 mod mutation;
 mod query;
+mod scalars;
 mod subscription;
 mod types;
 

@@ -1,5 +1,6 @@
 //! Changes: jobs for tenants; tenants and credits for admins.
 
+use super::scalars::Amount;
 use super::types::{Attempt, CreditGrant, Job, Tenant};
 use super::{ErrorCode, app, principal};
 use crate::accounts::tenants;
@@ -12,7 +13,6 @@ use crate::jobs::service;
 use async_graphql::{Context, InputObject, Json, Object, SimpleObject};
 use chrono::{DateTime, Utc};
 use entity::attempt_reconciliations;
-use rust_decimal::Decimal;
 use uuid::Uuid;
 
 /// One chat message of a job.
@@ -56,7 +56,7 @@ pub struct CreateJobPayload {
 #[derive(InputObject)]
 pub struct GrantCreditsInput {
     pub tenant_id: Uuid,
-    pub amount: Decimal,
+    pub amount: Amount,
     /// Repeating a grant with the same key grants once.
     pub idempotency_key: String,
     pub reason: Option<String>,
@@ -93,9 +93,9 @@ pub struct AttemptReconciliation {
     pub job_id: Uuid,
     pub tenant_id: Uuid,
     /// The bound the attempt carried until now.
-    pub previous_upper_bound: Option<Decimal>,
+    pub previous_upper_bound: Option<Amount>,
     /// The exact cost, at the price version the attempt was priced with.
-    pub provider_cost: Decimal,
+    pub provider_cost: Amount,
     pub input_tokens: i32,
     pub cached_input_tokens: i32,
     pub output_tokens: i32,
@@ -107,7 +107,7 @@ pub struct AttemptReconciliation {
 
 impl From<attempt_reconciliations::Model> for AttemptReconciliation {
     fn from(row: attempt_reconciliations::Model) -> Self {
-        let money = |nanos| Credits::from_nanos(nanos).to_decimal();
+        let money = |nanos| Amount::from(Credits::from_nanos(nanos));
         // Stored from 32-bit input, so they fit; saturate rather than fail all the same.
         let count = |tokens: i64| i32::try_from(tokens).unwrap_or(i32::MAX);
         Self {
@@ -208,7 +208,7 @@ impl MutationRoot {
         input: GrantCreditsInput,
     ) -> async_graphql::Result<CreditGrant> {
         principal(context)?.require_admin()?;
-        let amount = Credits::from_decimal(input.amount).map_err(|error| match error {
+        let amount = Credits::from_decimal(input.amount.0).map_err(|error| match error {
             CreditsError::TooPrecise | CreditsError::TooLarge => {
                 ErrorCode::Validation.error(format!("amount: {error}"))
             }
@@ -217,11 +217,8 @@ impl MutationRoot {
         if idempotency_key.is_empty() {
             return Err(ErrorCode::Validation.error("idempotencyKey must not be empty"));
         }
-        let transaction = begin_write(&app(context).db)
-            .await
-            .map_err(ServiceError::from)?;
-        let grant = ledger::grant(
-            &transaction,
+        let grant = ledger::grant_credits(
+            &app(context).db,
             ledger::NewGrant {
                 tenant_id: input.tenant_id,
                 amount,
@@ -230,7 +227,6 @@ impl MutationRoot {
             },
         )
         .await?;
-        transaction.commit().await.map_err(ServiceError::from)?;
         Ok(grant.into())
     }
 

@@ -1,6 +1,7 @@
 //! The GraphQL types of jobs, attempts, money and accounts.
 
 use super::app;
+use super::scalars::Amount;
 use crate::billing::{Credits, ledger::Balance, reports};
 use crate::error::ServiceError;
 use async_graphql::{ComplexObject, Context, Enum, Json, Object, SimpleObject};
@@ -8,7 +9,6 @@ use chrono::{DateTime, Utc};
 use entity::{
     Timestamp, attempts, charges, credit_grants, credit_reservations, job_events, jobs, tenants,
 };
-use rust_decimal::Decimal;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder};
 use uuid::Uuid;
 
@@ -16,8 +16,8 @@ fn time(timestamp: Timestamp) -> DateTime<Utc> {
     timestamp.to_datetime()
 }
 
-fn money(nanos: i64) -> Decimal {
-    Credits::from_nanos(nanos).to_decimal()
+fn money(nanos: i64) -> Amount {
+    Amount::from(Credits::from_nanos(nanos))
 }
 
 /// Token counts fit GraphQL's 32-bit Int for any real call; saturate rather than fail.
@@ -262,12 +262,12 @@ impl Attempt {
     }
 
     /// Exact provider cost; null while the outcome is unknown.
-    async fn provider_cost(&self) -> Option<Decimal> {
+    async fn provider_cost(&self) -> Option<Amount> {
         self.0.provider_cost_nanos.map(money)
     }
 
     /// The most the attempt may have cost, while its exact cost is unknown.
-    async fn provider_cost_upper_bound(&self) -> Option<Decimal> {
+    async fn provider_cost_upper_bound(&self) -> Option<Amount> {
         self.0.provider_cost_upper_bound_nanos.map(money)
     }
 
@@ -294,7 +294,7 @@ impl Reservation {
     }
 
     /// The amount held when the job was created.
-    async fn amount(&self) -> Decimal {
+    async fn amount(&self) -> Amount {
         money(self.0.amount_nanos)
     }
 
@@ -303,12 +303,12 @@ impl Reservation {
     }
 
     /// The part of the hold that was charged.
-    async fn settled_amount(&self) -> Decimal {
+    async fn settled_amount(&self) -> Amount {
         money(self.0.settled_amount_nanos)
     }
 
     /// The part of the hold given back.
-    async fn released_amount(&self) -> Decimal {
+    async fn released_amount(&self) -> Amount {
         money(self.0.released_amount_nanos)
     }
 }
@@ -322,7 +322,7 @@ impl Charge {
         self.0.id
     }
 
-    async fn amount(&self) -> Decimal {
+    async fn amount(&self) -> Amount {
         money(self.0.amount_nanos)
     }
 
@@ -335,13 +335,13 @@ impl Charge {
 #[derive(SimpleObject)]
 pub struct JobCost {
     /// Exact provider cost, summed over every attempt whose cost is known.
-    pub provider_cost: Decimal,
+    pub provider_cost: Amount,
     /// The most the job may have cost at the provider: the exact costs plus the bounds
     /// of attempts whose outcome is unknown.
-    pub provider_cost_upper_bound: Decimal,
-    pub customer_charge: Decimal,
+    pub provider_cost_upper_bound: Amount,
+    pub customer_charge: Amount,
     /// `customerCharge − providerCost`.
-    pub margin: Decimal,
+    pub margin: Amount,
     /// Attempts whose cost is still a bound.
     pub unknown_attempts: i32,
 }
@@ -349,10 +349,10 @@ pub struct JobCost {
 impl From<reports::JobCost> for JobCost {
     fn from(cost: reports::JobCost) -> Self {
         Self {
-            provider_cost: cost.provider_cost.to_decimal(),
-            provider_cost_upper_bound: cost.provider_cost_upper_bound().to_decimal(),
-            customer_charge: cost.customer_charge.to_decimal(),
-            margin: cost.margin().to_decimal(),
+            provider_cost: cost.provider_cost.into(),
+            provider_cost_upper_bound: cost.provider_cost_upper_bound().into(),
+            customer_charge: cost.customer_charge.into(),
+            margin: cost.margin().into(),
             unknown_attempts: i32::try_from(cost.unknown_attempts).unwrap_or(i32::MAX),
         }
     }
@@ -439,22 +439,22 @@ impl Account {
 #[derive(SimpleObject)]
 pub struct AccountBalance {
     /// Everything ever granted.
-    pub granted: Decimal,
+    pub granted: Amount,
     /// Reserved by jobs not yet finished.
-    pub held: Decimal,
+    pub held: Amount,
     /// Paid for succeeded jobs.
-    pub charged: Decimal,
+    pub charged: Amount,
     /// `granted − charged − held`: what new jobs may reserve.
-    pub available: Decimal,
+    pub available: Amount,
 }
 
 impl From<Balance> for AccountBalance {
     fn from(balance: Balance) -> Self {
         Self {
-            granted: balance.granted.to_decimal(),
-            held: balance.held.to_decimal(),
-            charged: balance.charged.to_decimal(),
-            available: balance.available().to_decimal(),
+            granted: balance.granted.into(),
+            held: balance.held.into(),
+            charged: balance.charged.into(),
+            available: balance.available().into(),
         }
     }
 }
@@ -482,7 +482,7 @@ impl From<tenants::Model> for Tenant {
 pub struct CreditGrant {
     pub id: Uuid,
     pub tenant_id: Uuid,
-    pub amount: Decimal,
+    pub amount: Amount,
     pub idempotency_key: String,
     pub reason: Option<String>,
     pub created_at: DateTime<Utc>,

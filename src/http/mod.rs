@@ -8,7 +8,11 @@ mod websocket;
 use crate::graphql::AppSchema;
 use crate::startup::App;
 use axum::Router;
+use axum::extract::DefaultBodyLimit;
 use axum::routing::get;
+
+/// Largest GraphQL request body accepted.
+const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
 use tower_http::trace::TraceLayer;
 
 /// What every handler shares.
@@ -21,7 +25,14 @@ pub struct HttpState {
 /// Every route of the API.
 pub fn router(state: HttpState) -> Router {
     Router::new()
-        .route("/graphql", get(graphql::get).post(graphql::post))
+        .route(
+            "/graphql",
+            get(graphql::get)
+                .post(graphql::post)
+                // Above the largest job input, so that an oversized one is refused
+                // with a VALIDATION error that says why, not a bare 413.
+                .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES)),
+        )
         .route("/graphql/ws", get(websocket::upgrade))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))

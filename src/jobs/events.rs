@@ -33,23 +33,35 @@ pub struct EventNotice {
     /// The text of an `OutputDelta`, which exists only as a notice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delta: Option<String>,
+    /// The process that sent a notice never stored, so that it does not receive its
+    /// own notice twice (once locally, once through NOTIFY).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<Uuid>,
 }
 
 /// Fans event notices out to every subscriber and worker of this process.
 #[derive(Clone, Debug)]
 pub struct EventBus {
     sender: broadcast::Sender<EventNotice>,
+    id: Uuid,
 }
 
 impl Default for EventBus {
     fn default() -> Self {
         Self {
             sender: broadcast::channel(BUS_CAPACITY).0,
+            id: Uuid::new_v4(),
         }
     }
 }
 
 impl EventBus {
+    /// Names this bus among the processes sharing a database, so that a notice it sent
+    /// to the others is not delivered to it a second time.
+    pub fn id(&self) -> Uuid {
+        self.id
+    }
+
     /// Tells every receiver about committed events.
     pub fn publish(&self, notices: impl IntoIterator<Item = EventNotice>) {
         for notice in notices {
@@ -89,6 +101,7 @@ pub async fn append(
         kind,
         status: job.status,
         delta: None,
+        origin: None,
     };
     super::relay::notify(db, &notice).await?;
     Ok(notice)

@@ -270,13 +270,23 @@ pub struct AttemptStart {
     pub provider_cost_bound: Credits,
 }
 
+/// An attempt on record, about to call the provider.
+#[derive(Clone, Debug)]
+pub struct StartedAttempt {
+    pub attempt: attempts::Model,
+    /// The `ATTEMPT_STARTED` event, to publish.
+    pub notice: EventNotice,
+    /// The tenant asked to cancel before the call was made: do not make it.
+    pub cancel_requested: bool,
+}
+
 /// Records the attempt row and its `ATTEMPT_STARTED` event before the provider is
 /// called. `None` when the claim no longer owns the job.
 pub async fn start_attempt(
     db: &DatabaseConnection,
     claim: &Claim,
     start: &AttemptStart,
-) -> Result<Option<(attempts::Model, EventNotice)>, DbErr> {
+) -> Result<Option<StartedAttempt>, DbErr> {
     let transaction = begin_write(db).await?;
     let now = Timestamp::now();
     let Some(job) = fenced_update(claim)
@@ -334,7 +344,11 @@ pub async fn start_attempt(
     )
     .await?;
     transaction.commit().await?;
-    Ok(Some((attempt, notice)))
+    Ok(Some(StartedAttempt {
+        attempt,
+        notice,
+        cancel_requested: job.cancel_requested,
+    }))
 }
 
 /// What became of the provider call, for the attempt row.

@@ -35,16 +35,18 @@ pub async fn notify(db: &impl ConnectionTrait, notice: &EventNotice) -> Result<(
     Ok(())
 }
 
-/// Publishes a notice that is never stored (an output delta) exactly once to every
-/// subscriber: on PostgreSQL through NOTIFY, which also reaches this process's own
-/// listener; elsewhere on the local bus.
+/// Publishes a notice that is never stored (an output delta) once to every
+/// subscriber: on the local bus at once — in order with this process's stored events —
+/// and, on PostgreSQL, to the other processes through NOTIFY, marked with this
+/// process's id so that its own listener skips it.
 pub async fn broadcast(db: &DatabaseConnection, bus: &EventBus, notice: EventNotice) {
-    if db.get_database_backend() == DbBackend::Postgres {
-        if let Err(error) = notify(db, &notice).await {
-            tracing::warn!(job.id = %notice.job_id, error = %error, "an output delta was not sent");
-        }
-    } else {
-        bus.publish([notice]);
+    bus.publish([notice.clone()]);
+    let notice = EventNotice {
+        origin: Some(bus.id()),
+        ..notice
+    };
+    if let Err(error) = notify(db, &notice).await {
+        tracing::warn!(job.id = %notice.job_id, error = %error, "an output delta did not reach other processes");
     }
 }
 
@@ -81,6 +83,8 @@ impl NotificationRelay {
             match received {
                 Ok(notification) => {
                     match serde_json::from_str::<EventNotice>(notification.payload()) {
+                        // Already published here when it was sent.
+                        Ok(notice) if notice.origin == Some(bus.id()) => {}
                         Ok(notice) => bus.publish([notice]),
                         Err(error) => {
                             tracing::warn!(error = %error, "ignored an unreadable notification")

@@ -5,7 +5,7 @@ use super::events::{EventBus, EventNotice};
 use super::input::JobInput;
 use super::queue::{
     self, AttemptReport, AttemptStart, Claim, ClaimRequest, ErrorCode, JobError, JobOutcome,
-    Renewal,
+    Renewal, StartedAttempt,
 };
 use super::relay;
 use crate::billing::{ModelPrice, prices};
@@ -19,7 +19,6 @@ use tokio::sync::Semaphore;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use uuid::Uuid;
 
 /// First retry delay; each further retry doubles it.
 const BACKOFF_BASE: Duration = Duration::from_secs(2);
@@ -207,7 +206,11 @@ impl Worker {
             price,
         };
         let mut notices = inner.bus.subscribe();
-        let Some((attempt, started)) = queue::start_attempt(&inner.db, &claim, &start).await?
+        let Some(StartedAttempt {
+            attempt,
+            notice: started,
+            cancel_requested,
+        }) = queue::start_attempt(&inner.db, &claim, &start).await?
         else {
             tracing::warn!(job.id = %claim.job.id, "claim lost before the attempt started");
             return Ok(());
@@ -240,7 +243,12 @@ impl Worker {
             (None, None)
         };
         let began = Instant::now();
-        let end = {
+        // A cancel that landed after the claim but before the attempt was recorded is
+        // in the row start_attempt locked; one landing later reaches `notices`, to
+        // which this attempt subscribed before starting.
+        let end = if cancel_requested {
+            CallEnd::CancelledBeforeSending
+        } else {
             let call = async {
                 match &deltas {
                     Some(sender) => provider.stream(&request, sender).await,
@@ -263,8 +271,13 @@ impl Worker {
                         // The lease may still hold; the next renewal or the fenced finish decides.
                         Err(error) => tracing::warn!(job.id = %claim.job.id, error = %error, "lease renewal failed"),
                     },
-                    notice = notices.recv() => if cancel_noticed(&notice, claim.job.id) {
-                        break CallEnd::Cancelled;
+                    notice = notices.recv() => match notice {
+                        Ok(notice) if notice.job_id == claim.job.id && notice.kind == EventKind::CancelRequested => {
+                            break CallEnd::Cancelled;
+                        }
+                        // Missed notices may have held a cancel: ask the row now.
+                        Err(RecvError::Lagged(_)) => renew.reset_immediately(),
+                        _ => {}
                     },
                     _ = inner.abort.cancelled() => break CallEnd::Aborted,
                 }
@@ -296,7 +309,7 @@ impl Worker {
             earlier_invalid_outputs,
         );
         let report_outcome = report.outcome;
-        match queue::finish_attempt(&inner.db, &claim, &attempt, &start.price, report, outcome)
+        match finish_with_retries(&inner.db, &claim, &attempt, &start.price, report, outcome)
             .await?
         {
             Some(notices) => {
@@ -311,6 +324,38 @@ impl Worker {
             }
         }
         Ok(())
+    }
+}
+
+/// Tries to record a finished attempt before giving up to lease expiry.
+const FINISH_TRIES: u32 = 5;
+
+/// Records the attempt's end, retrying a failed write with backoff: the answer may be
+/// paid for, and losing it to one busy moment of the database would leave only a cost
+/// bound and make the job run again. The write is fenced, so retrying it is safe; once
+/// the lease has lapsed it matches nothing.
+async fn finish_with_retries(
+    db: &DatabaseConnection,
+    claim: &Claim,
+    attempt: &attempts::Model,
+    price: &ModelPrice,
+    report: AttemptReport,
+    outcome: JobOutcome,
+) -> Result<Option<Vec<EventNotice>>, DbErr> {
+    let mut pause = Duration::from_millis(500);
+    let mut try_number = 1;
+    loop {
+        match queue::finish_attempt(db, claim, attempt, price, report.clone(), outcome.clone())
+            .await
+        {
+            Err(error) if try_number < FINISH_TRIES => {
+                tracing::warn!(job.id = %claim.job.id, error = %error, try_number, "recording the attempt failed; trying again");
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+                try_number += 1;
+            }
+            finished => return finished,
+        }
     }
 }
 
@@ -356,16 +401,14 @@ async fn forward_deltas(
     }
 }
 
-fn cancel_noticed(notice: &Result<EventNotice, RecvError>, job_id: Uuid) -> bool {
-    matches!(notice, Ok(notice) if notice.job_id == job_id && notice.kind == EventKind::CancelRequested)
-}
-
 /// How the wait for the provider ended.
 #[derive(Debug)]
 enum CallEnd {
     Answered(Result<Completion, ProviderError>),
     TimedOut,
     Cancelled,
+    /// Cancel was requested before the call was made; it never was.
+    CancelledBeforeSending,
     LeaseLost,
     /// The worker is shutting down and the grace period is over.
     Aborted,
@@ -515,15 +558,34 @@ fn judge(
                 JobOutcome::Cancelled,
             )
         }
-        CallEnd::Aborted => {
-            // The request was in flight: it may be billed, so its bound stays.
+        CallEnd::CancelledBeforeSending => {
             let error = JobError::new(
-                ErrorCode::WorkerShutdown,
-                "the worker shut down during the call and handed the job back",
+                ErrorCode::Cancelled,
+                "cancelled before the provider was called",
             );
             (
+                report(AttemptOutcome::Cancelled, None, true, Some(error), None),
+                JobOutcome::Cancelled,
+            )
+        }
+        CallEnd::Aborted => {
+            // The request was in flight: it may be billed, so its bound stays, and
+            // sending it again is a retry of an unknown outcome like any other.
+            let error = JobError::new(
+                ErrorCode::WorkerShutdown,
+                "the worker shut down during the call",
+            );
+            let outcome = if job.retry_unknown_outcome {
+                JobOutcome::HandBack
+            } else {
+                JobOutcome::Failed(JobError::new(
+                    ErrorCode::OutcomeUnknown,
+                    "the worker shut down during the call, and the job does not retry unknown outcomes",
+                ))
+            };
+            (
                 report(AttemptOutcome::Unknown, None, false, Some(error), None),
-                JobOutcome::HandBack,
+                outcome,
             )
         }
         CallEnd::LeaseLost => unreachable!("a lost lease is handled before judging"),

@@ -244,14 +244,15 @@ fn is_transient(status: u16) -> bool {
 /// A connection that was never made means the request was never sent; anything
 /// after that may have reached the provider.
 fn classify_send_error(error: reqwest::Error) -> ProviderError {
-    if error.is_connect() {
-        ProviderError::NotSent {
-            message: error.to_string(),
-        }
+    // Tenants read these messages on their attempts: the provider's URL stays in the
+    // logs only.
+    let connect = error.is_connect();
+    tracing::debug!(error = %error, "provider call failed");
+    let message = error.without_url().to_string();
+    if connect {
+        ProviderError::NotSent { message }
     } else {
-        ProviderError::OutcomeUnknown {
-            message: error.to_string(),
-        }
+        ProviderError::OutcomeUnknown { message }
     }
 }
 
@@ -264,8 +265,15 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
         .trim()
         .parse()
         .ok()?;
-    (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds))
+    // Whatever the provider asks, the worker waits at most its own cap; a huge value
+    // must not overflow a Duration.
+    (seconds.is_finite() && seconds >= 0.0)
+        .then(|| Duration::try_from_secs_f64(seconds.min(MAX_RETRY_AFTER_SECONDS)).ok())
+        .flatten()
 }
+
+/// Longer than any wait the worker honours.
+const MAX_RETRY_AFTER_SECONDS: f64 = 86_400.0;
 
 /// The message of an error body. OpenAI (`{"error":{"message",..}}`) and Anthropic
 /// (`{"type":"error","error":{"type","message"}}`) keep it at the same place; any
@@ -323,6 +331,8 @@ mod tests {
         assert_eq!(retry_after(&headers), Some(Duration::from_millis(1500)));
         headers.insert(RETRY_AFTER, HeaderValue::from_static("-1"));
         assert_eq!(retry_after(&headers), None);
+        headers.insert(RETRY_AFTER, HeaderValue::from_static("1e300"));
+        assert_eq!(retry_after(&headers), Some(Duration::from_secs(86_400)));
         // The HTTP-date form is not sent by the providers we talk to.
         headers.insert(
             RETRY_AFTER,

@@ -149,9 +149,34 @@ async fn grants_are_idempotent_and_exact_to_the_nano_credit(backend: Backend) {
     assert_eq!(error_code(&grant("-1", "negative").await), "VALIDATION");
     assert!(grant("0.000000001", "one-nano").await["errors"].is_null());
 
+    // A JSON number with a fraction would reach the server as a float: refused.
+    let float = app
+        .graphql(
+            Some(ADMIN_TOKEN),
+            "mutation($input: GrantCreditsInput!) { grantCredits(input: $input) { amount } }",
+            json!({"input": {"tenantId": tenant.id, "amount": 12.5, "idempotencyKey": "float"}}),
+        )
+        .await;
+    assert!(
+        float["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("as strings"),
+        "{float}"
+    );
+    // A whole number is exact either way.
+    let whole = app
+        .graphql(
+            Some(ADMIN_TOKEN),
+            "mutation($input: GrantCreditsInput!) { grantCredits(input: $input) { amount } }",
+            json!({"input": {"tenantId": tenant.id, "amount": 2, "idempotencyKey": "whole"}}),
+        )
+        .await;
+    assert_eq!(whole["data"]["grantCredits"]["amount"], "2", "{whole}");
+
     let balance = app.balance(&tenant).await;
-    let expected = Decimal::from_str("123456789.12345679").unwrap();
+    let expected = Decimal::from_str("123456791.12345679").unwrap();
     assert_eq!(decimal(&balance["granted"]), expected);
-    assert_eq!(balance["available"], "123456789.12345679");
+    assert_eq!(balance["available"], "123456791.12345679");
     assert_billing_invariants(&app.app.db).await;
 }

@@ -26,6 +26,8 @@ on_both_backends!(
     shutdown_hands_running_jobs_back_without_spending_an_attempt,
     a_lapsed_lease_is_taken_back_and_the_job_still_succeeds,
     claims_are_fair_across_tenants,
+    shutdown_fails_a_job_that_forbids_retrying_unknown_outcomes,
+    a_cancel_before_the_call_means_no_call,
     a_tenant_runs_at_most_its_concurrency_bound,
 );
 
@@ -444,4 +446,72 @@ async fn a_tenant_runs_at_most_its_concurrency_bound(backend: Backend) {
         other_span.0 < spans[0].1,
         "the other tenant waited for the bounded one: {other_span:?} vs {spans:?}"
     );
+}
+
+async fn shutdown_fails_a_job_that_forbids_retrying_unknown_outcomes(backend: Backend) {
+    let worker = WorkerSettings {
+        shutdown_grace: Duration::from_millis(300),
+        ..test_worker_settings()
+    };
+    let app = spawn_app_with(
+        backend,
+        AppOptions {
+            worker: Some(worker),
+            ..AppOptions::default()
+        },
+    )
+    .await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let mut input = job_input("pay-once", "hi [mock:hang]");
+    input["retryUnknownOutcome"] = json!(false);
+    let id = app.create_job_ok(&tenant, input).await;
+    wait_until_running(&app, &tenant, id).await;
+    let app = app.restart(AppOptions::default()).await;
+    let job = app.wait_until_finished(&tenant, id, LIMIT).await;
+    assert_eq!(job["status"], "FAILED", "{job}");
+    assert_eq!(job["error"]["code"], "OUTCOME_UNKNOWN");
+    assert_eq!(outcomes(&job), ["UNKNOWN"]);
+    assert_eq!(
+        app.simulator.calls().len(),
+        1,
+        "the request was not sent a second time"
+    );
+    assert_billing_invariants(&app.app.db).await;
+}
+
+async fn a_cancel_before_the_call_means_no_call(backend: Backend) {
+    let app = spawn_app_with(
+        backend,
+        AppOptions {
+            worker: None,
+            ..AppOptions::default()
+        },
+    )
+    .await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let id = app
+        .create_job_ok(&tenant, job_input("cancelled-early", "hello"))
+        .await;
+    // The state a cancel leaves when it lands between a claim and the attempt's start.
+    jobs::Entity::update_many()
+        .col_expr(jobs::Column::CancelRequested, Expr::value(true))
+        .filter(jobs::Column::Id.eq(id))
+        .exec(&app.app.db)
+        .await
+        .unwrap();
+    let app = app.restart(AppOptions::default()).await;
+    let job = app.wait_until_finished(&tenant, id, LIMIT).await;
+    assert_eq!(job["status"], "CANCELLED", "{job}");
+    assert_eq!(outcomes(&job), ["CANCELLED"]);
+    assert_eq!(
+        decimal(&job["attempts"][0]["providerCost"]),
+        Decimal::ZERO,
+        "nothing was sent"
+    );
+    assert!(
+        app.simulator.calls().is_empty(),
+        "the provider was called for a cancelled job"
+    );
+    assert_eq!(job["reservation"]["status"], "RELEASED");
+    assert_billing_invariants(&app.app.db).await;
 }

@@ -108,10 +108,11 @@ async fn a_stale_run_token_cannot_renew_start_or_finish(backend: Backend) {
         .unwrap()
         .remove(0);
     let start = attempt_start(&app, &stale).await;
-    let (stale_attempt, _) = queue::start_attempt(db, &stale, &start)
+    let stale_attempt = queue::start_attempt(db, &stale, &start)
         .await
         .unwrap()
-        .unwrap();
+        .unwrap()
+        .attempt;
 
     // The stale worker freezes; its lease passes and the job is taken back and claimed
     // by a fresh attempt.
@@ -133,10 +134,11 @@ async fn a_stale_run_token_cannot_renew_start_or_finish(backend: Backend) {
     assert_eq!(fresh.job.id, job_id);
     assert_ne!(fresh.run_token, stale.run_token);
     assert_eq!(fresh.job.attempt_count, 2);
-    let (fresh_attempt, _) = queue::start_attempt(db, &fresh, &start)
+    let fresh_attempt = queue::start_attempt(db, &fresh, &start)
         .await
         .unwrap()
-        .unwrap();
+        .unwrap()
+        .attempt;
 
     let before = snapshot(&app, job_id).await;
     assert_eq!(
@@ -303,10 +305,11 @@ async fn a_cancel_the_worker_missed_wins_over_a_retry(backend: Backend) {
             .unwrap()
             .remove(0);
         let start = attempt_start(&app, &claim).await;
-        let (attempt, _) = queue::start_attempt(db, &claim, &start)
+        let attempt = queue::start_attempt(db, &claim, &start)
             .await
             .unwrap()
-            .unwrap();
+            .unwrap()
+            .attempt;
         let cancel = app
             .operation(Some(&tenant.key), "CancelJob", json!({"id": job_id}))
             .await;

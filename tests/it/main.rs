@@ -16,6 +16,7 @@ mod fencing;
 mod invariants;
 mod jobs;
 mod processes;
+mod properties;
 mod providers;
 mod schema;
 mod simulator;
