@@ -97,8 +97,6 @@ pub enum EventKind {
     Created,
     #[sea_orm(string_value = "attempt_started")]
     AttemptStarted,
-    #[sea_orm(string_value = "attempt_failed")]
-    AttemptFailed,
     #[sea_orm(string_value = "retry_scheduled")]
     RetryScheduled,
     #[sea_orm(string_value = "cancel_requested")]

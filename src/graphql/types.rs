@@ -66,7 +66,6 @@ pub enum ReservationStatus {
 pub enum EventKind {
     Created,
     AttemptStarted,
-    AttemptFailed,
     RetryScheduled,
     CancelRequested,
     Succeeded,

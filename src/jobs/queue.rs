@@ -515,11 +515,7 @@ pub async fn finish_attempt(
         }
         JobOutcome::Retry { .. } | JobOutcome::HandBack => {}
     }
-    let data = json!({
-        "attempt": attempt.number,
-        "outcome": report.outcome,
-        "error": report.error.as_ref().map(|error| json!({"code": error.code, "message": error.message})),
-    });
+    let data = attempt_event_data(Some(attempt.number), report.outcome, report.error.as_ref());
     let notice = events::append(&transaction, &job, kind, Some(data)).await?;
     transaction.commit().await?;
     Ok(Some(vec![notice]))
@@ -596,6 +592,19 @@ fn tokens(count: u64) -> i64 {
     i64::try_from(count).unwrap_or(i64::MAX)
 }
 
+/// What an event about an attempt's end says: which attempt, how it ended, and why.
+fn attempt_event_data(
+    number: Option<i32>,
+    outcome: AttemptOutcome,
+    error: Option<&JobError>,
+) -> Value {
+    json!({
+        "attempt": number,
+        "outcome": outcome,
+        "error": error.map(|error| json!({"code": error.code, "message": error.message})),
+    })
+}
+
 /// Most expired leases handled in one sweep.
 const EXPIRY_BATCH: u64 = 100;
 
@@ -641,8 +650,17 @@ async fn expire_lease(
         transaction.rollback().await?;
         return Ok(None);
     };
+    // A worker that died between its claim and its attempt row sent nothing: the
+    // claim is given back without counting, whatever the retry policy says.
+    let lost_attempt = attempts::Entity::find()
+        .filter(attempts::Column::JobId.eq(job.id))
+        .filter(attempts::Column::RunToken.eq(claim.run_token))
+        .one(&transaction)
+        .await?;
     let (status, kind, error) = if job.cancel_requested {
         (JobStatus::Cancelled, EventKind::Cancelled, None)
+    } else if lost_attempt.is_none() {
+        (JobStatus::Queued, EventKind::RetryScheduled, None)
     } else if job.attempt_count >= job.max_attempts {
         let error = JobError::new(
             ErrorCode::LeaseExpired,
@@ -677,6 +695,11 @@ async fn expire_lease(
         );
     if status.is_terminal() {
         update = update.col_expr(jobs::Column::FinishedAt, Expr::value(now));
+    } else if lost_attempt.is_none() {
+        update = update.col_expr(
+            jobs::Column::AttemptCount,
+            Expr::col(jobs::Column::AttemptCount).sub(1),
+        );
     }
     if let Some(error) = &error {
         update = update
@@ -714,11 +737,11 @@ async fn expire_lease(
     if status.is_terminal() {
         ledger::release(&transaction, job.id).await?;
     }
-    let data = json!({
-        "attempt": job.attempt_count,
-        "outcome": AttemptOutcome::LeaseExpired,
-        "error": error.as_ref().map(|error| json!({"code": error.code, "message": error.message})),
-    });
+    let data = attempt_event_data(
+        lost_attempt.map(|attempt| attempt.number),
+        AttemptOutcome::LeaseExpired,
+        error.as_ref(),
+    );
     let notice = events::append(&transaction, &job, kind, Some(data)).await?;
     transaction.commit().await?;
     tracing::warn!(job.id = %job.id, status = ?job.status, "took back a job whose lease expired");

@@ -887,6 +887,12 @@ impl Sequence {
                 job.status = status;
                 self.ledger_entries += 1;
             }
+            // A cancel that landed while the call ran wins over going round again.
+            Effect::Requeue { .. } if job.cancel_requested => {
+                tenant.held -= job.hold;
+                job.status = JobStatus::Cancelled;
+                self.ledger_entries += 1;
+            }
             Effect::Requeue { hand_back } => {
                 job.status = JobStatus::Queued;
                 if hand_back {
@@ -941,6 +947,10 @@ impl Sequence {
         let job = &mut self.jobs[index];
         let status = if job.cancel_requested {
             JobStatus::Cancelled
+        } else if attempt.is_none() {
+            // Nothing was sent: the claim is given back and does not count.
+            job.attempt_count -= 1;
+            JobStatus::Queued
         } else if job.attempt_count >= claim.job.max_attempts || !job.spec.retry_unknown {
             JobStatus::Failed
         } else {
