@@ -258,13 +258,22 @@ impl Worker {
             tokio::pin!(call);
             let deadline = tokio::time::sleep(inner.settings.attempt_timeout);
             tokio::pin!(deadline);
-            let mut renew = tokio::time::interval(inner.settings.lease / 3);
-            renew.tick().await;
+            // Renewal runs beside the call, so that a slow database never stalls the
+            // stream, the deadline or a cancel.
+            let check_now = Arc::new(tokio::sync::Notify::new());
+            let (renewed, mut renewals) = tokio::sync::mpsc::channel(1);
+            let _renewer = AbortOnDrop(tokio::spawn(renew_periodically(
+                inner.db.clone(),
+                claim.clone(),
+                inner.settings.lease,
+                check_now.clone(),
+                renewed,
+            )));
             loop {
                 tokio::select! {
                     answer = &mut call => break CallEnd::Answered(answer),
                     _ = &mut deadline => break CallEnd::TimedOut,
-                    _ = renew.tick() => match queue::renew_lease(&inner.db, &claim, inner.settings.lease).await {
+                    Some(renewal) = renewals.recv() => match renewal {
                         Ok(Renewal::Renewed { cancel_requested: true }) => break CallEnd::Cancelled,
                         Ok(Renewal::Renewed { cancel_requested: false }) => {}
                         Ok(Renewal::Lost) => break CallEnd::LeaseLost,
@@ -276,7 +285,7 @@ impl Worker {
                             break CallEnd::Cancelled;
                         }
                         // Missed notices may have held a cancel: ask the row now.
-                        Err(RecvError::Lagged(_)) => renew.reset_immediately(),
+                        Err(RecvError::Lagged(_)) => check_now.notify_one(),
                         _ => {}
                     },
                     _ = inner.abort.cancelled() => break CallEnd::Aborted,
@@ -324,6 +333,36 @@ impl Worker {
             }
         }
         Ok(())
+    }
+}
+
+/// Renews the claim's lease every third of it (or at once when asked), reporting
+/// each result, until the attempt stops listening.
+async fn renew_periodically(
+    db: DatabaseConnection,
+    claim: Claim,
+    lease: Duration,
+    check_now: Arc<tokio::sync::Notify>,
+    renewed: tokio::sync::mpsc::Sender<Result<Renewal, DbErr>>,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(lease / 3) => {}
+            _ = check_now.notified() => {}
+        }
+        let renewal = queue::renew_lease(&db, &claim, lease).await;
+        if renewed.send(renewal).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Aborts a background task when the attempt that owns it ends, however it ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

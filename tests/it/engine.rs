@@ -27,6 +27,7 @@ on_both_backends!(
     a_lapsed_lease_is_taken_back_and_the_job_still_succeeds,
     claims_are_fair_across_tenants,
     shutdown_fails_a_job_that_forbids_retrying_unknown_outcomes,
+    a_call_longer_than_the_lease_keeps_it_by_renewing,
     a_cancel_before_the_call_means_no_call,
     a_tenant_runs_at_most_its_concurrency_bound,
 );
@@ -513,5 +514,37 @@ async fn a_cancel_before_the_call_means_no_call(backend: Backend) {
         "the provider was called for a cancelled job"
     );
     assert_eq!(job["reservation"]["status"], "RELEASED");
+    assert_billing_invariants(&app.app.db).await;
+}
+
+async fn a_call_longer_than_the_lease_keeps_it_by_renewing(backend: Backend) {
+    let worker = WorkerSettings {
+        lease: Duration::from_secs(1),
+        poll_interval: Duration::from_millis(50),
+        ..test_worker_settings()
+    };
+    let app = spawn_app_with(
+        backend,
+        AppOptions {
+            worker: Some(worker),
+            ..AppOptions::default()
+        },
+    )
+    .await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    // Three leases long: without renewal the worker's own sweep would take it back.
+    let job = run(
+        &app,
+        &tenant,
+        job_input("long-call", "hi [mock:delay_ms=3000]"),
+    )
+    .await;
+    assert_eq!(job["status"], "SUCCEEDED", "{job}");
+    assert_eq!(
+        outcomes(&job),
+        ["SUCCEEDED"],
+        "one attempt, never taken back"
+    );
+    assert_eq!(app.simulator.calls().len(), 1);
     assert_billing_invariants(&app.app.db).await;
 }
