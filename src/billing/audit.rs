@@ -477,41 +477,39 @@ async fn audit_tenants(
                     ),
                 );
             }
-            let granted = grants.get(&tenant.id).copied().unwrap_or(0);
-            if replayed.granted.nanos() != granted {
-                recorder.violation(
+            // Each ledger total against the rows that must explain it.
+            let explained = [
+                (
                     Invariant::GrantedEqualsGrants,
-                    subject,
-                    format!(
-                        "ledger granted {} ≠ credit grants {}",
-                        replayed.granted,
-                        credits(granted)
-                    ),
-                );
-            }
-            let held = open_holds.get(&tenant.id).copied().unwrap_or(0);
-            if replayed.held.nanos() != held {
-                recorder.violation(
+                    "granted",
+                    replayed.granted,
+                    "credit grants",
+                    &grants,
+                ),
+                (
                     Invariant::HeldEqualsOpenReservations,
-                    subject,
-                    format!(
-                        "ledger held {} ≠ open reservations {}",
-                        replayed.held,
-                        credits(held)
-                    ),
-                );
-            }
-            let charged = charged.get(&tenant.id).copied().unwrap_or(0);
-            if replayed.charged.nanos() != charged {
-                recorder.violation(
+                    "held",
+                    replayed.held,
+                    "open reservations",
+                    &open_holds,
+                ),
+                (
                     Invariant::ChargedEqualsCharges,
-                    subject,
-                    format!(
-                        "ledger charged {} ≠ charges {}",
-                        replayed.charged,
-                        credits(charged)
-                    ),
-                );
+                    "charged",
+                    replayed.charged,
+                    "charges",
+                    &charged,
+                ),
+            ];
+            for (invariant, total, in_ledger, rows, by_tenant) in explained {
+                let in_rows = by_tenant.get(&tenant.id).copied().unwrap_or(0);
+                if in_ledger.nanos() != in_rows {
+                    recorder.violation(
+                        invariant,
+                        subject,
+                        format!("ledger {total} {in_ledger} ≠ {rows} {}", credits(in_rows)),
+                    );
+                }
             }
         }
         if (page.len() as u64) < page_size {
