@@ -7,6 +7,7 @@ pub use sea_orm_migration::prelude::*;
 
 mod m20261130_000001_create_core_tables;
 mod m20261130_000002_attempt_reconciliations;
+mod m20261130_000003_jobs_tenant_created_at_index;
 
 /// Applies jobledger's migrations in order.
 pub struct Migrator;
@@ -17,6 +18,7 @@ impl MigratorTrait for Migrator {
         vec![
             Box::new(m20261130_000001_create_core_tables::Migration),
             Box::new(m20261130_000002_attempt_reconciliations::Migration),
+            Box::new(m20261130_000003_jobs_tenant_created_at_index::Migration),
         ]
     }
 }
