@@ -103,9 +103,15 @@ impl Worker {
         let mut attempts = JoinSet::new();
         let mut poll = tokio::time::interval(settings.poll_interval);
         tracing::info!(worker.id = %self.inner.id, concurrency = settings.concurrency, "worker started");
+        // Sweeping is a query of its own: once per poll interval is often enough,
+        // however busy the claiming gets.
+        let mut last_sweep: Option<Instant> = None;
         while !shutdown.is_cancelled() {
-            if let Err(error) = self.take_back_expired_leases().await {
-                tracing::error!(error = %error, "sweeping expired leases failed");
+            if last_sweep.is_none_or(|at| at.elapsed() >= settings.poll_interval) {
+                last_sweep = Some(Instant::now());
+                if let Err(error) = self.take_back_expired_leases().await {
+                    tracing::error!(error = %error, "sweeping expired leases failed");
+                }
             }
             let free = permits.available_permits().min(CLAIM_BATCH);
             let request = ClaimRequest {
@@ -303,11 +309,16 @@ impl Worker {
             tracing::warn!(job.id = %claim.job.id, attempt = attempt.number, "lease lost: the attempt writes nothing more");
             return Ok(());
         }
-        let earlier_invalid_outputs = attempts::Entity::find()
-            .filter(attempts::Column::JobId.eq(claim.job.id))
-            .filter(attempts::Column::Outcome.eq(AttemptOutcome::InvalidOutput))
-            .count(&inner.db)
-            .await?;
+        // Only a job with a response schema can have had invalid output.
+        let earlier_invalid_outputs = if input.response_schema.is_some() {
+            attempts::Entity::find()
+                .filter(attempts::Column::JobId.eq(claim.job.id))
+                .filter(attempts::Column::Outcome.eq(AttemptOutcome::InvalidOutput))
+                .count(&inner.db)
+                .await?
+        } else {
+            0
+        };
         let (report, outcome) = judge(
             &claim,
             &attempt,
