@@ -569,6 +569,7 @@ fn judge(
                 ProviderError::Permanent {
                     status, message, ..
                 } => {
+                    let message = tenant_message(claim, status, message);
                     let error = JobError::new(
                         ErrorCode::ProviderRejected,
                         format!("provider refused the request with {status}: {message}"),
@@ -639,6 +640,21 @@ fn judge(
             )
         }
         CallEnd::LeaseLost => unreachable!("a lost lease is handled before judging"),
+    }
+}
+
+/// What a tenant may read of a provider's refusal. Authentication and configuration
+/// errors (401, 403, 404) are the operator's to fix and their text can carry a
+/// fragment of our key or our account: the operator finds it in the log instead.
+fn tenant_message(claim: &Claim, status: u16, message: String) -> String {
+    if matches!(status, 401 | 403 | 404) {
+        tracing::error!(
+            job.id = %claim.job.id, model = %claim.job.model, status, provider_message = %message,
+            "the provider refused our credentials or configuration"
+        );
+        "the provider refused the service's credentials or configuration; the operator has the details".to_owned()
+    } else {
+        message
     }
 }
 

@@ -28,6 +28,7 @@ on_both_backends!(
     claims_are_fair_across_tenants,
     shutdown_fails_a_job_that_forbids_retrying_unknown_outcomes,
     a_call_longer_than_the_lease_keeps_it_by_renewing,
+    a_credentials_error_does_not_show_the_providers_text_to_the_tenant,
     a_cancel_before_the_call_means_no_call,
     a_tenant_runs_at_most_its_concurrency_bound,
 );
@@ -547,4 +548,24 @@ async fn a_call_longer_than_the_lease_keeps_it_by_renewing(backend: Backend) {
     );
     assert_eq!(app.simulator.calls().len(), 1);
     assert_billing_invariants(&app.app.db).await;
+}
+
+async fn a_credentials_error_does_not_show_the_providers_text_to_the_tenant(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let job = run(&app, &tenant, job_input("bad-key", "hi [mock:status=401]")).await;
+    assert_eq!(job["status"], "FAILED");
+    assert_eq!(job["error"]["code"], "PROVIDER_REJECTED");
+    let message = job["error"]["message"].as_str().unwrap();
+    assert!(message.contains("operator has the details"), "{message}");
+    assert_eq!(job["attempts"][0]["errorCode"], "PROVIDER_REJECTED");
+    // A refusal of the request itself (400) stays readable: the tenant can fix it.
+    let job = run(
+        &app,
+        &tenant,
+        job_input("bad-request", "hi [mock:status=400]"),
+    )
+    .await;
+    let message = job["error"]["message"].as_str().unwrap();
+    assert!(!message.contains("operator has the details"), "{message}");
 }
