@@ -16,14 +16,7 @@ on_both_backends!(
 );
 
 async fn a_tenant_sees_only_its_own_jobs(backend: Backend) {
-    let app = spawn_app_with(
-        backend,
-        AppOptions {
-            worker: None,
-            ..AppOptions::default()
-        },
-    )
-    .await;
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
     let owner = app.funded_tenant("acme", "5").await;
     let stranger = app.funded_tenant("globex", "5").await;
     let id = app
@@ -66,14 +59,7 @@ async fn a_tenant_sees_only_its_own_jobs(backend: Backend) {
 }
 
 async fn requests_without_a_valid_key_are_refused(backend: Backend) {
-    let app = spawn_app_with(
-        backend,
-        AppOptions {
-            worker: None,
-            ..AppOptions::default()
-        },
-    )
-    .await;
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
     let tenant = app.funded_tenant("acme", "5").await;
     let anonymous = app.operation(None, "Account", json!({})).await;
     assert_eq!(error_code(&anonymous), "UNAUTHENTICATED");
@@ -112,14 +98,7 @@ async fn requests_without_a_valid_key_are_refused(backend: Backend) {
 }
 
 async fn grants_are_idempotent_and_exact_to_the_nano_credit(backend: Backend) {
-    let app = spawn_app_with(
-        backend,
-        AppOptions {
-            worker: None,
-            ..AppOptions::default()
-        },
-    )
-    .await;
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
     let tenant = app.create_tenant("acme").await;
     let grant = |amount: &str, key: &str| {
         app.operation(

@@ -85,12 +85,7 @@ async fn scenario(backend: Backend) -> Scenario {
         assert_eq!(job["status"], status, "{job}");
     }
     // No workers from here on: the next job stays queued with its hold open.
-    let app = app
-        .restart(AppOptions {
-            worker: None,
-            ..AppOptions::default()
-        })
-        .await;
+    let app = app.restart(AppOptions::no_workers()).await;
     let queued = app
         .create_job_ok(&tenant, job_input("waiting", "hello"))
         .await;

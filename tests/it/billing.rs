@@ -24,10 +24,7 @@ on_both_backends!(
 const LIMIT: Duration = Duration::from_secs(60);
 
 fn no_workers() -> AppOptions {
-    AppOptions {
-        worker: None,
-        ..AppOptions::default()
-    }
+    AppOptions::no_workers()
 }
 
 /// An amount of nano-credits as the API shows it.

@@ -123,14 +123,7 @@ async fn a_hung_call_times_out_as_unknown_and_is_retried(backend: Backend) {
         attempt_timeout: Duration::from_secs(1),
         ..test_worker_settings()
     };
-    let app = spawn_app_with(
-        backend,
-        AppOptions {
-            worker: Some(worker),
-            ..AppOptions::default()
-        },
-    )
-    .await;
+    let app = spawn_app_with(backend, AppOptions::workers(worker)).await;
     let tenant = app.funded_tenant("acme", "5").await;
     let job = run(
         &app,
@@ -243,14 +236,7 @@ async fn shutdown_hands_running_jobs_back_without_spending_an_attempt(backend: B
         shutdown_grace: Duration::from_millis(500),
         ..test_worker_settings()
     };
-    let app = spawn_app_with(
-        backend,
-        AppOptions {
-            worker: Some(worker),
-            ..AppOptions::default()
-        },
-    )
-    .await;
+    let app = spawn_app_with(backend, AppOptions::workers(worker)).await;
     let tenant = app.funded_tenant("acme", "5").await;
     // The first call hangs; the next one (on the restarted app) answers at once.
     let id = app
@@ -288,14 +274,7 @@ async fn shutdown_hands_running_jobs_back_without_spending_an_attempt(backend: B
 }
 
 async fn a_lapsed_lease_is_taken_back_and_the_job_still_succeeds(backend: Backend) {
-    let app = spawn_app_with(
-        backend,
-        AppOptions {
-            worker: None,
-            ..AppOptions::default()
-        },
-    )
-    .await;
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
     let tenant = app.funded_tenant("acme", "5").await;
     let id = app
         .create_job_ok(&tenant, job_input("orphan", "hello"))
@@ -351,14 +330,7 @@ async fn attempt_spans(
 }
 
 async fn claims_are_fair_across_tenants(backend: Backend) {
-    let app = spawn_app_with(
-        backend,
-        AppOptions {
-            worker: None,
-            ..AppOptions::default()
-        },
-    )
-    .await;
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
     let busy = app.funded_tenant("busy", "50").await;
     let quiet = app.funded_tenant("quiet", "5").await;
     let mut busy_jobs = Vec::new();
@@ -379,12 +351,7 @@ async fn claims_are_fair_across_tenants(backend: Backend) {
         concurrency: 2,
         ..test_worker_settings()
     };
-    let app = app
-        .restart(AppOptions {
-            worker: Some(worker),
-            ..AppOptions::default()
-        })
-        .await;
+    let app = app.restart(AppOptions::workers(worker)).await;
 
     let quiet_started = attempt_spans(&app, &quiet, &[quiet_job]).await[0].0;
     let busy_spans = attempt_spans(&app, &busy, &busy_jobs).await;
@@ -400,14 +367,7 @@ async fn claims_are_fair_across_tenants(backend: Backend) {
 }
 
 async fn a_tenant_runs_at_most_its_concurrency_bound(backend: Backend) {
-    let app = spawn_app_with(
-        backend,
-        AppOptions {
-            worker: None,
-            ..AppOptions::default()
-        },
-    )
-    .await;
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
     let bounded = app.funded_tenant("bounded", "5").await;
     let other = app.funded_tenant("other", "5").await;
     let mut bounded_jobs = Vec::new();
@@ -428,12 +388,7 @@ async fn a_tenant_runs_at_most_its_concurrency_bound(backend: Backend) {
         tenant_concurrency: Some(1),
         ..test_worker_settings()
     };
-    let app = app
-        .restart(AppOptions {
-            worker: Some(worker),
-            ..AppOptions::default()
-        })
-        .await;
+    let app = app.restart(AppOptions::workers(worker)).await;
 
     let spans = attempt_spans(&app, &bounded, &bounded_jobs).await;
     for pair in spans.windows(2) {
@@ -455,14 +410,7 @@ async fn shutdown_fails_a_job_that_forbids_retrying_unknown_outcomes(backend: Ba
         shutdown_grace: Duration::from_millis(300),
         ..test_worker_settings()
     };
-    let app = spawn_app_with(
-        backend,
-        AppOptions {
-            worker: Some(worker),
-            ..AppOptions::default()
-        },
-    )
-    .await;
+    let app = spawn_app_with(backend, AppOptions::workers(worker)).await;
     let tenant = app.funded_tenant("acme", "5").await;
     let mut input = job_input("pay-once", "hi [mock:hang]");
     input["retryUnknownOutcome"] = json!(false);
@@ -482,14 +430,7 @@ async fn shutdown_fails_a_job_that_forbids_retrying_unknown_outcomes(backend: Ba
 }
 
 async fn a_cancel_before_the_call_means_no_call(backend: Backend) {
-    let app = spawn_app_with(
-        backend,
-        AppOptions {
-            worker: None,
-            ..AppOptions::default()
-        },
-    )
-    .await;
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
     let tenant = app.funded_tenant("acme", "5").await;
     let id = app
         .create_job_ok(&tenant, job_input("cancelled-early", "hello"))
@@ -524,14 +465,7 @@ async fn a_call_longer_than_the_lease_keeps_it_by_renewing(backend: Backend) {
         poll_interval: Duration::from_millis(50),
         ..test_worker_settings()
     };
-    let app = spawn_app_with(
-        backend,
-        AppOptions {
-            worker: Some(worker),
-            ..AppOptions::default()
-        },
-    )
-    .await;
+    let app = spawn_app_with(backend, AppOptions::workers(worker)).await;
     let tenant = app.funded_tenant("acme", "5").await;
     // Three leases long: without renewal the worker's own sweep would take it back.
     let job = run(

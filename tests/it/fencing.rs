@@ -89,14 +89,7 @@ async fn snapshot(
 }
 
 async fn a_stale_run_token_cannot_renew_start_or_finish(backend: Backend) {
-    let app = spawn_app_with(
-        backend,
-        AppOptions {
-            worker: None,
-            ..AppOptions::default()
-        },
-    )
-    .await;
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
     let db = &app.app.db;
     let tenant = app.funded_tenant("acme", "5").await;
     let job_id = app
@@ -226,14 +219,7 @@ async fn a_stale_run_token_cannot_renew_start_or_finish(backend: Backend) {
 }
 
 async fn concurrent_claims_never_share_a_job(backend: Backend) {
-    let app = spawn_app_with(
-        backend,
-        AppOptions {
-            worker: None,
-            ..AppOptions::default()
-        },
-    )
-    .await;
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
     let tenant = app.funded_tenant("acme", "50").await;
     for index in 0..40 {
         app.create_job_ok(&tenant, job_input(&format!("claim-{index}"), "hello"))
@@ -278,14 +264,7 @@ async fn concurrent_claims_never_share_a_job(backend: Backend) {
 /// or the call failing at that moment): whatever the attempt proposes next — a retry,
 /// a hand-back, or its lease lapsing — the job ends cancelled and is never run again.
 async fn a_cancel_the_worker_missed_wins_over_a_retry(backend: Backend) {
-    let app = spawn_app_with(
-        backend,
-        AppOptions {
-            worker: None,
-            ..AppOptions::default()
-        },
-    )
-    .await;
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
     let db = &app.app.db;
     let tenant = app.funded_tenant("acme", "5").await;
     let proposals = [

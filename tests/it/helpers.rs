@@ -178,6 +178,24 @@ impl Default for AppOptions {
     }
 }
 
+impl AppOptions {
+    /// No workers: the test claims, runs or leaves jobs itself.
+    pub fn no_workers() -> Self {
+        Self {
+            worker: None,
+            ..Self::default()
+        }
+    }
+
+    /// Workers with these settings.
+    pub fn workers(settings: WorkerSettings) -> Self {
+        Self {
+            worker: Some(settings),
+            ..Self::default()
+        }
+    }
+}
+
 /// Short leases and polls, so tests finish in seconds.
 pub fn test_worker_settings() -> WorkerSettings {
     WorkerSettings {

@@ -102,14 +102,7 @@ async fn a_job_runs_to_success_with_one_charge_within_its_hold(backend: Backend)
 }
 
 async fn a_repeated_key_replays_and_a_changed_request_conflicts(backend: Backend) {
-    let app = spawn_app_with(
-        backend,
-        AppOptions {
-            worker: None,
-            ..AppOptions::default()
-        },
-    )
-    .await;
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
     let tenant = app.funded_tenant("acme", "5").await;
     let first = app
         .create_job(&tenant, job_input("same-key", "hello"))
@@ -160,14 +153,7 @@ async fn a_repeated_key_replays_and_a_changed_request_conflicts(backend: Backend
 }
 
 async fn concurrent_creates_with_one_key_make_one_job_and_one_hold(backend: Backend) {
-    let app = spawn_app_with(
-        backend,
-        AppOptions {
-            worker: None,
-            ..AppOptions::default()
-        },
-    )
-    .await;
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
     let tenant = app.funded_tenant("acme", "5").await;
     let responses = futures_util::future::join_all(
         (0..16).map(|_| app.create_job(&tenant, job_input("race", "the same request"))),
@@ -211,14 +197,7 @@ async fn concurrent_creates_with_one_key_make_one_job_and_one_hold(backend: Back
 }
 
 async fn insufficient_credits_refuse_and_write_nothing(backend: Backend) {
-    let app = spawn_app_with(
-        backend,
-        AppOptions {
-            worker: None,
-            ..AppOptions::default()
-        },
-    )
-    .await;
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
     // gpt-4o at 12.5 credits per million output tokens for the customer: 100,000 output
     // tokens need a hold of 1.25 credits, more than this tenant has.
     let tenant = app.funded_tenant("acme", "1").await;
@@ -258,14 +237,7 @@ async fn insufficient_credits_refuse_and_write_nothing(backend: Backend) {
 }
 
 async fn invalid_input_is_refused_with_validation(backend: Backend) {
-    let app = spawn_app_with(
-        backend,
-        AppOptions {
-            worker: None,
-            ..AppOptions::default()
-        },
-    )
-    .await;
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
     let tenant = app.funded_tenant("acme", "5").await;
     let cases = [
         ("model", json!("no-such-model")),
@@ -349,14 +321,7 @@ async fn a_transient_provider_error_is_retried(backend: Backend) {
 }
 
 async fn a_queued_job_is_cancelled_at_once(backend: Backend) {
-    let app = spawn_app_with(
-        backend,
-        AppOptions {
-            worker: None,
-            ..AppOptions::default()
-        },
-    )
-    .await;
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
     let tenant = app.funded_tenant("acme", "5").await;
     let id = app
         .create_job_ok(&tenant, job_input("to-cancel", "hello"))
@@ -393,14 +358,7 @@ async fn a_queued_job_is_cancelled_at_once(backend: Backend) {
 }
 
 async fn jobs_page_newest_first(backend: Backend) {
-    let app = spawn_app_with(
-        backend,
-        AppOptions {
-            worker: None,
-            ..AppOptions::default()
-        },
-    )
-    .await;
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
     let tenant = app.funded_tenant("acme", "5").await;
     let mut ids = Vec::new();
     for index in 0..3 {

@@ -22,19 +22,9 @@ async fn notices_cross_processes_for_pickup_and_cancel() {
     let Some(backend @ Backend::Postgres(_)) = Backend::postgres() else {
         return;
     };
-    let api = spawn_app_with(
-        backend,
-        AppOptions {
-            worker: None,
-            ..AppOptions::default()
-        },
-    )
-    .await;
+    let api = spawn_app_with(backend, AppOptions::no_workers()).await;
     let workers = api
-        .another_process(AppOptions {
-            worker: Some(deaf_worker()),
-            ..AppOptions::default()
-        })
+        .another_process(AppOptions::workers(deaf_worker()))
         .await;
     let tenant = api.funded_tenant("acme", "5").await;
 

@@ -1853,14 +1853,7 @@ async fn check_books(env: &Env, at: &str, drained: bool) {
 async fn concurrent_creates_never_admit_more_than_the_balance_holds(backend: Backend) {
     const FITS: i64 = 5;
     const CALLS: usize = 12;
-    let app = spawn_app_with(
-        backend,
-        AppOptions {
-            worker: None,
-            ..AppOptions::default()
-        },
-    )
-    .await;
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
     let db = app.app.db.clone();
     let input = |key: &str| {
         json!({
