@@ -1,5 +1,6 @@
 //! The `jobledger` command line: `serve`, `worker`, `migrate` and `mock-llm`.
 
+use crate::billing::ChargingPolicy;
 use crate::config::{DEFAULT_DATABASE_URL, ProviderSettings, Settings};
 use crate::jobs::worker::WorkerSettings;
 use crate::llm::Timeouts;
@@ -104,6 +105,8 @@ impl WorkerArgs {
             shutdown_grace: Duration::from_secs(self.shutdown_grace_seconds),
             tenant_concurrency: self.tenant_concurrency,
             poll_interval: POLL_INTERVAL,
+            // The config file's `[charging]` replaces it when the application is built.
+            charging: ChargingPolicy::default(),
         })
     }
 

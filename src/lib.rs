@@ -16,3 +16,4 @@ pub mod jobs;
 pub mod llm;
 pub mod startup;
 pub mod telemetry;
+pub mod validation;

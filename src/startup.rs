@@ -22,12 +22,14 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// What request handlers share: the database, the event bus and the admin token.
+/// What request handlers share: the database, the event bus, the admin token and
+/// which models this deployment can serve.
 #[derive(Clone, Debug)]
 pub struct App {
     pub db: DatabaseConnection,
     pub bus: EventBus,
     pub admin_token: AdminToken,
+    pub providers: ProviderRegistry,
 }
 
 /// Why the application could not start.
@@ -84,12 +86,6 @@ impl Application {
         };
         let bus = EventBus::default();
         let relay = NotificationRelay::listen(&db).await?;
-        let app = App {
-            db: db.clone(),
-            bus: bus.clone(),
-            admin_token,
-        };
-
         let (simulator_url, simulator) = match &settings.providers.simulator_url {
             Some(url) => (url.clone(), None),
             None => {
@@ -98,7 +94,16 @@ impl Application {
             }
         };
         let providers = provider_registry(&settings, config.as_ref(), &simulator_url);
-        let worker = settings.worker.clone().map(|worker_settings| {
+        let app = App {
+            db: db.clone(),
+            bus: bus.clone(),
+            admin_token,
+            providers: providers.clone(),
+        };
+        let worker = settings.worker.clone().map(|mut worker_settings| {
+            if let Some(config) = &config {
+                worker_settings.charging = config.charging;
+            }
             let id = format!(
                 "{}-{}",
                 std::process::id(),
@@ -195,7 +200,7 @@ impl BuiltInSimulator {
         let address = listener.local_addr()?;
         let stop = CancellationToken::new();
         let task = tokio::spawn(Simulator::new().serve(listener, stop.clone().cancelled_owned()));
-        tracing::info!(address = %address, "built-in LLM simulator serves every model without a provider");
+        tracing::info!(address = %address, "built-in LLM simulator started");
         Ok((address, Self { stop, task }))
     }
 }
@@ -203,8 +208,9 @@ impl BuiltInSimulator {
 /// Routes each model, first match wins: an exact name from the config file, then the
 /// longest prefix pattern from the config file, then `gpt-*`/`o*` to the
 /// OpenAI-compatible provider and `claude-*` to Anthropic when the environment
-/// configures them, and everything else to the simulator (at `simulator_url`, which
-/// `kind = "simulator"` providers of the file reach as well).
+/// configures them. Everything else goes to the simulator (at `simulator_url`, which
+/// `kind = "simulator"` providers of the file reach as well) while no real provider
+/// is configured, and is served by nobody once one is.
 pub fn provider_registry(
     settings: &Settings,
     config: Option<&ConfigFile>,
@@ -217,7 +223,24 @@ pub fn provider_registry(
     let anthropic = |name: &str, base_url: &str, key: Option<String>| -> Arc<dyn Provider> {
         Arc::new(AnthropicClient::new(name, base_url, key).with_timeouts(timeouts))
     };
-    let mut registry = ProviderRegistry::new(openai("simulator", simulator_url, None));
+    let real_provider_configured = settings.providers.openai.is_some()
+        || settings.providers.anthropic.is_some()
+        || config.is_some_and(|config| {
+            config
+                .providers
+                .values()
+                .any(|provider| provider.kind != ProviderKind::Simulator)
+        });
+    let fallback = if real_provider_configured {
+        tracing::info!(
+            "a real provider is configured: models no route names are refused, not simulated"
+        );
+        None
+    } else {
+        tracing::info!("no provider is configured: the simulator serves every model");
+        Some(openai("simulator", simulator_url, None))
+    };
+    let mut registry = ProviderRegistry::new(fallback);
     if let Some(ProviderEndpoint { base_url, api_key }) = &settings.providers.openai {
         registry = registry.route(
             ModelFamily::OpenAi,
@@ -255,11 +278,18 @@ pub fn provider_registry(
         }
     }
     for (model, entry) in &config.models {
-        if entry.price.is_some() && registry.uses_fallback(model) {
-            tracing::warn!(
-                model = %model,
-                "the config file prices this model but routes it to no provider: the built-in simulator serves it"
-            );
+        if entry.price.is_some() && registry.is_unrouted(model) {
+            if registry.serves(model) {
+                tracing::warn!(
+                    model = %model,
+                    "the config file prices this model but routes it to no provider: the built-in simulator serves it"
+                );
+            } else {
+                tracing::warn!(
+                    model = %model,
+                    "the config file prices this model but routes it to no provider: createJob refuses it"
+                );
+            }
         }
     }
     registry

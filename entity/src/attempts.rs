@@ -26,6 +26,13 @@ pub struct Model {
     pub provider_cost_nanos: Option<i64>,
     /// What the attempt may have cost when its outcome is unknown.
     pub provider_cost_upper_bound_nanos: Option<i64>,
+    /// What the customer pays for this attempt, decided when it ends: the accepted
+    /// answer's price, or what the charging policy charges for a call that did not
+    /// finish. `None` while the attempt runs.
+    pub customer_charge_nanos: Option<i64>,
+    /// Output tokens streamed to the client before the call ended without usage,
+    /// estimated from the text (see `billing::policy`); `None` when nothing streamed.
+    pub delivered_output_tokens: Option<i64>,
     /// The price row this attempt was priced with.
     pub model_price_id: Uuid,
     pub latency_ms: Option<i64>,

@@ -1,6 +1,6 @@
 //! A job's timeline and the source subscriptions replay from.
 
-use crate::{EventKind, JobStatus, Timestamp};
+use crate::{EventKind, JobStatus, JsonText, Timestamp};
 use sea_orm::entity::prelude::*;
 
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
@@ -16,7 +16,7 @@ pub struct Model {
     /// The job's status right after the event.
     pub status: JobStatus,
     pub at: Timestamp,
-    pub data: Option<Json>,
+    pub data: Option<JsonText>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

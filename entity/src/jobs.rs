@@ -1,6 +1,6 @@
 //! A job: the business operation, independent of any request or attempt.
 
-use crate::{JobStatus, Timestamp};
+use crate::{JobStatus, JsonText, Timestamp};
 use sea_orm::entity::prelude::*;
 
 #[derive(Clone, Debug, PartialEq, DeriveEntityModel)]
@@ -16,9 +16,9 @@ pub struct Model {
     pub cancel_requested: bool,
     pub model: String,
     /// Messages, max output tokens, response schema and metadata, as submitted.
-    pub input: Json,
+    pub input: JsonText,
     pub retry_unknown_outcome: bool,
-    pub result: Option<Json>,
+    pub result: Option<JsonText>,
     pub error_code: Option<String>,
     pub error_message: Option<String>,
     pub attempt_count: i32,

@@ -4,7 +4,8 @@
 //! - ids are UUIDs made in Rust (version 7, so they sort by creation time);
 //! - money is a BIGINT of nano-credits (`*_nanos`), so sums are exact on SQLite too;
 //! - time is a [`Timestamp`]: BIGINT microseconds since the Unix epoch, UTC, so that
-//!   comparisons in SQL (`lease_until < now`) are integer comparisons on both backends.
+//!   comparisons in SQL (`lease_until < now`) are integer comparisons on both backends;
+//! - JSON is a [`JsonText`]: serialized text, so any JSON value round-trips exactly.
 
 pub mod api_keys;
 pub mod attempt_reconciliations;
@@ -14,12 +15,14 @@ pub mod credit_grants;
 pub mod credit_reservations;
 pub mod job_events;
 pub mod jobs;
+mod json_text;
 pub mod ledger_entries;
 pub mod model_prices;
 pub mod tenants;
 mod timestamp;
 mod values;
 
+pub use json_text::JsonText;
 pub use timestamp::Timestamp;
 pub use values::{
     ApiKeyRole, AttemptOutcome, EventKind, JobStatus, LedgerEntryKind, ReservationStatus,

@@ -8,6 +8,8 @@ pub use sea_orm_migration::prelude::*;
 mod m20261130_000001_create_core_tables;
 mod m20261130_000002_attempt_reconciliations;
 mod m20261130_000003_jobs_tenant_created_at_index;
+mod m20261130_000004_json_as_text;
+mod m20261130_000005_attempt_customer_charges;
 
 /// Applies jobledger's migrations in order.
 pub struct Migrator;
@@ -19,6 +21,8 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000001_create_core_tables::Migration),
             Box::new(m20261130_000002_attempt_reconciliations::Migration),
             Box::new(m20261130_000003_jobs_tenant_created_at_index::Migration),
+            Box::new(m20261130_000004_json_as_text::Migration),
+            Box::new(m20261130_000005_attempt_customer_charges::Migration),
         ]
     }
 }

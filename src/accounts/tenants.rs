@@ -20,6 +20,7 @@ pub async fn create_tenant(
             "name must be 1 to {MAX_NAME_LENGTH} characters"
         )));
     }
+    crate::validation::single_line("name", name)?;
     let row = tenants::ActiveModel {
         id: Set(Uuid::now_v7()),
         name: Set(name.to_owned()),

@@ -55,15 +55,19 @@ pub enum Invariant {
     /// amount, no charge or release entry while held, at most one of each after, equal
     /// to its settled and released amounts.
     ReservationResolvedOnce,
-    /// Succeeded jobs have settled reservations, failed and cancelled jobs released
-    /// ones, queued and running jobs held ones: no hold is left open on a finished job.
+    /// Succeeded jobs have settled reservations, failed and cancelled jobs settled
+    /// (when their attempts charged something) or released ones, queued and running
+    /// jobs held ones: no hold is left open on a finished job.
     ReservationMatchesJobStatus,
     /// Every job has exactly one reservation, of its own tenant, and every reservation
     /// belongs to a job.
     OneReservationPerJob,
-    /// A succeeded job has exactly one charge, equal to its settled amount, for its own
-    /// succeeded attempt; no other job has any.
-    OneChargePerSucceededJob,
+    /// A job's charge is what its attempts charged: a succeeded job has exactly one
+    /// charge, naming its succeeded attempt; a failed or cancelled job one exactly when
+    /// its attempts carry customer charges (streamed output, unknown outcomes the policy
+    /// passes on), naming one of them; a queued or running job none. The charge equals
+    /// the settled amount and the sum of the attempts' charges capped at the hold.
+    ChargeMatchesAttempts,
     /// An attempt carries an exact cost or, when its outcome is unknown, an upper bound —
     /// never neither — and neither is negative.
     UnknownCostHasUpperBound,
@@ -83,7 +87,7 @@ impl Invariant {
         Self::ReservationResolvedOnce,
         Self::ReservationMatchesJobStatus,
         Self::OneReservationPerJob,
-        Self::OneChargePerSucceededJob,
+        Self::ChargeMatchesAttempts,
         Self::UnknownCostHasUpperBound,
         Self::ReconciliationMatchesAttempt,
     ];
@@ -100,7 +104,7 @@ impl Invariant {
             Self::ReservationResolvedOnce => "reservation_resolved_once",
             Self::ReservationMatchesJobStatus => "reservation_matches_job_status",
             Self::OneReservationPerJob => "one_reservation_per_job",
-            Self::OneChargePerSucceededJob => "one_charge_per_succeeded_job",
+            Self::ChargeMatchesAttempts => "charge_matches_attempts",
             Self::UnknownCostHasUpperBound => "unknown_cost_has_upper_bound",
             Self::ReconciliationMatchesAttempt => "reconciliation_matches_attempt",
         }
@@ -117,7 +121,7 @@ impl Invariant {
             Self::ReservationAmountsConsistent | Self::ReservationResolvedOnce => "reservations",
             Self::ReservationMatchesJobStatus
             | Self::OneReservationPerJob
-            | Self::OneChargePerSucceededJob => "jobs",
+            | Self::ChargeMatchesAttempts => "jobs",
             Self::UnknownCostHasUpperBound => "attempts",
             Self::ReconciliationMatchesAttempt => "reconciliations",
         }
@@ -545,6 +549,14 @@ struct AttemptRow {
     id: Uuid,
     job_id: Uuid,
     outcome: AttemptOutcome,
+    customer_charge_nanos: Option<i64>,
+}
+
+/// What a job's attempts charge the customer, summed.
+#[derive(Debug, FromQueryResult)]
+struct AttemptChargeTotal {
+    job_id: Uuid,
+    total: i64,
 }
 
 async fn audit_jobs(
@@ -646,6 +658,7 @@ async fn audit_job_page(
             .column(attempts::Column::Id)
             .column(attempts::Column::JobId)
             .column(attempts::Column::Outcome)
+            .column(attempts::Column::CustomerChargeNanos)
             .filter(attempts::Column::Id.is_in(charged_attempt_ids))
             .into_model::<AttemptRow>()
             .all(db)
@@ -655,10 +668,28 @@ async fn audit_job_page(
             .collect()
     };
 
+    let attempt_charges: HashMap<Uuid, i64> = attempts::Entity::find()
+        .select_only()
+        .column(attempts::Column::JobId)
+        .column_as(
+            Expr::col(attempts::Column::CustomerChargeNanos)
+                .sum()
+                .cast_as("BIGINT"),
+            "total",
+        )
+        .filter(attempts::Column::JobId.is_in(ids.iter().copied()))
+        .group_by(attempts::Column::JobId)
+        .into_model::<AttemptChargeTotal>()
+        .all(db)
+        .await?
+        .into_iter()
+        .map(|row| (row.job_id, row.total))
+        .collect();
+
     for invariant in [
         Invariant::ReservationMatchesJobStatus,
         Invariant::OneReservationPerJob,
-        Invariant::OneChargePerSucceededJob,
+        Invariant::ChargeMatchesAttempts,
     ] {
         recorder.checked(invariant, page.len() as u64);
     }
@@ -702,7 +733,15 @@ async fn audit_job_page(
             check_reservation_status(recorder, subject, job.status, reservation);
         }
         let charges = job_charges.get(&job.id).map_or(&[][..], Vec::as_slice);
-        check_charges(recorder, job, reservation, charges, &charged_attempts);
+        let attempts_charged = attempt_charges.get(&job.id).copied().unwrap_or(0);
+        check_charges(
+            recorder,
+            job,
+            reservation,
+            charges,
+            attempts_charged,
+            &charged_attempts,
+        );
     }
     Ok(())
 }
@@ -826,17 +865,19 @@ fn check_reservation_status(
     status: JobStatus,
     reservation: &credit_reservations::Model,
 ) {
-    let wanted = match status {
-        JobStatus::Succeeded => ReservationStatus::Settled,
-        JobStatus::Failed | JobStatus::Cancelled => ReservationStatus::Released,
-        JobStatus::Queued | JobStatus::Running => ReservationStatus::Held,
+    let wanted: &[ReservationStatus] = match status {
+        JobStatus::Succeeded => &[ReservationStatus::Settled],
+        JobStatus::Failed | JobStatus::Cancelled => {
+            &[ReservationStatus::Released, ReservationStatus::Settled]
+        }
+        JobStatus::Queued | JobStatus::Running => &[ReservationStatus::Held],
     };
-    if reservation.status != wanted {
+    if !wanted.contains(&reservation.status) {
         recorder.violation(
             Invariant::ReservationMatchesJobStatus,
             subject,
             format!(
-                "a {status:?} job's reservation is {:?}, not {wanted:?}",
+                "a {status:?} job's reservation is {:?}, not one of {wanted:?}",
                 reservation.status
             ),
         );
@@ -848,42 +889,51 @@ fn check_charges(
     job: &JobRow,
     reservation: Option<&credit_reservations::Model>,
     charges: &[charges::Model],
+    attempts_charged: i64,
     charged_attempts: &HashMap<Uuid, AttemptRow>,
 ) {
     let subject = Subject::Job(job.id);
-    let invariant = Invariant::OneChargePerSucceededJob;
-    if job.status != JobStatus::Succeeded {
-        if !charges.is_empty() {
-            recorder.violation(
-                invariant,
-                subject,
-                format!(
-                    "a {:?} job has {} charge(s) totalling {}",
-                    job.status,
-                    charges.len(),
-                    credits(charges.iter().map(|charge| charge.amount_nanos).sum())
-                ),
-            );
-        }
-        return;
-    }
-    let [charge] = charges else {
+    let invariant = Invariant::ChargeMatchesAttempts;
+    let charges_wanted = match job.status {
+        JobStatus::Succeeded => 1,
+        JobStatus::Failed | JobStatus::Cancelled => usize::from(attempts_charged > 0),
+        JobStatus::Queued | JobStatus::Running => 0,
+    };
+    if charges.len() != charges_wanted {
         recorder.violation(
             invariant,
             subject,
-            format!("a succeeded job has {} charges", charges.len()),
+            format!(
+                "a {:?} job whose attempts charged {} has {} charge(s) totalling {}",
+                job.status,
+                credits(attempts_charged),
+                charges.len(),
+                credits(charges.iter().map(|charge| charge.amount_nanos).sum())
+            ),
         );
+        return;
+    }
+    let [charge] = charges else {
         return;
     };
     let mut problems = Vec::new();
-    if let Some(reservation) = reservation
-        && charge.amount_nanos != reservation.settled_amount_nanos
-    {
-        problems.push(format!(
-            "charge {} ≠ settled amount {}",
-            credits(charge.amount_nanos),
-            credits(reservation.settled_amount_nanos)
-        ));
+    if let Some(reservation) = reservation {
+        if charge.amount_nanos != reservation.settled_amount_nanos {
+            problems.push(format!(
+                "charge {} ≠ settled amount {}",
+                credits(charge.amount_nanos),
+                credits(reservation.settled_amount_nanos)
+            ));
+        }
+        let wanted = std::cmp::min(attempts_charged, reservation.amount_nanos);
+        if charge.amount_nanos != wanted {
+            problems.push(format!(
+                "charge {} ≠ the attempts' charges {} capped at the hold {}",
+                credits(charge.amount_nanos),
+                credits(attempts_charged),
+                credits(reservation.amount_nanos)
+            ));
+        }
     }
     if charge.tenant_id != job.tenant_id {
         problems.push(format!(
@@ -896,10 +946,24 @@ fn check_charges(
             "the charged attempt {} belongs to job {}",
             attempt.id, attempt.job_id
         )),
-        Some(attempt) if attempt.outcome != AttemptOutcome::Succeeded => problems.push(format!(
-            "the charged attempt {} is {:?}, not the accepted one",
-            attempt.id, attempt.outcome
-        )),
+        Some(attempt)
+            if job.status == JobStatus::Succeeded
+                && attempt.outcome != AttemptOutcome::Succeeded =>
+        {
+            problems.push(format!(
+                "the charged attempt {} is {:?}, not the accepted one",
+                attempt.id, attempt.outcome
+            ))
+        }
+        Some(attempt)
+            if job.status != JobStatus::Succeeded
+                && attempt.customer_charge_nanos.unwrap_or(0) <= 0 =>
+        {
+            problems.push(format!(
+                "the charged attempt {} of a {:?} job charged nothing",
+                attempt.id, job.status
+            ))
+        }
         Some(_) => {}
         None => problems.push(format!(
             "the charged attempt {} does not exist",
@@ -957,7 +1021,7 @@ async fn audit_orphans(db: &impl ConnectionTrait, recorder: &mut Recorder) -> Re
                 ),
             })
             .collect();
-        recorder.violations(Invariant::OneChargePerSucceededJob, count, shown);
+        recorder.violations(Invariant::ChargeMatchesAttempts, count, shown);
     }
     Ok(())
 }

@@ -64,6 +64,11 @@ impl Credits {
         Self(self.0.min(other.0))
     }
 
+    /// The amount `factor` times over, saturating like addition.
+    pub fn times(self, factor: u32) -> Self {
+        Self(self.0.saturating_mul(i64::from(factor)))
+    }
+
     /// Addition that refuses to overflow.
     pub fn checked_add(self, other: Self) -> Option<Self> {
         self.0.checked_add(other.0).map(Self)

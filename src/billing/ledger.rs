@@ -61,6 +61,10 @@ pub async fn grant(
     if !new.amount.is_positive() {
         return Err(ServiceError::validation("amount must be greater than zero"));
     }
+    crate::validation::single_line("idempotencyKey", &new.idempotency_key)?;
+    if let Some(reason) = &new.reason {
+        crate::validation::free_text("reason", reason)?;
+    }
     let existing = credit_grants::Entity::find()
         .filter(credit_grants::Column::TenantId.eq(new.tenant_id))
         .filter(credit_grants::Column::IdempotencyKey.eq(&new.idempotency_key))
@@ -133,7 +137,7 @@ pub async fn grant_credits(
                 return Ok(granted);
             }
             Err(ServiceError::Database(error))
-                if tries_left > 1 && super::prices::is_unique_violation(&error) =>
+                if tries_left > 1 && crate::db::is_unique_violation(&error) =>
             {
                 transaction.rollback().await?;
                 tries_left -= 1;

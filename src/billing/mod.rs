@@ -4,9 +4,11 @@
 pub mod audit;
 mod credits;
 pub mod ledger;
+pub mod policy;
 pub mod prices;
 pub mod reconciliation;
 pub mod reports;
 
 pub use credits::{Credits, CreditsError};
+pub use policy::{AttemptEnding, CallBound, ChargingPolicy, UnfinishedCall};
 pub use prices::{ModelPrice, PricePerMillion, TokenUsage};

@@ -83,25 +83,6 @@ impl ModelPrice {
     pub fn customer_charge(&self, usage: &TokenUsage) -> Credits {
         self.customer.cost(usage)
     }
-
-    /// The most a call can cost the customer: every input token uncached and every
-    /// allowed output token used.
-    pub fn customer_hold(&self, input_token_bound: u64, max_output_tokens: u64) -> Credits {
-        self.customer.cost(&TokenUsage {
-            input_tokens: input_token_bound,
-            cached_input_tokens: 0,
-            output_tokens: max_output_tokens,
-        })
-    }
-
-    /// The most a call can cost at the provider, recorded when its outcome is unknown.
-    pub fn provider_cost_bound(&self, input_token_bound: u64, max_output_tokens: u64) -> Credits {
-        self.provider.cost(&TokenUsage {
-            input_tokens: input_token_bound,
-            cached_input_tokens: 0,
-            output_tokens: max_output_tokens,
-        })
-    }
 }
 
 impl From<model_prices::Model> for ModelPrice {
@@ -285,7 +266,7 @@ pub async fn sync_prices(
         };
         match model_prices::Entity::insert(row).exec(db).await {
             Ok(_) => tracing::info!(model = %price.model, version, "stored a new price version"),
-            Err(error) if is_unique_violation(&error) => {}
+            Err(error) if crate::db::is_unique_violation(&error) => {}
             Err(error) => return Err(error),
         }
     }
@@ -305,14 +286,6 @@ pub async fn price_at(
         .one(db)
         .await?
         .map(ModelPrice::from))
-}
-
-/// Whether a database error is a violated unique constraint.
-pub(crate) fn is_unique_violation(error: &DbErr) -> bool {
-    matches!(
-        error.sql_err(),
-        Some(sea_orm::SqlErr::UniqueConstraintViolation(_))
-    )
 }
 
 #[cfg(test)]

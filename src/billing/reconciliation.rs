@@ -70,6 +70,7 @@ pub async fn reconcile_attempt(
             "note must be at most {MAX_NOTE_LENGTH} characters"
         )));
     }
+    crate::validation::free_text("note", &note)?;
     let provider_request_id = new
         .provider_request_id
         .map(|id| id.trim().to_owned())
@@ -81,6 +82,9 @@ pub async fn reconcile_attempt(
         return Err(ServiceError::validation(format!(
             "providerRequestId must be at most {MAX_REQUEST_ID_LENGTH} characters"
         )));
+    }
+    if let Some(request_id) = &provider_request_id {
+        crate::validation::single_line("providerRequestId", request_id)?;
     }
     let usage = new.usage;
     if usage.cached_input_tokens > usage.input_tokens {

@@ -6,8 +6,8 @@
 //! the key and the problem, and prices are decimal strings parsed exactly (never through
 //! a float). `jobledger.example.toml` at the repository root shows every key.
 
-use crate::billing::Credits;
 use crate::billing::prices::{self, ConfiguredPrice, ListPrice, PricePerMillion, Rates};
+use crate::billing::{ChargingPolicy, Credits, UnfinishedCall};
 use crate::llm::routing::ModelPattern;
 use rust_decimal::Decimal;
 use serde::Deserialize;
@@ -48,6 +48,8 @@ pub struct ConfigFile {
     /// from `[routes]` and from each model's `provider`.
     pub routes: Vec<(ModelPattern, String)>,
     pub models: BTreeMap<String, ModelConfig>,
+    /// What the customer pays for calls that did not simply succeed (`[charging]`).
+    pub charging: ChargingPolicy,
 }
 
 /// What speaks to a named provider.
@@ -120,6 +122,15 @@ struct RawFile {
     routes: BTreeMap<String, String>,
     #[serde(default)]
     models: BTreeMap<String, RawModel>,
+    #[serde(default)]
+    charging: RawCharging,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCharging {
+    unknown_outcome: Option<String>,
+    cancelled_during_call: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -398,13 +409,41 @@ impl Checker<'_> {
             );
         }
 
+        let charging = ChargingPolicy {
+            unknown_outcome: self.unfinished_call(
+                "charging.unknown_outcome",
+                raw.charging.unknown_outcome.as_deref(),
+            )?,
+            cancelled_during_call: self.unfinished_call(
+                "charging.cancelled_during_call",
+                raw.charging.cancelled_during_call.as_deref(),
+            )?,
+        };
+
         Ok(ConfigFile {
             path: self.path.to_owned(),
             customer_markup,
             providers,
             routes: routes.into_iter().collect(),
             models,
+            charging,
         })
+    }
+
+    fn unfinished_call(
+        &self,
+        key: &str,
+        text: Option<&str>,
+    ) -> Result<UnfinishedCall, ConfigError> {
+        match text {
+            None => Ok(UnfinishedCall::default()),
+            Some("delivered_output") => Ok(UnfinishedCall::DeliveredOutput),
+            Some("call_bound") => Ok(UnfinishedCall::CallBound),
+            Some(other) => Err(self.invalid(
+                key,
+                format!("is {other:?}; expected \"delivered_output\" or \"call_bound\""),
+            )),
+        }
     }
 
     fn provider(

@@ -166,7 +166,8 @@ impl MutationRoot {
             stream_output: input.stream_output,
         })?;
         let app = app(context);
-        let created = service::create_job(&app.db, &app.bus, tenant_id, new).await?;
+        let created =
+            service::create_job(&app.db, &app.bus, &app.providers, tenant_id, new).await?;
         Ok(CreateJobPayload {
             replayed: created.replayed,
             job: Job(created.job),

@@ -110,12 +110,12 @@ impl Job {
 
     /// The messages, limits, response schema and metadata the job was created with.
     async fn input(&self) -> Json<serde_json::Value> {
-        Json(self.0.input.clone())
+        Json(self.0.input.0.clone())
     }
 
     /// The accepted reply: parsed JSON when the job has a response schema, else text.
     async fn result(&self) -> Option<Json<serde_json::Value>> {
-        self.0.result.clone().map(Json)
+        self.0.result.clone().map(|result| Json(result.0))
     }
 
     async fn error(&self) -> Option<JobError> {
@@ -270,6 +270,21 @@ impl Attempt {
         self.0.provider_cost_upper_bound_nanos.map(money)
     }
 
+    /// What the customer pays for this attempt under the charging policy: the
+    /// accepted answer's price, output already streamed, or — when the policy passes
+    /// them on — the bound of a call whose outcome is unknown. While the attempt runs,
+    /// what it would charge if it were lost. The job's charge is the sum, capped at its
+    /// hold.
+    async fn customer_charge(&self) -> Option<Amount> {
+        self.0.customer_charge_nanos.map(money)
+    }
+
+    /// Output tokens streamed to the client before the call ended: exact when the
+    /// provider reported usage, otherwise estimated as one per four bytes of text.
+    async fn delivered_output_tokens(&self) -> Option<i32> {
+        token_count(self.0.delivered_output_tokens)
+    }
+
     async fn latency_ms(&self) -> Option<i64> {
         self.0.latency_ms
     }
@@ -387,12 +402,12 @@ impl JobEvent {
 
     /// Details: the attempt number, its outcome and error.
     async fn data(&self) -> Option<Json<serde_json::Value>> {
-        self.0.data.clone().map(Json)
+        self.0.data.clone().map(|data| Json(data.0))
     }
 
     /// The text an `OUTPUT_DELTA` event carries.
     async fn delta(&self) -> Option<&str> {
-        self.0.data.as_ref()?.get("delta")?.as_str()
+        self.0.data.as_ref()?.0.get("delta")?.as_str()
     }
 }
 

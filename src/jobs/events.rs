@@ -5,7 +5,7 @@
 //! receiver therefore loses nothing: it re-reads, and a slow poll covers notices that
 //! never arrive (events written by another process).
 
-use entity::{EventKind, JobStatus, job_events, jobs};
+use entity::{EventKind, JobStatus, JsonText, job_events, jobs};
 use futures_util::Stream;
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait,
@@ -91,7 +91,7 @@ pub async fn append(
         kind: Set(kind),
         status: Set(job.status),
         at: Set(job.updated_at),
-        data: Set(data),
+        data: Set(data.map(JsonText)),
     };
     job_events::Entity::insert(row).exec(db).await?;
     let notice = EventNotice {
@@ -195,6 +195,6 @@ fn delta_event(notice: &EventNotice) -> job_events::Model {
         kind: EventKind::OutputDelta,
         status: notice.status,
         at: entity::Timestamp::now(),
-        data: Some(serde_json::json!({ "delta": notice.delta })),
+        data: Some(JsonText(serde_json::json!({ "delta": notice.delta }))),
     }
 }

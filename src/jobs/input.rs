@@ -1,5 +1,6 @@
 //! What a client asks a job to do, parsed into types that cannot hold a bad request.
 
+use crate::billing::CallBound;
 use crate::error::ServiceError;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -121,6 +122,15 @@ impl JobInput {
             .map_or(0, |schema| schema.to_string().len() as u64);
         content + schema
     }
+
+    /// The most one call for this input can use: what holds and cost bounds are
+    /// priced from.
+    pub fn call_bound(&self) -> CallBound {
+        CallBound {
+            input_tokens: self.input_token_bound(),
+            max_output_tokens: u64::from(self.max_output_tokens),
+        }
+    }
 }
 
 /// A job request as the API receives it, before any check.
@@ -155,6 +165,7 @@ impl NewJob {
         if model.is_empty() {
             return Err(ServiceError::validation("model must not be empty"));
         }
+        crate::validation::single_line("model", &model)?;
         if request.messages.is_empty() || request.messages.len() > MAX_MESSAGES {
             return Err(ServiceError::validation(format!(
                 "messages must hold 1 to {MAX_MESSAGES} messages"

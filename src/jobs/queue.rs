@@ -6,14 +6,15 @@
 //! the attempt lost the job (its lease expired and it was taken back), and the attempt
 //! then writes nothing further.
 
+use super::budget::{self, Spent};
 use super::events::{self, EventNotice};
 use crate::billing::{Credits, ModelPrice, TokenUsage, ledger};
 use crate::db::begin_write;
-use entity::{AttemptOutcome, EventKind, JobStatus, Timestamp, attempts, jobs};
+use entity::{AttemptOutcome, EventKind, JobStatus, JsonText, Timestamp, attempts, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr,
-    EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, Statement,
+    EntityTrait, QueryFilter, QueryOrder, QuerySelect, Statement,
 };
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -263,11 +264,18 @@ fn fenced_update(claim: &Claim) -> sea_orm::UpdateMany<jobs::Entity> {
 #[derive(Clone, Debug)]
 pub struct AttemptStart {
     pub worker_id: String,
-    pub provider: String,
+    /// The provider that serves the job's model; `None` when none does in this
+    /// process, and no call will be made.
+    pub provider: Option<String>,
     pub price: ModelPrice,
     /// What the call may cost at most, recorded now so that an attempt that never
     /// reports back still carries a bound.
     pub provider_cost_bound: Credits,
+    /// The most the customer may be charged for the call.
+    pub customer_charge_bound: Credits,
+    /// What the charging policy charges the customer for the call if it is lost with
+    /// its worker, recorded now for the same reason.
+    pub customer_charge_if_lost: Credits,
 }
 
 /// An attempt on record, about to call the provider.
@@ -278,7 +286,12 @@ pub struct StartedAttempt {
     pub notice: EventNotice,
     /// The tenant asked to cancel before the call was made: do not make it.
     pub cancel_requested: bool,
+    /// The job has no paid call left in its budget (see [`budget`]): do not make it.
+    pub budget_spent: bool,
 }
+
+/// The provider name recorded on an attempt whose model no provider serves.
+pub const UNROUTED_PROVIDER: &str = "unrouted";
 
 /// Records the attempt row and its `ATTEMPT_STARTED` event before the provider is
 /// called. `None` when the claim no longer owns the job.
@@ -305,29 +318,51 @@ pub async fn start_attempt(
     };
     // Numbered by the rows already there, not by attempt_count: an attempt handed back
     // at shutdown does not count against maxAttempts but is still a row of its own.
-    // The fenced UPDATE above holds the job's row lock, so numbering cannot race.
-    let earlier = attempts::Entity::find()
-        .filter(attempts::Column::JobId.eq(job.id))
-        .count(&transaction)
-        .await?;
+    // The fenced UPDATE above holds the job's row lock, so numbering and the budget
+    // check cannot race.
+    let earlier = Spent::load(&transaction, job.id).await?;
+    let hold = budget::open_hold(&transaction, job.id).await?;
+    let budget_spent = !earlier.allows_call(
+        &job,
+        hold,
+        start.provider_cost_bound,
+        start.customer_charge_bound,
+    );
+    // A call that will not be made is recorded as not billed from the start, so that
+    // losing the worker now cannot count it as paid.
+    let will_call = start.provider.is_some() && !budget_spent && !job.cancel_requested;
+    let (cost, cost_bound, customer_charge) = if will_call {
+        (
+            None,
+            Some(start.provider_cost_bound.nanos()),
+            start.customer_charge_if_lost.nanos(),
+        )
+    } else {
+        (Some(0), None, 0)
+    };
     let row = attempts::ActiveModel {
         id: Set(Uuid::now_v7()),
         job_id: Set(job.id),
         tenant_id: Set(job.tenant_id),
-        number: Set(i32::try_from(earlier).unwrap_or(i32::MAX - 1) + 1),
+        number: Set(i32::try_from(earlier.attempts).unwrap_or(i32::MAX - 1) + 1),
         run_token: Set(claim.run_token),
         worker_id: Set(start.worker_id.clone()),
         outcome: Set(AttemptOutcome::Running),
         error_code: Set(None),
         error_message: Set(None),
-        provider: Set(start.provider.clone()),
+        provider: Set(start
+            .provider
+            .clone()
+            .unwrap_or_else(|| UNROUTED_PROVIDER.to_owned())),
         model: Set(job.model.clone()),
         provider_request_id: Set(None),
         input_tokens: Set(None),
         cached_input_tokens: Set(None),
         output_tokens: Set(None),
-        provider_cost_nanos: Set(None),
-        provider_cost_upper_bound_nanos: Set(Some(start.provider_cost_bound.nanos())),
+        provider_cost_nanos: Set(cost),
+        provider_cost_upper_bound_nanos: Set(cost_bound),
+        customer_charge_nanos: Set(Some(customer_charge)),
+        delivered_output_tokens: Set(None),
         model_price_id: Set(start.price.id),
         latency_ms: Set(None),
         started_at: Set(now),
@@ -348,6 +383,7 @@ pub async fn start_attempt(
         attempt,
         notice,
         cancel_requested: job.cancel_requested,
+        budget_spent,
     }))
 }
 
@@ -360,6 +396,10 @@ pub struct AttemptReport {
     /// True when the request cannot have been billed (never sent, or refused with an
     /// error status): the cost is then exactly zero.
     pub not_billed: bool,
+    /// What the customer pays for this attempt, by the charging policy.
+    pub customer_charge: Credits,
+    /// Output streamed to the client, when the call streamed any.
+    pub delivered_output_tokens: Option<u64>,
     pub error: Option<JobError>,
     pub provider_request_id: Option<String>,
     pub latency: Duration,
@@ -373,12 +413,24 @@ pub struct JobError {
 }
 
 impl JobError {
-    /// An error with one of the codes jobledger uses.
+    /// An error with one of the codes jobledger uses. The message may quote a
+    /// provider, so a NUL character in it (which PostgreSQL text cannot hold) becomes
+    /// U+FFFD.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
             code: code.as_str().to_owned(),
-            message: message.into(),
+            message: storable_text(message.into()),
         }
+    }
+}
+
+/// Text from outside (a provider's message or request id) as a text column can hold
+/// it on both backends: NUL characters replaced by U+FFFD.
+pub fn storable_text(text: String) -> String {
+    if text.contains('\0') {
+        text.replace('\0', "\u{FFFD}")
+    } else {
+        text
     }
 }
 
@@ -399,6 +451,14 @@ pub enum ErrorCode {
     Cancelled,
     /// The worker shut down during the call and handed the job back.
     WorkerShutdown,
+    /// The job made as many calls that may have been billed as it may pay for
+    /// (`maxAttempts`, hand-backs and lost calls included), or their cost reached its hold.
+    PaidCallLimit,
+    /// No configured provider serves the job's model (the simulator only serves what
+    /// it is allowed to).
+    ModelNotServed,
+    /// The answer came back and was paid for, but the database refused to store it.
+    ResultNotStored,
 }
 
 impl ErrorCode {
@@ -412,6 +472,9 @@ impl ErrorCode {
             Self::LeaseExpired => "LEASE_EXPIRED",
             Self::Cancelled => "CANCELLED",
             Self::WorkerShutdown => "WORKER_SHUTDOWN",
+            Self::PaidCallLimit => "PAID_CALL_LIMIT",
+            Self::ModelNotServed => "MODEL_NOT_SERVED",
+            Self::ResultNotStored => "RESULT_NOT_STORED",
         }
     }
 }
@@ -419,8 +482,8 @@ impl ErrorCode {
 /// What becomes of the job after the attempt.
 #[derive(Clone, Debug)]
 pub enum JobOutcome {
-    /// The result is accepted and the customer is charged for it.
-    Succeeded { result: Value, charge: Credits },
+    /// The result is accepted; the customer is charged what the attempts carry.
+    Succeeded { result: Value },
     /// Queued again, to be claimed at `at`.
     Retry { at: Timestamp },
     /// Failed for good; the hold is released.
@@ -433,8 +496,9 @@ pub enum JobOutcome {
 }
 
 /// Finishes an attempt in one transaction fenced by its run token: the job's new
-/// state, the attempt's outcome and cost, the settlement or release of the hold, and
-/// the event. `None` when the claim no longer owns the job; then nothing is written.
+/// state, the attempt's outcome, cost and customer charge, the settlement or release
+/// of the hold, and the event. `None` when the claim no longer owns the job; then
+/// nothing is written.
 pub async fn finish_attempt(
     db: &DatabaseConnection,
     claim: &Claim,
@@ -449,11 +513,16 @@ pub async fn finish_attempt(
         transaction.rollback().await?;
         return Ok(None);
     };
-    // A cancel that landed while the call ran wins over going round again: a job the
-    // tenant cancelled is never queued for another (paid) attempt.
+    record_attempt(&transaction, attempt, price, &report, now).await?;
+    let spent = Spent::load(&transaction, current.id).await?;
     let outcome = match outcome {
+        // A cancel that landed while the call ran wins over going round again: a job
+        // the tenant cancelled is never queued for another (paid) attempt.
         JobOutcome::Retry { .. } | JobOutcome::HandBack if current.cancel_requested => {
             JobOutcome::Cancelled
+        }
+        JobOutcome::Retry { .. } | JobOutcome::HandBack if !spent.calls_left(&current) => {
+            JobOutcome::Failed(paid_call_limit(&spent))
         }
         other => other,
     };
@@ -477,8 +546,8 @@ pub async fn finish_attempt(
     };
     let update = update.col_expr(jobs::Column::Status, Expr::value(status));
     let update = match &outcome {
-        JobOutcome::Succeeded { result, .. } => update
-            .col_expr(jobs::Column::Result, Expr::value(result.clone()))
+        JobOutcome::Succeeded { result } => update
+            .col_expr(jobs::Column::Result, Expr::value(JsonText(result.clone())))
             .col_expr(jobs::Column::FinishedAt, Expr::value(now)),
         JobOutcome::Retry { at } => update.col_expr(jobs::Column::NextRunAt, Expr::value(*at)),
         JobOutcome::Failed(error) => update
@@ -505,20 +574,53 @@ pub async fn finish_attempt(
         transaction.rollback().await?;
         return Ok(None);
     };
-    record_attempt(&transaction, attempt, price, &report, now).await?;
-    match &outcome {
-        JobOutcome::Succeeded { charge, .. } => {
-            ledger::settle(&transaction, job.id, attempt.id, *charge).await?;
-        }
-        JobOutcome::Failed(_) | JobOutcome::Cancelled => {
-            ledger::release(&transaction, job.id).await?;
-        }
-        JobOutcome::Retry { .. } | JobOutcome::HandBack => {}
+    if status.is_terminal() {
+        resolve_hold(&transaction, &job, Some(attempt.id), &spent).await?;
     }
-    let data = attempt_event_data(Some(attempt.number), report.outcome, report.error.as_ref());
+    let error = match &outcome {
+        JobOutcome::Failed(error) => Some(error),
+        _ => report.error.as_ref(),
+    };
+    let data = attempt_event_data(Some(attempt.number), report.outcome, error);
     let notice = events::append(&transaction, &job, kind, Some(data)).await?;
     transaction.commit().await?;
     Ok(Some(vec![notice]))
+}
+
+/// The error of a job whose budget of paid calls is spent.
+fn paid_call_limit(spent: &Spent) -> JobError {
+    JobError::new(
+        ErrorCode::PaidCallLimit,
+        format!(
+            "the job made {} provider calls that may have been billed, as many as it may pay for",
+            spent.paid_calls
+        ),
+    )
+}
+
+/// Resolves a terminal job's hold: charges the sum of its attempts' customer charges
+/// (the settlement caps it at the hold) and releases the rest. A succeeded job is
+/// always settled, even for nothing; any other job only when an attempt charged.
+async fn resolve_hold(
+    transaction: &impl ConnectionTrait,
+    job: &jobs::Model,
+    final_attempt: Option<Uuid>,
+    spent: &Spent,
+) -> Result<(), DbErr> {
+    let charged_attempt = match job.status {
+        JobStatus::Succeeded => final_attempt,
+        _ if spent.customer_charges.is_positive() => spent.last_charged_attempt,
+        _ => None,
+    };
+    match charged_attempt {
+        Some(attempt_id) => {
+            ledger::settle(transaction, job.id, attempt_id, spent.customer_charges).await?;
+        }
+        None => {
+            ledger::release(transaction, job.id).await?;
+        }
+    }
+    Ok(())
 }
 
 async fn record_attempt(
@@ -544,7 +646,15 @@ async fn record_attempt(
         )
         .col_expr(
             attempts::Column::ProviderRequestId,
-            Expr::value(report.provider_request_id.clone()),
+            Expr::value(report.provider_request_id.clone().map(storable_text)),
+        )
+        .col_expr(
+            attempts::Column::CustomerChargeNanos,
+            Expr::value(report.customer_charge.nanos()),
+        )
+        .col_expr(
+            attempts::Column::DeliveredOutputTokens,
+            Expr::value(report.delivered_output_tokens.map(tokens)),
         )
         .col_expr(
             attempts::Column::ErrorCode,
@@ -657,6 +767,24 @@ async fn expire_lease(
         .filter(attempts::Column::RunToken.eq(claim.run_token))
         .one(&transaction)
         .await?;
+    // The lost attempt keeps the cost bound and the customer charge recorded when it
+    // started: its call may have been billed.
+    attempts::Entity::update_many()
+        .col_expr(
+            attempts::Column::Outcome,
+            Expr::value(AttemptOutcome::LeaseExpired),
+        )
+        .col_expr(attempts::Column::FinishedAt, Expr::value(now))
+        .col_expr(
+            attempts::Column::ErrorCode,
+            Expr::value(ErrorCode::LeaseExpired.as_str()),
+        )
+        .filter(attempts::Column::JobId.eq(job.id))
+        .filter(attempts::Column::RunToken.eq(claim.run_token))
+        .filter(attempts::Column::Outcome.eq(AttemptOutcome::Running))
+        .exec(&transaction)
+        .await?;
+    let spent = Spent::load(&transaction, job.id).await?;
     let (status, kind, error) = if job.cancel_requested {
         (JobStatus::Cancelled, EventKind::Cancelled, None)
     } else if lost_attempt.is_none() {
@@ -670,6 +798,12 @@ async fn expire_lease(
             ),
         );
         (JobStatus::Failed, EventKind::Failed, Some(error))
+    } else if !spent.calls_left(&job) {
+        (
+            JobStatus::Failed,
+            EventKind::Failed,
+            Some(paid_call_limit(&spent)),
+        )
     } else if !job.retry_unknown_outcome {
         let error = JobError::new(
             ErrorCode::OutcomeUnknown,
@@ -719,23 +853,8 @@ async fn expire_lease(
         transaction.rollback().await?;
         return Ok(None);
     };
-    attempts::Entity::update_many()
-        .col_expr(
-            attempts::Column::Outcome,
-            Expr::value(AttemptOutcome::LeaseExpired),
-        )
-        .col_expr(attempts::Column::FinishedAt, Expr::value(now))
-        .col_expr(
-            attempts::Column::ErrorCode,
-            Expr::value(ErrorCode::LeaseExpired.as_str()),
-        )
-        .filter(attempts::Column::JobId.eq(job.id))
-        .filter(attempts::Column::RunToken.eq(claim.run_token))
-        .filter(attempts::Column::Outcome.eq(AttemptOutcome::Running))
-        .exec(&transaction)
-        .await?;
     if status.is_terminal() {
-        ledger::release(&transaction, job.id).await?;
+        resolve_hold(&transaction, &job, None, &spent).await?;
     }
     let data = attempt_event_data(
         lost_attempt.map(|attempt| attempt.number),

@@ -5,7 +5,8 @@ use super::input::NewJob;
 use crate::billing::{ledger, prices};
 use crate::db::begin_write;
 use crate::error::ServiceError;
-use entity::{EventKind, JobStatus, Timestamp, jobs};
+use crate::llm::ProviderRegistry;
+use entity::{EventKind, JobStatus, JsonText, Timestamp, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait, QueryFilter,
@@ -23,15 +24,24 @@ pub struct CreatedJob {
 /// Creates a job, its credit hold and its `CREATED` event in one transaction — or,
 /// when the tenant used this idempotency key before, returns that job.
 ///
-/// Concurrent creates with one key yield one job: the loser of the race hits the
-/// unique (tenant, key) index, rolls back everything it wrote, and reads the winner's.
+/// The hold covers every call the job may pay for (`maxAttempts` of them, see
+/// `jobs::budget`). Concurrent creates with one key yield one job: the loser of the
+/// race hits the unique (tenant, key) index, rolls back everything it wrote, and reads
+/// the winner's.
 pub async fn create_job(
     db: &DatabaseConnection,
     bus: &EventBus,
+    providers: &ProviderRegistry,
     tenant_id: Uuid,
     new: NewJob,
 ) -> Result<CreatedJob, ServiceError> {
     let fingerprint = new.fingerprint();
+    if !providers.serves(&new.model) {
+        return Err(ServiceError::validation(format!(
+            "model {:?} is not served: no configured provider routes it",
+            new.model
+        )));
+    }
     let price = prices::price_at(db, &new.model, Timestamp::now())
         .await?
         .ok_or_else(|| {
@@ -40,10 +50,7 @@ pub async fn create_job(
                 new.model
             ))
         })?;
-    let hold = price.customer_hold(
-        new.input.input_token_bound(),
-        u64::from(new.input.max_output_tokens),
-    );
+    let hold = new.input.call_bound().job_hold(&price, new.max_attempts);
     // One retry is enough: after a unique violation the other job is committed.
     for _ in 0..2 {
         let transaction = begin_write(db).await?;
@@ -60,7 +67,9 @@ pub async fn create_job(
             status: Set(JobStatus::Queued),
             cancel_requested: Set(false),
             model: Set(new.model.clone()),
-            input: Set(serde_json::to_value(&new.input).expect("job input serializes")),
+            input: Set(JsonText(
+                serde_json::to_value(&new.input).expect("job input serializes"),
+            )),
             retry_unknown_outcome: Set(new.retry_unknown_outcome),
             result: Set(None),
             error_code: Set(None),
@@ -81,7 +90,7 @@ pub async fn create_job(
             .await
         {
             Ok(job) => job,
-            Err(error) if prices::is_unique_violation(&error) => {
+            Err(error) if crate::db::is_unique_violation(&error) => {
                 transaction.rollback().await?;
                 continue;
             }

@@ -8,7 +8,8 @@ use super::queue::{
     Renewal, StartedAttempt,
 };
 use super::relay;
-use crate::billing::{ModelPrice, prices};
+use crate::billing::policy::estimated_output_tokens;
+use crate::billing::{AttemptEnding, CallBound, ChargingPolicy, ModelPrice, TokenUsage, prices};
 use crate::llm::{ChatRequest, Completion, ProviderError, ProviderRegistry};
 use entity::{AttemptOutcome, EventKind, Timestamp, attempts};
 use rand::Rng;
@@ -52,6 +53,9 @@ pub struct WorkerSettings {
     /// How often an idle worker looks for due jobs no notice told it about
     /// (retries coming due, jobs created by another process).
     pub poll_interval: Duration,
+    /// What the customer pays for calls that did not simply succeed (the config
+    /// file's `[charging]`).
+    pub charging: ChargingPolicy,
 }
 
 /// A pool of concurrent attempts in one process.
@@ -196,18 +200,26 @@ impl Worker {
 
     async fn try_run_attempt(&self, claim: Claim) -> Result<(), DbErr> {
         let inner = &self.inner;
-        let input: JobInput = serde_json::from_value(claim.job.input.clone())
+        let input: JobInput = serde_json::from_value(claim.job.input.0.clone())
             .map_err(|error| DbErr::Custom(format!("stored job input is unreadable: {error}")))?;
         let price = prices::price_at(&inner.db, &claim.job.model, Timestamp::now())
             .await?
             .ok_or_else(|| DbErr::Custom(format!("model {} has no price", claim.job.model)))?;
+        // None when this process has no provider for the model (its config differs
+        // from the API process's): the job fails without a call.
         let provider = inner.providers.provider_for(&claim.job.model);
+        let bound = input.call_bound();
+        let charging = inner.settings.charging;
         let start = AttemptStart {
             worker_id: inner.id.clone(),
-            provider: provider.name().to_owned(),
-            provider_cost_bound: price.provider_cost_bound(
-                input.input_token_bound(),
-                u64::from(input.max_output_tokens),
+            provider: provider.as_ref().map(|provider| provider.name().to_owned()),
+            provider_cost_bound: bound.provider_cost(&price),
+            customer_charge_bound: bound.customer_cost(&price),
+            customer_charge_if_lost: charging.customer_charge(
+                &price,
+                bound,
+                AttemptEnding::Unknown,
+                0,
             ),
             price,
         };
@@ -216,6 +228,7 @@ impl Worker {
             attempt,
             notice: started,
             cancel_requested,
+            budget_spent,
         }) = queue::start_attempt(&inner.db, &claim, &start).await?
         else {
             tracing::warn!(job.id = %claim.job.id, "claim lost before the attempt started");
@@ -223,7 +236,7 @@ impl Worker {
         };
         inner.bus.publish([started.clone()]);
         tracing::info!(
-            job.id = %claim.job.id, attempt = attempt.number, provider = provider.name(),
+            job.id = %claim.job.id, attempt = attempt.number, provider = %attempt.provider,
             model = %claim.job.model, "attempt started"
         );
 
@@ -254,7 +267,9 @@ impl Worker {
         // which this attempt subscribed before starting.
         let end = if cancel_requested {
             CallEnd::CancelledBeforeSending
-        } else {
+        } else if budget_spent {
+            CallEnd::BudgetSpent
+        } else if let Some(provider) = provider {
             let call = async {
                 match &deltas {
                     Some(sender) => provider.stream(&request, sender).await,
@@ -277,8 +292,10 @@ impl Worker {
             )));
             loop {
                 tokio::select! {
+                    // An answer that is ready wins over a deadline, a cancel or an
+                    // abort that became ready at the same moment: it is paid for.
+                    biased;
                     answer = &mut call => break CallEnd::Answered(answer),
-                    _ = &mut deadline => break CallEnd::TimedOut,
                     Some(renewal) = renewals.recv() => match renewal {
                         Ok(Renewal::Renewed { cancel_requested: true }) => break CallEnd::Cancelled,
                         Ok(Renewal::Renewed { cancel_requested: false }) => {}
@@ -294,16 +311,21 @@ impl Worker {
                         Err(RecvError::Lagged(_)) => check_now.notify_one(),
                         _ => {}
                     },
+                    _ = &mut deadline => break CallEnd::TimedOut,
                     _ = inner.abort.cancelled() => break CallEnd::Aborted,
                 }
             }
+        } else {
+            CallEnd::NotServed
         };
         drop(deltas);
-        if let Some(forwarder) = forwarder
-            && let Err(error) = forwarder.await
-        {
-            tracing::warn!(job.id = %claim.job.id, error = %error, "the delta forwarder ended abnormally");
-        }
+        let streamed_bytes = match forwarder {
+            Some(forwarder) => forwarder.await.unwrap_or_else(|error| {
+                tracing::warn!(job.id = %claim.job.id, error = %error, "the delta forwarder ended abnormally");
+                0
+            }),
+            None => 0,
+        };
         let latency = began.elapsed();
         if matches!(end, CallEnd::LeaseLost) {
             tracing::warn!(job.id = %claim.job.id, attempt = attempt.number, "lease lost: the attempt writes nothing more");
@@ -319,19 +341,41 @@ impl Worker {
         } else {
             0
         };
-        let (report, outcome) = judge(
+        let call = CallFacts {
+            claim: &claim,
+            attempt: &attempt,
+            price: &start.price,
+            input: &input,
+            bound,
+            charging,
+            latency,
+            streamed_bytes,
+            earlier_invalid_outputs,
+        };
+        let (report, outcome) = call.judge(end);
+        let report_outcome = report.outcome;
+        let finished = match finish_with_retries(
+            &inner.db,
             &claim,
             &attempt,
             &start.price,
-            &input,
-            end,
-            latency,
-            earlier_invalid_outputs,
-        );
-        let report_outcome = report.outcome;
-        match finish_with_retries(&inner.db, &claim, &attempt, &start.price, report, outcome)
-            .await?
+            report.clone(),
+            outcome,
+        )
+        .await
         {
+            Err(FinishError::Refused(error)) => {
+                // Trying again cannot help, and leaving the job to lease expiry would
+                // lose the exact usage and run it again: record what is known.
+                tracing::error!(job.id = %claim.job.id, error = %error, "the database refused the attempt's outcome; recording the call without it");
+                let (report, outcome) = call.not_stored(report);
+                finish_with_retries(&inner.db, &claim, &attempt, &start.price, report, outcome)
+                    .await
+            }
+            other => other,
+        }
+        .map_err(FinishError::into_db_error)?;
+        match finished {
             Some(notices) => {
                 tracing::info!(
                     job.id = %claim.job.id, attempt = attempt.number, outcome = ?report_outcome,
@@ -380,10 +424,28 @@ impl Drop for AbortOnDrop {
 /// Tries to record a finished attempt before giving up to lease expiry.
 const FINISH_TRIES: u32 = 5;
 
-/// Records the attempt's end, retrying a failed write with backoff: the answer may be
-/// paid for, and losing it to one busy moment of the database would leave only a cost
-/// bound and make the job run again. The write is fenced, so retrying it is safe; once
-/// the lease has lapsed it matches nothing.
+/// Why an attempt's end could not be recorded.
+#[derive(Debug)]
+enum FinishError {
+    /// The database refused the statement for what it holds: trying it again fails
+    /// the same way.
+    Refused(DbErr),
+    /// The database stayed unreachable or busy through every try.
+    Unavailable(DbErr),
+}
+
+impl FinishError {
+    fn into_db_error(self) -> DbErr {
+        match self {
+            Self::Refused(error) | Self::Unavailable(error) => error,
+        }
+    }
+}
+
+/// Records the attempt's end, retrying a transient failure with backoff: the answer
+/// may be paid for, and losing it to one busy moment of the database would leave only
+/// a cost bound and make the job run again. The write is fenced, so retrying it is
+/// safe; once the lease has lapsed it matches nothing.
 async fn finish_with_retries(
     db: &DatabaseConnection,
     claim: &Claim,
@@ -391,20 +453,24 @@ async fn finish_with_retries(
     price: &ModelPrice,
     report: AttemptReport,
     outcome: JobOutcome,
-) -> Result<Option<Vec<EventNotice>>, DbErr> {
+) -> Result<Option<Vec<EventNotice>>, FinishError> {
     let mut pause = Duration::from_millis(500);
     let mut try_number = 1;
     loop {
         match queue::finish_attempt(db, claim, attempt, price, report.clone(), outcome.clone())
             .await
         {
+            Ok(finished) => return Ok(finished),
+            Err(error) if !crate::db::is_transient(&error) => {
+                return Err(FinishError::Refused(error));
+            }
             Err(error) if try_number < FINISH_TRIES => {
                 tracing::warn!(job.id = %claim.job.id, error = %error, try_number, "recording the attempt failed; trying again");
                 tokio::time::sleep(pause).await;
                 pause *= 2;
                 try_number += 1;
             }
-            finished => return finished,
+            Err(error) => return Err(FinishError::Unavailable(error)),
         }
     }
 }
@@ -415,13 +481,16 @@ const DELTA_WINDOW: Duration = Duration::from_millis(50);
 const MAX_DELTA_BYTES: usize = 2_000;
 
 /// Batches the text of a streaming attempt into `OutputDelta` notices that follow the
-/// attempt's `AttemptStarted` event, until the call drops its sender.
+/// attempt's `AttemptStarted` event, until the call drops its sender. Returns how many
+/// bytes of text it delivered, which the charging policy prices when the call ends
+/// without usage.
 async fn forward_deltas(
     db: DatabaseConnection,
     bus: EventBus,
     started: EventNotice,
     mut pieces: tokio::sync::mpsc::UnboundedReceiver<String>,
-) {
+) -> u64 {
+    let mut delivered = 0;
     while let Some(first) = pieces.recv().await {
         let mut text = first;
         let mut closed = false;
@@ -439,6 +508,7 @@ async fn forward_deltas(
                 _ = &mut window => break,
             }
         }
+        delivered += text.len() as u64;
         let notice = EventNotice {
             kind: EventKind::OutputDelta,
             delta: Some(text),
@@ -446,9 +516,10 @@ async fn forward_deltas(
         };
         relay::broadcast(&db, &bus, notice).await;
         if closed {
-            return;
+            break;
         }
     }
+    delivered
 }
 
 /// How the wait for the provider ended.
@@ -459,187 +530,296 @@ enum CallEnd {
     Cancelled,
     /// Cancel was requested before the call was made; it never was.
     CancelledBeforeSending,
+    /// The job has no paid call left; the call was not made.
+    BudgetSpent,
+    /// No provider of this process serves the model; the call was not made.
+    NotServed,
     LeaseLost,
     /// The worker is shutting down and the grace period is over.
     Aborted,
 }
 
-/// Decides what an attempt's end means for the attempt row and for the job.
-fn judge(
-    claim: &Claim,
-    attempt: &attempts::Model,
-    price: &ModelPrice,
-    input: &JobInput,
-    end: CallEnd,
+/// What an attempt's end is judged with.
+struct CallFacts<'a> {
+    claim: &'a Claim,
+    attempt: &'a attempts::Model,
+    price: &'a ModelPrice,
+    input: &'a JobInput,
+    bound: CallBound,
+    charging: ChargingPolicy,
     latency: Duration,
+    /// Bytes of reply text streamed to subscribers before the call ended.
+    streamed_bytes: u64,
     earlier_invalid_outputs: u64,
-) -> (AttemptReport, JobOutcome) {
-    let job = &claim.job;
-    let attempts_left = job.attempt_count < job.max_attempts;
-    let report = |outcome, usage, not_billed, error: Option<JobError>, request_id| AttemptReport {
-        outcome,
-        usage,
-        not_billed,
-        error,
-        provider_request_id: request_id,
-        latency,
-    };
-    let retry_or_fail = |error: JobError, retry_after: Option<Duration>| {
-        if attempts_left {
+}
+
+impl CallFacts<'_> {
+    /// The attempt row's report: the customer charge follows from how the call ended,
+    /// the charging policy, and the output it streamed.
+    fn report(
+        &self,
+        outcome: AttemptOutcome,
+        usage: Option<TokenUsage>,
+        ending: AttemptEnding,
+        error: Option<JobError>,
+        provider_request_id: Option<String>,
+    ) -> AttemptReport {
+        // Streamed output is counted exactly when the provider reported usage, and
+        // estimated from the text when the call ended before it could.
+        let delivered_output_tokens = (self.streamed_bytes > 0).then(|| match &usage {
+            Some(usage) => usage.output_tokens,
+            None => estimated_output_tokens(self.streamed_bytes),
+        });
+        AttemptReport {
+            outcome,
+            usage,
+            not_billed: ending == AttemptEnding::NotBilled,
+            customer_charge: self.charging.customer_charge(
+                self.price,
+                self.bound,
+                ending,
+                delivered_output_tokens.unwrap_or(0),
+            ),
+            delivered_output_tokens,
+            error,
+            provider_request_id,
+            latency: self.latency,
+        }
+    }
+
+    /// Queued again after a backoff while attempts are left; failed otherwise.
+    fn retry_or_fail(&self, error: JobError, retry_after: Option<Duration>) -> JobOutcome {
+        let job = &self.claim.job;
+        if job.attempt_count < job.max_attempts {
             JobOutcome::Retry {
                 at: Timestamp::now().plus(
-                    chrono::Duration::from_std(retry_delay(attempt.number, retry_after))
+                    chrono::Duration::from_std(retry_delay(self.attempt.number, retry_after))
                         .unwrap_or(chrono::Duration::MAX),
                 ),
             }
         } else {
             JobOutcome::Failed(error)
         }
-    };
-    match end {
-        CallEnd::Answered(Ok(completion)) => {
-            let request_id = completion.request_id.clone();
-            match accept(&completion, input) {
-                Ok(result) => (
-                    report(
-                        AttemptOutcome::Succeeded,
-                        Some(completion.usage),
-                        false,
-                        None,
-                        request_id,
-                    ),
-                    JobOutcome::Succeeded {
-                        result,
-                        charge: price.customer_charge(&completion.usage),
-                    },
+    }
+
+    /// Decides what an attempt's end means for the attempt row and for the job.
+    fn judge(&self, end: CallEnd) -> (AttemptReport, JobOutcome) {
+        let not_sent = |code, message: &str| {
+            let error = JobError::new(code, message);
+            (
+                self.report(
+                    AttemptOutcome::PermanentError,
+                    None,
+                    AttemptEnding::NotBilled,
+                    Some(error.clone()),
+                    None,
                 ),
-                Err(error) => (
-                    report(
-                        AttemptOutcome::InvalidOutput,
-                        Some(completion.usage),
-                        false,
-                        Some(error.clone()),
-                        request_id,
-                    ),
-                    if earlier_invalid_outputs < INVALID_OUTPUT_RETRIES {
-                        retry_or_fail(error, None)
-                    } else {
-                        JobOutcome::Failed(error)
-                    },
-                ),
-            }
-        }
-        CallEnd::Answered(Err(error)) => {
-            let request_id = error.request_id().map(str::to_owned);
-            match error {
-                ProviderError::NotSent { message } => {
-                    let error = JobError::new(ErrorCode::ProviderUnavailable, message);
-                    (
-                        report(
-                            AttemptOutcome::RetryableError,
-                            None,
-                            true,
-                            Some(error.clone()),
-                            None,
-                        ),
-                        retry_or_fail(error, None),
-                    )
-                }
-                ProviderError::Transient {
-                    status,
-                    message,
-                    retry_after,
-                    ..
-                } => {
-                    let error = JobError::new(
-                        ErrorCode::ProviderUnavailable,
-                        format!("provider answered {status}: {message}"),
-                    );
-                    (
-                        report(
-                            AttemptOutcome::RetryableError,
-                            None,
-                            true,
-                            Some(error.clone()),
-                            request_id,
-                        ),
-                        retry_or_fail(error, retry_after),
-                    )
-                }
-                ProviderError::Permanent {
-                    status, message, ..
-                } => {
-                    let message = tenant_message(claim, status, message);
-                    let error = JobError::new(
-                        ErrorCode::ProviderRejected,
-                        format!("provider refused the request with {status}: {message}"),
-                    );
-                    (
-                        report(
-                            AttemptOutcome::PermanentError,
-                            None,
-                            true,
-                            Some(error.clone()),
-                            request_id,
-                        ),
-                        JobOutcome::Failed(error),
-                    )
-                }
-                ProviderError::OutcomeUnknown { message } => {
-                    unknown_outcome(claim, message, report, retry_or_fail)
-                }
-            }
-        }
-        CallEnd::TimedOut => unknown_outcome(
-            claim,
-            format!(
+                JobOutcome::Failed(error),
+            )
+        };
+        match end {
+            CallEnd::Answered(Ok(completion)) => self.answered(completion),
+            CallEnd::Answered(Err(error)) => self.refused(error),
+            CallEnd::TimedOut => self.unknown_outcome(format!(
                 "no answer within the attempt timeout of {} s",
-                latency.as_secs()
+                self.latency.as_secs()
+            )),
+            CallEnd::Cancelled => {
+                let error = JobError::new(
+                    ErrorCode::Cancelled,
+                    "cancelled while the provider call was running",
+                );
+                (
+                    self.report(
+                        AttemptOutcome::Cancelled,
+                        None,
+                        AttemptEnding::CancelledDuringCall,
+                        Some(error),
+                        None,
+                    ),
+                    JobOutcome::Cancelled,
+                )
+            }
+            CallEnd::CancelledBeforeSending => {
+                let error = JobError::new(
+                    ErrorCode::Cancelled,
+                    "cancelled before the provider was called",
+                );
+                (
+                    self.report(
+                        AttemptOutcome::Cancelled,
+                        None,
+                        AttemptEnding::NotBilled,
+                        Some(error),
+                        None,
+                    ),
+                    JobOutcome::Cancelled,
+                )
+            }
+            CallEnd::BudgetSpent => not_sent(
+                ErrorCode::PaidCallLimit,
+                "not sent: the job already made as many provider calls that may have been billed as it may pay for",
             ),
-            report,
-            retry_or_fail,
-        ),
-        CallEnd::Cancelled => {
-            let error = JobError::new(
-                ErrorCode::Cancelled,
-                "cancelled while the provider call was running",
-            );
-            (
-                report(AttemptOutcome::Cancelled, None, false, Some(error), None),
-                JobOutcome::Cancelled,
-            )
+            CallEnd::NotServed => not_sent(
+                ErrorCode::ModelNotServed,
+                "not sent: no configured provider serves this model",
+            ),
+            CallEnd::Aborted => {
+                // The request was in flight: it may be billed, so its bound stays, and
+                // sending it again is a retry of an unknown outcome like any other.
+                let error = JobError::new(
+                    ErrorCode::WorkerShutdown,
+                    "the worker shut down during the call",
+                );
+                let outcome = if self.claim.job.retry_unknown_outcome {
+                    JobOutcome::HandBack
+                } else {
+                    JobOutcome::Failed(JobError::new(
+                        ErrorCode::OutcomeUnknown,
+                        "the worker shut down during the call, and the job does not retry unknown outcomes",
+                    ))
+                };
+                (
+                    self.report(
+                        AttemptOutcome::Unknown,
+                        None,
+                        AttemptEnding::Unknown,
+                        Some(error),
+                        None,
+                    ),
+                    outcome,
+                )
+            }
+            CallEnd::LeaseLost => unreachable!("a lost lease is handled before judging"),
         }
-        CallEnd::CancelledBeforeSending => {
-            let error = JobError::new(
-                ErrorCode::Cancelled,
-                "cancelled before the provider was called",
-            );
-            (
-                report(AttemptOutcome::Cancelled, None, true, Some(error), None),
-                JobOutcome::Cancelled,
-            )
+    }
+
+    fn answered(&self, completion: Completion) -> (AttemptReport, JobOutcome) {
+        let request_id = completion.request_id.clone();
+        match accept(&completion, self.input) {
+            Ok(result) => (
+                self.report(
+                    AttemptOutcome::Succeeded,
+                    Some(completion.usage),
+                    AttemptEnding::Accepted(completion.usage),
+                    None,
+                    request_id,
+                ),
+                JobOutcome::Succeeded { result },
+            ),
+            Err(error) => (
+                self.report(
+                    AttemptOutcome::InvalidOutput,
+                    Some(completion.usage),
+                    AttemptEnding::Rejected,
+                    Some(error.clone()),
+                    request_id,
+                ),
+                if self.earlier_invalid_outputs < INVALID_OUTPUT_RETRIES {
+                    self.retry_or_fail(error, None)
+                } else {
+                    JobOutcome::Failed(error)
+                },
+            ),
         }
-        CallEnd::Aborted => {
-            // The request was in flight: it may be billed, so its bound stays, and
-            // sending it again is a retry of an unknown outcome like any other.
-            let error = JobError::new(
-                ErrorCode::WorkerShutdown,
-                "the worker shut down during the call",
-            );
-            let outcome = if job.retry_unknown_outcome {
-                JobOutcome::HandBack
-            } else {
-                JobOutcome::Failed(JobError::new(
-                    ErrorCode::OutcomeUnknown,
-                    "the worker shut down during the call, and the job does not retry unknown outcomes",
-                ))
-            };
-            (
-                report(AttemptOutcome::Unknown, None, false, Some(error), None),
+    }
+
+    fn refused(&self, error: ProviderError) -> (AttemptReport, JobOutcome) {
+        let request_id = error.request_id().map(str::to_owned);
+        let failed = |outcome, error: JobError, request_id| {
+            self.report(
                 outcome,
+                None,
+                AttemptEnding::NotBilled,
+                Some(error),
+                request_id,
             )
+        };
+        match error {
+            ProviderError::NotSent { message } => {
+                let error = JobError::new(ErrorCode::ProviderUnavailable, message);
+                (
+                    failed(AttemptOutcome::RetryableError, error.clone(), None),
+                    self.retry_or_fail(error, None),
+                )
+            }
+            ProviderError::Transient {
+                status,
+                message,
+                retry_after,
+                ..
+            } => {
+                let error = JobError::new(
+                    ErrorCode::ProviderUnavailable,
+                    format!("provider answered {status}: {message}"),
+                );
+                (
+                    failed(AttemptOutcome::RetryableError, error.clone(), request_id),
+                    self.retry_or_fail(error, retry_after),
+                )
+            }
+            ProviderError::Permanent {
+                status, message, ..
+            } => {
+                let message = tenant_message(self.claim, status, message);
+                let error = JobError::new(
+                    ErrorCode::ProviderRejected,
+                    format!("provider refused the request with {status}: {message}"),
+                );
+                (
+                    failed(AttemptOutcome::PermanentError, error.clone(), request_id),
+                    JobOutcome::Failed(error),
+                )
+            }
+            ProviderError::OutcomeUnknown { message } => self.unknown_outcome(message),
         }
-        CallEnd::LeaseLost => unreachable!("a lost lease is handled before judging"),
+    }
+
+    /// The request may have been billed: the cost stays a bound, and the job is retried
+    /// only if it allows paying twice.
+    fn unknown_outcome(&self, message: String) -> (AttemptReport, JobOutcome) {
+        let error = JobError::new(ErrorCode::OutcomeUnknown, message);
+        let outcome = if self.claim.job.retry_unknown_outcome {
+            self.retry_or_fail(error.clone(), None)
+        } else {
+            JobOutcome::Failed(error.clone())
+        };
+        (
+            self.report(
+                AttemptOutcome::Unknown,
+                None,
+                AttemptEnding::Unknown,
+                Some(error),
+                None,
+            ),
+            outcome,
+        )
+    }
+
+    /// The report and outcome to record when the database refused `refused`: the call
+    /// with its usage and exact cost (so the bill is explained) and the job failed —
+    /// whatever the answer was, it could not be kept.
+    fn not_stored(&self, refused: AttemptReport) -> (AttemptReport, JobOutcome) {
+        let error = JobError::new(
+            ErrorCode::ResultNotStored,
+            format!(
+                "the outcome of attempt {} could not be stored; the call is recorded with its usage",
+                self.attempt.number
+            ),
+        );
+        let ending = if refused.not_billed {
+            AttemptEnding::NotBilled
+        } else {
+            AttemptEnding::Rejected
+        };
+        let report = self.report(
+            AttemptOutcome::PermanentError,
+            refused.usage,
+            ending,
+            Some(error.clone()),
+            refused.provider_request_id,
+        );
+        (report, JobOutcome::Failed(error))
     }
 }
 
@@ -656,32 +836,6 @@ fn tenant_message(claim: &Claim, status: u16, message: String) -> String {
     } else {
         message
     }
-}
-
-/// The request may have been billed: the cost stays a bound, and the job is retried
-/// only if it allows paying twice.
-fn unknown_outcome(
-    claim: &Claim,
-    message: String,
-    report: impl Fn(
-        AttemptOutcome,
-        Option<crate::billing::TokenUsage>,
-        bool,
-        Option<JobError>,
-        Option<String>,
-    ) -> AttemptReport,
-    retry_or_fail: impl Fn(JobError, Option<Duration>) -> JobOutcome,
-) -> (AttemptReport, JobOutcome) {
-    let error = JobError::new(ErrorCode::OutcomeUnknown, message);
-    let outcome = if claim.job.retry_unknown_outcome {
-        retry_or_fail(error.clone(), None)
-    } else {
-        JobOutcome::Failed(error.clone())
-    };
-    (
-        report(AttemptOutcome::Unknown, None, false, Some(error), None),
-        outcome,
-    )
 }
 
 /// The job's result from a reply: the parsed JSON when the job has a response schema,

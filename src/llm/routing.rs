@@ -3,7 +3,9 @@
 //! A model name is routed, first match wins: an exact name from the config file, then
 //! the longest matching prefix pattern (`"gpt-4o*"`) from the config file, then its
 //! family's provider from the environment (`OPENAI_*`, `ANTHROPIC_*`), then the
-//! fallback (the built-in simulator).
+//! fallback: the built-in simulator, but only while no real provider is configured.
+//! Once one is, a model no route claims is served by nobody and refused at createJob —
+//! never simulated and charged at real prices.
 
 use super::Provider;
 use std::collections::HashMap;
@@ -84,19 +86,20 @@ impl ModelFamily {
 }
 
 /// Maps model names to providers; models no configured provider claims go to the
-/// fallback (the simulator when no provider is configured at all).
+/// fallback, if there is one (the simulator when no provider is configured at all).
 #[derive(Clone, Debug)]
 pub struct ProviderRegistry {
     exact: HashMap<String, Arc<dyn Provider>>,
     /// Longest prefix first, so the most specific pattern wins.
     prefixes: Vec<(String, Arc<dyn Provider>)>,
     families: Vec<(ModelFamily, Arc<dyn Provider>)>,
-    fallback: Arc<dyn Provider>,
+    fallback: Option<Arc<dyn Provider>>,
 }
 
 impl ProviderRegistry {
-    /// A registry sending every model to `fallback`.
-    pub fn new(fallback: Arc<dyn Provider>) -> Self {
+    /// A registry sending every model no route claims to `fallback`, or refusing it
+    /// when there is none.
+    pub fn new(fallback: Option<Arc<dyn Provider>>) -> Self {
         Self {
             exact: HashMap::new(),
             prefixes: Vec::new(),
@@ -129,28 +132,38 @@ impl ProviderRegistry {
         self
     }
 
-    /// Whether no route claims `model`, so the fallback serves it.
-    pub fn uses_fallback(&self, model: &str) -> bool {
-        Arc::ptr_eq(&self.provider_for(model), &self.fallback)
+    /// Whether some provider serves `model`.
+    pub fn serves(&self, model: &str) -> bool {
+        self.provider_for(model).is_some()
     }
 
-    /// The provider that serves `model`.
-    pub fn provider_for(&self, model: &str) -> Arc<dyn Provider> {
+    /// Whether no route claims `model`: the fallback serves it, if there is one.
+    pub fn is_unrouted(&self, model: &str) -> bool {
+        self.route_for(model).is_none()
+    }
+
+    /// The provider that serves `model`; `None` when no route claims it and there is
+    /// no fallback.
+    pub fn provider_for(&self, model: &str) -> Option<Arc<dyn Provider>> {
+        self.route_for(model).or_else(|| self.fallback.clone())
+    }
+
+    fn route_for(&self, model: &str) -> Option<Arc<dyn Provider>> {
         if let Some(provider) = self.exact.get(model) {
-            return provider.clone();
+            return Some(provider.clone());
         }
         if let Some((_, provider)) = self
             .prefixes
             .iter()
             .find(|(prefix, _)| model.starts_with(prefix.as_str()))
         {
-            return provider.clone();
+            return Some(provider.clone());
         }
         let family = ModelFamily::of(model);
         self.families
             .iter()
             .find(|(candidate, _)| Some(*candidate) == family)
-            .map_or_else(|| self.fallback.clone(), |(_, provider)| provider.clone())
+            .map(|(_, provider)| provider.clone())
     }
 }
 
@@ -214,14 +227,14 @@ mod tests {
     #[test]
     fn exact_beats_longest_prefix_beats_family_beats_fallback() {
         let pattern = |text| ModelPattern::parse(text).unwrap();
-        let registry = ProviderRegistry::new(Arc::new(Named("simulator")))
+        let registry = ProviderRegistry::new(Some(Arc::new(Named("simulator"))))
             .route(ModelFamily::OpenAi, Arc::new(Named("openai-env")))
             .route(ModelFamily::Anthropic, Arc::new(Named("anthropic-env")))
             .route_pattern(&pattern("gpt-*"), Arc::new(Named("router")))
             .route_pattern(&pattern("gpt-4o*"), Arc::new(Named("azure")))
             .route_pattern(&pattern("gpt-4o-mini"), Arc::new(Named("local")))
             .route_pattern(&pattern("llama*"), Arc::new(Named("ollama")));
-        let name = |model| registry.provider_for(model).name().to_owned();
+        let name = |model| registry.provider_for(model).unwrap().name().to_owned();
         assert_eq!(name("gpt-4o-mini"), "local");
         assert_eq!(name("gpt-4o"), "azure");
         assert_eq!(name("gpt-4.1"), "router");
@@ -229,7 +242,21 @@ mod tests {
         assert_eq!(name("claude-sonnet-4-5"), "anthropic-env");
         assert_eq!(name("llama3-local"), "ollama");
         assert_eq!(name("mistral"), "simulator");
-        assert!(registry.uses_fallback("mistral"));
-        assert!(!registry.uses_fallback("o3-mini"));
+        assert!(registry.is_unrouted("mistral"));
+        assert!(!registry.is_unrouted("o3-mini"));
+    }
+
+    #[test]
+    fn without_a_fallback_an_unrouted_model_is_served_by_nobody() {
+        let registry = ProviderRegistry::new(None)
+            .route(ModelFamily::OpenAi, Arc::new(Named("openai-env")))
+            .route_pattern(
+                &ModelPattern::parse("test-*").unwrap(),
+                Arc::new(Named("simulator")),
+            );
+        assert!(registry.serves("gpt-4o"));
+        assert!(registry.serves("test-echo"));
+        assert!(!registry.serves("claude-sonnet-4-5"));
+        assert!(!registry.serves("mistral"));
     }
 }

@@ -38,7 +38,7 @@ on_both_backends!(
     a_hold_released_twice_breaks_reservation_resolved_once,
     a_failed_job_with_an_open_hold_breaks_reservation_matches_job_status,
     a_job_without_a_reservation_breaks_one_reservation_per_job,
-    a_charge_on_the_wrong_job_breaks_one_charge_per_succeeded_job,
+    a_charge_on_the_wrong_job_breaks_charge_matches_attempts,
     an_attempt_without_cost_or_bound_breaks_unknown_cost_has_upper_bound,
     a_changed_reconciled_cost_breaks_reconciliation_matches_attempt,
     the_audit_command_exits_zero_when_clean_and_one_on_a_violation,
@@ -415,7 +415,7 @@ async fn a_job_without_a_reservation_breaks_one_reservation_per_job(backend: Bac
     .await;
 }
 
-async fn a_charge_on_the_wrong_job_breaks_one_charge_per_succeeded_job(backend: Backend) {
+async fn a_charge_on_the_wrong_job_breaks_charge_matches_attempts(backend: Backend) {
     let s = scenario(backend).await;
     // The succeeded job's charge moves to the failed job of the same tenant: the
     // tenant's totals still agree, the jobs do not.
@@ -428,11 +428,11 @@ async fn a_charge_on_the_wrong_job_breaks_one_charge_per_succeeded_job(backend: 
     let report = report(&s.app).await;
     assert_eq!(
         report.violated(),
-        [Invariant::OneChargePerSucceededJob],
+        [Invariant::ChargeMatchesAttempts],
         "{report}"
     );
     let subjects: Vec<Subject> = report
-        .check(Invariant::OneChargePerSucceededJob)
+        .check(Invariant::ChargeMatchesAttempts)
         .violations
         .iter()
         .map(|violation| violation.subject)

@@ -25,6 +25,7 @@ use uuid::Uuid;
 on_both_backends!(
     a_configured_model_runs_on_its_provider_at_its_price,
     a_model_without_a_price_is_refused_with_validation,
+    an_unrouted_model_is_refused_once_a_provider_is_configured,
     a_changed_price_is_a_new_version_and_the_past_keeps_its_cost,
 );
 
@@ -428,22 +429,41 @@ fn the_file_routes_what_it_names_and_the_environment_the_rest() {
     settings.providers.anthropic = Some(endpoint("https://api.anthropic.com"));
 
     let registry = provider_registry(&settings, Some(&config), "http://127.0.0.1:9/v1");
-    let served_by = |model| registry.provider_for(model).name().to_owned();
-    assert_eq!(served_by("llama3-local"), "local");
-    assert_eq!(served_by("gpt-4o-mini"), "router");
-    assert_eq!(served_by("test-echo"), "sim");
-    // Not named by the file: the environment's providers, then the simulator.
-    assert_eq!(served_by("gpt-4.1-mini"), "openai");
-    assert_eq!(served_by("o3-mini"), "openai");
-    assert_eq!(served_by("claude-sonnet-4-5"), "anthropic");
-    assert_eq!(served_by("mistral"), "simulator");
+    let served_by = |model| {
+        registry
+            .provider_for(model)
+            .map(|provider| provider.name().to_owned())
+    };
+    let served = |name: &str| Some(name.to_owned());
+    assert_eq!(served_by("llama3-local"), served("local"));
+    assert_eq!(served_by("gpt-4o-mini"), served("router"));
+    assert_eq!(served_by("test-echo"), served("sim"));
+    // Not named by the file: the environment's providers; with real providers
+    // configured, nothing else (the simulator serves only what the file routes to it).
+    assert_eq!(served_by("gpt-4.1-mini"), served("openai"));
+    assert_eq!(served_by("o3-mini"), served("openai"));
+    assert_eq!(served_by("claude-sonnet-4-5"), served("anthropic"));
+    assert_eq!(served_by("mistral"), None);
 
     // Without a file, exactly the environment's routing.
     let registry = provider_registry(&settings, None, "http://127.0.0.1:9/v1");
-    let served_by = |model| registry.provider_for(model).name().to_owned();
-    assert_eq!(served_by("gpt-4o-mini"), "openai");
-    assert_eq!(served_by("claude-sonnet-4-5"), "anthropic");
-    assert_eq!(served_by("llama3-local"), "simulator");
+    let served_by = |model| {
+        registry
+            .provider_for(model)
+            .map(|provider| provider.name().to_owned())
+    };
+    assert_eq!(served_by("gpt-4o-mini"), served("openai"));
+    assert_eq!(served_by("claude-sonnet-4-5"), served("anthropic"));
+    assert_eq!(served_by("llama3-local"), None);
+
+    // With no real provider at all, the simulator serves every model.
+    let registry = provider_registry(&settings_without_database(), None, "http://127.0.0.1:9/v1");
+    assert_eq!(
+        registry
+            .provider_for("llama3-local")
+            .map(|provider| provider.name().to_owned()),
+        served("simulator")
+    );
 }
 
 fn settings_without_database() -> Settings {
@@ -662,20 +682,52 @@ async fn a_model_without_a_price_is_refused_with_validation(backend: Backend) {
     let tenant = app.funded_tenant("acme", "5").await;
 
     // Routed by the file to a provider, but priced nowhere.
-    for model in ["unpriced-model", "never-heard-of-it"] {
+    let mut input = llama_job("unpriced");
+    input["model"] = json!("unpriced-model");
+    let response = app.create_job(&tenant, input).await;
+    assert_eq!(error_code(&response), "VALIDATION", "{response}");
+    assert!(
+        response["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("has no price"),
+        "{response}"
+    );
+    assert!(local.simulator.calls().is_empty());
+}
+
+/// With a real provider configured, the simulator no longer serves what no route
+/// names: a built-in, priced model with no provider is refused, never simulated and
+/// charged at real prices.
+async fn an_unrouted_model_is_refused_once_a_provider_is_configured(backend: Backend) {
+    let local = LocalServer::start().await;
+    let config = TestConfig::new(&local);
+    let app = spawn_app_with(backend, config.with_input_price("0.5")).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    for model in ["claude-sonnet-4-5", "gpt-4o-mini", "never-heard-of-it"] {
         let mut input = llama_job(model);
         input["model"] = json!(model);
         let response = app.create_job(&tenant, input).await;
-        assert_eq!(error_code(&response), "VALIDATION", "{response}");
+        assert_eq!(error_code(&response), "VALIDATION", "{model}: {response}");
         assert!(
             response["errors"][0]["message"]
                 .as_str()
                 .unwrap()
-                .contains("has no price"),
+                .contains("is not served"),
             "{response}"
         );
     }
-    assert!(local.simulator.calls().is_empty());
+    // The routed model still runs.
+    let id = app.create_job_ok(&tenant, llama_job("routed")).await;
+    let job = app
+        .wait_until_finished(&tenant, id, Duration::from_secs(15))
+        .await;
+    assert_eq!(job["status"], "SUCCEEDED", "{job}");
+    assert_eq!(local.simulator.calls().len(), 1);
+    assert!(
+        app.simulator.calls().is_empty(),
+        "nothing reached the simulator"
+    );
 }
 
 async fn a_changed_price_is_a_new_version_and_the_past_keeps_its_cost(backend: Backend) {

@@ -7,7 +7,7 @@ use entity::{
     AttemptOutcome, JobStatus, ReservationStatus, Timestamp, attempts, charges,
     credit_reservations, job_events, jobs, ledger_entries,
 };
-use jobledger::billing::{ModelPrice, TokenUsage, prices};
+use jobledger::billing::{Credits, ModelPrice, TokenUsage, prices};
 use jobledger::jobs::input::JobInput;
 use jobledger::jobs::queue::{
     self, AttemptReport, AttemptStart, Claim, ClaimRequest, ErrorCode, JobError, JobOutcome,
@@ -33,27 +33,30 @@ async fn attempt_start(app: &TestApp, claim: &Claim) -> AttemptStart {
         .await
         .unwrap()
         .unwrap();
-    let input: JobInput = serde_json::from_value(claim.job.input.clone()).unwrap();
+    let input: JobInput = serde_json::from_value(claim.job.input.0.clone()).unwrap();
+    let bound = input.call_bound();
     AttemptStart {
         worker_id: "test-worker".into(),
-        provider: "simulator".into(),
-        provider_cost_bound: price.provider_cost_bound(
-            input.input_token_bound(),
-            u64::from(input.max_output_tokens),
-        ),
+        provider: Some("simulator".into()),
+        provider_cost_bound: bound.provider_cost(&price),
+        customer_charge_bound: bound.customer_cost(&price),
+        customer_charge_if_lost: Credits::ZERO,
         price,
     }
 }
 
-fn success_report() -> AttemptReport {
+fn success_report(price: &ModelPrice) -> AttemptReport {
+    let usage = TokenUsage {
+        input_tokens: 10,
+        cached_input_tokens: 0,
+        output_tokens: 5,
+    };
     AttemptReport {
         outcome: AttemptOutcome::Succeeded,
-        usage: Some(TokenUsage {
-            input_tokens: 10,
-            cached_input_tokens: 0,
-            output_tokens: 5,
-        }),
+        usage: Some(usage),
         not_billed: false,
+        customer_charge: price.customer_charge(&usage),
+        delivered_output_tokens: None,
         error: None,
         provider_request_id: Some("req-stale".into()),
         latency: Duration::from_millis(5),
@@ -147,9 +150,6 @@ async fn a_stale_run_token_cannot_renew_start_or_finish(backend: Backend) {
     let outcomes = [
         JobOutcome::Succeeded {
             result: json!("stale"),
-            charge: start
-                .price
-                .customer_charge(&success_report().usage.unwrap()),
         },
         JobOutcome::Failed(JobError::new(ErrorCode::ProviderRejected, "stale")),
         JobOutcome::Cancelled,
@@ -163,7 +163,7 @@ async fn a_stale_run_token_cannot_renew_start_or_finish(backend: Backend) {
             &stale,
             &stale_attempt,
             &start.price,
-            success_report(),
+            success_report(&start.price),
             outcome,
         )
         .await
@@ -192,8 +192,7 @@ async fn a_stale_run_token_cannot_renew_start_or_finish(backend: Backend) {
     );
 
     // The owner of the job finishes it normally.
-    let report = success_report();
-    let charge = start.price.customer_charge(&report.usage.unwrap());
+    let report = success_report(&start.price);
     let finished = queue::finish_attempt(
         db,
         &fresh,
@@ -202,7 +201,6 @@ async fn a_stale_run_token_cannot_renew_start_or_finish(backend: Backend) {
         report,
         JobOutcome::Succeeded {
             result: json!("fresh"),
-            charge,
         },
     )
     .await
@@ -300,6 +298,8 @@ async fn a_cancel_the_worker_missed_wins_over_a_retry(backend: Backend) {
                     outcome: AttemptOutcome::RetryableError,
                     usage: None,
                     not_billed: true,
+                    customer_charge: Credits::ZERO,
+                    delivered_output_tokens: None,
                     error: Some(JobError::new(ErrorCode::ProviderUnavailable, "503")),
                     provider_request_id: None,
                     latency: Duration::from_millis(5),

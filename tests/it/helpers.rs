@@ -2,8 +2,11 @@
 //! started on a random port with the simulator beside it, and GraphQL clients.
 
 use futures_util::{SinkExt, StreamExt};
+use jobledger::billing::ChargingPolicy;
 use jobledger::config::{ProviderSettings, Settings};
 use jobledger::jobs::worker::WorkerSettings;
+use jobledger::llm::ProviderRegistry;
+use jobledger::llm::openai::OpenAiClient;
 use jobledger::llm::simulator::Simulator;
 use jobledger::startup::{App, Application};
 use rust_decimal::Decimal;
@@ -205,7 +208,15 @@ pub fn test_worker_settings() -> WorkerSettings {
         shutdown_grace: Duration::from_secs(5),
         tenant_concurrency: None,
         poll_interval: Duration::from_millis(100),
+        charging: ChargingPolicy::default(),
     }
+}
+
+/// Routing with no provider configured: the simulator serves every model. For tests
+/// that call the job services directly; nothing is ever sent to it.
+pub fn simulated_models() -> ProviderRegistry {
+    let simulator = OpenAiClient::new("simulator", "http://127.0.0.1:9/v1", None);
+    ProviderRegistry::new(Some(std::sync::Arc::new(simulator)))
 }
 
 /// The admin token every test app uses.

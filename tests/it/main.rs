@@ -6,8 +6,10 @@
 mod helpers;
 
 mod accounts;
+mod any_text;
 mod audit;
 mod billing;
+mod charging;
 mod config;
 mod contract;
 mod crash;

@@ -66,3 +66,31 @@ async fn notices_cross_processes_for_pickup_and_cancel() {
     assert_billing_invariants(&api.app.db).await;
     drop(workers);
 }
+
+on_both_backends!(concurrent_migrations_of_a_fresh_database_all_succeed);
+
+/// Processes deployed together race to migrate a fresh database: each waits for the
+/// other (an advisory lock on PostgreSQL, the write lock on SQLite) and all succeed.
+async fn concurrent_migrations_of_a_fresh_database_all_succeed(backend: Backend) {
+    let database = crate::helpers::TestDatabase::create(&backend).await;
+    let migrations: Vec<_> = (0..3)
+        .map(|_| {
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_jobledger"))
+                .args(["migrate", "--database-url", &database.url])
+                .output()
+        })
+        .collect();
+    for output in futures_util::future::join_all(migrations).await {
+        let output = output.expect("the binary runs");
+        assert!(
+            output.status.success(),
+            "a concurrent migrate failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let db = jobledger::db::connect(&database.url).await.unwrap();
+    jobledger::db::migrate(&db)
+        .await
+        .expect("nothing is left to apply");
+    assert_billing_invariants(&db).await;
+}

@@ -12,7 +12,9 @@
 //!   holds admit exactly K, to the nano-credit; and rivals racing to release one hold
 //!   release it once.
 
-use crate::helpers::{AppOptions, Backend, TestDatabase, decimal, error_code, spawn_app_with};
+use crate::helpers::{
+    AppOptions, Backend, TestDatabase, decimal, error_code, simulated_models, spawn_app_with,
+};
 use crate::invariants::assert_billing_invariants;
 use entity::{
     AttemptOutcome, JobStatus, LedgerEntryKind, ReservationStatus, Timestamp, attempts, charges,
@@ -23,6 +25,7 @@ use jobledger::billing::{Credits, ModelPrice, TokenUsage, audit, prices};
 use jobledger::db::begin_write;
 use jobledger::error::ServiceError;
 use jobledger::jobs::EventBus;
+use jobledger::jobs::budget::may_have_been_billed;
 use jobledger::jobs::input::{JobInput, JobRequest, NewJob};
 use jobledger::jobs::queue::{
     self, AttemptReport, AttemptStart, Claim, ClaimRequest, ErrorCode, JobError, JobOutcome,
@@ -155,10 +158,18 @@ impl Spec {
     }
 
     /// The hold by the README's sizing rule, computed here rather than by the service:
-    /// customer price × (UTF-8 bytes + 16 per message + maxOutputTokens).
+    /// maxAttempts × the higher of the customer and the provider price ×
+    /// (UTF-8 bytes + 16 per message + maxOutputTokens).
     fn hold(&self, price: &ModelPrice) -> Credits {
-        let input_bound = self.content().len() as u64 + MESSAGE_OVERHEAD_TOKENS;
-        price.customer_hold(input_bound, u64::from(self.max_output))
+        let usage = TokenUsage {
+            input_tokens: self.content().len() as u64 + MESSAGE_OVERHEAD_TOKENS,
+            cached_input_tokens: 0,
+            output_tokens: u64::from(self.max_output),
+        };
+        let per_call = price
+            .customer_charge(&usage)
+            .max(price.provider_cost(&usage));
+        Credits::from_nanos(per_call.nanos() * i64::from(self.max_attempts))
     }
 
     /// Another request under the same key: a conflict, never a replay.
@@ -175,15 +186,17 @@ impl Spec {
 }
 
 /// The attempt's start as a worker records it: the stored price and the cost bound.
+/// Under the default charging policy a lost call charges the customer nothing (it
+/// streamed nothing).
 fn attempt_start(price: &ModelPrice, job: &jobs::Model) -> AttemptStart {
-    let input: JobInput = serde_json::from_value(job.input.clone()).unwrap();
+    let input: JobInput = serde_json::from_value(job.input.0.clone()).unwrap();
+    let bound = input.call_bound();
     AttemptStart {
         worker_id: "property-test".into(),
-        provider: "simulator".into(),
-        provider_cost_bound: price.provider_cost_bound(
-            input.input_token_bound(),
-            u64::from(input.max_output_tokens),
-        ),
+        provider: Some("simulator".into()),
+        provider_cost_bound: bound.provider_cost(price),
+        customer_charge_bound: bound.customer_cost(price),
+        customer_charge_if_lost: Credits::ZERO,
         price: price.clone(),
     }
 }
@@ -230,6 +243,17 @@ enum Effect {
 struct AttemptCost {
     outcome: AttemptOutcome,
     exact: Option<i64>,
+    /// The call may have been billed: it counts against the job's paid calls.
+    paid: bool,
+}
+
+impl AttemptCost {
+    /// An attempt that has started its call and not ended.
+    const RUNNING: Self = Self {
+        outcome: AttemptOutcome::Running,
+        exact: None,
+        paid: true,
+    };
 }
 
 /// The report and outcome a worker would send for `how`, and what they must cause.
@@ -238,11 +262,18 @@ fn plan(
     job: &jobs::Model,
     price: &ModelPrice,
 ) -> (AttemptReport, JobOutcome, Effect, AttemptCost) {
+    // Only the accepted answer is charged: nothing streams here, and the default
+    // policy charges nothing else.
     let report =
         |outcome, usage: Option<TokenUsage>, not_billed, error: Option<JobError>| AttemptReport {
             outcome,
             usage,
             not_billed,
+            customer_charge: match (outcome, usage) {
+                (AttemptOutcome::Succeeded, Some(usage)) => price.customer_charge(&usage),
+                _ => Credits::ZERO,
+            },
+            delivered_output_tokens: None,
             error,
             provider_request_id: Some(format!("req-{}", Uuid::new_v4().simple())),
             latency: Duration::from_millis(3),
@@ -254,6 +285,7 @@ fn plan(
             (None, true) => Some(0),
             (None, false) => None,
         },
+        paid: usage.is_some() || !not_billed,
     };
     let attempts_left = job.attempt_count < job.max_attempts;
     match how {
@@ -272,7 +304,6 @@ fn plan(
                 report(AttemptOutcome::Succeeded, Some(usage), false, None),
                 JobOutcome::Succeeded {
                     result: json!("done"),
-                    charge,
                 },
                 Effect::Settle { charge },
                 cost(AttemptOutcome::Succeeded, Some(usage), false),
@@ -533,6 +564,14 @@ struct ModelJob {
     attempts: Vec<AttemptCost>,
 }
 
+impl ModelJob {
+    /// Whether the job may pay for another call: fewer paid calls than maxAttempts.
+    fn calls_left(&self) -> bool {
+        let paid = self.attempts.iter().filter(|attempt| attempt.paid).count();
+        paid < self.spec.max_attempts as usize
+    }
+}
+
 /// The reference model and the database it describes.
 struct Sequence {
     db: DatabaseConnection,
@@ -677,16 +716,14 @@ impl Sequence {
         let price = &self.price_list[spec.model];
         let hold = spec.hold(price);
         assert_eq!(
-            price.customer_hold(
-                new.input.input_token_bound(),
-                u64::from(new.input.max_output_tokens)
-            ),
+            new.input.call_bound().job_hold(price, new.max_attempts),
             hold,
             "{}: the service sizes holds other than the README says",
             self.at
         );
         let tenant_id = self.tenants[tenant].id;
-        let result = service::create_job(&self.db, &self.bus, tenant_id, new).await;
+        let result =
+            service::create_job(&self.db, &self.bus, &simulated_models(), tenant_id, new).await;
         let model = &self.tenants[tenant];
         if let Some(&existing) = model.keys.get(&key) {
             let existing = &self.jobs[existing];
@@ -833,10 +870,12 @@ impl Sequence {
             "{}",
             self.at
         );
-        job.attempts.push(AttemptCost {
-            outcome: AttemptOutcome::Running,
-            exact: None,
-        });
+        assert!(
+            !started.budget_spent,
+            "{}: a job was queued with no paid call left",
+            self.at
+        );
+        job.attempts.push(AttemptCost::RUNNING);
         job.claim = Some((claim, Some(attempt)));
     }
 
@@ -872,6 +911,13 @@ impl Sequence {
         *job.attempts.last_mut().unwrap() = cost;
         job.claim = None;
         let tenant = &mut self.tenants[job.tenant];
+        let effect = match effect {
+            // A job that made as many paid calls as maxAttempts makes no more.
+            Effect::Requeue { .. } if !job.cancel_requested && !job.calls_left() => {
+                Effect::Release(JobStatus::Failed)
+            }
+            other => other,
+        };
         match effect {
             Effect::Settle { charge } => {
                 let charged = charge.nanos().min(job.hold);
@@ -951,7 +997,10 @@ impl Sequence {
             // Nothing was sent: the claim is given back and does not count.
             job.attempt_count -= 1;
             JobStatus::Queued
-        } else if job.attempt_count >= claim.job.max_attempts || !job.spec.retry_unknown {
+        } else if job.attempt_count >= claim.job.max_attempts
+            || !job.calls_left()
+            || !job.spec.retry_unknown
+        {
             JobStatus::Failed
         } else {
             JobStatus::Queued
@@ -1150,6 +1199,7 @@ impl Sequence {
                 .map(|attempt| AttemptCost {
                     outcome: attempt.outcome,
                     exact: attempt.provider_cost_nanos,
+                    paid: may_have_been_billed(attempt),
                 })
                 .collect();
             assert_eq!(attempts, job.attempts, "{at}: attempts of job {}", job.id);
@@ -1313,7 +1363,14 @@ impl Task {
         let spec = concurrent_spec(tenant, key, variant);
         let hold = spec.hold(&env.price_list[spec.model]);
         let new = spec.new_job(&format!("key-{key}"));
-        let result = service::create_job(&env.db, &env.bus, env.tenants[tenant], new).await;
+        let result = service::create_job(
+            &env.db,
+            &env.bus,
+            &simulated_models(),
+            env.tenants[tenant],
+            new,
+        )
+        .await;
         let outcome = match result {
             Ok(created) if created.replayed => CreateOutcome::Replayed(created.job.id),
             Ok(created) => CreateOutcome::Fresh(created.job.id),
@@ -1879,10 +1936,7 @@ async fn concurrent_creates_never_admit_more_than_the_balance_holds(backend: Bac
         .await
         .unwrap()
         .unwrap();
-    let hold = price.customer_hold(
-        new.input.input_token_bound(),
-        u64::from(new.input.max_output_tokens),
-    );
+    let hold = new.input.call_bound().job_hold(&price, new.max_attempts);
     // Nine significant fractional digits, so any rounding on the way shows.
     assert!(
         hold.nanos() % 10 != 0 && (100_000_000..1_000_000_000).contains(&hold.nanos()),
@@ -2044,10 +2098,15 @@ async fn racing_releases_of_one_hold_resolve_it_once(backend: Backend) {
     let mut held = Credits::from_nanos(JOBS as i64 * hold.nanos());
     let mut job_ids = Vec::new();
     for index in 0..JOBS {
-        let created =
-            service::create_job(&db, &bus, tenant, spec.new_job(&format!("race-{index}")))
-                .await
-                .unwrap();
+        let created = service::create_job(
+            &db,
+            &bus,
+            &simulated_models(),
+            tenant,
+            spec.new_job(&format!("race-{index}")),
+        )
+        .await
+        .unwrap();
         job_ids.push(created.job.id);
     }
     for job_id in job_ids {

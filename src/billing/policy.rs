@@ -1,0 +1,216 @@
+//! The charging policy: what the customer pays for an attempt that did not simply
+//! succeed, and how large a job's hold must be to cover every call it may pay for.
+//!
+//! The provider may bill us for a call whose answer we never used. The rules:
+//! - the accepted answer is charged at its usage;
+//! - a call that cannot have been billed (never sent, refused with an error status,
+//!   cancelled before sending) is never charged;
+//! - output already streamed to the client is always charged, whatever became of the
+//!   call (invalid output, timeout, lost connection, cancel, shutdown);
+//! - for a call whose outcome is unknown, and for a call the tenant cancelled while it
+//!   ran, the operator chooses: charge only the streamed output and absorb the rest
+//!   of the provider's cost ([`UnfinishedCall::DeliveredOutput`], the default), or
+//!   pass the call's upper bound on to the customer ([`UnfinishedCall::CallBound`]).
+//!
+//! Either way the exposure is bounded: a job makes at most `maxAttempts` calls that
+//! may be billed, and its hold covers that many calls at the higher of the provider's
+//! and the customer's price, so neither what we may owe the provider nor what the
+//! customer may be charged for one job ever exceeds its hold.
+
+use super::{Credits, ModelPrice, TokenUsage};
+
+/// What the customer pays for a call that ended without an accepted answer, beyond
+/// the output it streamed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum UnfinishedCall {
+    /// Only the output already streamed to the client; the operator absorbs the rest.
+    #[default]
+    DeliveredOutput,
+    /// The call's upper bound at the customer price: every input token and every
+    /// allowed output token.
+    CallBound,
+}
+
+/// The operator's charging choices (`[charging]` in the config file).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChargingPolicy {
+    /// A call sent whose outcome is unknown: a timeout or a lost connection after
+    /// sending, a shutdown abort, a worker that died during the call.
+    pub unknown_outcome: UnfinishedCall,
+    /// A call the tenant cancelled while it ran.
+    pub cancelled_during_call: UnfinishedCall,
+}
+
+/// How an attempt ended, as far as the customer's charge is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttemptEnding {
+    /// The answer was accepted: its usage is charged.
+    Accepted(TokenUsage),
+    /// The request cannot have been billed.
+    NotBilled,
+    /// An answer came back and was not accepted (it failed the response schema, or
+    /// could not be stored).
+    Rejected,
+    /// The request was sent and its outcome is unknown.
+    Unknown,
+    /// The tenant cancelled the job while the call ran.
+    CancelledDuringCall,
+}
+
+/// One call's upper bound of tokens: what the hold and the unknown-outcome bounds
+/// are priced from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallBound {
+    pub input_tokens: u64,
+    pub max_output_tokens: u64,
+}
+
+impl CallBound {
+    fn usage(self) -> TokenUsage {
+        TokenUsage {
+            input_tokens: self.input_tokens,
+            cached_input_tokens: 0,
+            output_tokens: self.max_output_tokens,
+        }
+    }
+
+    /// What the call may cost at the provider at most.
+    pub fn provider_cost(self, price: &ModelPrice) -> Credits {
+        price.provider_cost(&self.usage())
+    }
+
+    /// What the call may cost the customer at most.
+    pub fn customer_cost(self, price: &ModelPrice) -> Credits {
+        price.customer_charge(&self.usage())
+    }
+
+    /// The hold for a job that may pay for `paid_calls` calls: each at the higher of
+    /// the two prices, so that neither side's total can pass it.
+    pub fn job_hold(self, price: &ModelPrice, paid_calls: u32) -> Credits {
+        self.provider_cost(price)
+            .max(self.customer_cost(price))
+            .times(paid_calls)
+    }
+}
+
+/// Output tokens in streamed text whose exact count the provider never reported: one
+/// token per four UTF-8 bytes, rounded up — the usual average for English text, and
+/// exactly what the built-in simulator counts.
+pub fn estimated_output_tokens(streamed_bytes: u64) -> u64 {
+    streamed_bytes.div_ceil(4)
+}
+
+impl ChargingPolicy {
+    /// What the customer pays for one attempt: `delivered_output_tokens` is the output
+    /// streamed to the client before the call ended (0 when nothing streamed).
+    pub fn customer_charge(
+        &self,
+        price: &ModelPrice,
+        bound: CallBound,
+        ending: AttemptEnding,
+        delivered_output_tokens: u64,
+    ) -> Credits {
+        let delivered = price.customer.output.cost(delivered_output_tokens);
+        let unfinished = |choice: UnfinishedCall| match choice {
+            UnfinishedCall::DeliveredOutput => delivered,
+            // The bound covers every output token, the delivered ones among them.
+            UnfinishedCall::CallBound => bound.customer_cost(price).max(delivered),
+        };
+        match ending {
+            AttemptEnding::Accepted(usage) => price.customer_charge(&usage),
+            AttemptEnding::NotBilled => Credits::ZERO,
+            AttemptEnding::Rejected => delivered,
+            AttemptEnding::Unknown => unfinished(self.unknown_outcome),
+            AttemptEnding::CancelledDuringCall => unfinished(self.cancelled_during_call),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::billing::prices::{PricePerMillion, Rates};
+    use uuid::Uuid;
+
+    fn price() -> ModelPrice {
+        let per_million =
+            |credits: i64| PricePerMillion(Credits::from_nanos(credits * 1_000_000_000));
+        ModelPrice {
+            id: Uuid::nil(),
+            model: "m".into(),
+            version: 1,
+            provider: Rates {
+                input: per_million(1),
+                cached_input: per_million(1),
+                output: per_million(2),
+            },
+            customer: Rates {
+                input: per_million(2),
+                cached_input: per_million(2),
+                output: per_million(4),
+            },
+        }
+    }
+
+    const BOUND: CallBound = CallBound {
+        input_tokens: 1_000,
+        max_output_tokens: 500,
+    };
+
+    #[test]
+    fn streamed_output_is_charged_whatever_the_policy() {
+        let delivered = Credits::from_nanos(4_000 * 100);
+        for policy in [
+            ChargingPolicy::default(),
+            ChargingPolicy {
+                unknown_outcome: UnfinishedCall::CallBound,
+                cancelled_during_call: UnfinishedCall::CallBound,
+            },
+        ] {
+            for ending in [
+                AttemptEnding::Rejected,
+                AttemptEnding::Unknown,
+                AttemptEnding::CancelledDuringCall,
+            ] {
+                assert!(policy.customer_charge(&price(), BOUND, ending, 100) >= delivered);
+            }
+            assert_eq!(
+                policy.customer_charge(&price(), BOUND, AttemptEnding::NotBilled, 100),
+                Credits::ZERO
+            );
+        }
+    }
+
+    #[test]
+    fn the_bound_policy_passes_the_whole_call_on() {
+        let policy = ChargingPolicy {
+            unknown_outcome: UnfinishedCall::CallBound,
+            cancelled_during_call: UnfinishedCall::DeliveredOutput,
+        };
+        // 1,000 input tokens at 2 per million and 500 output tokens at 4 per million.
+        let bound = Credits::from_nanos(2_000 * 1_000 + 4_000 * 500);
+        assert_eq!(
+            policy.customer_charge(&price(), BOUND, AttemptEnding::Unknown, 0),
+            bound
+        );
+        assert_eq!(
+            policy.customer_charge(&price(), BOUND, AttemptEnding::CancelledDuringCall, 0),
+            Credits::ZERO
+        );
+    }
+
+    #[test]
+    fn the_hold_covers_every_paid_call_at_the_higher_price() {
+        let hold = BOUND.job_hold(&price(), 3);
+        assert_eq!(hold, BOUND.customer_cost(&price()).times(3));
+        assert!(BOUND.provider_cost(&price()).times(3) <= hold);
+    }
+
+    #[test]
+    fn four_streamed_bytes_make_a_token() {
+        assert_eq!(estimated_output_tokens(0), 0);
+        assert_eq!(estimated_output_tokens(1), 1);
+        assert_eq!(estimated_output_tokens(8), 2);
+        assert_eq!(estimated_output_tokens(9), 3);
+    }
+}

@@ -1,0 +1,335 @@
+//! The charging policy and the paid-call ceiling: every call the provider may bill is
+//! recorded, charged as the policy says, and bounded per job — checked against the
+//! simulator's own log of what it billed.
+
+use crate::contract::operation;
+use crate::helpers::{
+    AppOptions, Backend, TestApp, TestTenant, decimal, error_code, job_input, spawn_app_with,
+    test_worker_settings,
+};
+use crate::invariants::assert_billing_invariants;
+use jobledger::jobs::worker::WorkerSettings;
+use rust_decimal::Decimal;
+use sea_orm::{ConnectionTrait, DbBackend};
+use serde_json::{Value, json};
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+on_both_backends!(
+    a_cancelled_streamed_job_pays_for_the_output_it_delivered,
+    a_job_that_keeps_timing_out_stops_paying_at_its_ceiling,
+    hand_backs_count_against_the_paid_call_ceiling,
+    the_call_bound_policy_passes_an_unknown_outcome_on,
+    a_finish_the_database_refuses_records_the_call_and_fails_the_job,
+);
+
+/// gpt-4o-mini's customer price for output: 0.60 per million × the 1.25 markup.
+const OUTPUT_NANOS_PER_TOKEN: i64 = 750;
+
+/// Waits until the job's first attempt has been recorded.
+async fn wait_until_started(app: &TestApp, tenant: &TestTenant, id: uuid::Uuid) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while app.job(tenant, id).await["attempts"]
+        .as_array()
+        .unwrap()
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "the job never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The job with what each attempt charged, beyond the contract's `Job` query.
+async fn job_with_charges(app: &TestApp, tenant: &TestTenant, id: uuid::Uuid) -> Value {
+    let response = app
+        .graphql(
+            Some(&tenant.key),
+            "query($id: UUID!) { job(id: $id) { status error { code }
+               attempts { outcome customerCharge deliveredOutputTokens providerCost providerCostUpperBound }
+               reservation { amount status settledAmount } charge { amount } } }",
+            json!({"id": id}),
+        )
+        .await;
+    assert!(response["errors"].is_null(), "{response}");
+    response["data"]["job"].clone()
+}
+
+fn credits(nanos: i64) -> Decimal {
+    Decimal::new(nanos, 9)
+}
+
+/// The sum of one decimal field over a job's attempts (missing values count 0).
+fn attempts_sum(job: &Value, field: &str) -> Decimal {
+    job["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|attempt| !attempt[field].is_null())
+        .map(|attempt| decimal(&attempt[field]))
+        .sum()
+}
+
+async fn a_cancelled_streamed_job_pays_for_the_output_it_delivered(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::default()).await;
+    let tenant = app.funded_tenant("reader", "5").await;
+    let reply = "word ".repeat(80);
+    // The stream opens after half a second (time to subscribe: deltas are never
+    // replayed) and sends a chunk every 1.5 s: the role, then four pieces of text. The
+    // first piece lands at about 3.5 s, the second at 5 s; the cancel in between.
+    let mut input = job_input(
+        "read-then-cancel",
+        &format!("[mock:reply={reply}][mock:delay_ms=500][mock:chunk_delay_ms=1500]"),
+    );
+    input["streamOutput"] = json!(true);
+    let id = app.create_job_ok(&tenant, input).await;
+    let document = operation("JobUpdates").replace("at }", "at delta }");
+    let subscription = app.subscribe(
+        &tenant.key,
+        &document,
+        json!({"jobId": id}),
+        Duration::from_secs(30),
+    );
+    let cancel_after_the_first_piece = async {
+        wait_until_started(&app, &tenant, id).await;
+        tokio::time::sleep(Duration::from_millis(4_200)).await;
+        let cancel = app
+            .operation(Some(&tenant.key), "CancelJob", json!({"id": id}))
+            .await;
+        assert!(cancel["errors"].is_null(), "{cancel}");
+    };
+    let (events, ()) = tokio::join!(subscription, cancel_after_the_first_piece);
+    let events = events.unwrap();
+    let delivered: String = events
+        .iter()
+        .map(|payload| &payload["data"]["jobUpdates"])
+        .filter(|event| event["kind"] == "OUTPUT_DELTA")
+        .map(|event| event["delta"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        !delivered.is_empty() && delivered.len() < reply.len(),
+        "part of the reply was delivered before the cancel: {delivered:?}"
+    );
+
+    let job = job_with_charges(&app, &tenant, id).await;
+    assert_eq!(job["status"], "CANCELLED", "{job}");
+    let attempt = &job["attempts"][0];
+    assert_eq!(attempt["outcome"], "CANCELLED");
+    let tokens = (delivered.len() as i64 + 3) / 4;
+    assert_eq!(attempt["deliveredOutputTokens"], tokens, "{attempt}");
+    let charge = credits(tokens * OUTPUT_NANOS_PER_TOKEN);
+    assert_eq!(decimal(&attempt["customerCharge"]), charge);
+    assert_eq!(decimal(&job["charge"]["amount"]), charge, "{job}");
+    assert_eq!(decimal(&job["reservation"]["settledAmount"]), charge);
+    assert_eq!(job["reservation"]["status"], "SETTLED");
+    // The provider billed the call: the simulator says so, the attempt keeps a bound.
+    let calls = app.simulator.calls();
+    assert_eq!(calls.len(), 1);
+    assert!(calls[0].billed);
+    assert!(!attempt["providerCostUpperBound"].is_null(), "{attempt}");
+    assert_billing_invariants(&app.app.db).await;
+}
+
+/// A worker whose calls time out after a second.
+fn impatient_worker() -> WorkerSettings {
+    WorkerSettings {
+        attempt_timeout: Duration::from_secs(1),
+        ..test_worker_settings()
+    }
+}
+
+async fn a_job_that_keeps_timing_out_stops_paying_at_its_ceiling(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::workers(impatient_worker())).await;
+    let input = |key: &str| {
+        json!({
+            "idempotencyKey": key,
+            "model": "gpt-4o-mini",
+            "messages": [{"role": "user", "content": "never on time [mock:delay_ms=5000]"}],
+            "maxOutputTokens": 100_000,
+            "maxAttempts": 3,
+        })
+    };
+    // One call's bound is about 0.075 credits at the customer price; the hold covers
+    // three, so a balance for two is refused outright.
+    let poor = app.funded_tenant("poor", "0.15").await;
+    let refused = app.create_job(&poor, input("too-many-calls")).await;
+    assert_eq!(error_code(&refused), "INSUFFICIENT_CREDITS", "{refused}");
+
+    let tenant = app.funded_tenant("patient", "1").await;
+    let id = app.create_job_ok(&tenant, input("slow")).await;
+    let job = app
+        .wait_until_finished(&tenant, id, Duration::from_secs(40))
+        .await;
+    assert_eq!(job["status"], "FAILED", "{job}");
+    assert_eq!(job["error"]["code"], "OUTCOME_UNKNOWN", "{job}");
+    let attempts = job["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 3);
+    assert!(
+        attempts
+            .iter()
+            .all(|attempt| attempt["outcome"] == "UNKNOWN")
+    );
+    // Every billed call is recorded, and no more calls were made than the ceiling.
+    let billed = app
+        .simulator
+        .calls()
+        .iter()
+        .filter(|call| call.billed)
+        .count();
+    assert_eq!(billed, attempts.len());
+    // What those calls may have cost never passes the hold.
+    let exposure = attempts_sum(&job, "providerCostUpperBound");
+    let hold = decimal(&job["reservation"]["amount"]);
+    assert!(exposure <= hold, "bounds {exposure} over the hold {hold}");
+    assert!(
+        job["charge"].is_null(),
+        "the default policy absorbs unknown outcomes"
+    );
+    assert_billing_invariants(&app.app.db).await;
+}
+
+async fn hand_backs_count_against_the_paid_call_ceiling(backend: Backend) {
+    let quick_shutdown = WorkerSettings {
+        shutdown_grace: Duration::from_millis(300),
+        ..test_worker_settings()
+    };
+    let mut app = spawn_app_with(backend, AppOptions::workers(quick_shutdown.clone())).await;
+    let tenant = app.funded_tenant("deploys-a-lot", "5").await;
+    let mut input = job_input("long-call", "take your time [mock:delay_ms=20000]");
+    input["maxAttempts"] = json!(2);
+    let id = app.create_job_ok(&tenant, input).await;
+    // Two deploys, each during the call: each hands the job back without counting an
+    // attempt, but each call may have been billed.
+    for deploy in 1..=2 {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while app.job(&tenant, id).await["attempts"]
+            .as_array()
+            .unwrap()
+            .len()
+            < deploy
+        {
+            assert!(Instant::now() < deadline, "call {deploy} never started");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        app = app
+            .restart(AppOptions::workers(quick_shutdown.clone()))
+            .await;
+    }
+    let job = app
+        .wait_until_finished(&tenant, id, Duration::from_secs(10))
+        .await;
+    assert_eq!(job["status"], "FAILED", "{job}");
+    assert_eq!(job["error"]["code"], "PAID_CALL_LIMIT", "{job}");
+    let attempts = job["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2, "{job}");
+    assert!(
+        attempts
+            .iter()
+            .all(|attempt| attempt["outcome"] == "UNKNOWN")
+    );
+    let billed = app
+        .simulator
+        .calls()
+        .iter()
+        .filter(|call| call.billed)
+        .count();
+    assert_eq!(billed, 2, "two calls, then no more");
+    assert_billing_invariants(&app.app.db).await;
+}
+
+async fn the_call_bound_policy_passes_an_unknown_outcome_on(backend: Backend) {
+    let folder = tempfile::tempdir().unwrap();
+    let config = folder.path().join("jobledger.toml");
+    std::fs::write(
+        &config,
+        "[charging]\nunknown_outcome = \"call_bound\"\ncancelled_during_call = \"delivered_output\"\n",
+    )
+    .unwrap();
+    let options = AppOptions {
+        worker: Some(impatient_worker()),
+        config_file: Some(config),
+    };
+    let app = spawn_app_with(backend, options).await;
+    let tenant = app.funded_tenant("pays-for-risk", "5").await;
+    let content = "late [mock:delay_ms=5000]";
+    let mut input = job_input("unknown-once", content);
+    input["retryUnknownOutcome"] = json!(false);
+    let id = app.create_job_ok(&tenant, input).await;
+    app.wait_until_finished(&tenant, id, Duration::from_secs(20))
+        .await;
+    let job = job_with_charges(&app, &tenant, id).await;
+    assert_eq!(job["status"], "FAILED", "{job}");
+    assert_eq!(job["attempts"][0]["outcome"], "UNKNOWN");
+    // The bound at the customer price: (bytes + 16) input tokens at 0.1875 per
+    // million and 100 output tokens at 0.75 per million, each rounded up.
+    let input_tokens = content.len() as i64 + 16;
+    let bound = (input_tokens * 187_500 + 999) / 1_000 + 100 * OUTPUT_NANOS_PER_TOKEN;
+    assert_eq!(
+        decimal(&job["attempts"][0]["customerCharge"]),
+        credits(bound)
+    );
+    assert_eq!(decimal(&job["charge"]["amount"]), credits(bound), "{job}");
+    assert_eq!(job["reservation"]["status"], "SETTLED");
+    let balance = app.balance(&tenant).await;
+    assert_eq!(
+        decimal(&balance["charged"]),
+        credits(bound),
+        "the customer paid the bound: {balance}"
+    );
+    assert_billing_invariants(&app.app.db).await;
+}
+
+async fn a_finish_the_database_refuses_records_the_call_and_fails_the_job(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::default()).await;
+    // A trigger stands for any refusal that trying again cannot cure.
+    let db = &app.app.db;
+    let refuse = match db.get_database_backend() {
+        DbBackend::Postgres => vec![
+            "CREATE FUNCTION refuse_unstorable() RETURNS trigger AS $$ BEGIN \
+             RAISE EXCEPTION 'refused' USING ERRCODE = '22000'; END $$ LANGUAGE plpgsql",
+            "CREATE TRIGGER refuse_unstorable BEFORE UPDATE ON jobs FOR EACH ROW \
+             WHEN (NEW.result LIKE '%unstorable%') EXECUTE FUNCTION refuse_unstorable()",
+        ],
+        _ => vec![
+            "CREATE TRIGGER refuse_unstorable BEFORE UPDATE OF result ON jobs \
+             WHEN NEW.result LIKE '%unstorable%' BEGIN SELECT RAISE(ABORT, 'refused'); END",
+        ],
+    };
+    for statement in refuse {
+        db.execute_unprepared(statement).await.unwrap();
+    }
+    let tenant = app.funded_tenant("unlucky", "5").await;
+    let id = app
+        .create_job_ok(
+            &tenant,
+            job_input("refused", "[mock:reply=an unstorable answer]"),
+        )
+        .await;
+    let job = app
+        .wait_until_finished(&tenant, id, Duration::from_secs(20))
+        .await;
+    assert_eq!(job["status"], "FAILED", "{job}");
+    assert_eq!(job["error"]["code"], "RESULT_NOT_STORED", "{job}");
+    let calls = app.simulator.calls();
+    assert_eq!(calls.len(), 1, "not retried: the answer was paid for once");
+    let attempt = &job["attempts"][0];
+    assert_eq!(attempt["outcome"], "PERMANENT_ERROR");
+    assert_eq!(
+        attempt["outputTokens"], calls[0].output_tokens,
+        "exact usage kept"
+    );
+    assert!(!attempt["providerCost"].is_null(), "exact cost: {attempt}");
+    assert!(
+        job["charge"].is_null(),
+        "the customer got nothing and pays nothing"
+    );
+    assert_billing_invariants(db).await;
+}
+
+#[test]
+fn output_nanos_per_token_is_the_marked_up_list_price() {
+    let per_million = Decimal::from_str("0.60").unwrap() * Decimal::from_str("1.25").unwrap();
+    assert_eq!(
+        per_million * Decimal::from(1_000),
+        Decimal::from(OUTPUT_NANOS_PER_TOKEN)
+    );
+}
