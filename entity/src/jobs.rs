@@ -26,7 +26,12 @@ pub struct Model {
     /// The fence of the attempt that currently owns the job.
     pub run_token: Option<Uuid>,
     pub lease_until: Option<Timestamp>,
+    /// When the job may next be claimed: its `run_at`, a retry's backoff, or now.
     pub next_run_at: Timestamp,
+    /// 0 to 9; within one tenant a higher priority is claimed first.
+    pub priority: i32,
+    /// The start the client asked for (`runAt`); the job is not claimed before it.
+    pub run_at: Option<Timestamp>,
     /// The seq of the job's newest event; bumping it in the same UPDATE that changes the
     /// job serialises event numbering with the job's row lock.
     pub last_event_seq: i32,

@@ -10,6 +10,7 @@ mod m20261130_000002_attempt_reconciliations;
 mod m20261130_000003_jobs_tenant_created_at_index;
 mod m20261130_000004_json_as_text;
 mod m20261130_000005_attempt_customer_charges;
+mod m20261130_000006_claimable_jobs;
 
 /// Applies jobledger's migrations in order.
 pub struct Migrator;
@@ -23,6 +24,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000003_jobs_tenant_created_at_index::Migration),
             Box::new(m20261130_000004_json_as_text::Migration),
             Box::new(m20261130_000005_attempt_customer_charges::Migration),
+            Box::new(m20261130_000006_claimable_jobs::Migration),
         ]
     }
 }

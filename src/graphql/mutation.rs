@@ -12,7 +12,7 @@ use crate::jobs::input::{JobRequest, NewJob};
 use crate::jobs::service;
 use async_graphql::{Context, InputObject, Json, Object, SimpleObject};
 use chrono::{DateTime, Utc};
-use entity::attempt_reconciliations;
+use entity::{Timestamp, attempt_reconciliations};
 use uuid::Uuid;
 
 /// One chat message of a job.
@@ -43,6 +43,12 @@ pub struct CreateJobInput {
     /// Stream the reply: `jobUpdates` subscribers then see `OUTPUT_DELTA` events with
     /// the text as it is written (default false).
     pub stream_output: Option<bool>,
+    /// 0 to 9 (default 5): among the tenant's due jobs, a higher priority runs first,
+    /// then the oldest. Fairness across tenants is unchanged.
+    pub priority: Option<i32>,
+    /// The job is not started before this instant (at most 366 days ahead); its hold
+    /// is taken now.
+    pub run_at: Option<DateTime<Utc>>,
 }
 
 /// The job, and whether an earlier request with the same key created it.
@@ -164,6 +170,8 @@ impl MutationRoot {
             retry_unknown_outcome: input.retry_unknown_outcome,
             metadata: input.metadata.map(|json| json.0),
             stream_output: input.stream_output,
+            priority: input.priority,
+            run_at: input.run_at.map(Timestamp::from),
         })?;
         let app = app(context);
         let created =

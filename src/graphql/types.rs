@@ -133,6 +133,16 @@ impl Job {
         self.0.max_attempts
     }
 
+    /// 0 to 9: among the tenant's due jobs, a higher priority runs first.
+    async fn priority(&self) -> i32 {
+        self.0.priority
+    }
+
+    /// The start the client asked for; the job is not claimed before it.
+    async fn run_at(&self) -> Option<DateTime<Utc>> {
+        self.0.run_at.map(time)
+    }
+
     /// Whether an attempt whose outcome is unknown may be retried (and paid twice).
     async fn retry_unknown_outcome(&self) -> bool {
         self.0.retry_unknown_outcome

@@ -9,7 +9,7 @@
 //! only bind when prices change while a job runs.
 
 use crate::billing::Credits;
-use entity::{ReservationStatus, attempts, credit_reservations, jobs};
+use entity::{AttemptOutcome, ReservationStatus, attempts, credit_reservations, jobs};
 use sea_orm::{ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QueryOrder};
 use uuid::Uuid;
 
@@ -20,6 +20,8 @@ pub struct Spent {
     pub attempts: u32,
     /// Calls that may have been billed.
     pub paid_calls: u32,
+    /// Replies that failed the job's response schema.
+    pub invalid_outputs: u32,
     /// What those calls cost: exact where usage is known, the bound otherwise.
     pub provider_exposure: Credits,
     /// The customer charges the attempts carry.
@@ -44,6 +46,9 @@ impl Spent {
             spent.attempts += 1;
             if may_have_been_billed(attempt) {
                 spent.paid_calls += 1;
+            }
+            if attempt.outcome == AttemptOutcome::InvalidOutput {
+                spent.invalid_outputs += 1;
             }
             spent.provider_exposure = spent.provider_exposure
                 + Credits::from_nanos(

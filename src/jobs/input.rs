@@ -2,6 +2,7 @@
 
 use crate::billing::CallBound;
 use crate::error::ServiceError;
+use entity::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -18,6 +19,8 @@ pub const MAX_OUTPUT_TOKENS_CAP: u32 = 200_000;
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
 /// Most attempts a client may ask for: each one may be paid at the provider.
 pub const MAX_ATTEMPTS_CAP: u32 = 10;
+/// Furthest ahead a job may be scheduled; its hold is taken at creation.
+const MAX_SCHEDULE_DAYS: i64 = 366;
 /// Largest serialized metadata or response schema, in bytes.
 const MAX_JSON_BYTES: usize = 64 * 1024;
 /// Tokens counted for each message on top of its content: role markers and separators
@@ -145,6 +148,8 @@ pub struct JobRequest {
     pub retry_unknown_outcome: Option<bool>,
     pub metadata: Option<Value>,
     pub stream_output: Option<bool>,
+    pub priority: Option<i32>,
+    pub run_at: Option<Timestamp>,
 }
 
 /// A job request that passed every check.
@@ -155,6 +160,34 @@ pub struct NewJob {
     pub input: JobInput,
     pub max_attempts: u32,
     pub retry_unknown_outcome: bool,
+    pub priority: Priority,
+    /// Not claimed before this instant.
+    pub run_at: Option<Timestamp>,
+}
+
+/// How soon a job runs among its tenant's due jobs: 0 to 9, higher first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Priority(u8);
+
+impl Priority {
+    /// The priority of a job that does not say.
+    pub const DEFAULT: Self = Self(5);
+    /// The highest priority.
+    pub const MAX: u8 = 9;
+
+    /// A priority from 0 to 9.
+    pub fn parse(value: i32) -> Result<Self, ServiceError> {
+        u8::try_from(value)
+            .ok()
+            .filter(|value| *value <= Self::MAX)
+            .map(Self)
+            .ok_or_else(|| ServiceError::validation(format!("priority must be 0 to {}", Self::MAX)))
+    }
+
+    /// The value as stored.
+    pub fn value(self) -> i32 {
+        i32::from(self.0)
+    }
 }
 
 impl NewJob {
@@ -237,6 +270,16 @@ impl NewJob {
         if let Some(metadata) = &request.metadata {
             check_json_size("metadata", metadata)?;
         }
+        let priority = request
+            .priority
+            .map_or(Ok(Priority::DEFAULT), Priority::parse)?;
+        if let Some(run_at) = request.run_at
+            && run_at > Timestamp::now().plus(chrono::Duration::days(MAX_SCHEDULE_DAYS))
+        {
+            return Err(ServiceError::validation(format!(
+                "runAt must be at most {MAX_SCHEDULE_DAYS} days ahead: the hold is taken now"
+            )));
+        }
         Ok(Self {
             idempotency_key,
             model,
@@ -249,18 +292,28 @@ impl NewJob {
             },
             max_attempts,
             retry_unknown_outcome: request.retry_unknown_outcome.unwrap_or(true),
+            priority,
+            run_at: request.run_at,
         })
     }
 
     /// SHA-256 of the canonical form of everything the request asks for: two requests
     /// with one idempotency key are the same request exactly when this matches.
     pub fn fingerprint(&self) -> String {
-        let request = serde_json::json!({
+        let mut request = serde_json::json!({
             "model": self.model,
             "input": self.input,
             "max_attempts": self.max_attempts,
             "retry_unknown_outcome": self.retry_unknown_outcome,
         });
+        // Only when set, so that jobs created before scheduling existed keep their
+        // fingerprints.
+        if self.priority != Priority::DEFAULT {
+            request["priority"] = self.priority.value().into();
+        }
+        if let Some(run_at) = self.run_at {
+            request["run_at"] = run_at.micros().into();
+        }
         let mut canonical = String::new();
         write_canonical(&request, &mut canonical);
         hex::encode(Sha256::digest(canonical.as_bytes()))
@@ -324,6 +377,8 @@ mod tests {
             retry_unknown_outcome: None,
             metadata: Some(json!({"b": 1, "a": {"y": 2, "x": 3}})),
             stream_output: None,
+            priority: None,
+            run_at: None,
         }
     }
 
@@ -377,6 +432,12 @@ mod tests {
             (|r| r.max_output_tokens = 200_001, "maxOutputTokens"),
             (|r| r.max_attempts = Some(0), "maxAttempts"),
             (|r| r.max_attempts = Some(11), "maxAttempts"),
+            (|r| r.priority = Some(10), "priority"),
+            (|r| r.priority = Some(-1), "priority"),
+            (
+                |r| r.run_at = Some(Timestamp::now().plus(chrono::Duration::days(400))),
+                "runAt",
+            ),
             (|r| r.response_schema = Some(json!([1])), "responseSchema"),
             (
                 |r| r.response_schema = Some(json!({"type": "no-such-type"})),

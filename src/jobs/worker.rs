@@ -5,7 +5,7 @@ use super::events::{EventBus, EventNotice};
 use super::input::JobInput;
 use super::queue::{
     self, AttemptReport, AttemptStart, Claim, ClaimRequest, ErrorCode, JobError, JobOutcome,
-    Renewal, StartedAttempt,
+    Renewal, StartedAttempt, TenantCursor,
 };
 use super::relay;
 use crate::billing::policy::estimated_output_tokens;
@@ -13,7 +13,7 @@ use crate::billing::{AttemptEnding, CallBound, ChargingPolicy, ModelPrice, Token
 use crate::llm::{ChatRequest, Completion, ProviderError, ProviderRegistry};
 use entity::{AttemptOutcome, EventKind, Timestamp, attempts};
 use rand::Rng;
-use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, PaginatorTrait, QueryFilter};
+use sea_orm::{DatabaseConnection, DbErr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
@@ -27,9 +27,6 @@ const BACKOFF_BASE: Duration = Duration::from_secs(2);
 const BACKOFF_CAP: Duration = Duration::from_secs(60);
 /// Longest `Retry-After` honoured; a provider asking for more is treated as this.
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(600);
-/// Retries a job gets after replies that failed its response schema, within its
-/// `maxAttempts`: a model that keeps answering off-schema is not paid for forever.
-const INVALID_OUTPUT_RETRIES: u64 = 2;
 /// Schema violations named in an invalid-output error.
 const MAX_REPORTED_SCHEMA_ERRORS: usize = 3;
 /// Most jobs one claim takes, so one worker does not hoard a burst.
@@ -110,6 +107,7 @@ impl Worker {
         // Sweeping is a query of its own: once per poll interval is often enough,
         // however busy the claiming gets.
         let mut last_sweep: Option<Instant> = None;
+        let mut cursor = TenantCursor::default();
         while !shutdown.is_cancelled() {
             if last_sweep.is_none_or(|at| at.elapsed() >= settings.poll_interval) {
                 last_sweep = Some(Instant::now());
@@ -123,7 +121,7 @@ impl Worker {
                 lease: settings.lease,
                 tenant_limit: settings.tenant_concurrency,
             };
-            let claimed = match queue::claim(&self.inner.db, request).await {
+            let claimed = match queue::claim_in_turn(&self.inner.db, request, &mut cursor).await {
                 Ok(claimed) => claimed,
                 Err(error) => {
                     tracing::error!(error = %error, "claiming jobs failed");
@@ -198,13 +196,33 @@ impl Worker {
         }
     }
 
+    /// Ends a claimed job that can never run, so that lease expiry does not hand it
+    /// back for ever.
+    async fn abandon(&self, claim: &Claim, reason: String) -> Result<(), DbErr> {
+        tracing::error!(job.id = %claim.job.id, reason = %reason, "the job cannot be run");
+        let error = JobError::new(ErrorCode::NotRunnable, reason);
+        if let Some(notice) = queue::abandon_claim(&self.inner.db, claim, &error).await? {
+            self.inner.bus.publish([notice]);
+        }
+        Ok(())
+    }
+
     async fn try_run_attempt(&self, claim: Claim) -> Result<(), DbErr> {
         let inner = &self.inner;
-        let input: JobInput = serde_json::from_value(claim.job.input.0.clone())
-            .map_err(|error| DbErr::Custom(format!("stored job input is unreadable: {error}")))?;
-        let price = prices::price_at(&inner.db, &claim.job.model, Timestamp::now())
-            .await?
-            .ok_or_else(|| DbErr::Custom(format!("model {} has no price", claim.job.model)))?;
+        let input: JobInput = match serde_json::from_value(claim.job.input.0.clone()) {
+            Ok(input) => input,
+            Err(error) => {
+                return self
+                    .abandon(&claim, format!("its stored input is unreadable: {error}"))
+                    .await;
+            }
+        };
+        let Some(price) = prices::price_at(&inner.db, &claim.job.model, Timestamp::now()).await?
+        else {
+            return self
+                .abandon(&claim, format!("model {} has no price", claim.job.model))
+                .await;
+        };
         // None when this process has no provider for the model (its config differs
         // from the API process's): the job fails without a call.
         let provider = inner.providers.provider_for(&claim.job.model);
@@ -224,12 +242,26 @@ impl Worker {
             price,
         };
         let mut notices = inner.bus.subscribe();
+        let started = match queue::start_attempt(&inner.db, &claim, &start).await {
+            Ok(started) => started,
+            // A database that is down or busy may let the next claim start; lease
+            // expiry hands the job back for it. A refusal would repeat for ever.
+            Err(error) if crate::db::is_transient(&error) => return Err(error),
+            Err(error) => {
+                return self
+                    .abandon(
+                        &claim,
+                        format!("its attempt could not be recorded: {error}"),
+                    )
+                    .await;
+            }
+        };
         let Some(StartedAttempt {
             attempt,
             notice: started,
             cancel_requested,
             budget_spent,
-        }) = queue::start_attempt(&inner.db, &claim, &start).await?
+        }) = started
         else {
             tracing::warn!(job.id = %claim.job.id, "claim lost before the attempt started");
             return Ok(());
@@ -331,16 +363,6 @@ impl Worker {
             tracing::warn!(job.id = %claim.job.id, attempt = attempt.number, "lease lost: the attempt writes nothing more");
             return Ok(());
         }
-        // Only a job with a response schema can have had invalid output.
-        let earlier_invalid_outputs = if input.response_schema.is_some() {
-            attempts::Entity::find()
-                .filter(attempts::Column::JobId.eq(claim.job.id))
-                .filter(attempts::Column::Outcome.eq(AttemptOutcome::InvalidOutput))
-                .count(&inner.db)
-                .await?
-        } else {
-            0
-        };
         let call = CallFacts {
             claim: &claim,
             attempt: &attempt,
@@ -350,7 +372,6 @@ impl Worker {
             charging,
             latency,
             streamed_bytes,
-            earlier_invalid_outputs,
         };
         let (report, outcome) = call.judge(end);
         let report_outcome = report.outcome;
@@ -550,7 +571,6 @@ struct CallFacts<'a> {
     latency: Duration,
     /// Bytes of reply text streamed to subscribers before the call ended.
     streamed_bytes: u64,
-    earlier_invalid_outputs: u64,
 }
 
 impl CallFacts<'_> {
@@ -715,11 +735,8 @@ impl CallFacts<'_> {
                     Some(error.clone()),
                     request_id,
                 ),
-                if self.earlier_invalid_outputs < INVALID_OUTPUT_RETRIES {
-                    self.retry_or_fail(error, None)
-                } else {
-                    JobOutcome::Failed(error)
-                },
+                // The finish fails it instead once its invalid-output retries are spent.
+                self.retry_or_fail(error, None),
             ),
         }
     }

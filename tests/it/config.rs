@@ -6,7 +6,7 @@
 use crate::helpers::{AppOptions, Backend, TestApp, decimal, error_code, spawn_app_with};
 use entity::{attempts, model_prices};
 use jobledger::billing::prices::{ConfiguredPrice, PricePerMillion, Rates};
-use jobledger::billing::{Credits, TokenUsage};
+use jobledger::billing::{ChargingPolicy, Credits, TokenUsage, UnfinishedCall};
 use jobledger::config::file::{ConfigError, ConfigFile, CustomerPolicy, ProviderKind};
 use jobledger::config::{ProviderEndpoint, ProviderSettings, Settings};
 use jobledger::llm::routing::ModelPattern;
@@ -26,6 +26,7 @@ on_both_backends!(
     a_configured_model_runs_on_its_provider_at_its_price,
     a_model_without_a_price_is_refused_with_validation,
     an_unrouted_model_is_refused_once_a_provider_is_configured,
+    a_worker_that_serves_no_provider_for_the_model_fails_the_job_unsent,
     a_changed_price_is_a_new_version_and_the_past_keeps_its_cost,
 );
 
@@ -301,6 +302,27 @@ fn a_key_written_into_the_file_is_refused_without_being_repeated() {
 }
 
 #[test]
+fn the_charging_policy_is_read_from_the_file() {
+    assert_eq!(parse("").unwrap().charging, ChargingPolicy::default());
+    let both = parse(
+        "[charging]\nunknown_outcome = \"call_bound\"\ncancelled_during_call = \"delivered_output\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        both.charging,
+        ChargingPolicy {
+            unknown_outcome: UnfinishedCall::CallBound,
+            cancelled_during_call: UnfinishedCall::DeliveredOutput,
+        }
+    );
+    assert_refused(
+        "[charging]\ncancelled_during_call = \"everything\"\n",
+        "charging.cancelled_during_call",
+        "expected \"delivered_output\" or \"call_bound\"",
+    );
+}
+
+#[test]
 fn typos_and_wrong_types_are_errors_naming_the_key() {
     for (text, named) in [
         ("custmer_markup = \"1.5\"\n", "custmer_markup"),
@@ -315,6 +337,10 @@ fn typos_and_wrong_types_are_errors_naming_the_key() {
         ("[models.m]\nprice = { input = \"1\" }\n", "output"),
         ("[models.m]\nsorce = \"x\"\n", "sorce"),
         ("[routes]\nllama = 3\n", "llama"),
+        (
+            "[charging]\nunknown_outcomes = \"call_bound\"\n",
+            "unknown_outcomes",
+        ),
         ("[providers.local]\nkind = \"openai\"\n[[broken\n", "line 3"),
     ] {
         let message = error(text);
@@ -464,6 +490,33 @@ fn the_file_routes_what_it_names_and_the_environment_the_rest() {
             .map(|provider| provider.name().to_owned()),
         served("simulator")
     );
+}
+
+/// The API process runs with no provider (the simulator serves every model), the
+/// worker process with a real one: a job the API accepted for a model the worker
+/// cannot route ends without any call.
+async fn a_worker_that_serves_no_provider_for_the_model_fails_the_job_unsent(backend: Backend) {
+    let local = LocalServer::start().await;
+    let config = TestConfig::new(&local);
+    let api = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let worker = api.another_process(config.with_input_price("0.5")).await;
+    let tenant = api.funded_tenant("acme", "5").await;
+    let id = api
+        .create_job_ok(&tenant, crate::helpers::job_input("unrouted", "hello"))
+        .await;
+    let job = api
+        .wait_until_finished(&tenant, id, Duration::from_secs(15))
+        .await;
+    assert_eq!(job["status"], "FAILED", "{job}");
+    assert_eq!(job["error"]["code"], "MODEL_NOT_SERVED", "{job}");
+    let attempt = &job["attempts"][0];
+    assert_eq!(attempt["outcome"], "PERMANENT_ERROR", "{attempt}");
+    assert_eq!(attempts_of(&api, id).await[0].provider, "unrouted");
+    assert_eq!(decimal(&attempt["providerCost"]), Decimal::ZERO);
+    assert_eq!(job["reservation"]["status"], "RELEASED");
+    assert!(api.simulator.calls().is_empty() && local.simulator.calls().is_empty());
+    crate::invariants::assert_billing_invariants(&api.app.db).await;
+    drop(worker);
 }
 
 fn settings_without_database() -> Settings {

@@ -31,6 +31,7 @@ on_both_backends!(
     a_credentials_error_does_not_show_the_providers_text_to_the_tenant,
     a_cancel_before_the_call_means_no_call,
     a_tenant_runs_at_most_its_concurrency_bound,
+    a_job_that_cannot_run_fails_instead_of_coming_back_for_ever,
 );
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -502,4 +503,34 @@ async fn a_credentials_error_does_not_show_the_providers_text_to_the_tenant(back
     .await;
     let message = job["error"]["message"].as_str().unwrap();
     assert!(!message.contains("operator has the details"), "{message}");
+}
+
+/// A job whose stored input no worker can read (here: corrupted by hand) fails once,
+/// with its hold released and no call made, instead of being claimed, abandoned to
+/// lease expiry and handed back uncounted for ever.
+async fn a_job_that_cannot_run_fails_instead_of_coming_back_for_ever(backend: Backend) {
+    let api = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = api.funded_tenant("acme", "5").await;
+    let id = api
+        .create_job_ok(&tenant, job_input("corrupt", "hello"))
+        .await;
+    jobs::Entity::update_many()
+        .col_expr(
+            jobs::Column::Input,
+            Expr::value(entity::JsonText(json!({"not": "a job input"}))),
+        )
+        .filter(jobs::Column::Id.eq(id))
+        .exec(&api.app.db)
+        .await
+        .unwrap();
+    let workers = api.another_process(AppOptions::default()).await;
+    let job = api.wait_until_finished(&tenant, id, LIMIT).await;
+    assert_eq!(job["status"], "FAILED", "{job}");
+    assert_eq!(job["error"]["code"], "NOT_RUNNABLE", "{job}");
+    assert!(job["attempts"].as_array().unwrap().is_empty(), "{job}");
+    assert_eq!(job["reservation"]["status"], "RELEASED");
+    assert!(api.simulator.calls().is_empty());
+    assert_eq!(event_kinds(&job), ["CREATED", "FAILED"]);
+    assert_billing_invariants(&api.app.db).await;
+    drop(workers);
 }

@@ -19,6 +19,7 @@ mod invariants;
 mod jobs;
 mod processes;
 mod properties;
+mod protocol_model;
 mod providers;
 mod schema;
 mod simulator;

@@ -153,6 +153,8 @@ impl Spec {
             retry_unknown_outcome: Some(self.retry_unknown),
             metadata: None,
             stream_output: None,
+            priority: None,
+            run_at: None,
         })
         .expect("the generated request is valid")
     }
@@ -1930,6 +1932,8 @@ async fn concurrent_creates_never_admit_more_than_the_balance_holds(backend: Bac
         retry_unknown_outcome: None,
         metadata: None,
         stream_output: None,
+        priority: None,
+        run_at: None,
     })
     .unwrap();
     let price = prices::price_at(&db, "gpt-4o-mini", Timestamp::now())

@@ -13,200 +13,16 @@ use crate::db::begin_write;
 use entity::{AttemptOutcome, EventKind, JobStatus, JsonText, Timestamp, attempts, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr,
-    EntityTrait, QueryFilter, QueryOrder, QuerySelect, Statement,
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait,
+    QueryFilter, QueryOrder, QuerySelect,
 };
 use serde_json::{Value, json};
 use std::time::Duration;
 use uuid::Uuid;
 
-/// A job this worker claimed: the job as claimed, fenced by its run token.
-#[derive(Clone, Debug)]
-pub struct Claim {
-    pub job: jobs::Model,
-    pub run_token: Uuid,
-}
+mod claim;
 
-/// What one claim asks for.
-#[derive(Clone, Copy, Debug)]
-pub struct ClaimRequest {
-    /// Most jobs to take.
-    pub limit: u32,
-    /// How long each claimed job is owned without renewal.
-    pub lease: Duration,
-    /// Most jobs of one tenant running at once across every process, if bounded.
-    pub tenant_limit: Option<u32>,
-}
-
-impl ClaimRequest {
-    /// Up to `limit` jobs under a lease of `lease`, with no bound per tenant.
-    pub fn new(limit: u32, lease: Duration) -> Self {
-        Self {
-            limit,
-            lease,
-            tenant_limit: None,
-        }
-    }
-}
-
-/// Claims up to `limit` due queued jobs, each with a fresh run token and a lease.
-///
-/// Claiming is fair across tenants: candidates are ranked within their tenant
-/// (oldest due first) and taken rank by rank, so one tenant's 10,000 queued jobs do
-/// not starve another tenant's single job. A tenant already running `tenant_limit`
-/// jobs gets no more (a soft bound: two claims racing may both admit up to it).
-/// Row locks last only this short transaction.
-pub async fn claim(db: &DatabaseConnection, request: ClaimRequest) -> Result<Vec<Claim>, DbErr> {
-    if request.limit == 0 {
-        return Ok(Vec::new());
-    }
-    let now = Timestamp::now();
-    let lease_until =
-        now.plus(chrono::Duration::from_std(request.lease).unwrap_or(chrono::Duration::MAX));
-    let tokens: Vec<Uuid> = (0..request.limit).map(|_| Uuid::new_v4()).collect();
-    let tenant_limit = i64::from(request.tenant_limit.unwrap_or(u32::MAX));
-    let claimed = match db.get_database_backend() {
-        DbBackend::Postgres => claim_postgres(db, now, lease_until, &tokens, tenant_limit).await?,
-        _ => claim_sqlite(db, now, lease_until, &tokens, tenant_limit).await?,
-    };
-    Ok(claimed
-        .into_iter()
-        .filter_map(|job| {
-            let run_token = job.run_token?;
-            Some(Claim { job, run_token })
-        })
-        .collect())
-}
-
-/// Due queued jobs ranked within their tenant, with how many jobs that tenant runs.
-/// `{now}` is replaced by the backend's placeholder for the current time.
-const CANDIDATES: &str = r#"
-    running AS (
-        SELECT tenant_id, COUNT(*) AS busy FROM jobs WHERE status = 'running' GROUP BY tenant_id
-    ), candidates AS (
-        SELECT jobs.id, jobs.next_run_at,
-               ROW_NUMBER() OVER (PARTITION BY jobs.tenant_id ORDER BY jobs.next_run_at, jobs.id) AS tenant_rank,
-               COALESCE(running.busy, 0) AS busy
-        FROM jobs LEFT JOIN running ON running.tenant_id = jobs.tenant_id
-        WHERE jobs.status = 'queued' AND jobs.next_run_at <= {now}
-    )"#;
-
-/// One statement: lock the chosen rows with SKIP LOCKED (so concurrent workers never
-/// wait for each other or claim the same job) and give each its own token.
-/// MATERIALIZED keeps the planner from re-running the locking subquery, which could
-/// claim more than `limit` rows.
-async fn claim_postgres(
-    db: &DatabaseConnection,
-    now: Timestamp,
-    lease_until: Timestamp,
-    tokens: &[Uuid],
-    tenant_limit: i64,
-) -> Result<Vec<jobs::Model>, DbErr> {
-    let sql = format!(
-        r#"
-        WITH {candidates}, picked AS MATERIALIZED (
-            SELECT jobs.id, candidates.tenant_rank, candidates.next_run_at
-            FROM jobs JOIN candidates ON candidates.id = jobs.id
-            WHERE jobs.status = 'queued' AND candidates.tenant_rank + candidates.busy <= $5
-            ORDER BY candidates.tenant_rank, candidates.next_run_at, jobs.id
-            LIMIT $2
-            FOR UPDATE OF jobs SKIP LOCKED
-        ), numbered AS (
-            SELECT id, row_number() OVER (ORDER BY tenant_rank, next_run_at, id) AS position
-            FROM picked
-        ), tokens AS (
-            SELECT token, position FROM unnest($3::uuid[]) WITH ORDINALITY AS t(token, position)
-        )
-        UPDATE jobs SET
-            status = 'running',
-            attempt_count = jobs.attempt_count + 1,
-            run_token = tokens.token,
-            lease_until = $4,
-            started_at = COALESCE(jobs.started_at, $1),
-            updated_at = $1
-        FROM numbered JOIN tokens ON tokens.position = numbered.position
-        WHERE jobs.id = numbered.id
-        RETURNING jobs.*"#,
-        candidates = CANDIDATES.replace("{now}", "$1"),
-    );
-    let token_array = format!(
-        "{{{}}}",
-        tokens
-            .iter()
-            .map(Uuid::to_string)
-            .collect::<Vec<_>>()
-            .join(",")
-    );
-    let statement = Statement::from_sql_and_values(
-        DbBackend::Postgres,
-        sql,
-        [
-            now.micros().into(),
-            (tokens.len() as i64).into(),
-            token_array.into(),
-            lease_until.micros().into(),
-            tenant_limit.into(),
-        ],
-    );
-    jobs::Entity::find().from_raw_sql(statement).all(db).await
-}
-
-/// SQLite has no row locks: an IMMEDIATE transaction holds the database's write lock
-/// from the first read, so no other claim can interleave.
-async fn claim_sqlite(
-    db: &DatabaseConnection,
-    now: Timestamp,
-    lease_until: Timestamp,
-    tokens: &[Uuid],
-    tenant_limit: i64,
-) -> Result<Vec<jobs::Model>, DbErr> {
-    let transaction = begin_write(db).await?;
-    let sql = format!(
-        r#"
-        WITH {candidates}
-        SELECT jobs.* FROM jobs JOIN candidates ON candidates.id = jobs.id
-        WHERE candidates.tenant_rank + candidates.busy <= ?3
-        ORDER BY candidates.tenant_rank, candidates.next_run_at, jobs.id
-        LIMIT ?2"#,
-        candidates = CANDIDATES.replace("{now}", "?1"),
-    );
-    let statement = Statement::from_sql_and_values(
-        DbBackend::Sqlite,
-        sql,
-        [
-            now.micros().into(),
-            (tokens.len() as i64).into(),
-            tenant_limit.into(),
-        ],
-    );
-    let due = jobs::Entity::find()
-        .from_raw_sql(statement)
-        .all(&transaction)
-        .await?;
-    let mut claimed = Vec::with_capacity(due.len());
-    for (job, token) in due.into_iter().zip(tokens) {
-        let rows = jobs::Entity::update_many()
-            .col_expr(jobs::Column::Status, Expr::value(JobStatus::Running))
-            .col_expr(
-                jobs::Column::AttemptCount,
-                Expr::col(jobs::Column::AttemptCount).add(1),
-            )
-            .col_expr(jobs::Column::RunToken, Expr::value(*token))
-            .col_expr(jobs::Column::LeaseUntil, Expr::value(lease_until))
-            .col_expr(
-                jobs::Column::StartedAt,
-                Expr::col(jobs::Column::StartedAt).if_null(now),
-            )
-            .col_expr(jobs::Column::UpdatedAt, Expr::value(now))
-            .filter(jobs::Column::Id.eq(job.id))
-            .filter(jobs::Column::Status.eq(JobStatus::Queued))
-            .exec_with_returning(&transaction)
-            .await?;
-        claimed.extend(rows);
-    }
-    transaction.commit().await?;
-    Ok(claimed)
-}
+pub use claim::{Claim, ClaimRequest, TenantCursor, claim, claim_in_turn};
 
 /// What a lease renewal learned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -459,6 +275,9 @@ pub enum ErrorCode {
     ModelNotServed,
     /// The answer came back and was paid for, but the database refused to store it.
     ResultNotStored,
+    /// The job cannot be run at all (its stored input is unreadable, its model has no
+    /// price); no call was made.
+    NotRunnable,
 }
 
 impl ErrorCode {
@@ -475,6 +294,7 @@ impl ErrorCode {
             Self::PaidCallLimit => "PAID_CALL_LIMIT",
             Self::ModelNotServed => "MODEL_NOT_SERVED",
             Self::ResultNotStored => "RESULT_NOT_STORED",
+            Self::NotRunnable => "NOT_RUNNABLE",
         }
     }
 }
@@ -515,11 +335,24 @@ pub async fn finish_attempt(
     };
     record_attempt(&transaction, attempt, price, &report, now).await?;
     let spent = Spent::load(&transaction, current.id).await?;
+    // Decided on the locked row, with this attempt counted.
     let outcome = match outcome {
         // A cancel that landed while the call ran wins over going round again: a job
         // the tenant cancelled is never queued for another (paid) attempt.
         JobOutcome::Retry { .. } | JobOutcome::HandBack if current.cancel_requested => {
             JobOutcome::Cancelled
+        }
+        // A model that keeps answering off-schema is not paid for forever.
+        JobOutcome::Retry { .. }
+            if report.outcome == AttemptOutcome::InvalidOutput
+                && spent.invalid_outputs > INVALID_OUTPUT_RETRIES =>
+        {
+            JobOutcome::Failed(report.error.clone().unwrap_or_else(|| {
+                JobError::new(
+                    ErrorCode::InvalidOutput,
+                    "the reply failed the response schema",
+                )
+            }))
         }
         JobOutcome::Retry { .. } | JobOutcome::HandBack if !spent.calls_left(&current) => {
             JobOutcome::Failed(paid_call_limit(&spent))
@@ -586,6 +419,55 @@ pub async fn finish_attempt(
     transaction.commit().await?;
     Ok(Some(vec![notice]))
 }
+
+/// Ends a claimed job that cannot be run at all — its stored input is unreadable, its
+/// model has no price, or the database refuses to record its attempt — before any
+/// call: FAILED with `error`, its hold resolved. Without this, lease expiry would hand
+/// such a job back for ever, uncounted. `None` when the claim no longer owns the job.
+pub async fn abandon_claim(
+    db: &DatabaseConnection,
+    claim: &Claim,
+    error: &JobError,
+) -> Result<Option<EventNotice>, DbErr> {
+    let transaction = begin_write(db).await?;
+    let now = Timestamp::now();
+    let Some(job) = fenced_update(claim)
+        .col_expr(jobs::Column::Status, Expr::value(JobStatus::Failed))
+        .col_expr(jobs::Column::RunToken, Expr::value(Option::<Uuid>::None))
+        .col_expr(
+            jobs::Column::LeaseUntil,
+            Expr::value(Option::<Timestamp>::None),
+        )
+        .col_expr(jobs::Column::ErrorCode, Expr::value(error.code.clone()))
+        .col_expr(
+            jobs::Column::ErrorMessage,
+            Expr::value(error.message.clone()),
+        )
+        .col_expr(jobs::Column::FinishedAt, Expr::value(now))
+        .col_expr(jobs::Column::UpdatedAt, Expr::value(now))
+        .col_expr(
+            jobs::Column::LastEventSeq,
+            Expr::col(jobs::Column::LastEventSeq).add(1),
+        )
+        .exec_with_returning(&transaction)
+        .await?
+        .into_iter()
+        .next()
+    else {
+        transaction.rollback().await?;
+        return Ok(None);
+    };
+    let spent = Spent::load(&transaction, job.id).await?;
+    resolve_hold(&transaction, &job, None, &spent).await?;
+    let data = json!({"error": {"code": error.code, "message": error.message}});
+    let notice = events::append(&transaction, &job, EventKind::Failed, Some(data)).await?;
+    transaction.commit().await?;
+    Ok(Some(notice))
+}
+
+/// Replies that may fail a job's response schema before it fails for good: the first
+/// try and two retries, within `maxAttempts`.
+pub const INVALID_OUTPUT_RETRIES: u32 = 2;
 
 /// The error of a job whose budget of paid calls is spent.
 fn paid_call_limit(spent: &Spent) -> JobError {

@@ -1,0 +1,493 @@
+/*
+ * protocol.pml: a Promela model of jobledger's job / lease / billing protocol,
+ * checked with Spin (tests/it/protocol_model.rs runs it). It describes
+ * src/jobs/queue.rs, src/jobs/worker.rs, src/jobs/service.rs, src/jobs/budget.rs and
+ * src/billing/ledger.rs; a comment at each step names the Rust function it stands for.
+ *
+ * WHAT IS MODELLED
+ *   One job with its credit hold, two workers, the lease sweeper and the tenant.
+ *   - Every database transaction is one `atomic` step on the locked job row, and
+ *     every fenced statement re-checks `status == RUNNING && run_token == <the
+ *     claim's token>` inside that step, as its SQL does.
+ *   - The job row: status, run_token (0 = no claim), cancel_requested, attempt_count,
+ *     max_attempts (MAX_ATTEMPTS) and retry_unknown_outcome (both values are checked:
+ *     init picks one). The reservation: HELD, then SETTLED or RELEASED. The attempt
+ *     rows: run token, outcome, and whether the call may have been billed ("paid").
+ *   - A worker claims, starts the attempt, calls the provider and finishes. The call
+ *     ends in any way the worker can see: success, invalid output, a retryable or a
+ *     permanent error status (not billed), an unknown outcome or timeout, a cancel
+ *     learned from a notice or a lease renewal, a renewal that finds the lease lost,
+ *     the shutdown abort after the grace period (hand-back), or the worker process
+ *     dying. A finish the database refuses for good falls back to ending the job
+ *     FAILED (RESULT_NOT_STORED) under the same fence.
+ *   - The sweeper stands for queue::expire_leases, which every worker process runs.
+ *
+ * WHAT IS ABSTRACTED AWAY
+ *   - Time. Leases, deadlines, backoff and next_run_at are gone: a lease may lapse at
+ *     any moment the sweeper looks. A live worker (slow, frozen, cut off from the
+ *     database) loses its lease at most `slow_lapses` times per run; the lease of a
+ *     worker that died always lapses in the end. A retry is due at once.
+ *   - Money. Prices, amounts, cost bounds and the charging policy are gone: a call is
+ *     paid (may have been billed) or not, the ceiling is a count of paid calls
+ *     (CEILING = MAX_ATTEMPTS, jobs::budget), and a hold is HELD, SETTLED or RELEASED.
+ *     A failed or cancelled job's hold becomes RELEASED here; whether the code
+ *     settles it for the charges its attempts carry is a matter of amounts, and
+ *     either way it is one resolution.
+ *   - Events, notices, streaming, results, error codes that do not steer the
+ *     protocol, other jobs and tenants, claim fairness and the tenant limit.
+ *   - The invalid-output budget (two retries): with MAX_ATTEMPTS = 2 attempt_count
+ *     always binds first, so an invalid output retries like a retryable error.
+ *   - Worker::judge decides "attempts left" from the claim's copy of the row. That
+ *     copy equals the locked row whenever the fenced finish can write, so the model
+ *     decides it in finish_attempt.
+ *   - Rounds are bounded so that every run ends: one worker crash (a new process
+ *     takes its place), one shutdown abort (that worker then exits), one lapse of a
+ *     live worker's lease, one lease renewal per attempt, one cancel. `pan -l` (see
+ *     below) confirms that the model has no cycle at all, so the liveness check
+ *     needs no fairness assumption.
+ *
+ * PROPERTIES (pan names the failed assertion, or reports an acceptance cycle for P3)
+ *   P1 A stale attempt writes nothing: each write of an attempt (start, finish with
+ *      its settle or release) takes effect only while the attempt's run token is the
+ *      job's. `assert(OWNS(token))` restates the fence where the write happens, so
+ *      a weakened fence fails it.
+ *   P2 A hold resolves exactly once, when the job ends: `hold_resolutions <= 1`, the
+ *      job ends once (`job_endings <= 1`: nothing overwrites an ended job), and the
+ *      hold is held exactly while the job is not terminal. Checked after every step
+ *      that can end a job.
+ *   P3 A job is never lost: `ltl never_lost` says it is always eventually queued
+ *      (runnable) or terminal, whoever crashes. A run that stops with the job running
+ *      fails it too: Spin extends a finished run by stuttering.
+ *   P4 At most one running attempt: `running_attempts <= 1`, checked as a row is
+ *      inserted (the only step that adds one).
+ *   P5 Paid calls never exceed the ceiling: the ghost `billable` counts requests
+ *      sent that may have been billed; `billable <= CEILING` as each is sent.
+ *
+ * MUTANTS (-D defines; tests/it/protocol_model.rs checks each is caught, and by what)
+ *   NO_FINISH_FENCE        finish_attempt fenced on status only, not run_token -> P1
+ *   NO_CANCEL_LOCK         cancel_job decides on a plain read and then writes
+ *                          `WHERE id = ?`, without locking the row first        -> P2
+ *   NO_RESOLVE_ONCE        ledger::resolve without `WHERE status = 'held'`. Alone
+ *                          it is never reached (every resolve runs under a fence
+ *                          that lets a job end once); with NO_CANCEL_LOCK a
+ *                          cancel racing a finish resolves the hold twice        -> P2
+ *   NO_CLAIMLESS_TAKEBACK  expire_lease leaves alone a claim with no attempt row
+ *                          (its worker died between claim and start)            -> P3
+ *   NO_MARK_LEASE_EXPIRED  expire_lease requeues without marking the lost attempt -> P4
+ *   NO_PAID_CEILING        the paid-call ceiling is never checked               -> P5
+ *   HANDBACK_NOT_PAID      a handed-back call is counted as not billed          -> P5
+ *
+ * HOW TO RUN (in a scratch directory holding a copy; add e.g. -DNO_FINISH_FENCE to
+ * `spin -a` for a mutant)
+ *   spin -a protocol.pml && gcc -O0 -w -o pan pan.c && ./pan -a
+ *       P1-P5: "errors: 0" expected (about 620,000 states, a few seconds).
+ *   spin -a protocol.pml && gcc -O0 -w -DSAFETY -DNOCLAIM -o pan pan.c && ./pan
+ *       No process is left blocked outside an `end` label.
+ *   spin -a protocol.pml && gcc -O0 -w -DNP -o pan pan.c && ./pan -l
+ *       No cycle at all (no progress labels exist, so any cycle would be reported).
+ *   spin -t -p protocol.pml   (with the same -D defines)
+ *       Replays the counterexample pan left in protocol.pml.trail.
+ *   Wider bounds, by hand: MAX_ATTEMPTS 3, MAX_ROWS 6 and two of each mishap
+ *   (crashes, shutdowns, slow_lapses) also hold: about 97 million states, some six
+ *   minutes and 2.3 GB with `gcc -O2 -DCOLLAPSE` and `./pan -a -w26`.
+ */
+
+#define MAX_ATTEMPTS 2
+/* Paid calls a job may make (jobs::budget::Spent::calls_left). */
+#define CEILING MAX_ATTEMPTS
+/* Room for the attempt rows: MAX_ATTEMPTS counted ones, one handed back, and one
+ * more so that a mutant over the ceiling still fits. */
+#define MAX_ROWS 4
+
+mtype:job_status = { QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED };
+mtype:reservation = { HELD, SETTLED, RELEASED };
+mtype:attempt = {
+    ATTEMPT_RUNNING, ATTEMPT_SUCCEEDED, RETRYABLE_ERROR, PERMANENT_ERROR,
+    INVALID_OUTPUT, UNKNOWN, ATTEMPT_CANCELLED, LEASE_EXPIRED
+};
+/* queue::JobOutcome, as Worker::judge asks for it. */
+mtype:job_outcome = { SUCCEED, RETRY, HAND_BACK, FAIL, CANCEL };
+
+/* ---- the job row -------------------------------------------------------------- */
+mtype:job_status status = QUEUED;
+byte run_token;                 /* 0: no claim */
+bool cancel_requested;
+byte attempt_count;
+bool retry_unknown_outcome;     /* picked by init */
+
+/* ---- its credit reservation ------------------------------------------------------ */
+mtype:reservation hold = HELD;
+
+/* ---- its attempt rows ------------------------------------------------------------ */
+byte rows;
+byte row_token[MAX_ROWS];
+mtype:attempt row_outcome[MAX_ROWS];
+bool row_paid[MAX_ROWS];        /* may have been billed (budget::may_have_been_billed) */
+/* Sums over the rows, kept beside them so that no step loops over the rows. */
+byte paid_calls;                /* rows with row_paid */
+byte running_attempts;          /* rows with outcome ATTEMPT_RUNNING */
+
+/* ---- the last run token handed out (queue::claim draws fresh ones) ----------------- */
+byte last_token;
+
+/* ---- the environment's supply of mishaps ------------------------------------------ */
+byte crashes = 1;       /* worker processes that die (a new one takes the place) */
+byte shutdowns = 1;     /* grace periods that run out during a call */
+byte slow_lapses = 1;   /* leases of a live worker that lapse */
+byte abandoned;         /* the run token whose worker died: its lease will lapse */
+
+/* ---- ghosts, for the properties ---------------------------------------------------- */
+byte billable;          /* P5: requests sent that may have been billed */
+byte hold_resolutions;  /* P2: resolutions that took effect */
+byte job_endings;       /* P2: writes that gave the job a terminal status */
+
+#define TERMINAL (status == SUCCEEDED || status == FAILED || status == CANCELLED)
+/* The fence on every write of an attempt (queue::fenced_update). */
+#define OWNS(t) (status == RUNNING && run_token == (t))
+/* Whether the sweeper may find this claim's lease lapsed. */
+#define MAY_LAPSE(t) ((t) == abandoned || slow_lapses > 0)
+
+/* The paid-call ceiling is reached (!budget::Spent::calls_left). */
+#ifdef NO_PAID_CEILING
+#define AT_PAID_CEILING false
+#else
+#define AT_PAID_CEILING (paid_calls >= CEILING)
+#endif
+
+#ifdef NO_FINISH_FENCE
+#define FINISH_FENCE(t) (status == RUNNING)
+#else
+#define FINISH_FENCE(t) OWNS(t)
+#endif
+
+/* P2, after every step that can end the job or resolve its hold. */
+inline check_hold() {
+    assert(hold_resolutions <= 1);
+    assert(job_endings <= 1);
+    assert((hold == HELD) == !TERMINAL)
+}
+
+/* ledger::settle / ledger::release (resolve): the conditional UPDATE takes effect
+ * only while the reservation is held. */
+inline resolve(to) {
+#ifdef NO_RESOLVE_ONCE
+    hold = to;
+    hold_resolutions++
+#else
+    if
+    :: hold == HELD -> hold = to; hold_resolutions++
+    :: else
+    fi
+#endif
+}
+
+/* The job ends, and its hold is resolved in the same transaction. */
+inline end_job(to) {
+    status = to;
+    job_endings++;
+    run_token = 0;
+    if
+    :: to == SUCCEEDED -> resolve(SETTLED)
+    :: else -> resolve(RELEASED)
+    fi
+}
+
+inline requeue() {
+    status = QUEUED;
+    run_token = 0
+}
+
+/* The worker process dies, if a crash is left: it writes nothing more, ever, and a
+ * new process takes its place. Only a claim that is still the job's needs its lease
+ * to lapse; one taken back already is no one's concern. */
+inline crash() {
+    atomic {
+        crashes > 0 ->
+        crashes--;
+        if
+        :: run_token == token -> abandoned = token
+        :: else
+        fi
+    };
+    goto next
+}
+
+inline maybe_crash() {
+    if
+    :: crash()
+    :: true
+    fi
+}
+
+proctype worker()
+{
+    byte token;                 /* this claim's run token */
+    byte row;                   /* this attempt's row */
+    bool started;               /* start_attempt inserted the row */
+    bool cancel_seen;           /* the attempt learned that cancel was requested */
+    bool renewed;               /* the one modelled lease renewal happened */
+    bool lease_lost;            /* that renewal matched nothing */
+    bool aborted;               /* the shutdown abort: hand back, then exit */
+    bool not_billed;            /* the call ended in a way that cannot be billed */
+    mtype:attempt ended;        /* how the call ended, for the attempt row */
+    mtype:job_outcome wanted;   /* what Worker::judge asks for */
+
+end_idle:
+    /* queue::claim */
+    atomic {
+        status == QUEUED ->
+        last_token++;
+        token = last_token;
+        run_token = token;
+        status = RUNNING;
+        attempt_count++
+    };
+    maybe_crash();      /* dies between claim and start: the claim has no row */
+
+    /* queue::start_attempt (fenced) */
+    atomic {
+        if
+        :: OWNS(token) ->
+            assert(OWNS(token));                                /* P1 */
+            if
+            :: AT_PAID_CEILING ->
+                /* PAID_CALL_LIMIT: no row, no call. Never reached in this model:
+                 * every step that queues the job checks the ceiling first. The
+                 * code's check also bounds money, which is abstracted away. */
+                end_job(FAILED);
+                check_hold()
+            :: else ->
+                assert(rows < MAX_ROWS);                        /* the model's bound */
+                row = rows;
+                rows++;
+                row_token[row] = token;
+                row_outcome[row] = ATTEMPT_RUNNING;
+                row_paid[row] = true;   /* counts until known not to be billed */
+                paid_calls++;
+                running_attempts++;
+                assert(running_attempts <= 1);                  /* P4 */
+                cancel_seen = cancel_requested;
+                started = true
+            fi
+        :: else     /* the claim was taken back: write nothing */
+        fi
+    };
+    if
+    :: !started -> goto next
+    :: else
+    fi;
+
+    if
+    :: cancel_seen ->
+        /* CallEnd::CancelledBeforeSending: no call is made */
+        ended = ATTEMPT_CANCELLED; not_billed = true; wanted = CANCEL
+    :: else ->
+        maybe_crash();  /* dies with a row and no request sent */
+        /* the provider call: from here the request may be billed */
+        billable++;
+        assert(billable <= CEILING);                            /* P5 */
+waiting:
+        if
+        :: /* CallEnd::Answered(Ok), accepted */
+           ended = ATTEMPT_SUCCEEDED; wanted = SUCCEED
+        :: /* CallEnd::Answered(Ok), off-schema */
+           ended = INVALID_OUTPUT; wanted = RETRY
+        :: /* ProviderError::Transient (or NotSent) */
+           ended = RETRYABLE_ERROR; not_billed = true; wanted = RETRY
+        :: /* ProviderError::Permanent */
+           ended = PERMANENT_ERROR; not_billed = true; wanted = FAIL
+        :: /* ProviderError::OutcomeUnknown, CallEnd::TimedOut */
+           ended = UNKNOWN;
+           wanted = (retry_unknown_outcome -> RETRY : FAIL)
+        :: /* CallEnd::Cancelled, from the CancelRequested notice */
+           cancel_requested ->
+           ended = ATTEMPT_CANCELLED; wanted = CANCEL
+        :: /* Worker::run — shutdown hand-back (JobOutcome::HandBack): CallEnd::Aborted */
+           atomic { shutdowns > 0 -> shutdowns--; aborted = true };
+           ended = UNKNOWN;
+           wanted = (retry_unknown_outcome -> HAND_BACK : FAIL)
+        :: crash()      /* dies during the call */
+        :: !renewed ->
+           /* queue::renew_lease (fenced) */
+           atomic {
+               renewed = true;
+               if
+               :: OWNS(token) -> cancel_seen = cancel_requested
+               :: else -> lease_lost = true
+               fi
+           };
+           if
+           :: lease_lost -> goto next       /* Renewal::Lost: write nothing more */
+           :: cancel_seen ->                /* Renewed { cancel_requested: true } */
+              ended = ATTEMPT_CANCELLED; wanted = CANCEL
+           :: else -> goto waiting
+           fi
+        fi;
+        if
+        :: not_billed -> billable--     /* refused with an error status */
+        :: else
+        fi
+    fi;
+
+    /* queue::finish_attempt (fenced). A finish the database refuses for good is
+     * followed by Worker's fallback (RESULT_NOT_STORED), a second fenced
+     * transaction; the branch that ends the job FAILED below stands for the pair. */
+    atomic {
+        if
+        :: FINISH_FENCE(token) ->
+            assert(OWNS(token));                                /* P1 */
+            row_outcome[row] = ended;
+            running_attempts--;
+            if
+            :: not_billed -> row_paid[row] = false; paid_calls--
+#ifdef HANDBACK_NOT_PAID
+            :: !not_billed && aborted -> row_paid[row] = false; paid_calls--
+#endif
+            :: else
+            fi;
+            /* overrides, decided on the locked row */
+            if
+            :: wanted == RETRY || wanted == HAND_BACK ->
+                if
+                :: cancel_requested -> wanted = CANCEL
+                :: else ->
+                    if
+                    :: AT_PAID_CEILING -> wanted = FAIL     /* PAID_CALL_LIMIT */
+                    :: (!AT_PAID_CEILING && wanted == RETRY
+                        && attempt_count >= MAX_ATTEMPTS) -> wanted = FAIL
+                    :: else
+                    fi
+                fi
+            :: else
+            fi;
+            if
+            :: true                     /* stored */
+            :: wanted = FAIL            /* refused: the RESULT_NOT_STORED fallback */
+            fi;
+            if
+            :: wanted == SUCCEED -> end_job(SUCCEEDED)          /* ledger::settle */
+            :: wanted == RETRY -> requeue()
+            :: wanted == HAND_BACK -> requeue(); attempt_count--
+            :: wanted == FAIL -> end_job(FAILED)                /* ledger::release */
+            :: wanted == CANCEL -> end_job(CANCELLED)           /* ledger::release */
+            fi;
+            check_hold()
+        :: else     /* the claim was taken back: write nothing */
+        fi
+    };
+    if
+    :: aborted -> goto done     /* the shutting-down process ends */
+    :: else
+    fi;
+
+next:
+    /* claim again, as a new task (or as the new process after a crash) */
+    token = 0; row = 0; started = false; cancel_seen = false; renewed = false;
+    lease_lost = false; not_billed = false; ended = ATTEMPT_RUNNING; wanted = SUCCEED;
+    goto end_idle;
+done:
+    skip
+}
+
+active proctype sweeper()
+{
+    byte seen;      /* the run token the scan read */
+
+end_sweep:
+    do
+    :: /* queue::expire_leases: the scan, outside any transaction */
+       atomic { status == RUNNING && MAY_LAPSE(run_token) -> seen = run_token };
+       /* queue::expire_lease: one transaction, fenced on the token the scan read and
+        * on the lease having lapsed */
+       atomic {
+           if
+           :: OWNS(seen) && MAY_LAPSE(seen) ->
+               if
+               :: rows > 0 && row_token[rows - 1] == seen ->
+                   /* the lost attempt: its call may have been billed */
+#ifndef NO_MARK_LEASE_EXPIRED
+                   if
+                   :: row_outcome[rows - 1] == ATTEMPT_RUNNING ->
+                       row_outcome[rows - 1] = LEASE_EXPIRED;
+                       running_attempts--
+                   :: else
+                   fi;
+#endif
+                   if
+                   :: seen != abandoned -> slow_lapses--
+                   :: else
+                   fi;
+                   if
+                   :: cancel_requested -> end_job(CANCELLED)
+                   :: (!cancel_requested && (attempt_count >= MAX_ATTEMPTS
+                       || AT_PAID_CEILING || !retry_unknown_outcome)) -> end_job(FAILED)
+                   :: else -> requeue()
+                   fi
+               :: else ->
+#ifdef NO_CLAIMLESS_TAKEBACK
+                   skip     /* a claim without a row is left as it is */
+#else
+                   /* no row: nothing was sent, so the claim is given back uncounted */
+                   if
+                   :: seen != abandoned -> slow_lapses--
+                   :: else
+                   fi;
+                   if
+                   :: cancel_requested -> end_job(CANCELLED)
+                   :: else -> requeue(); attempt_count--
+                   fi
+#endif
+               fi;
+               check_hold()
+           :: else      /* renewed or finished meanwhile: not lost after all */
+           fi;
+           seen = 0
+       }
+    od
+}
+
+active proctype tenant()
+{
+#ifdef NO_CANCEL_LOCK
+    mtype:job_status read_status;
+    bool read_requested;
+#endif
+    if
+    :: skip     /* never cancels */
+    :: /* jobs::service::cancel_job */
+#ifdef NO_CANCEL_LOCK
+       atomic { read_status = status; read_requested = cancel_requested };
+       atomic {
+           if
+           :: read_status == QUEUED -> cancel_requested = true; end_job(CANCELLED)
+           :: read_status == RUNNING && !read_requested -> cancel_requested = true
+           :: else
+           fi;
+           check_hold()
+       }
+#else
+       atomic {
+           if
+           :: status == QUEUED -> cancel_requested = true; end_job(CANCELLED)
+           :: status == RUNNING && !cancel_requested -> cancel_requested = true
+           :: else      /* already ended, or already asked */
+           fi;
+           check_hold()
+       }
+#endif
+    fi
+}
+
+init {
+    atomic {
+        if
+        :: retry_unknown_outcome = true
+        :: retry_unknown_outcome = false
+        fi;
+        run worker();
+        run worker()
+    }
+}
+
+/* P3 */
+ltl never_lost { [] <> (status != RUNNING) }
