@@ -21,6 +21,7 @@ mod processes;
 mod properties;
 mod protocol_model;
 mod providers;
+mod scheduling;
 mod schema;
 mod simulator;
 mod streaming;

@@ -227,6 +227,9 @@ enum Finish {
     Retry { unknown: bool },
     /// The worker shuts down and hands the job back.
     HandBack,
+    /// The attempt started after a cancel: the worker makes no call, whatever else was
+    /// drawn for it.
+    CancelledBeforeSending,
 }
 
 /// What a finish must do to the job and its hold.
@@ -340,6 +343,17 @@ fn plan(
             JobOutcome::Cancelled,
             Effect::Release(JobStatus::Cancelled),
             cost(AttemptOutcome::Cancelled, None, false),
+        ),
+        Finish::CancelledBeforeSending => (
+            report(
+                AttemptOutcome::Cancelled,
+                None,
+                true,
+                Some(JobError::new(ErrorCode::Cancelled, "not sent")),
+            ),
+            JobOutcome::Cancelled,
+            Effect::Release(JobStatus::Cancelled),
+            cost(AttemptOutcome::Cancelled, None, true),
         ),
         Finish::Retry { unknown } => {
             let (outcome, code) = if unknown {
@@ -564,6 +578,11 @@ struct ModelJob {
     charged: Option<i64>,
     /// Every attempt row in order: outcome and exact cost (`None`: the bound stands).
     attempts: Vec<AttemptCost>,
+}
+
+/// Whether the attempt's start saw a cancel: its row was recorded as a call never made.
+fn started_after_a_cancel(attempt: &attempts::Model) -> bool {
+    attempt.provider_cost_nanos == Some(0) && attempt.provider_cost_upper_bound_nanos.is_none()
 }
 
 impl ModelJob {
@@ -866,9 +885,24 @@ impl Sequence {
             "{}",
             self.at
         );
+        // A call that will not be made is recorded as not billed from the start.
+        let (bound, row) = if job.cancel_requested {
+            (
+                None,
+                AttemptCost {
+                    outcome: AttemptOutcome::Running,
+                    exact: Some(0),
+                    paid: false,
+                },
+            )
+        } else {
+            (
+                Some(start.provider_cost_bound.nanos()),
+                AttemptCost::RUNNING,
+            )
+        };
         assert_eq!(
-            attempt.provider_cost_upper_bound_nanos,
-            Some(start.provider_cost_bound.nanos()),
+            attempt.provider_cost_upper_bound_nanos, bound,
             "{}",
             self.at
         );
@@ -877,7 +911,7 @@ impl Sequence {
             "{}: a job was queued with no paid call left",
             self.at
         );
-        job.attempts.push(AttemptCost::RUNNING);
+        job.attempts.push(row);
         job.claim = Some((claim, Some(attempt)));
     }
 
@@ -899,6 +933,11 @@ impl Sequence {
         }
         let (claim, attempt) = self.jobs[index].claim.clone().unwrap();
         let attempt = attempt.unwrap();
+        let how = if started_after_a_cancel(&attempt) {
+            Finish::CancelledBeforeSending
+        } else {
+            how
+        };
         let price = price_of(&self.price_list, &claim.job).clone();
         let (report, outcome, effect, cost) = plan(how, &claim.job, &price);
         let finished = queue::finish_attempt(&self.db, &claim, &attempt, &price, report, outcome)

@@ -5,7 +5,8 @@
 //! found by a skip scan of the partial index on queued jobs (one probe per tenant,
 //! however many jobs each has). For each visited tenant it reads at most `limit` due
 //! jobs per priority level, highest priority first and oldest first within a level —
-//! again index range scans — and takes jobs rank by rank across the tenants, so one
+//! again index range scans — and takes jobs rank by rank across the tenants (the
+//! oldest first within a rank: priorities are never compared across tenants), so one
 //! tenant's 100,000 queued jobs never starve another tenant's single job. The rows it
 //! touches are O(claimed × priority levels + tenants with queued jobs), never the
 //! backlog. A worker keeps a [`TenantCursor`] between claims, so that with more
@@ -226,7 +227,7 @@ async fn claim_postgres(
                         ELSE 0 END AS busy
             FROM unnest($3::uuid[]) AS visit(tenant_id)
         ), candidates AS MATERIALIZED (
-            SELECT due.id, due.priority, due.next_run_at, visited.busy,
+            SELECT due.id, due.next_run_at, visited.busy,
                    row_number() OVER (PARTITION BY visited.tenant_id
                                       ORDER BY due.priority DESC, due.next_run_at, due.id) AS tenant_rank
             FROM visited
@@ -240,7 +241,7 @@ async fn claim_postgres(
                 FOR UPDATE SKIP LOCKED
             ) AS due
         ), numbered AS (
-            SELECT id, row_number() OVER (ORDER BY tenant_rank, priority DESC, next_run_at, id) AS position
+            SELECT id, row_number() OVER (ORDER BY tenant_rank, next_run_at, id) AS position
             FROM candidates
             WHERE tenant_rank + busy <= $5
             ORDER BY position
@@ -335,14 +336,7 @@ async fn claim_sqlite(
         let room = usize::try_from(round.tenant_limit - busy as i64).unwrap_or(0);
         ranked.extend(due.into_iter().take(room).enumerate());
     }
-    ranked.sort_by_key(|(rank, job)| {
-        (
-            *rank,
-            std::cmp::Reverse(job.priority),
-            job.next_run_at,
-            job.id,
-        )
-    });
+    ranked.sort_by_key(|(rank, job)| (*rank, job.next_run_at, job.id));
     let mut claimed = Vec::with_capacity(wanted);
     for (_, job) in ranked.into_iter().take(wanted) {
         let rows = jobs::Entity::update_many()
