@@ -35,6 +35,28 @@ enum Command {
     /// one line per invariant. Exit code 0: all hold; 1: a violation was found; 2: the
     /// audit could not run (database unreachable, missing or not migrated).
     Audit(DatabaseArgs),
+    /// Measure the queue: claim latency against backlog size, drain rate next to a
+    /// bare-SQL queue, createJob latency. Prints a Markdown table; each scenario runs on
+    /// a database of its own (a temporary SQLite file; on PostgreSQL, one created on
+    /// the `--postgres` server and dropped after).
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    /// Also run every scenario on PostgreSQL: a server URL on which the benchmark may
+    /// create and drop databases.
+    #[arg(long, env = "JOBLEDGER_BENCH_POSTGRES", value_name = "URL")]
+    postgres: Option<String>,
+    /// Skip SQLite.
+    #[arg(long)]
+    no_sqlite: bool,
+    /// A few seconds with tiny counts: checks that every scenario runs, not speed.
+    #[arg(long)]
+    smoke: bool,
+    /// Also write the figures as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -173,6 +195,24 @@ impl Cli {
                 Simulator::new()
                     .serve(listener, shutdown.cancelled_owned())
                     .await?;
+            }
+            Command::Bench(args) => {
+                use crate::bench::{self, Scale, scratch::Engine};
+                let scale = if args.smoke {
+                    Scale::SMOKE
+                } else {
+                    Scale::FULL
+                };
+                let mut engines = Vec::new();
+                if !args.no_sqlite {
+                    engines.push(Engine::Sqlite);
+                }
+                engines.extend(args.postgres.map(Engine::Postgres));
+                let figures = bench::run(&engines, scale).await?;
+                print!("{}", bench::markdown(&figures));
+                if let Some(path) = args.json {
+                    std::fs::write(&path, bench::to_json(&figures, scale).to_string())?;
+                }
             }
             Command::Audit(args) => {
                 use crate::billing::audit;

@@ -5,6 +5,7 @@
 //! shared folder for the lifecycle and the invariants.
 
 pub mod accounts;
+pub mod bench;
 pub mod billing;
 pub mod cli;
 pub mod config;

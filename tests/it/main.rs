@@ -8,6 +8,7 @@ mod helpers;
 mod accounts;
 mod any_text;
 mod audit;
+mod bench;
 mod billing;
 mod charging;
 mod config;

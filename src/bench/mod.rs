@@ -1,0 +1,438 @@
+//! `jobledger bench`: the queue measured against itself and against a bare SQL queue
+//! in one run, on the machine it runs on. Figures are printed as a Markdown table and
+//! written as JSON; ratios against a baseline measured in the same run are what to
+//! compare across machines. Every scenario runs on a database of its own and ends with
+//! the billing audit, which must be clean.
+//!
+//! Scenarios (`--smoke` shrinks every count, for CI: it checks that the harness runs,
+//! not how fast):
+//! - claim latency: one claim of 32 with 2,000 jobs queued, then with 200,000;
+//! - drain: 20,000 queued jobs run to the end by one process (32 workers, the built-in
+//!   simulator answering at once, settlement included), next to the bare-SQL ceiling
+//!   (one row and 50 rows per claim, as many connections as the pool) for as many jobs;
+//! - drain under a backlog: 20,000 jobs run while 200,000 are queued;
+//! - createJob over GraphQL at concurrency 1 and 32: latency p50/p99 and jobs/s.
+
+mod naive;
+pub mod scratch;
+mod seed;
+
+use crate::billing::audit;
+use crate::config::{ProviderSettings, Settings};
+use crate::jobs::queue::{self, ClaimRequest, TenantCursor};
+use crate::jobs::worker::WorkerSettings;
+use crate::startup::Application;
+use entity::{JobStatus, jobs};
+use scratch::{Engine, ScratchDatabase};
+use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter};
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// How much work each scenario does.
+#[derive(Clone, Copy, Debug)]
+pub struct Scale {
+    /// Jobs drained (and naive jobs completed).
+    pub drain: u64,
+    /// Jobs queued in the large-backlog scenarios.
+    pub backlog: u64,
+    /// Jobs queued in the small-backlog claim measurement.
+    pub small_backlog: u64,
+    /// createJob requests per measurement.
+    pub creates: u64,
+}
+
+impl Scale {
+    /// The figures the README reports.
+    pub const FULL: Self = Self {
+        drain: 20_000,
+        backlog: 200_000,
+        small_backlog: 2_000,
+        creates: 2_000,
+    };
+
+    /// A run of a few seconds that exercises every scenario.
+    pub const SMOKE: Self = Self {
+        drain: 200,
+        backlog: 2_000,
+        // Room for every measured claim: 15 claims of 32.
+        small_backlog: 600,
+        creates: 64,
+    };
+}
+
+/// Why the benchmark could not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("database: {0}")]
+    Database(#[from] sea_orm::DbErr),
+    #[error("{0}")]
+    Service(#[from] crate::error::ServiceError),
+    #[error("startup: {0}")]
+    Startup(#[from] crate::startup::StartupError),
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Tenants the backlogs are spread over.
+const TENANTS: u64 = 4;
+/// Jobs one measured claim asks for.
+const CLAIM_SIZE: u32 = 32;
+/// Claims measured per backlog size.
+const CLAIM_SAMPLES: usize = 15;
+/// Workers of the draining process.
+const WORKERS: usize = 32;
+/// Concurrent connections of the bare-SQL queue: jobledger's pool size.
+const NAIVE_CONNECTIONS: usize = 16;
+
+/// One measured figure.
+#[derive(Clone, Debug)]
+pub struct Figure {
+    pub engine: &'static str,
+    pub name: String,
+    pub value: f64,
+    pub unit: &'static str,
+    /// The figure as a multiple of another one of this run, when that is the point.
+    pub ratio: Option<(f64, String)>,
+}
+
+/// Runs every scenario on each engine.
+pub async fn run(engines: &[Engine], scale: Scale) -> Result<Vec<Figure>, BenchError> {
+    let mut figures = Vec::new();
+    for engine in engines {
+        tracing::info!(engine = engine.name(), "benchmarking");
+        figures.extend(claim_latency(engine, scale).await?);
+        figures.extend(drain(engine, scale).await?);
+        figures.extend(create_latency(engine, scale).await?);
+    }
+    Ok(figures)
+}
+
+/// The figures as a Markdown table.
+pub fn markdown(figures: &[Figure]) -> String {
+    let mut table = String::from("| engine | measure | value | vs |\n|---|---|---|---|\n");
+    for figure in figures {
+        let ratio = figure
+            .ratio
+            .as_ref()
+            .map_or(String::new(), |(ratio, of)| format!("{ratio:.2}× {of}"));
+        table.push_str(&format!(
+            "| {} | {} | {:.1} {} | {} |\n",
+            figure.engine, figure.name, figure.value, figure.unit, ratio
+        ));
+    }
+    table
+}
+
+/// The figures as JSON.
+pub fn to_json(figures: &[Figure], scale: Scale) -> Value {
+    json!({
+        "scale": {
+            "drain": scale.drain, "backlog": scale.backlog,
+            "small_backlog": scale.small_backlog, "creates": scale.creates,
+        },
+        "figures": figures.iter().map(|figure| json!({
+            "engine": figure.engine,
+            "measure": figure.name,
+            "value": figure.value,
+            "unit": figure.unit,
+            "ratio": figure.ratio.as_ref().map(|(ratio, of)| json!({"value": ratio, "of": of})),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+async fn audited(database: ScratchDatabase) -> Result<(), BenchError> {
+    let report = audit::audit(&database.db).await?;
+    if !report.is_clean() {
+        return Err(BenchError::Failed(format!(
+            "the audit found violations after a scenario:\n{report}"
+        )));
+    }
+    database.remove().await?;
+    Ok(())
+}
+
+async fn seeded(database: &ScratchDatabase, jobs: u64) -> Result<(), BenchError> {
+    let providers = crate::llm::ProviderRegistry::new(Some(std::sync::Arc::new(
+        crate::llm::openai::OpenAiClient::new("simulator", "http://127.0.0.1:9/v1", None),
+    )));
+    for index in 0..TENANTS {
+        let (tenant, _) =
+            seed::funded_tenant(&database.db, &format!("bench-{index}"), jobs).await?;
+        seed::queued_jobs(&database.db, &providers, tenant, jobs / TENANTS).await?;
+    }
+    Ok(())
+}
+
+fn median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+fn percentile(sorted: &[f64], fraction: f64) -> f64 {
+    let index = ((sorted.len() as f64 - 1.0) * fraction).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+/// Median time of one claim of 32 with few and with many jobs queued.
+async fn claim_latency(engine: &Engine, scale: Scale) -> Result<Vec<Figure>, BenchError> {
+    let database = ScratchDatabase::create(engine).await?;
+    let mut cursor = TenantCursor::default();
+    let mut measure = async |db: &DatabaseConnection| -> Result<f64, BenchError> {
+        let mut samples = Vec::new();
+        for _ in 0..CLAIM_SAMPLES {
+            let started = Instant::now();
+            let claimed = queue::claim_in_turn(
+                db,
+                ClaimRequest::new(CLAIM_SIZE, Duration::from_secs(3_600)),
+                &mut cursor,
+            )
+            .await?;
+            samples.push(started.elapsed().as_secs_f64() * 1_000.0);
+            if claimed.len() != CLAIM_SIZE as usize {
+                return Err(BenchError::Failed(format!(
+                    "a claim of {CLAIM_SIZE} took {} jobs",
+                    claimed.len()
+                )));
+            }
+        }
+        Ok(median(samples))
+    };
+    seeded(&database, scale.small_backlog).await?;
+    let small = measure(&database.db).await?;
+    seeded(&database, scale.backlog - scale.small_backlog).await?;
+    let large = measure(&database.db).await?;
+    audited(database).await?;
+    let name = engine.name();
+    Ok(vec![
+        Figure {
+            engine: name,
+            name: format!(
+                "claim of {CLAIM_SIZE}, {} queued (median)",
+                scale.small_backlog
+            ),
+            value: small,
+            unit: "ms",
+            ratio: None,
+        },
+        Figure {
+            engine: name,
+            name: format!("claim of {CLAIM_SIZE}, {} queued (median)", scale.backlog),
+            value: large,
+            unit: "ms",
+            ratio: Some((
+                large / small,
+                format!("the claim at {}", scale.small_backlog),
+            )),
+        },
+    ])
+}
+
+/// Runs a worker process on `database` until `jobs` jobs have ended; jobs per second.
+async fn drain_rate(database: &ScratchDatabase, jobs: u64) -> Result<f64, BenchError> {
+    let settings = Settings {
+        listen: None,
+        database_url: database.url.clone(),
+        admin_token: Some("benchmark-admin-token-with-32-characters".to_owned()),
+        worker: Some(WorkerSettings {
+            concurrency: WORKERS,
+            lease: Duration::from_secs(30),
+            attempt_timeout: Duration::from_secs(60),
+            shutdown_grace: Duration::from_secs(30),
+            tenant_concurrency: None,
+            poll_interval: Duration::from_millis(500),
+            charging: crate::billing::ChargingPolicy::default(),
+        }),
+        providers: ProviderSettings::default(),
+        customer_markup: rust_decimal::Decimal::from_str_exact(
+            crate::billing::prices::DEFAULT_CUSTOMER_MARKUP,
+        )
+        .expect("the default markup is a decimal"),
+        config_file: None,
+    };
+    let ended_before = ended(&database.db).await?;
+    let application = Application::build(settings).await?;
+    let shutdown = CancellationToken::new();
+    let started = Instant::now();
+    let running = tokio::spawn(application.run(shutdown.clone()));
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if ended(&database.db).await? - ended_before >= jobs {
+            break;
+        }
+        if running.is_finished() {
+            return Err(BenchError::Failed("the worker process stopped".into()));
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    shutdown.cancel();
+    running
+        .await
+        .map_err(|error| BenchError::Failed(error.to_string()))?
+        .map_err(|error| BenchError::Failed(error.to_string()))?;
+    let failed = jobs::Entity::find()
+        .filter(jobs::Column::Status.ne(JobStatus::Succeeded))
+        .filter(jobs::Column::FinishedAt.is_not_null())
+        .count(&database.db)
+        .await?;
+    if failed > 0 {
+        return Err(BenchError::Failed(format!(
+            "{failed} drained jobs did not succeed"
+        )));
+    }
+    Ok(jobs as f64 / elapsed)
+}
+
+async fn ended(db: &DatabaseConnection) -> Result<u64, BenchError> {
+    Ok(jobs::Entity::find()
+        .filter(jobs::Column::FinishedAt.is_not_null())
+        .count(db)
+        .await?)
+}
+
+/// jobledger's drain next to the bare-SQL ceilings, and under a large backlog.
+async fn drain(engine: &Engine, scale: Scale) -> Result<Vec<Figure>, BenchError> {
+    let name = engine.name();
+    let database = ScratchDatabase::create(engine).await?;
+    let one_row = naive::ceiling(&database.db, scale.drain, 1, NAIVE_CONNECTIONS).await?;
+    let batched = naive::ceiling(&database.db, scale.drain, 50, NAIVE_CONNECTIONS).await?;
+    seeded(&database, scale.drain).await?;
+    let drained = drain_rate(&database, scale.drain).await?;
+    audited(database).await?;
+
+    let database = ScratchDatabase::create(engine).await?;
+    seeded(&database, scale.backlog).await?;
+    let under_backlog = drain_rate(&database, scale.drain).await?;
+    audited(database).await?;
+    let one_row_name = "bare SQL, one row per claim".to_owned();
+    Ok(vec![
+        Figure {
+            engine: name,
+            name: one_row_name.clone(),
+            value: one_row,
+            unit: "jobs/s",
+            ratio: None,
+        },
+        Figure {
+            engine: name,
+            name: "bare SQL, 50 rows per claim".into(),
+            value: batched,
+            unit: "jobs/s",
+            ratio: None,
+        },
+        Figure {
+            engine: name,
+            name: format!("drain of {} jobs, settled", scale.drain),
+            value: drained,
+            unit: "jobs/s",
+            ratio: Some((drained / one_row, one_row_name)),
+        },
+        Figure {
+            engine: name,
+            name: format!(
+                "drain of {} jobs with {} queued",
+                scale.drain, scale.backlog
+            ),
+            value: under_backlog,
+            unit: "jobs/s",
+            ratio: Some((
+                under_backlog / drained,
+                format!("the drain of {}", scale.drain),
+            )),
+        },
+    ])
+}
+
+/// createJob over GraphQL (real HTTP to the in-process API) at concurrency 1 and 32.
+async fn create_latency(engine: &Engine, scale: Scale) -> Result<Vec<Figure>, BenchError> {
+    let database = ScratchDatabase::create(engine).await?;
+    let (_, key) = seed::funded_tenant(&database.db, "creator", scale.creates * 2).await?;
+    let settings = Settings {
+        listen: Some("127.0.0.1:0".parse().expect("a socket address")),
+        database_url: database.url.clone(),
+        admin_token: Some("benchmark-admin-token-with-32-characters".to_owned()),
+        worker: None,
+        providers: ProviderSettings::default(),
+        customer_markup: rust_decimal::Decimal::from_str_exact(
+            crate::billing::prices::DEFAULT_CUSTOMER_MARKUP,
+        )
+        .expect("the default markup is a decimal"),
+        config_file: None,
+    };
+    let application = Application::build(settings).await?;
+    let address = application
+        .address()
+        .ok_or_else(|| BenchError::Failed("the API did not bind".into()))?;
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(application.run(shutdown.clone()));
+    let client = reqwest::Client::new();
+    let mut figures = Vec::new();
+    for concurrency in [1_u64, 32] {
+        let per_client = scale.creates / concurrency.min(scale.creates);
+        let started = Instant::now();
+        let clients = (0..concurrency).map(|client_index| {
+            let client = client.clone();
+            let key = key.clone();
+            async move {
+                let mut latencies = Vec::new();
+                for index in 0..per_client {
+                    let body = json!({
+                        "query": "mutation($input: CreateJobInput!) { createJob(input: $input) { job { id } } }",
+                        "variables": {"input": {
+                            "idempotencyKey": format!("bench-{concurrency}-{client_index}-{index}"),
+                            "model": seed::MODEL,
+                            "messages": [{"role": "user", "content": "Summarise: the quarter went well."}],
+                            "maxOutputTokens": 64,
+                        }},
+                    });
+                    let sent = Instant::now();
+                    let response: Value = client
+                        .post(format!("http://{address}/graphql"))
+                        .bearer_auth(&key)
+                        .json(&body)
+                        .send()
+                        .await
+                        .map_err(|error| BenchError::Failed(error.to_string()))?
+                        .json()
+                        .await
+                        .map_err(|error| BenchError::Failed(error.to_string()))?;
+                    latencies.push(sent.elapsed().as_secs_f64() * 1_000.0);
+                    if !response["errors"].is_null() {
+                        return Err(BenchError::Failed(format!("createJob failed: {response}")));
+                    }
+                }
+                Ok::<_, BenchError>(latencies)
+            }
+        });
+        let mut latencies = Vec::new();
+        for result in futures_util::future::join_all(clients).await {
+            latencies.extend(result?);
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        latencies.sort_by(f64::total_cmp);
+        let name = engine.name();
+        figures.push(Figure {
+            engine: name,
+            name: format!("createJob at concurrency {concurrency}"),
+            value: latencies.len() as f64 / elapsed,
+            unit: "jobs/s",
+            ratio: None,
+        });
+        for (label, fraction) in [("p50", 0.5), ("p99", 0.99)] {
+            figures.push(Figure {
+                engine: name,
+                name: format!("createJob at concurrency {concurrency}, {label}"),
+                value: percentile(&latencies, fraction),
+                unit: "ms",
+                ratio: None,
+            });
+        }
+    }
+    shutdown.cancel();
+    running
+        .await
+        .map_err(|error| BenchError::Failed(error.to_string()))?
+        .map_err(|error| BenchError::Failed(error.to_string()))?;
+    audited(database).await?;
+    Ok(figures)
+}
