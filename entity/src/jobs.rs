@@ -32,6 +32,9 @@ pub struct Model {
     pub priority: i32,
     /// The start the client asked for (`runAt`); the job is not claimed before it.
     pub run_at: Option<Timestamp>,
+    /// The API admitted the job for the built-in simulator (no provider configured):
+    /// only then may a worker simulate it.
+    pub simulated: bool,
     /// The seq of the job's newest event; bumping it in the same UPDATE that changes the
     /// job serialises event numbering with the job's row lock.
     pub last_event_seq: i32,

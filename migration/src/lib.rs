@@ -11,6 +11,7 @@ mod m20261130_000003_jobs_tenant_created_at_index;
 mod m20261130_000004_json_as_text;
 mod m20261130_000005_attempt_customer_charges;
 mod m20261130_000006_claimable_jobs;
+mod m20261130_000007_simulated_jobs;
 
 /// Applies jobledger's migrations in order.
 pub struct Migrator;
@@ -25,6 +26,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000004_json_as_text::Migration),
             Box::new(m20261130_000005_attempt_customer_charges::Migration),
             Box::new(m20261130_000006_claimable_jobs::Migration),
+            Box::new(m20261130_000007_simulated_jobs::Migration),
         ]
     }
 }

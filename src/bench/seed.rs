@@ -111,12 +111,12 @@ pub async fn queued_jobs(
             "WITH RECURSIVE series(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM series WHERE n < {count})
             INSERT INTO jobs (id, tenant_id, idempotency_key, request_hash, status, cancel_requested,
                 model, input, retry_unknown_outcome, result, error_code, error_message, attempt_count,
-                max_attempts, run_token, lease_until, next_run_at, priority, run_at, last_event_seq,
-                created_at, updated_at, started_at, finished_at)
+                max_attempts, run_token, lease_until, next_run_at, priority, run_at, simulated,
+                last_event_seq, created_at, updated_at, started_at, finished_at)
             SELECT {new_id}, t.tenant_id, 'seed-{batch}-' || series.n, t.request_hash,
                 'queued', t.cancel_requested, t.model, t.input, t.retry_unknown_outcome, NULL, NULL,
-                NULL, 0, t.max_attempts, NULL, NULL, t.next_run_at + series.n, t.priority, NULL, 1,
-                t.created_at + series.n, t.updated_at + series.n, NULL, NULL
+                NULL, 0, t.max_attempts, NULL, NULL, t.next_run_at + series.n, t.priority, NULL,
+                t.simulated, 1, t.created_at + series.n, t.updated_at + series.n, NULL, NULL
             FROM jobs AS t, series WHERE t.id = {template_row}"
         ),
         format!(

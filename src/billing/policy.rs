@@ -6,7 +6,8 @@
 //! - a call that cannot have been billed (never sent, refused with an error status,
 //!   cancelled before sending) is never charged;
 //! - output already streamed to the client is always charged, whatever became of the
-//!   call (invalid output, timeout, lost connection, cancel, shutdown);
+//!   call (invalid output, timeout, lost connection, cancel, shutdown), together with
+//!   the prompt it answered: the provider read all of it before the first token;
 //! - for a call whose outcome is unknown, and for a call the tenant cancelled while it
 //!   ran, the operator chooses: charge only the streamed output and absorb the rest
 //!   of the provider's cost ([`UnfinishedCall::DeliveredOutput`], the default), or
@@ -84,6 +85,18 @@ impl CallBound {
         price.customer_charge(&self.usage())
     }
 
+    /// `usage` with each count cut to what this call could use. A provider reporting
+    /// more is faulty (or counts something never sent): its figures would break every
+    /// bound a hold is sized by.
+    pub fn limit(self, usage: TokenUsage) -> TokenUsage {
+        let input_tokens = usage.input_tokens.min(self.input_tokens);
+        TokenUsage {
+            input_tokens,
+            cached_input_tokens: usage.cached_input_tokens.min(input_tokens),
+            output_tokens: usage.output_tokens.min(self.max_output_tokens),
+        }
+    }
+
     /// The hold for a job that may pay for `paid_calls` calls: each at the higher of
     /// the two prices, so that neither side's total can pass it.
     pub fn job_hold(self, price: &ModelPrice, paid_calls: u32) -> Credits {
@@ -100,17 +113,31 @@ pub fn estimated_output_tokens(streamed_bytes: u64) -> u64 {
     streamed_bytes.div_ceil(4)
 }
 
+impl CallBound {
+    /// What a call that streamed `streamed_bytes` of output and then ended without
+    /// reporting usage used, by the same estimate: the prompt at one token per four
+    /// bytes of its bound, and the streamed text.
+    pub fn estimated_delivery(self, streamed_bytes: u64) -> TokenUsage {
+        TokenUsage {
+            input_tokens: self.input_tokens.div_ceil(4),
+            cached_input_tokens: 0,
+            output_tokens: estimated_output_tokens(streamed_bytes),
+        }
+    }
+}
+
 impl ChargingPolicy {
-    /// What the customer pays for one attempt: `delivered_output_tokens` is the output
-    /// streamed to the client before the call ended (0 when nothing streamed).
+    /// What the customer pays for one attempt. `delivered` is what the call used to
+    /// produce the output streamed to the client before it ended — its usage when the
+    /// provider reported it, an estimate otherwise — and `None` when nothing streamed.
     pub fn customer_charge(
         &self,
         price: &ModelPrice,
         bound: CallBound,
         ending: AttemptEnding,
-        delivered_output_tokens: u64,
+        delivered: Option<&TokenUsage>,
     ) -> Credits {
-        let delivered = price.customer.output.cost(delivered_output_tokens);
+        let delivered = delivered.map_or(Credits::ZERO, |usage| price.customer_charge(usage));
         let unfinished = |choice: UnfinishedCall| match choice {
             UnfinishedCall::DeliveredOutput => delivered,
             // The bound covers every output token, the delivered ones among them.
@@ -159,7 +186,9 @@ mod tests {
 
     #[test]
     fn streamed_output_is_charged_whatever_the_policy() {
-        let delivered = Credits::from_nanos(4_000 * 100);
+        let usage = BOUND.estimated_delivery(400);
+        // 250 prompt tokens at 2 per million and 100 output tokens at 4 per million.
+        let delivered = Credits::from_nanos(2_000 * 250 + 4_000 * 100);
         for policy in [
             ChargingPolicy::default(),
             ChargingPolicy {
@@ -172,10 +201,10 @@ mod tests {
                 AttemptEnding::Unknown,
                 AttemptEnding::CancelledDuringCall,
             ] {
-                assert!(policy.customer_charge(&price(), BOUND, ending, 100) >= delivered);
+                assert!(policy.customer_charge(&price(), BOUND, ending, Some(&usage)) >= delivered);
             }
             assert_eq!(
-                policy.customer_charge(&price(), BOUND, AttemptEnding::NotBilled, 100),
+                policy.customer_charge(&price(), BOUND, AttemptEnding::NotBilled, Some(&usage)),
                 Credits::ZERO
             );
         }
@@ -190,11 +219,11 @@ mod tests {
         // 1,000 input tokens at 2 per million and 500 output tokens at 4 per million.
         let bound = Credits::from_nanos(2_000 * 1_000 + 4_000 * 500);
         assert_eq!(
-            policy.customer_charge(&price(), BOUND, AttemptEnding::Unknown, 0),
+            policy.customer_charge(&price(), BOUND, AttemptEnding::Unknown, None),
             bound
         );
         assert_eq!(
-            policy.customer_charge(&price(), BOUND, AttemptEnding::CancelledDuringCall, 0),
+            policy.customer_charge(&price(), BOUND, AttemptEnding::CancelledDuringCall, None),
             Credits::ZERO
         );
     }
@@ -204,6 +233,29 @@ mod tests {
         let hold = BOUND.job_hold(&price(), 3);
         assert_eq!(hold, BOUND.customer_cost(&price()).times(3));
         assert!(BOUND.provider_cost(&price()).times(3) <= hold);
+    }
+
+    #[test]
+    fn reported_usage_is_cut_to_the_bound() {
+        let absurd = TokenUsage {
+            input_tokens: u64::MAX,
+            cached_input_tokens: u64::MAX,
+            output_tokens: 10_u64.pow(18),
+        };
+        assert_eq!(
+            BOUND.limit(absurd),
+            TokenUsage {
+                input_tokens: 1_000,
+                cached_input_tokens: 1_000,
+                output_tokens: 500,
+            }
+        );
+        let fair = TokenUsage {
+            input_tokens: 10,
+            cached_input_tokens: 4,
+            output_tokens: 7,
+        };
+        assert_eq!(BOUND.limit(fair), fair);
     }
 
     #[test]

@@ -8,8 +8,8 @@
 //! sized for that many calls (`billing::CallBound::job_hold`), so the money limits
 //! only bind when prices change while a job runs.
 
-use crate::billing::Credits;
-use entity::{AttemptOutcome, ReservationStatus, attempts, credit_reservations, jobs};
+use crate::billing::{Credits, ledger};
+use entity::{AttemptOutcome, JobStatus, ReservationStatus, attempts, credit_reservations, jobs};
 use sea_orm::{ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QueryOrder};
 use uuid::Uuid;
 
@@ -94,6 +94,31 @@ impl Spent {
             && self.provider_exposure + provider_bound <= hold
             && self.customer_charges + customer_bound <= hold
     }
+}
+
+/// Resolves a terminal job's hold: charges the sum of its attempts' customer charges
+/// (the settlement caps it at the hold) and releases the rest. A succeeded job is
+/// always settled, even for nothing; any other job only when an attempt charged.
+pub async fn resolve_hold(
+    transaction: &impl ConnectionTrait,
+    job: &jobs::Model,
+    final_attempt: Option<Uuid>,
+    spent: &Spent,
+) -> Result<(), DbErr> {
+    let charged_attempt = match job.status {
+        JobStatus::Succeeded => final_attempt,
+        _ if spent.customer_charges.is_positive() => spent.last_charged_attempt,
+        _ => None,
+    };
+    match charged_attempt {
+        Some(attempt_id) => {
+            ledger::settle(transaction, job.id, attempt_id, spent.customer_charges).await?;
+        }
+        None => {
+            ledger::release(transaction, job.id).await?;
+        }
+    }
+    Ok(())
 }
 
 /// The credits held for a job while its hold is open; zero once resolved.

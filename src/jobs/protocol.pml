@@ -1,8 +1,10 @@
 /*
  * protocol.pml: a Promela model of jobledger's job / lease / billing protocol,
  * checked with Spin (tests/it/protocol_model.rs runs it). It describes
- * src/jobs/queue.rs, src/jobs/worker.rs, src/jobs/service.rs, src/jobs/budget.rs and
- * src/billing/ledger.rs; a comment at each step names the Rust function it stands for.
+ * src/jobs/queue/mod.rs (renew_lease, start_attempt, finish_attempt, abandon_claim,
+ * expire_leases), src/jobs/queue/claim.rs (claim, claim_in_turn), src/jobs/worker.rs,
+ * src/jobs/service.rs, src/jobs/budget.rs and src/billing/ledger.rs; a comment at
+ * each step names the Rust function it stands for.
  *
  * WHAT IS MODELLED
  *   One job with its credit hold, two workers, the lease sweeper and the tenant.
@@ -13,6 +15,14 @@
  *     max_attempts (MAX_ATTEMPTS) and retry_unknown_outcome (both values are checked:
  *     init picks one). The reservation: HELD, then SETTLED or RELEASED. The attempt
  *     rows: run token, outcome, and whether the call may have been billed ("paid").
+ *   - Whether the job can run at all (init picks that too). An unrunnable job is one
+ *     whose attempt can never start, for a reason that never goes away: its stored
+ *     input is unreadable, its model has no price, or the database refuses its
+ *     attempt row for good (Worker::try_run_attempt). A worker that claims it takes
+ *     the abandon step (Worker::abandon, queue::abandon_claim) instead of starting an
+ *     attempt: one fenced transaction that ends the job FAILED (NOT_RUNNABLE) with
+ *     no attempt row and resolves its hold. It may die before that step, as before
+ *     start_attempt.
  *   - A worker claims, starts the attempt, calls the provider and finishes. The call
  *     ends in any way the worker can see: success, invalid output, a retryable or a
  *     permanent error status (not billed), an unknown outcome or timeout, a cancel
@@ -43,13 +53,20 @@
  *   - Rounds are bounded so that every run ends: one worker crash (a new process
  *     takes its place), one shutdown abort (that worker then exits), one lapse of a
  *     live worker's lease, one lease renewal per attempt, one cancel. `pan -l` (see
- *     below) confirms that the model has no cycle at all, so the liveness check
- *     needs no fairness assumption.
+ *     below) confirms that the model has no cycle at all, so the liveness checks
+ *     need no fairness assumption.
+ *   - Run tokens are drawn modulo TOKENS, the most claims a run makes, so no token
+ *     is drawn twice (an assertion at the claim checks it). Only under NO_ABANDON is
+ *     an unrunnable job claimed without end: drawing tokens again is what lets that
+ *     run come back to a state it was in, the cycle P6 reports. Nothing there can
+ *     take an old claim for the new one: the job never has an attempt row, no worker
+ *     writes to it, and only the sweeper hands it back.
  *
- * PROPERTIES (pan names the failed assertion, or reports an acceptance cycle for P3)
- *   P1 A stale attempt writes nothing: each write of an attempt (start, finish with
- *      its settle or release) takes effect only while the attempt's run token is the
- *      job's. `assert(OWNS(token))` restates the fence where the write happens, so
+ * PROPERTIES (pan names the failed assertion, or reports an acceptance cycle for the
+ * LTL claim it was run with: P3, or P6 with `-N unrunnable_ends`)
+ *   P1 A stale attempt writes nothing: each write of an attempt (start or abandon,
+ *      finish with its settle or release) takes effect only while the attempt's run
+ *      token is the job's. `assert(OWNS(token))` restates the fence where the write happens, so
  *      a weakened fence fails it.
  *   P2 A hold resolves exactly once, when the job ends: `hold_resolutions <= 1`, the
  *      job ends once (`job_endings <= 1`: nothing overwrites an ended job), and the
@@ -62,6 +79,10 @@
  *      inserted (the only step that adds one).
  *   P5 Paid calls never exceed the ceiling: the ghost `billable` counts requests
  *      sent that may have been billed; `billable <= CEILING` as each is sent.
+ *   P6 An unrunnable job always ends: `ltl unrunnable_ends` says that once the job
+ *      is unrunnable it is eventually terminal, whoever crashes. P3 alone would not
+ *      see a job handed back uncounted for ever: it is queued again and again. The
+ *      first claim is P3, which pan checks by default; P6 needs `-N unrunnable_ends`.
  *
  * MUTANTS (-D defines; tests/it/protocol_model.rs checks each is caught, and by what)
  *   NO_FINISH_FENCE        finish_attempt fenced on status only, not run_token -> P1
@@ -76,11 +97,17 @@
  *   NO_MARK_LEASE_EXPIRED  expire_lease requeues without marking the lost attempt -> P4
  *   NO_PAID_CEILING        the paid-call ceiling is never checked               -> P5
  *   HANDBACK_NOT_PAID      a handed-back call is counted as not billed          -> P5
+ *   NO_ABANDON             no abandon step, as before Worker::abandon: a worker
+ *                          that claims an unrunnable job just stops, and lease
+ *                          expiry hands the claim back uncounted, for ever; the
+ *                          hold stays held                                      -> P6
  *
  * HOW TO RUN (in a scratch directory holding a copy; add e.g. -DNO_FINISH_FENCE to
  * `spin -a` for a mutant)
  *   spin -a protocol.pml && gcc -O0 -w -o pan pan.c && ./pan -a
  *       P1-P5: "errors: 0" expected (about 620,000 states, a few seconds).
+ *   ./pan -a -N unrunnable_ends     (the same pan)
+ *       P6, and P1, P2, P4, P5 again: "errors: 0" expected (about 390,000 states).
  *   spin -a protocol.pml && gcc -O0 -w -DSAFETY -DNOCLAIM -o pan pan.c && ./pan
  *       No process is left blocked outside an `end` label.
  *   spin -a protocol.pml && gcc -O0 -w -DNP -o pan pan.c && ./pan -l
@@ -88,8 +115,9 @@
  *   spin -t -p protocol.pml   (with the same -D defines)
  *       Replays the counterexample pan left in protocol.pml.trail.
  *   Wider bounds, by hand: MAX_ATTEMPTS 3, MAX_ROWS 6 and two of each mishap
- *   (crashes, shutdowns, slow_lapses) also hold: about 97 million states, some six
- *   minutes and 2.3 GB with `gcc -O2 -DCOLLAPSE` and `./pan -a -w26`.
+ *   (CRASHES, SHUTDOWNS, SLOW_LAPSES) also hold: with `gcc -O2 -DCOLLAPSE` and
+ *   `./pan -a -w26`, about 97 million states, 5.7 GB and some seven to nine minutes;
+ *   with `-N unrunnable_ends` too, about 62 million states, 3.9 GB, five minutes.
  */
 
 #define MAX_ATTEMPTS 2
@@ -98,6 +126,14 @@
 /* Room for the attempt rows: MAX_ATTEMPTS counted ones, one handed back, and one
  * more so that a mutant over the ceiling still fits. */
 #define MAX_ROWS 4
+/* The environment's supply of mishaps (see below). */
+#define CRASHES 1
+#define SHUTDOWNS 1
+#define SLOW_LAPSES 1
+/* The most claims a run makes: the counted ones, and one more for each mishap (a
+ * hand-back, or a claim given back uncounted after a crash or a lapse before its
+ * attempt row). Run tokens are drawn modulo this. */
+#define TOKENS (MAX_ATTEMPTS + CRASHES + SHUTDOWNS + SLOW_LAPSES)
 
 mtype:job_status = { QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED };
 mtype:reservation = { HELD, SETTLED, RELEASED };
@@ -114,6 +150,7 @@ byte run_token;                 /* 0: no claim */
 bool cancel_requested;
 byte attempt_count;
 bool retry_unknown_outcome;     /* picked by init */
+bool unrunnable;                /* picked by init: no attempt of the job can start */
 
 /* ---- its credit reservation ------------------------------------------------------ */
 mtype:reservation hold = HELD;
@@ -131,10 +168,10 @@ byte running_attempts;          /* rows with outcome ATTEMPT_RUNNING */
 byte last_token;
 
 /* ---- the environment's supply of mishaps ------------------------------------------ */
-byte crashes = 1;       /* worker processes that die (a new one takes the place) */
-byte shutdowns = 1;     /* grace periods that run out during a call */
-byte slow_lapses = 1;   /* leases of a live worker that lapse */
-byte abandoned;         /* the run token whose worker died: its lease will lapse */
+byte crashes = CRASHES;         /* worker processes that die (a new one takes the place) */
+byte shutdowns = SHUTDOWNS;     /* grace periods that run out during a call */
+byte slow_lapses = SLOW_LAPSES; /* leases of a live worker that lapse */
+byte orphaned;          /* the run token no live worker holds: its lease will lapse */
 
 /* ---- ghosts, for the properties ---------------------------------------------------- */
 byte billable;          /* P5: requests sent that may have been billed */
@@ -145,7 +182,7 @@ byte job_endings;       /* P2: writes that gave the job a terminal status */
 /* The fence on every write of an attempt (queue::fenced_update). */
 #define OWNS(t) (status == RUNNING && run_token == (t))
 /* Whether the sweeper may find this claim's lease lapsed. */
-#define MAY_LAPSE(t) ((t) == abandoned || slow_lapses > 0)
+#define MAY_LAPSE(t) ((t) == orphaned || slow_lapses > 0)
 
 /* The paid-call ceiling is reached (!budget::Spent::calls_left). */
 #ifdef NO_PAID_CEILING
@@ -205,7 +242,7 @@ inline crash() {
         crashes > 0 ->
         crashes--;
         if
-        :: run_token == token -> abandoned = token
+        :: run_token == token -> orphaned = token
         :: else
         fi
     };
@@ -233,10 +270,13 @@ proctype worker()
     mtype:job_outcome wanted;   /* what Worker::judge asks for */
 
 end_idle:
-    /* queue::claim */
+    /* queue::claim_in_turn (queue/claim.rs) */
     atomic {
         status == QUEUED ->
-        last_token++;
+#ifndef NO_ABANDON
+        assert(last_token < TOKENS);    /* the model's bound: no token drawn twice */
+#endif
+        last_token = last_token % TOKENS + 1;
         token = last_token;
         run_token = token;
         status = RUNNING;
@@ -244,10 +284,21 @@ end_idle:
     };
     maybe_crash();      /* dies between claim and start: the claim has no row */
 
-    /* queue::start_attempt (fenced) */
+    /* queue::start_attempt (fenced); for a job that cannot run, Worker::abandon
+     * instead (Worker::try_run_attempt tells which before any call) */
     atomic {
         if
-        :: OWNS(token) ->
+        :: OWNS(token) && unrunnable ->
+#ifdef NO_ABANDON
+            /* the worker just stops, writing nothing: its lease will lapse */
+            orphaned = token
+#else
+            /* queue::abandon_claim (fenced): FAILED (NOT_RUNNABLE), no row, no call */
+            assert(OWNS(token));                                /* P1 */
+            end_job(FAILED);
+            check_hold()
+#endif
+        :: OWNS(token) && !unrunnable ->
             assert(OWNS(token));                                /* P1 */
             if
             :: AT_PAID_CEILING ->
@@ -273,7 +324,7 @@ end_idle:
         fi
     };
     if
-    :: !started -> goto next
+    :: !started -> goto next    /* abandoned, or the claim was taken back */
     :: else
     fi;
 
@@ -414,7 +465,7 @@ end_sweep:
                    fi;
 #endif
                    if
-                   :: seen != abandoned -> slow_lapses--
+                   :: seen != orphaned -> slow_lapses--
                    :: else
                    fi;
                    if
@@ -429,7 +480,7 @@ end_sweep:
 #else
                    /* no row: nothing was sent, so the claim is given back uncounted */
                    if
-                   :: seen != abandoned -> slow_lapses--
+                   :: seen != orphaned -> slow_lapses--
                    :: else
                    fi;
                    if
@@ -484,10 +535,16 @@ init {
         :: retry_unknown_outcome = true
         :: retry_unknown_outcome = false
         fi;
+        if
+        :: unrunnable = true
+        :: unrunnable = false
+        fi;
         run worker();
         run worker()
     }
 }
 
-/* P3 */
+/* P3; the first claim, which pan checks unless told otherwise */
 ltl never_lost { [] <> (status != RUNNING) }
+/* P6 */
+ltl unrunnable_ends { [] (unrunnable -> <> TERMINAL) }

@@ -1,5 +1,6 @@
 //! Creating, reading, listing and cancelling jobs on behalf of a tenant.
 
+use super::budget::{self, Spent};
 use super::events::{self, EventBus, EventNotice};
 use super::input::NewJob;
 use crate::billing::{ledger, prices};
@@ -81,6 +82,7 @@ pub async fn create_job(
             next_run_at: Set(new.run_at.map_or(now, |run_at| Ord::max(run_at, now))),
             priority: Set(new.priority.value()),
             run_at: Set(new.run_at),
+            simulated: Set(providers.simulates(&new.model)),
             last_event_seq: Set(1),
             created_at: Set(now),
             updated_at: Set(now),
@@ -228,7 +230,10 @@ pub async fn cancel_job(
                 .exec_with_returning(&transaction)
                 .await?
                 .remove(0);
-            ledger::release(&transaction, job.id).await?;
+            // Attempts that ran before (a retry waiting for its backoff) may carry
+            // charges: streamed output, or unknown outcomes the policy passes on.
+            let spent = Spent::load(&transaction, job.id).await?;
+            budget::resolve_hold(&transaction, &job, None, &spent).await?;
             notices.push(events::append(&transaction, &job, EventKind::Cancelled, None).await?);
             job
         }

@@ -8,7 +8,6 @@ use super::queue::{
     Renewal, StartedAttempt, TenantCursor,
 };
 use super::relay;
-use crate::billing::policy::estimated_output_tokens;
 use crate::billing::{AttemptEnding, CallBound, ChargingPolicy, ModelPrice, TokenUsage, prices};
 use crate::llm::{ChatRequest, Completion, ProviderError, ProviderRegistry};
 use entity::{AttemptOutcome, EventKind, Timestamp, attempts};
@@ -224,8 +223,13 @@ impl Worker {
                 .await;
         };
         // None when this process has no provider for the model (its config differs
-        // from the API process's): the job fails without a call.
-        let provider = inner.providers.provider_for(&claim.job.model);
+        // from the API process's): the job fails without a call. Nor does a worker
+        // with no provider configured simulate a job the API admitted for a real one:
+        // that would charge real prices for a simulated reply.
+        let provider = inner
+            .providers
+            .provider_for(&claim.job.model)
+            .filter(|_| claim.job.simulated || !inner.providers.simulates(&claim.job.model));
         let bound = input.call_bound();
         let charging = inner.settings.charging;
         let start = AttemptStart {
@@ -237,7 +241,7 @@ impl Worker {
                 &price,
                 bound,
                 AttemptEnding::Unknown,
-                0,
+                None,
             ),
             price,
         };
@@ -498,7 +502,9 @@ async fn finish_with_retries(
 
 /// How long text may wait to be batched into one delta notice.
 const DELTA_WINDOW: Duration = Duration::from_millis(50);
-/// Most bytes of text in one delta notice (PostgreSQL caps a NOTIFY payload at 8000).
+/// Most bytes of a delta's text once escaped as JSON: the notice travels as a NOTIFY
+/// payload, which PostgreSQL caps at 8000 bytes, and escaping can make a control
+/// character six bytes.
 const MAX_DELTA_BYTES: usize = 2_000;
 
 /// Batches the text of a streaming attempt into `OutputDelta` notices that follow the
@@ -530,17 +536,45 @@ async fn forward_deltas(
             }
         }
         delivered += text.len() as u64;
-        let notice = EventNotice {
-            kind: EventKind::OutputDelta,
-            delta: Some(text),
-            ..started.clone()
-        };
-        relay::broadcast(&db, &bus, notice).await;
+        for piece in pieces_that_fit(&text, MAX_DELTA_BYTES) {
+            let notice = EventNotice {
+                kind: EventKind::OutputDelta,
+                delta: Some(piece.to_owned()),
+                ..started.clone()
+            };
+            relay::broadcast(&db, &bus, notice).await;
+        }
         if closed {
             break;
         }
     }
     delivered
+}
+
+/// `text` cut at character boundaries into pieces whose JSON-escaped size is at most
+/// `limit` bytes (a piece holds at least one character).
+fn pieces_that_fit(text: &str, limit: usize) -> Vec<&str> {
+    let escaped_size = |character: char| match character {
+        '"' | '\\' | '\u{8}' | '\u{c}' | '\n' | '\r' | '\t' => 2,
+        control if (control as u32) < 0x20 => 6,
+        other => other.len_utf8(),
+    };
+    let mut pieces = Vec::new();
+    let (mut start, mut size) = (0, 0);
+    for (index, character) in text.char_indices() {
+        let grown = size + escaped_size(character);
+        if grown > limit && index > start {
+            pieces.push(&text[start..index]);
+            start = index;
+            size = escaped_size(character);
+        } else {
+            size = grown;
+        }
+    }
+    if start < text.len() {
+        pieces.push(&text[start..]);
+    }
+    pieces
 }
 
 /// How the wait for the provider ended.
@@ -584,11 +618,11 @@ impl CallFacts<'_> {
         error: Option<JobError>,
         provider_request_id: Option<String>,
     ) -> AttemptReport {
-        // Streamed output is counted exactly when the provider reported usage, and
-        // estimated from the text when the call ended before it could.
-        let delivered_output_tokens = (self.streamed_bytes > 0).then(|| match &usage {
-            Some(usage) => usage.output_tokens,
-            None => estimated_output_tokens(self.streamed_bytes),
+        // What produced the streamed output: counted exactly when the provider reported
+        // usage, and estimated from the prompt and the text when the call ended first.
+        let delivered = (self.streamed_bytes > 0).then(|| match &usage {
+            Some(usage) => *usage,
+            None => self.bound.estimated_delivery(self.streamed_bytes),
         });
         AttemptReport {
             outcome,
@@ -598,9 +632,9 @@ impl CallFacts<'_> {
                 self.price,
                 self.bound,
                 ending,
-                delivered_output_tokens.unwrap_or(0),
+                delivered.as_ref(),
             ),
-            delivered_output_tokens,
+            delivered_output_tokens: delivered.map(|usage| usage.output_tokens),
             error,
             provider_request_id,
             latency: self.latency,
@@ -714,7 +748,16 @@ impl CallFacts<'_> {
         }
     }
 
-    fn answered(&self, completion: Completion) -> (AttemptReport, JobOutcome) {
+    fn answered(&self, mut completion: Completion) -> (AttemptReport, JobOutcome) {
+        let within_bound = self.bound.limit(completion.usage);
+        if within_bound != completion.usage {
+            tracing::error!(
+                job.id = %self.claim.job.id, model = %self.claim.job.model,
+                reported = ?completion.usage, recorded = ?within_bound,
+                "the provider reported more tokens than the request could use; recorded at the bound"
+            );
+            completion.usage = within_bound;
+        }
         let request_id = completion.request_id.clone();
         match accept(&completion, self.input) {
             Ok(result) => (
@@ -870,7 +913,16 @@ fn accept(completion: &Completion, input: &JobInput) -> Result<serde_json::Value
     let problems: Vec<String> = validator
         .iter_errors(&value)
         .take(MAX_REPORTED_SCHEMA_ERRORS)
-        .map(|error| format!("{} at {}", error, error.instance_path()))
+        // Where the reply fails and which keyword, never the value: the message is
+        // shown to the tenant, and quoting an answer it is not charged for would give
+        // the answer away.
+        .map(|error| {
+            format!(
+                "the value at \"{}\" fails \"{}\"",
+                error.instance_path(),
+                error.schema_path()
+            )
+        })
         .collect();
     if problems.is_empty() {
         Ok(value)
@@ -932,6 +984,25 @@ mod tests {
         assert_eq!(strip_code_fence("  {\"a\": 1} "), "{\"a\": 1}");
         assert_eq!(strip_code_fence("```\n[1]\n```"), "[1]");
         assert_eq!(strip_code_fence("```json {\"a\": 1}```"), "{\"a\": 1}");
+    }
+
+    #[test]
+    fn delta_pieces_fit_a_notify_payload_once_escaped() {
+        let controls = "\u{1}".repeat(1_999);
+        let pieces = pieces_that_fit(&controls, MAX_DELTA_BYTES);
+        assert_eq!(pieces.concat(), controls);
+        for piece in &pieces {
+            assert!(serde_json::to_string(piece).unwrap().len() <= MAX_DELTA_BYTES + 2);
+        }
+        let words = "héllo \"world\" ".repeat(500);
+        let pieces = pieces_that_fit(&words, 100);
+        assert_eq!(pieces.concat(), words);
+        assert!(
+            pieces
+                .iter()
+                .all(|piece| serde_json::to_string(piece).unwrap().len() <= 102)
+        );
+        assert_eq!(pieces_that_fit("", 10), Vec::<&str>::new());
     }
 
     #[test]

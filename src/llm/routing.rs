@@ -137,6 +137,11 @@ impl ProviderRegistry {
         self.provider_for(model).is_some()
     }
 
+    /// Whether the fallback simulator, not a configured route, serves `model`.
+    pub fn simulates(&self, model: &str) -> bool {
+        self.fallback.is_some() && self.route_for(model).is_none()
+    }
+
     /// Whether no route claims `model`: the fallback serves it, if there is one.
     pub fn is_unrouted(&self, model: &str) -> bool {
         self.route_for(model).is_none()

@@ -21,6 +21,7 @@ on_both_backends!(
     hand_backs_count_against_the_paid_call_ceiling,
     the_call_bound_policy_passes_an_unknown_outcome_on,
     a_finish_the_database_refuses_records_the_call_and_fails_the_job,
+    cancelling_a_retry_in_its_backoff_keeps_what_its_attempts_charged,
 );
 
 /// gpt-4o-mini's customer price for output: 0.60 per million × the 1.25 markup.
@@ -116,7 +117,11 @@ async fn a_cancelled_streamed_job_pays_for_the_output_it_delivered(backend: Back
     assert_eq!(attempt["outcome"], "CANCELLED");
     let tokens = (delivered.len() as i64 + 3) / 4;
     assert_eq!(attempt["deliveredOutputTokens"], tokens, "{attempt}");
-    let charge = credits(tokens * OUTPUT_NANOS_PER_TOKEN);
+    // The prompt it answered is charged too: one token per four bytes of its bound
+    // (the content's bytes plus 16 per message), at 0.1875 per million.
+    let content = format!("[mock:reply={reply}][mock:delay_ms=500][mock:chunk_delay_ms=1500]");
+    let prompt_tokens = (content.len() as i64 + 16 + 3) / 4;
+    let charge = credits((prompt_tokens * 187_500 + 999) / 1_000 + tokens * OUTPUT_NANOS_PER_TOKEN);
     assert_eq!(decimal(&attempt["customerCharge"]), charge);
     assert_eq!(decimal(&job["charge"]["amount"]), charge, "{job}");
     assert_eq!(decimal(&job["reservation"]["settledAmount"]), charge);
@@ -323,6 +328,47 @@ async fn a_finish_the_database_refuses_records_the_call_and_fails_the_job(backen
         "the customer got nothing and pays nothing"
     );
     assert_billing_invariants(db).await;
+}
+
+/// A streamed attempt that timed out charged its delivered output; the job then waits
+/// for its retry. A cancel in that wait ends the job: the charge stays.
+async fn cancelling_a_retry_in_its_backoff_keeps_what_its_attempts_charged(backend: Backend) {
+    let worker = WorkerSettings {
+        attempt_timeout: Duration::from_secs(3),
+        ..test_worker_settings()
+    };
+    let app = spawn_app_with(backend, AppOptions::workers(worker)).await;
+    let tenant = app.funded_tenant("reads-then-cancels", "5").await;
+    let reply = "word ".repeat(80);
+    // Chunks every 1.2 s: the role, then the first piece at 2.4 s; the timeout at 3 s.
+    let mut input = job_input(
+        "stream-timeout-cancel",
+        &format!("[mock:reply={reply}][mock:chunk_delay_ms=1200]"),
+    );
+    input["streamOutput"] = json!(true);
+    let id = app.create_job_ok(&tenant, input).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let job = app.job(&tenant, id).await;
+        if job["status"] == "QUEUED" && job["attempts"][0]["outcome"] == "UNKNOWN" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never waited for a retry: {job}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cancel = app
+        .operation(Some(&tenant.key), "CancelJob", json!({"id": id}))
+        .await;
+    assert_eq!(
+        cancel["data"]["cancelJob"]["status"], "CANCELLED",
+        "{cancel}"
+    );
+    let job = job_with_charges(&app, &tenant, id).await;
+    let attempt_charge = decimal(&job["attempts"][0]["customerCharge"]);
+    assert!(attempt_charge > Decimal::ZERO, "{job}");
+    assert_eq!(decimal(&job["charge"]["amount"]), attempt_charge, "{job}");
+    assert_eq!(job["reservation"]["status"], "SETTLED");
+    assert_billing_invariants(&app.app.db).await;
 }
 
 #[test]

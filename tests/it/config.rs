@@ -27,6 +27,7 @@ on_both_backends!(
     a_model_without_a_price_is_refused_with_validation,
     an_unrouted_model_is_refused_once_a_provider_is_configured,
     a_worker_that_serves_no_provider_for_the_model_fails_the_job_unsent,
+    a_worker_without_providers_does_not_simulate_a_job_routed_to_a_real_one,
     a_changed_price_is_a_new_version_and_the_past_keeps_its_cost,
 );
 
@@ -514,6 +515,36 @@ async fn a_worker_that_serves_no_provider_for_the_model_fails_the_job_unsent(bac
     assert_eq!(attempts_of(&api, id).await[0].provider, "unrouted");
     assert_eq!(decimal(&attempt["providerCost"]), Decimal::ZERO);
     assert_eq!(job["reservation"]["status"], "RELEASED");
+    assert!(api.simulator.calls().is_empty() && local.simulator.calls().is_empty());
+    crate::invariants::assert_billing_invariants(&api.app.db).await;
+    drop(worker);
+}
+
+/// The API routes the model to a real provider; a worker process started without any
+/// provider would fall back to the simulator: it must not simulate this job (a real
+/// price for a simulated reply), nor call anything.
+async fn a_worker_without_providers_does_not_simulate_a_job_routed_to_a_real_one(backend: Backend) {
+    let local = LocalServer::start().await;
+    let config = TestConfig::new(&local);
+    let api = spawn_app_with(
+        backend,
+        AppOptions {
+            worker: None,
+            ..config.with_input_price("0.5")
+        },
+    )
+    .await;
+    let worker = api.another_process(AppOptions::default()).await;
+    let tenant = api.funded_tenant("acme", "5").await;
+    let id = api
+        .create_job_ok(&tenant, llama_job("routed-for-real"))
+        .await;
+    let job = api
+        .wait_until_finished(&tenant, id, Duration::from_secs(15))
+        .await;
+    assert_eq!(job["status"], "FAILED", "{job}");
+    assert_eq!(job["error"]["code"], "MODEL_NOT_SERVED", "{job}");
+    assert!(job["charge"].is_null());
     assert!(api.simulator.calls().is_empty() && local.simulator.calls().is_empty());
     crate::invariants::assert_billing_invariants(&api.app.db).await;
     drop(worker);

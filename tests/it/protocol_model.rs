@@ -1,6 +1,6 @@
 //! The job / lease / billing protocol model, `src/jobs/protocol.pml`, checked with
-//! Spin: the model holds, and each mutant (the model with one guard removed, chosen
-//! by a `-D` define) is caught by the property that guard protects.
+//! Spin: the model holds, and each mutant (the model with one guard or step removed,
+//! chosen by a `-D` define) is caught by the property that guard or step protects.
 //!
 //! Each check copies the model into a temporary directory and there runs `spin -a`,
 //! `gcc` on the verifier Spin generates, and the verifier `pan`. The verifier is
@@ -16,44 +16,84 @@ use std::process::Command;
 /// The model, beside the code it describes.
 const MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/jobs/protocol.pml");
 
-// How pan reports each property's violation: the text of the failed assertion, or an
-// acceptance cycle for the LTL claim `never_lost`.
+/// A violation of one of the model's properties, as pan reports it.
+#[derive(Clone, Copy)]
+enum Violation {
+    /// A failed assertion, named by its text.
+    Assertion(&'static str),
+    /// An acceptance cycle of an LTL claim. pan checks one claim per search, so the
+    /// search has to be run with the claim the property is.
+    Cycle(Claim),
+}
 
 /// P1: a write of an attempt took effect while its run token was not the job's.
-const P1_STALE_WRITE: &str = "(run_token==token)";
+const P1_STALE_WRITE: Violation = Violation::Assertion("(run_token==token)");
 /// P2: a job that had ended was ended again.
-const P2_JOB_ENDS_ONCE: &str = "(job_endings<=1)";
+const P2_JOB_ENDS_ONCE: Violation = Violation::Assertion("(job_endings<=1)");
 /// P2: a hold was resolved twice.
-const P2_HOLD_RESOLVES_ONCE: &str = "(hold_resolutions<=1)";
+const P2_HOLD_RESOLVES_ONCE: Violation = Violation::Assertion("(hold_resolutions<=1)");
 /// P3: a run in which the job stays running for ever.
-const P3_NEVER_LOST: &str = "acceptance cycle";
+const P3_NEVER_LOST: Violation = Violation::Cycle(Claim::NeverLost);
 /// P4: two attempts of the job were running at once.
-const P4_ONE_RUNNING_ATTEMPT: &str = "(running_attempts<=1)";
+const P4_ONE_RUNNING_ATTEMPT: Violation = Violation::Assertion("(running_attempts<=1)");
 /// P5: the job sent more requests that may be billed than its ceiling allows.
-const P5_PAID_CALL_CEILING: &str = "(billable<=";
+const P5_PAID_CALL_CEILING: Violation = Violation::Assertion("(billable<=");
+/// P6: a run in which a job that cannot run never ends.
+const P6_UNRUNNABLE_ENDS: Violation = Violation::Cycle(Claim::UnrunnableEnds);
+
+impl Violation {
+    /// The claim to search with: the property's own, or for an assertion any, since
+    /// every search checks the assertions on the way.
+    fn claim(self) -> Claim {
+        match self {
+            Self::Assertion(_) => Claim::NeverLost,
+            Self::Cycle(claim) => claim,
+        }
+    }
+
+    /// What pan's first error line says.
+    fn report(self) -> &'static str {
+        match self {
+            Self::Assertion(text) => text,
+            Self::Cycle(_) => "acceptance cycle",
+        }
+    }
+}
+
+/// The model's LTL claims.
+#[derive(Clone, Copy)]
+enum Claim {
+    /// P3 `never_lost`: the job is always eventually queued or terminal.
+    NeverLost,
+    /// P6 `unrunnable_ends`: a job that cannot run is always eventually terminal.
+    UnrunnableEnds,
+}
 
 /// Which search pan runs.
 #[derive(Clone, Copy)]
 enum Search {
-    /// The assertions (P1, P2, P4, P5) and the LTL claim (P3): a search for
+    /// The assertions (P1, P2, P4, P5) and one LTL claim (P3 or P6): a search for
     /// acceptance cycles, which checks the assertions on the way.
-    Properties,
-    /// No process is left blocked anywhere but at an `end` label. A search with the
-    /// LTL claim does not check this, so it runs without the claim.
+    Properties(Claim),
+    /// No process is left blocked anywhere but at an `end` label. A search with an
+    /// LTL claim does not check this, so it runs without one.
     EndStates,
 }
 
 impl Search {
     fn gcc_flags(self) -> &'static [&'static str] {
         match self {
-            Self::Properties => &[],
+            Self::Properties(_) => &[],
             Self::EndStates => &["-DSAFETY", "-DNOCLAIM"],
         }
     }
 
+    /// The claim is always named: without `-N`, pan checks whichever the model
+    /// declares first.
     fn pan_flags(self) -> &'static [&'static str] {
         match self {
-            Self::Properties => &["-a"],
+            Self::Properties(Claim::NeverLost) => &["-a", "-N", "never_lost"],
+            Self::Properties(Claim::UnrunnableEnds) => &["-a", "-N", "unrunnable_ends"],
             Self::EndStates => &[],
         }
     }
@@ -127,8 +167,8 @@ fn assert_holds(search: Search) {
 }
 
 /// Asserts that the model with `defines` fails, and first by `violation`.
-fn assert_caught(defines: &[&str], violation: &str) {
-    let report = verify(Search::Properties, defines);
+fn assert_caught(defines: &[&str], violation: Violation) {
+    let report = verify(Search::Properties(violation.claim()), defines);
     assert!(
         errors(&report) > 0,
         "the mutant {defines:?} went unnoticed:\n{report}"
@@ -137,15 +177,24 @@ fn assert_caught(defines: &[&str], violation: &str) {
         .lines()
         .find(|line| line.starts_with("pan:1:"))
         .unwrap_or_default();
+    let expected = violation.report();
     assert!(
-        first.contains(violation),
-        "the mutant {defines:?} was caught, but not by `{violation}`:\n{report}"
+        first.contains(expected),
+        "the mutant {defines:?} was caught, but not by `{expected}`:\n{report}"
     );
 }
 
+/// The assertions (P1, P2, P4, P5) and P3.
 #[test]
 fn the_model_holds() {
-    assert_holds(Search::Properties);
+    assert_holds(Search::Properties(Claim::NeverLost));
+}
+
+/// P6, in a search of its own (pan checks one LTL claim at a time), which checks the
+/// assertions again on the way.
+#[test]
+fn a_job_that_cannot_run_always_ends() {
+    assert_holds(Search::Properties(Claim::UnrunnableEnds));
 }
 
 #[test]
@@ -200,4 +249,12 @@ fn without_the_paid_call_ceiling_a_job_pays_for_too_many_calls() {
 #[test]
 fn counting_hand_backs_as_unbilled_lets_a_job_pay_for_too_many_calls() {
     assert_caught(&["HANDBACK_NOT_PAID"], P5_PAID_CALL_CEILING);
+}
+
+/// P6: a worker that claims a job it can never start just stops; lease expiry hands
+/// the claim back uncounted, the next claim stops the same way, and the job is never
+/// terminal, nor its hold resolved. P3 misses this: the job is queued again each time.
+#[test]
+fn without_the_abandon_step_a_job_that_cannot_run_comes_back_for_ever() {
+    assert_caught(&["NO_ABANDON"], P6_UNRUNNABLE_ENDS);
 }

@@ -11,6 +11,7 @@ on_both_backends!(
     a_reply_matching_the_schema_is_the_parsed_result,
     replies_off_schema_are_retried_within_their_own_budget,
     a_schema_that_does_not_compile_is_refused,
+    an_off_schema_reply_is_not_given_away_in_the_error,
 );
 
 fn summary_schema() -> Value {
@@ -112,4 +113,35 @@ async fn a_schema_that_does_not_compile_is_refused(backend: Backend) {
     input["responseSchema"] = json!({"type": "object", "properties": {"a": {"type": 12}}});
     let response = app.create_job(&tenant, input).await;
     assert_eq!(error_code(&response), "VALIDATION", "{response}");
+}
+
+/// A reply that fails the schema is not charged (nothing was delivered): its text
+/// must not reach the tenant through the error either.
+async fn an_off_schema_reply_is_not_given_away_in_the_error(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let tenant = app.funded_tenant("curious", "5").await;
+    let mut input = job_input(
+        "too-long",
+        r#"[mock:reply={"answer":"THE PAID ANSWER step one"}] answer"#,
+    );
+    input["responseSchema"] = json!({
+        "type": "object",
+        "properties": {"answer": {"type": "string", "maxLength": 1}},
+        "required": ["answer"],
+    });
+    input["maxAttempts"] = json!(1);
+    let id = app.create_job_ok(&tenant, input).await;
+    let job = app
+        .wait_until_finished(&tenant, id, Duration::from_secs(20))
+        .await;
+    assert_eq!(job["error"]["code"], "INVALID_OUTPUT", "{job}");
+    let message = job["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("/answer") && message.contains("maxLength"),
+        "{message}"
+    );
+    let shown = job.to_string();
+    assert!(!shown.contains("PAID ANSWER"), "the reply leaked: {shown}");
+    assert!(job["charge"].is_null());
+    assert_billing_invariants(&app.app.db).await;
 }

@@ -8,7 +8,7 @@
 
 use super::budget::{self, Spent};
 use super::events::{self, EventNotice};
-use crate::billing::{Credits, ModelPrice, TokenUsage, ledger};
+use crate::billing::{Credits, ModelPrice, TokenUsage};
 use crate::db::begin_write;
 use entity::{AttemptOutcome, EventKind, JobStatus, JsonText, Timestamp, attempts, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait};
@@ -408,7 +408,7 @@ pub async fn finish_attempt(
         return Ok(None);
     };
     if status.is_terminal() {
-        resolve_hold(&transaction, &job, Some(attempt.id), &spent).await?;
+        budget::resolve_hold(&transaction, &job, Some(attempt.id), &spent).await?;
     }
     let error = match &outcome {
         JobOutcome::Failed(error) => Some(error),
@@ -458,7 +458,7 @@ pub async fn abandon_claim(
         return Ok(None);
     };
     let spent = Spent::load(&transaction, job.id).await?;
-    resolve_hold(&transaction, &job, None, &spent).await?;
+    budget::resolve_hold(&transaction, &job, None, &spent).await?;
     let data = json!({"error": {"code": error.code, "message": error.message}});
     let notice = events::append(&transaction, &job, EventKind::Failed, Some(data)).await?;
     transaction.commit().await?;
@@ -478,31 +478,6 @@ fn paid_call_limit(spent: &Spent) -> JobError {
             spent.paid_calls
         ),
     )
-}
-
-/// Resolves a terminal job's hold: charges the sum of its attempts' customer charges
-/// (the settlement caps it at the hold) and releases the rest. A succeeded job is
-/// always settled, even for nothing; any other job only when an attempt charged.
-async fn resolve_hold(
-    transaction: &impl ConnectionTrait,
-    job: &jobs::Model,
-    final_attempt: Option<Uuid>,
-    spent: &Spent,
-) -> Result<(), DbErr> {
-    let charged_attempt = match job.status {
-        JobStatus::Succeeded => final_attempt,
-        _ if spent.customer_charges.is_positive() => spent.last_charged_attempt,
-        _ => None,
-    };
-    match charged_attempt {
-        Some(attempt_id) => {
-            ledger::settle(transaction, job.id, attempt_id, spent.customer_charges).await?;
-        }
-        None => {
-            ledger::release(transaction, job.id).await?;
-        }
-    }
-    Ok(())
 }
 
 async fn record_attempt(
@@ -736,7 +711,7 @@ async fn expire_lease(
         return Ok(None);
     };
     if status.is_terminal() {
-        resolve_hold(&transaction, &job, None, &spent).await?;
+        budget::resolve_hold(&transaction, &job, None, &spent).await?;
     }
     let data = attempt_event_data(
         lost_attempt.map(|attempt| attempt.number),
