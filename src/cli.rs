@@ -208,8 +208,14 @@ impl Cli {
                     engines.push(Engine::Sqlite);
                 }
                 engines.extend(args.postgres.map(Engine::Postgres));
-                let figures = bench::run(&engines, scale).await?;
-                print!("{}", bench::markdown(&figures));
+                // One table per engine, printed as soon as it is measured.
+                let mut figures = Vec::new();
+                for engine in &engines {
+                    let measured = bench::run(engine, scale).await?;
+                    print!("{}", bench::markdown(&measured));
+                    std::io::Write::flush(&mut std::io::stdout())?;
+                    figures.extend(measured);
+                }
                 if let Some(path) = args.json {
                     std::fs::write(&path, bench::to_json(&figures, scale).to_string())?;
                 }

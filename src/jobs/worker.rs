@@ -733,16 +733,7 @@ impl CallFacts<'_> {
                         "the worker shut down during the call, and the job does not retry unknown outcomes",
                     ))
                 };
-                (
-                    self.report(
-                        AttemptOutcome::Unknown,
-                        None,
-                        AttemptEnding::Unknown,
-                        Some(error),
-                        None,
-                    ),
-                    outcome,
-                )
+                (self.unknown_report(error), outcome)
             }
             CallEnd::LeaseLost => unreachable!("a lost lease is handled before judging"),
         }
@@ -844,15 +835,17 @@ impl CallFacts<'_> {
         } else {
             JobOutcome::Failed(error.clone())
         };
-        (
-            self.report(
-                AttemptOutcome::Unknown,
-                None,
-                AttemptEnding::Unknown,
-                Some(error),
-                None,
-            ),
-            outcome,
+        (self.unknown_report(error), outcome)
+    }
+
+    /// The report of a call sent whose outcome is unknown: no usage, the bound stands.
+    fn unknown_report(&self, error: JobError) -> AttemptReport {
+        self.report(
+            AttemptOutcome::Unknown,
+            None,
+            AttemptEnding::Unknown,
+            Some(error),
+            None,
         )
     }
 

@@ -23,6 +23,12 @@ async fn the_benchmark_harness_runs_every_scenario() {
     );
     let table = String::from_utf8(output.stdout).unwrap();
     assert!(table.starts_with("| engine | measure |"), "{table}");
+    let tables = table.matches("| engine | measure |").count();
+    assert_eq!(
+        tables,
+        if postgres { 2 } else { 1 },
+        "one table per engine: {table}"
+    );
     let report: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
     let figures = report["figures"].as_array().unwrap();
     let engines: &[&str] = if postgres {

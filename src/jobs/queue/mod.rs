@@ -76,6 +76,40 @@ fn fenced_update(claim: &Claim) -> sea_orm::UpdateMany<jobs::Entity> {
         .filter(jobs::Column::Status.eq(JobStatus::Running))
 }
 
+/// A fenced UPDATE that comes with an event: it bumps the job's event sequence, which
+/// the job's row lock serialises.
+fn fenced_event_update(claim: &Claim, now: Timestamp) -> sea_orm::UpdateMany<jobs::Entity> {
+    fenced_update(claim)
+        .col_expr(jobs::Column::UpdatedAt, Expr::value(now))
+        .col_expr(
+            jobs::Column::LastEventSeq,
+            Expr::col(jobs::Column::LastEventSeq).add(1),
+        )
+}
+
+/// A fenced event UPDATE that ends the claim: the job is nobody's after it.
+fn releasing_update(claim: &Claim, now: Timestamp) -> sea_orm::UpdateMany<jobs::Entity> {
+    fenced_event_update(claim, now)
+        .col_expr(jobs::Column::RunToken, Expr::value(Option::<Uuid>::None))
+        .col_expr(
+            jobs::Column::LeaseUntil,
+            Expr::value(Option::<Timestamp>::None),
+        )
+}
+
+/// The UPDATE also records the job's error.
+fn with_error(
+    update: sea_orm::UpdateMany<jobs::Entity>,
+    error: &JobError,
+) -> sea_orm::UpdateMany<jobs::Entity> {
+    update
+        .col_expr(jobs::Column::ErrorCode, Expr::value(error.code.clone()))
+        .col_expr(
+            jobs::Column::ErrorMessage,
+            Expr::value(error.message.clone()),
+        )
+}
+
 /// Details of an attempt known before the provider is called.
 #[derive(Clone, Debug)]
 pub struct AttemptStart {
@@ -118,12 +152,7 @@ pub async fn start_attempt(
 ) -> Result<Option<StartedAttempt>, DbErr> {
     let transaction = begin_write(db).await?;
     let now = Timestamp::now();
-    let Some(job) = fenced_update(claim)
-        .col_expr(jobs::Column::UpdatedAt, Expr::value(now))
-        .col_expr(
-            jobs::Column::LastEventSeq,
-            Expr::col(jobs::Column::LastEventSeq).add(1),
-        )
+    let Some(job) = fenced_event_update(claim, now)
         .exec_with_returning(&transaction)
         .await?
         .into_iter()
@@ -306,9 +335,10 @@ pub enum JobOutcome {
     Succeeded { result: Value },
     /// Queued again, to be claimed at `at`.
     Retry { at: Timestamp },
-    /// Failed for good; the hold is released.
+    /// Failed for good; the hold is settled for what the attempts charged, if
+    /// anything, and released otherwise.
     Failed(JobError),
-    /// Cancelled as the tenant asked; the hold is released.
+    /// Cancelled as the tenant asked; the hold is resolved as for `Failed`.
     Cancelled,
     /// Given back at once because the worker is shutting down: queued again, and the
     /// attempt does not count against `maxAttempts`.
@@ -359,17 +389,7 @@ pub async fn finish_attempt(
         }
         other => other,
     };
-    let update = fenced_update(claim)
-        .col_expr(jobs::Column::RunToken, Expr::value(Option::<Uuid>::None))
-        .col_expr(
-            jobs::Column::LeaseUntil,
-            Expr::value(Option::<Timestamp>::None),
-        )
-        .col_expr(jobs::Column::UpdatedAt, Expr::value(now))
-        .col_expr(
-            jobs::Column::LastEventSeq,
-            Expr::col(jobs::Column::LastEventSeq).add(1),
-        );
+    let update = releasing_update(claim, now);
     let (status, kind) = match &outcome {
         JobOutcome::Succeeded { .. } => (JobStatus::Succeeded, EventKind::Succeeded),
         JobOutcome::Retry { .. } => (JobStatus::Queued, EventKind::RetryScheduled),
@@ -383,13 +403,9 @@ pub async fn finish_attempt(
             .col_expr(jobs::Column::Result, Expr::value(JsonText(result.clone())))
             .col_expr(jobs::Column::FinishedAt, Expr::value(now)),
         JobOutcome::Retry { at } => update.col_expr(jobs::Column::NextRunAt, Expr::value(*at)),
-        JobOutcome::Failed(error) => update
-            .col_expr(jobs::Column::ErrorCode, Expr::value(error.code.clone()))
-            .col_expr(
-                jobs::Column::ErrorMessage,
-                Expr::value(error.message.clone()),
-            )
-            .col_expr(jobs::Column::FinishedAt, Expr::value(now)),
+        JobOutcome::Failed(error) => {
+            with_error(update, error).col_expr(jobs::Column::FinishedAt, Expr::value(now))
+        }
         JobOutcome::Cancelled => update.col_expr(jobs::Column::FinishedAt, Expr::value(now)),
         JobOutcome::HandBack => update
             .col_expr(jobs::Column::NextRunAt, Expr::value(now))
@@ -431,24 +447,9 @@ pub async fn abandon_claim(
 ) -> Result<Option<EventNotice>, DbErr> {
     let transaction = begin_write(db).await?;
     let now = Timestamp::now();
-    let Some(job) = fenced_update(claim)
+    let Some(job) = with_error(releasing_update(claim, now), error)
         .col_expr(jobs::Column::Status, Expr::value(JobStatus::Failed))
-        .col_expr(jobs::Column::RunToken, Expr::value(Option::<Uuid>::None))
-        .col_expr(
-            jobs::Column::LeaseUntil,
-            Expr::value(Option::<Timestamp>::None),
-        )
-        .col_expr(jobs::Column::ErrorCode, Expr::value(error.code.clone()))
-        .col_expr(
-            jobs::Column::ErrorMessage,
-            Expr::value(error.message.clone()),
-        )
         .col_expr(jobs::Column::FinishedAt, Expr::value(now))
-        .col_expr(jobs::Column::UpdatedAt, Expr::value(now))
-        .col_expr(
-            jobs::Column::LastEventSeq,
-            Expr::col(jobs::Column::LastEventSeq).add(1),
-        )
         .exec_with_returning(&transaction)
         .await?
         .into_iter()
@@ -670,20 +671,10 @@ async fn expire_lease(
     } else {
         (JobStatus::Queued, EventKind::RetryScheduled, None)
     };
-    let mut update = fenced_update(claim)
+    let mut update = releasing_update(claim, now)
         .filter(jobs::Column::LeaseUntil.lt(now))
         .col_expr(jobs::Column::Status, Expr::value(status))
-        .col_expr(jobs::Column::RunToken, Expr::value(Option::<Uuid>::None))
-        .col_expr(
-            jobs::Column::LeaseUntil,
-            Expr::value(Option::<Timestamp>::None),
-        )
-        .col_expr(jobs::Column::NextRunAt, Expr::value(now))
-        .col_expr(jobs::Column::UpdatedAt, Expr::value(now))
-        .col_expr(
-            jobs::Column::LastEventSeq,
-            Expr::col(jobs::Column::LastEventSeq).add(1),
-        );
+        .col_expr(jobs::Column::NextRunAt, Expr::value(now));
     if status.is_terminal() {
         update = update.col_expr(jobs::Column::FinishedAt, Expr::value(now));
     } else if lost_attempt.is_none() {
@@ -693,12 +684,7 @@ async fn expire_lease(
         );
     }
     if let Some(error) = &error {
-        update = update
-            .col_expr(jobs::Column::ErrorCode, Expr::value(error.code.clone()))
-            .col_expr(
-                jobs::Column::ErrorMessage,
-                Expr::value(error.message.clone()),
-            );
+        update = with_error(update, error);
     }
     let Some(job) = update
         .exec_with_returning(&transaction)
