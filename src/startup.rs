@@ -49,7 +49,7 @@ pub struct Application {
     listener: Option<TcpListener>,
     worker: Option<Worker>,
     simulator: Option<BuiltInSimulator>,
-    relay: Option<NotificationRelay>,
+    relay: NotificationRelay,
     admin_token_generated: bool,
 }
 
@@ -155,9 +155,11 @@ impl Application {
         // The relay outlives the shutdown signal: draining attempts still need cancels
         // from other processes. It stops after the workers have.
         let relay_stop = CancellationToken::new();
-        let relay = self
-            .relay
-            .map(|relay| tokio::spawn(relay.run(self.app.bus.clone(), relay_stop.clone())));
+        let relay = tokio::spawn(self.relay.run(
+            self.app.db.clone(),
+            self.app.bus.clone(),
+            relay_stop.clone(),
+        ));
         let worker = self
             .worker
             .map(|worker| tokio::spawn(worker.run(shutdown.child_token())));
@@ -181,9 +183,7 @@ impl Application {
             tracing::error!(error = %error, "the worker task ended abnormally");
         }
         relay_stop.cancel();
-        if let Some(relay) = relay
-            && let Err(error) = relay.await
-        {
+        if let Err(error) = relay.await {
             tracing::error!(error = %error, "the notification relay ended abnormally");
         }
         if let Some(simulator) = self.simulator {

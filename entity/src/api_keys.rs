@@ -15,7 +15,12 @@ pub struct Model {
     pub key_hash: String,
     /// The first characters of the key, to tell keys apart in listings.
     pub key_prefix: String,
+    /// The tenant's name for the key ("ci", "frontend"); empty for keys made with a
+    /// tenant.
+    pub name: String,
     pub created_at: Timestamp,
+    /// Written at most about once a minute, not on every request.
+    pub last_used_at: Option<Timestamp>,
     pub revoked_at: Option<Timestamp>,
 }
 

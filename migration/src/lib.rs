@@ -12,6 +12,7 @@ mod m20261130_000004_json_as_text;
 mod m20261130_000005_attempt_customer_charges;
 mod m20261130_000006_claimable_jobs;
 mod m20261130_000007_simulated_jobs;
+mod m20261130_000008_api_key_names;
 
 /// Applies jobledger's migrations in order.
 pub struct Migrator;
@@ -27,6 +28,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000005_attempt_customer_charges::Migration),
             Box::new(m20261130_000006_claimable_jobs::Migration),
             Box::new(m20261130_000007_simulated_jobs::Migration),
+            Box::new(m20261130_000008_api_key_names::Migration),
         ]
     }
 }

@@ -1,15 +1,26 @@
 //! API keys: random secrets shown once, stored as SHA-256 hashes.
 
 use super::Principal;
+use crate::error::ServiceError;
+use crate::jobs::EventBus;
 use entity::{ApiKeyRole, Timestamp, api_keys};
 use rand::RngCore;
-use sea_orm::{ActiveValue::Set, ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter};
+use sea_orm::sea_query::Expr;
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DatabaseConnection, DbErr,
+    EntityTrait, QueryFilter, QueryOrder,
+};
 use sha2::{Digest, Sha256};
 use std::fmt;
 use uuid::Uuid;
 
 /// A key's visible prefix, enough to tell keys apart without revealing them.
 const PREFIX_LENGTH: usize = 10;
+/// Longest key name accepted.
+const MAX_NAME_LENGTH: usize = 100;
+/// How stale a key's `last_used_at` may get: writing it on every request would make
+/// every read a write.
+const LAST_USED_PRECISION_SECONDS: i64 = 60;
 
 /// A secret API key as the client presents it (`jl_` + 64 hex digits).
 #[derive(Clone, PartialEq, Eq)]
@@ -76,11 +87,28 @@ impl AdminToken {
     }
 }
 
-/// Stores a new tenant key and returns it; only its hash is kept.
+/// Who presented a key: the principal it stands for, and the stored key (none for
+/// the admin token, which lives in configuration).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Identity {
+    pub principal: Principal,
+    pub key_id: Option<Uuid>,
+}
+
+/// Stores a new key of `tenant_id` named `name` and returns it with its secret, which
+/// is shown this once; only its hash is kept.
 pub async fn create_tenant_key(
     db: &impl ConnectionTrait,
     tenant_id: Uuid,
-) -> Result<ApiKey, DbErr> {
+    name: &str,
+) -> Result<(api_keys::Model, ApiKey), ServiceError> {
+    let name = name.trim();
+    if name.chars().count() > MAX_NAME_LENGTH {
+        return Err(ServiceError::validation(format!(
+            "name must be at most {MAX_NAME_LENGTH} characters"
+        )));
+    }
+    crate::validation::single_line("name", name)?;
     let key = ApiKey::generate();
     let row = api_keys::ActiveModel {
         id: Set(Uuid::now_v7()),
@@ -88,21 +116,77 @@ pub async fn create_tenant_key(
         role: Set(ApiKeyRole::Tenant),
         key_hash: Set(key.hash()),
         key_prefix: Set(key.prefix()),
+        name: Set(name.to_owned()),
         created_at: Set(Timestamp::now()),
+        last_used_at: Set(None),
         revoked_at: Set(None),
     };
-    api_keys::Entity::insert(row).exec(db).await?;
-    Ok(key)
+    let stored = api_keys::Entity::insert(row)
+        .exec_with_returning(db)
+        .await?;
+    Ok((stored, key))
 }
 
-/// The principal a presented key stands for, or `None` for an unknown or revoked key.
-pub async fn authenticate(
+/// The tenant's keys, newest first, revoked ones included.
+pub async fn list_keys(
+    db: &impl ConnectionTrait,
+    tenant_id: Uuid,
+) -> Result<Vec<api_keys::Model>, DbErr> {
+    api_keys::Entity::find()
+        .filter(api_keys::Column::TenantId.eq(tenant_id))
+        .order_by_desc(api_keys::Column::CreatedAt)
+        .order_by_desc(api_keys::Column::Id)
+        .all(db)
+        .await
+}
+
+/// Revokes a key at once: it is refused from the next request on, and every open
+/// connection using it, in any process, is told to close. `tenant_id` limits which
+/// keys the caller may revoke (`None`: any, for an admin). Revoking a revoked key
+/// changes nothing.
+pub async fn revoke_key(
+    db: &DatabaseConnection,
+    bus: &EventBus,
+    tenant_id: Option<Uuid>,
+    key_id: Uuid,
+) -> Result<api_keys::Model, ServiceError> {
+    let transaction = crate::db::begin_write(db).await?;
+    let key = api_keys::Entity::find_by_id(key_id)
+        .one(&transaction)
+        .await?
+        .filter(|key| tenant_id.is_none_or(|tenant_id| key.tenant_id == Some(tenant_id)))
+        .ok_or(ServiceError::NotFound)?;
+    if key.revoked_at.is_some() {
+        return Ok(key);
+    }
+    let revoked_at = Timestamp::now();
+    api_keys::Entity::update_many()
+        .col_expr(api_keys::Column::RevokedAt, Expr::value(revoked_at))
+        .filter(api_keys::Column::Id.eq(key_id))
+        .filter(api_keys::Column::RevokedAt.is_null())
+        .exec(&transaction)
+        .await?;
+    crate::jobs::relay::notify_revoked_key(&transaction, key_id).await?;
+    transaction.commit().await?;
+    bus.announce_revoked_key(key_id);
+    tracing::info!(key.id = %key_id, "API key revoked");
+    Ok(api_keys::Model {
+        revoked_at: Some(revoked_at),
+        ..key
+    })
+}
+
+/// Who a presented key stands for, or `None` for an unknown or revoked key.
+pub async fn identify(
     db: &impl ConnectionTrait,
     admin_token: &AdminToken,
     presented: &ApiKey,
-) -> Result<Option<Principal>, DbErr> {
+) -> Result<Option<Identity>, DbErr> {
     if admin_token.matches(presented) {
-        return Ok(Some(Principal::Admin));
+        return Ok(Some(Identity {
+            principal: Principal::Admin,
+            key_id: None,
+        }));
     }
     let Some(row) = api_keys::Entity::find()
         .filter(api_keys::Column::KeyHash.eq(presented.hash()))
@@ -112,9 +196,44 @@ pub async fn authenticate(
     else {
         return Ok(None);
     };
-    Ok(match (row.role, row.tenant_id) {
-        (ApiKeyRole::Admin, _) => Some(Principal::Admin),
-        (ApiKeyRole::Tenant, Some(tenant_id)) => Some(Principal::Tenant { tenant_id }),
-        (ApiKeyRole::Tenant, None) => None,
-    })
+    let principal = match (row.role, row.tenant_id) {
+        (ApiKeyRole::Admin, _) => Principal::Admin,
+        (ApiKeyRole::Tenant, Some(tenant_id)) => Principal::Tenant { tenant_id },
+        (ApiKeyRole::Tenant, None) => return Ok(None),
+    };
+    record_use(db, &row).await?;
+    Ok(Some(Identity {
+        principal,
+        key_id: Some(row.id),
+    }))
+}
+
+/// Whether the stored key is still valid (not revoked).
+pub async fn is_active(db: &impl ConnectionTrait, key_id: Uuid) -> Result<bool, DbErr> {
+    Ok(api_keys::Entity::find_by_id(key_id)
+        .filter(api_keys::Column::RevokedAt.is_null())
+        .one(db)
+        .await?
+        .is_some())
+}
+
+/// Notes that `key` was used, unless that was noted less than a minute ago.
+async fn record_use(db: &impl ConnectionTrait, key: &api_keys::Model) -> Result<(), DbErr> {
+    let now = Timestamp::now();
+    let stale_before = now.plus(-chrono::Duration::seconds(LAST_USED_PRECISION_SECONDS));
+    if key.last_used_at.is_some_and(|at| at >= stale_before) {
+        return Ok(());
+    }
+    // The condition makes concurrent requests write once between them.
+    api_keys::Entity::update_many()
+        .col_expr(api_keys::Column::LastUsedAt, Expr::value(now))
+        .filter(api_keys::Column::Id.eq(key.id))
+        .filter(
+            Condition::any()
+                .add(api_keys::Column::LastUsedAt.is_null())
+                .add(api_keys::Column::LastUsedAt.lt(stale_before)),
+        )
+        .exec(db)
+        .await?;
+    Ok(())
 }

@@ -30,7 +30,7 @@ pub async fn create_tenant(
         created_at: Set(Timestamp::now()),
     };
     let tenant = tenants::Entity::insert(row).exec_with_returning(db).await?;
-    let key = api_keys::create_tenant_key(db, tenant.id).await?;
+    let (_, key) = api_keys::create_tenant_key(db, tenant.id, "").await?;
     Ok((tenant, key))
 }
 

@@ -13,6 +13,8 @@ pub enum ErrorCode {
     Validation,
     IdempotencyConflict,
     InsufficientCredits,
+    /// Too many live subscriptions on one connection or for one tenant.
+    SubscriptionLimit,
     Internal,
 }
 
@@ -26,6 +28,7 @@ impl ErrorCode {
             Self::Validation => "VALIDATION",
             Self::IdempotencyConflict => "IDEMPOTENCY_CONFLICT",
             Self::InsufficientCredits => "INSUFFICIENT_CREDITS",
+            Self::SubscriptionLimit => "SUBSCRIPTION_LIMIT",
             Self::Internal => "INTERNAL",
         }
     }

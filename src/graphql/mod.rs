@@ -3,6 +3,7 @@
 
 mod billing;
 mod error;
+mod keys;
 mod mutation;
 mod query;
 mod scalars;
@@ -14,12 +15,17 @@ use crate::startup::App;
 use async_graphql::{Context, MergedObject, Schema};
 
 pub use error::ErrorCode;
-pub use mutation::MutationRoot;
-pub use subscription::SubscriptionRoot;
+pub use subscription::{
+    ConnectionSubscriptions, MAX_SUBSCRIPTIONS_PER_CONNECTION, SubscriptionRoot,
+};
 
 /// The root of every query: jobs and accounts, and the billing dashboards.
 #[derive(MergedObject, Default)]
-pub struct QueryRoot(query::JobQuery, billing::BillingQuery);
+pub struct QueryRoot(query::JobQuery, billing::BillingQuery, keys::KeyQuery);
+
+/// The root of every change: jobs, tenants and credits, and API keys.
+#[derive(MergedObject, Default)]
+pub struct MutationRoot(mutation::JobMutation, keys::KeyMutation);
 
 /// The schema with its resolvers.
 pub type AppSchema = Schema<QueryRoot, MutationRoot, SubscriptionRoot>;
@@ -31,18 +37,26 @@ const MAX_COMPLEXITY: usize = 5_000;
 
 /// The schema serving `app`.
 pub fn build_schema(app: App) -> AppSchema {
-    Schema::build(QueryRoot::default(), MutationRoot, SubscriptionRoot)
-        .data(app)
-        .limit_depth(MAX_DEPTH)
-        .limit_complexity(MAX_COMPLEXITY)
-        .finish()
+    Schema::build(
+        QueryRoot::default(),
+        MutationRoot::default(),
+        SubscriptionRoot,
+    )
+    .data(app)
+    .limit_depth(MAX_DEPTH)
+    .limit_complexity(MAX_COMPLEXITY)
+    .finish()
 }
 
 /// The schema's SDL, as committed in `schema.graphql`.
 pub fn sdl() -> String {
-    Schema::build(QueryRoot::default(), MutationRoot, SubscriptionRoot)
-        .finish()
-        .sdl()
+    Schema::build(
+        QueryRoot::default(),
+        MutationRoot::default(),
+        SubscriptionRoot,
+    )
+    .finish()
+    .sdl()
 }
 
 /// Who the request acts for; `UNAUTHENTICATED` without a valid key.

@@ -144,11 +144,12 @@ pub struct ReconcileAttemptPayload {
 /// Who an admin request is recorded as: admins share one token and carry no name yet.
 const ADMIN_ACTOR: &str = "admin";
 
-/// The root of every mutation.
-pub struct MutationRoot;
+/// Changes to jobs, tenants, credits and attempts.
+#[derive(Default)]
+pub struct JobMutation;
 
 #[Object]
-impl MutationRoot {
+impl JobMutation {
     /// Creates a job and holds credits for it; returns at once.
     async fn create_job(
         &self,

@@ -1,12 +1,18 @@
 //! Live job status.
 
 use super::types::JobEvent;
-use super::{app, principal};
+use super::{ErrorCode, app, principal};
 use crate::error::ServiceError;
+use crate::jobs::bus::{MAX_SUBSCRIPTIONS_PER_TENANT, SubscriptionSlot};
 use crate::jobs::{events, service};
 use async_graphql::{Context, Subscription};
 use futures_util::{Stream, StreamExt};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use uuid::Uuid;
+
+/// Live subscriptions one connection may hold at once.
+pub const MAX_SUBSCRIPTIONS_PER_CONNECTION: usize = 100;
 
 /// The root of every subscription.
 pub struct SubscriptionRoot;
@@ -23,13 +29,93 @@ impl SubscriptionRoot {
     ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<JobEvent>> + use<>> {
         let tenant_id = principal(context)?.tenant_id()?;
         let app = app(context);
+        let slots = admit(context, tenant_id)?;
         // Ownership is checked once, up front: events never change tenant.
         service::find_job(&app.db, tenant_id, job_id).await?;
         let updates = events::job_updates(app.db.clone(), &app.bus, job_id, after_seq.unwrap_or(0));
-        Ok(updates.map(|event| {
-            event
-                .map(JobEvent)
-                .map_err(|error| ServiceError::from(error).into())
-        }))
+        Ok(served(updates, slots))
     }
+
+    /// Every event of the caller's jobs from now on, live (output deltas excepted:
+    /// follow one job's `jobUpdates` for those). Never completes by itself.
+    async fn account_job_updates(
+        &self,
+        context: &Context<'_>,
+    ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<JobEvent>> + use<>> {
+        let tenant_id = principal(context)?.tenant_id()?;
+        let app = app(context);
+        let slots = admit(context, tenant_id)?;
+        let updates = events::account_updates(app.db.clone(), &app.bus, tenant_id);
+        Ok(served(updates, slots))
+    }
+}
+
+/// The live subscriptions of one connection, counted against
+/// [`MAX_SUBSCRIPTIONS_PER_CONNECTION`]; put in each connection's data.
+#[derive(Clone, Debug, Default)]
+pub struct ConnectionSubscriptions(Arc<AtomicUsize>);
+
+impl ConnectionSubscriptions {
+    fn admit(&self) -> Option<ConnectionSlot> {
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
+                (open < MAX_SUBSCRIPTIONS_PER_CONNECTION).then_some(open + 1)
+            })
+            .ok()
+            .map(|_| ConnectionSlot(self.0.clone()))
+    }
+}
+
+/// One subscription counted against its connection's limit.
+struct ConnectionSlot(Arc<AtomicUsize>);
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What a live subscription holds until it ends: its places in the connection's and
+/// the tenant's counts.
+struct Slots {
+    _connection: Option<ConnectionSlot>,
+    _tenant: SubscriptionSlot,
+}
+
+/// Counts a new subscription against its connection and its tenant, or refuses it
+/// with `SUBSCRIPTION_LIMIT`.
+fn admit(context: &Context<'_>, tenant_id: Uuid) -> async_graphql::Result<Slots> {
+    let connection = match context.data_opt::<ConnectionSubscriptions>() {
+        Some(subscriptions) => Some(subscriptions.admit().ok_or_else(|| {
+            ErrorCode::SubscriptionLimit.error(format!(
+                "a connection may hold at most {MAX_SUBSCRIPTIONS_PER_CONNECTION} subscriptions"
+            ))
+        })?),
+        None => None,
+    };
+    let tenant = app(context)
+        .bus
+        .admit_subscription(tenant_id)
+        .ok_or_else(|| {
+            ErrorCode::SubscriptionLimit.error(format!(
+                "a tenant may hold at most {MAX_SUBSCRIPTIONS_PER_TENANT} subscriptions on one server"
+            ))
+        })?;
+    Ok(Slots {
+        _connection: connection,
+        _tenant: tenant,
+    })
+}
+
+/// The stream a client sees, holding its slots until it ends.
+fn served(
+    updates: impl Stream<Item = Result<entity::job_events::Model, sea_orm::DbErr>> + Send + 'static,
+    slots: Slots,
+) -> impl Stream<Item = async_graphql::Result<JobEvent>> {
+    updates.map(move |event| {
+        let _held = &slots;
+        event
+            .map(JobEvent)
+            .map_err(|error| ServiceError::from(error).into())
+    })
 }

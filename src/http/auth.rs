@@ -1,6 +1,7 @@
 //! Turning a presented API key into a principal.
 
-use crate::accounts::{ApiKey, Principal, api_keys};
+use crate::accounts::api_keys::{self, Identity};
+use crate::accounts::{ApiKey, Principal};
 use crate::startup::App;
 
 /// Why a presented credential was refused.
@@ -20,6 +21,14 @@ pub async fn authenticate(
     app: &App,
     credential: Option<&str>,
 ) -> Result<Option<Principal>, AuthError> {
+    Ok(identify(app, credential)
+        .await?
+        .map(|identity| identity.principal))
+}
+
+/// Like [`authenticate`], also naming the stored key, for connections that must
+/// close when it is revoked.
+pub async fn identify(app: &App, credential: Option<&str>) -> Result<Option<Identity>, AuthError> {
     let Some(credential) = credential.map(str::trim).filter(|text| !text.is_empty()) else {
         return Ok(None);
     };
@@ -28,7 +37,7 @@ pub async fn authenticate(
         return Err(AuthError::Malformed);
     }
     let key = ApiKey::from_presented(key.trim());
-    api_keys::authenticate(&app.db, &app.admin_token, &key)
+    api_keys::identify(&app.db, &app.admin_token, &key)
         .await?
         .map(Some)
         .ok_or(AuthError::UnknownKey)

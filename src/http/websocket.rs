@@ -1,42 +1,201 @@
 //! GraphQL subscriptions over WebSocket, with the API key in `connection_init`.
+//!
+//! async-graphql speaks the protocols; this module owns the socket around them: it
+//! caps message sizes before anyone is authenticated, pings idle connections and drops
+//! dead ones, gives a client a few seconds to authenticate, and closes a connection
+//! with 4403 when its key is refused or revoked.
 
 use super::HttpState;
-use super::auth::authenticate;
+use super::auth::identify;
+use crate::accounts::api_keys;
+use crate::graphql::ConnectionSubscriptions;
 use async_graphql::Data;
-use async_graphql::http::ALL_WEBSOCKET_PROTOCOLS;
-use async_graphql_axum::{GraphQLProtocol, GraphQLWebSocket};
+use async_graphql::http::{ALL_WEBSOCKET_PROTOCOLS, WebSocketProtocols, WsMessage};
+use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use axum::extract::{State, WebSocketUpgrade};
-use axum::response::Response;
-use std::time::Duration;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures_util::{SinkExt, StreamExt};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+use uuid::Uuid;
 
-/// How long a client may leave a keep-alive ping unanswered (legacy protocol).
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest message or frame read, before and after authentication: a subscription
+/// request is a few kilobytes, and nothing bigger is read into memory.
+const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+/// How often the server pings: keeps idle subscriptions open through proxies, and
+/// gives a dead peer a chance to show itself.
+const PING_INTERVAL: Duration = Duration::from_secs(15);
+/// A connection from which nothing, not even a pong, arrived for this long is closed.
+const SILENCE_LIMIT: Duration = Duration::from_secs(45);
+/// How long a client has to send `connection_init`.
+const INIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// graphql-transport-ws: the key was refused or revoked.
+const CLOSE_FORBIDDEN: u16 = 4403;
+/// graphql-transport-ws: no `connection_init` in time.
+const CLOSE_INIT_TIMEOUT: u16 = 4408;
+/// The peer went silent.
+const CLOSE_GOING_AWAY: u16 = 1001;
+/// The peer broke the WebSocket protocol.
+const CLOSE_PROTOCOL_ERROR: u16 = 1002;
+/// The peer sent a message above [`MAX_MESSAGE_BYTES`].
+const CLOSE_TOO_BIG: u16 = 1009;
 
 /// Accepts `graphql-transport-ws` and the legacy `graphql-ws` subprotocol.
 pub async fn upgrade(
     State(state): State<HttpState>,
-    protocol: GraphQLProtocol,
+    headers: HeaderMap,
     upgrade: WebSocketUpgrade,
 ) -> Response {
+    let Some(protocol) = requested_protocol(&headers) else {
+        return (
+            StatusCode::BAD_REQUEST,
+            "Sec-WebSocket-Protocol must name graphql-transport-ws or graphql-ws",
+        )
+            .into_response();
+    };
     upgrade
         .protocols(ALL_WEBSOCKET_PROTOCOLS)
-        .on_upgrade(move |socket| {
-            let app = state.app.clone();
-            GraphQLWebSocket::new(socket, state.schema.clone(), protocol)
-                .on_connection_init(move |payload| async move {
-                    let credential = payload
-                        .get("authorization")
-                        .or_else(|| payload.get("Authorization"))
-                        .and_then(|value| value.as_str());
-                    let mut data = Data::default();
-                    match authenticate(&app, credential).await {
-                        Ok(Some(principal)) => data.insert(principal),
-                        Ok(None) => {}
-                        Err(error) => return Err(async_graphql::Error::new(error.to_string())),
-                    }
-                    Ok(data)
-                })
-                .keepalive_timeout(KEEPALIVE_TIMEOUT)
-                .serve()
+        .max_message_size(MAX_MESSAGE_BYTES)
+        .max_frame_size(MAX_MESSAGE_BYTES)
+        .on_upgrade(move |socket| serve(state, protocol, socket))
+}
+
+fn requested_protocol(headers: &HeaderMap) -> Option<WebSocketProtocols> {
+    headers
+        .get(header::SEC_WEBSOCKET_PROTOCOL)?
+        .to_str()
+        .ok()?
+        .split(',')
+        .find_map(|protocol| WebSocketProtocols::from_str(protocol.trim()).ok())
+}
+
+/// What `connection_init` established, shared with the loop that watches the socket.
+#[derive(Default)]
+struct Handshake {
+    /// The stored key the connection authenticated with, once it did (`None` inside:
+    /// the admin token, which cannot be revoked).
+    key: OnceLock<Option<Uuid>>,
+    refused: AtomicBool,
+    /// Why reading the socket failed, once it did.
+    read_error: OnceLock<u16>,
+}
+
+async fn serve(state: HttpState, protocol: WebSocketProtocols, socket: WebSocket) {
+    let started = Instant::now();
+    let heard_at_millis = Arc::new(AtomicU64::new(0));
+    let handshake = Arc::new(Handshake::default());
+    let (mut sink, stream) = socket.split();
+
+    let heard = heard_at_millis.clone();
+    let failed = handshake.clone();
+    let input = stream
+        .take_while(move |frame| {
+            if let Err(error) = frame {
+                // The error type is opaque; its text tells a size limit from the rest.
+                let text = error.to_string();
+                let code = if text.contains("too long") || text.contains("too big") {
+                    CLOSE_TOO_BIG
+                } else {
+                    CLOSE_PROTOCOL_ERROR
+                };
+                let _ = failed.read_error.set(code);
+            }
+            std::future::ready(frame.is_ok())
         })
+        .filter_map(move |frame| {
+            // Any frame, a pong included, shows the peer is alive.
+            heard.store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+            std::future::ready(match frame {
+                Ok(message @ (Message::Text(_) | Message::Binary(_))) => Some(message.into_data()),
+                _ => None,
+            })
+        });
+    let mut connection_data = Data::default();
+    connection_data.insert(ConnectionSubscriptions::default());
+    let app = state.app.clone();
+    let established = handshake.clone();
+    let mut graphql = async_graphql::http::WebSocket::new(state.schema.clone(), input, protocol)
+        .connection_data(connection_data)
+        .on_connection_init(move |payload| async move {
+            let credential = payload
+                .get("authorization")
+                .or_else(|| payload.get("Authorization"))
+                .and_then(|value| value.as_str());
+            let mut data = Data::default();
+            match identify(&app, credential).await {
+                Ok(Some(identity)) => {
+                    data.insert(identity.principal);
+                    let _ = established.key.set(identity.key_id);
+                }
+                Ok(None) => {
+                    let _ = established.key.set(None);
+                }
+                Err(error) => {
+                    established.refused.store(true, Ordering::Release);
+                    return Err(async_graphql::Error::new(error.to_string()));
+                }
+            }
+            Ok(data)
+        });
+
+    let mut revocations = state.app.bus.watch_revocations();
+    let mut ping = tokio::time::interval(PING_INTERVAL);
+    ping.tick().await;
+    let init_deadline = tokio::time::sleep(INIT_TIMEOUT);
+    tokio::pin!(init_deadline);
+    let close = loop {
+        let key = handshake.key.get().copied();
+        tokio::select! {
+            message = graphql.next() => match message {
+                Some(WsMessage::Text(text)) => {
+                    if sink.send(Message::Text(text.into())).await.is_err() {
+                        return;
+                    }
+                }
+                Some(WsMessage::Close(code, reason)) => {
+                    // async-graphql closes a refused handshake with a generic 1002.
+                    let code = if handshake.refused.load(Ordering::Acquire) { CLOSE_FORBIDDEN } else { code };
+                    break Some((code, reason));
+                }
+                None => break handshake
+                    .read_error
+                    .get()
+                    .map(|&code| (code, "the message could not be read".to_owned())),
+            },
+            _ = &mut init_deadline, if key.is_none() => {
+                break Some((CLOSE_INIT_TIMEOUT, "Connection initialisation timeout".to_owned()));
+            }
+            _ = ping.tick() => {
+                let heard = Duration::from_millis(heard_at_millis.load(Ordering::Relaxed));
+                if started.elapsed().saturating_sub(heard) > SILENCE_LIMIT {
+                    break Some((CLOSE_GOING_AWAY, "no message or pong for too long".to_owned()));
+                }
+                if sink.send(Message::Ping(Default::default())).await.is_err() {
+                    return;
+                }
+            }
+            _ = revocations.revoked_or_missed(key.flatten().unwrap_or_default()), if key.flatten().is_some() => {
+                let key_id = key.flatten().expect("guarded by the branch condition");
+                match api_keys::is_active(&state.app.db, key_id).await {
+                    Ok(true) => {}
+                    Ok(false) => break Some((CLOSE_FORBIDDEN, "the API key was revoked".to_owned())),
+                    // Checked again at the next announcement; HTTP requests are refused meanwhile.
+                    Err(error) => tracing::warn!(key.id = %key_id, error = %error, "could not re-check a connection's key"),
+                }
+            }
+        }
+    };
+    if let Some((code, reason)) = close {
+        let _ = sink
+            .send(Message::Close(Some(CloseFrame {
+                code,
+                reason: reason.into(),
+            })))
+            .await;
+    }
+    let _ = sink.close().await;
 }

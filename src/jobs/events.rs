@@ -1,80 +1,31 @@
-//! Job events: the stored timeline of each job, and the in-process bus that tells
-//! subscribers and workers something new was stored.
+//! Job events: the stored timeline of each job, and the live streams of them that
+//! subscriptions serve.
 //!
-//! The table is the truth; a notice on the bus is only a hint to re-read it. A lagging
-//! receiver therefore loses nothing: it re-reads, and a slow poll covers notices that
-//! never arrive (events written by another process).
+//! The table is the truth; a notice on the bus is only a hint to re-read it. A
+//! receiver that may have missed notices is told so and re-reads, so a stream loses
+//! nothing and never polls.
 
-use entity::{EventKind, JobStatus, JsonText, job_events, jobs};
+use super::bus::{EventBus, EventNotice, Wake};
+use entity::{EventKind, JsonText, Timestamp, job_events, jobs};
 use futures_util::Stream;
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait,
-    QueryFilter, QueryOrder,
+    QueryFilter, QueryOrder, QuerySelect,
 };
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use std::time::Duration;
-use tokio::sync::broadcast::{self, error::RecvError};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 use uuid::Uuid;
 
-/// How many notices a slow receiver may fall behind before it must re-read.
-const BUS_CAPACITY: usize = 4096;
-/// How often a subscription re-reads the table when no notice came.
-const POLL_INTERVAL: Duration = Duration::from_secs(1);
-
-/// A hint that an event was stored, published after its transaction committed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EventNotice {
-    pub job_id: Uuid,
-    pub tenant_id: Uuid,
-    pub seq: i32,
-    pub kind: EventKind,
-    pub status: JobStatus,
-    /// The text of an `OutputDelta`, which exists only as a notice.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub delta: Option<String>,
-    /// The process that sent a notice never stored, so that it does not receive its
-    /// own notice twice (once locally, once through NOTIFY).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub origin: Option<Uuid>,
-}
-
-/// Fans event notices out to every subscriber and worker of this process.
-#[derive(Clone, Debug)]
-pub struct EventBus {
-    sender: broadcast::Sender<EventNotice>,
-    id: Uuid,
-}
-
-impl Default for EventBus {
-    fn default() -> Self {
-        Self {
-            sender: broadcast::channel(BUS_CAPACITY).0,
-            id: Uuid::new_v4(),
-        }
-    }
-}
-
-impl EventBus {
-    /// Names this bus among the processes sharing a database, so that a notice it sent
-    /// to the others is not delivered to it a second time.
-    pub fn id(&self) -> Uuid {
-        self.id
-    }
-
-    /// Tells every receiver about committed events.
-    pub fn publish(&self, notices: impl IntoIterator<Item = EventNotice>) {
-        for notice in notices {
-            // No receiver is fine: nobody is watching.
-            let _ = self.sender.send(notice);
-        }
-    }
-
-    /// A receiver of every notice published from now on.
-    pub fn subscribe(&self) -> broadcast::Receiver<EventNotice> {
-        self.sender.subscribe()
-    }
-}
+/// How far back an account stream re-reads after missing notices: events are stamped
+/// by the clock of the process that wrote them, which may run a little behind.
+const CLOCK_SKEW_MARGIN: Duration = Duration::from_secs(2);
+/// Most events an account stream re-reads at once after missing notices.
+const MAX_REREAD: u64 = 10_000;
+/// How long an account stream remembers a finished job, to drop late duplicates of
+/// its notices (each process hears its own events twice on PostgreSQL: locally and
+/// through its listener).
+const FINISHED_MEMORY: Duration = Duration::from_secs(60);
 
 /// Stores the event whose seq the caller just reserved by bumping the job's
 /// `last_event_seq` in the same transaction.
@@ -130,14 +81,14 @@ pub fn job_updates(
     job_id: Uuid,
     after_seq: i32,
 ) -> impl Stream<Item = Result<job_events::Model, DbErr>> + use<> {
-    // Subscribing before the first read means no event can slip between the replay
-    // and the live part.
-    let mut notices = bus.subscribe();
+    // Watching before the first read means no event can slip between the replay and
+    // the live part.
+    let mut notices = bus.watch_job(job_id);
     async_stream::try_stream! {
         let mut last_seq = after_seq;
-        let mut poll = tokio::time::interval(POLL_INTERVAL);
         // A delta that arrived before the stored event it follows was read.
         let mut pending_delta: Option<EventNotice> = None;
+        let mut first_pass = true;
         loop {
             for event in events_after(&db, job_id, last_seq).await? {
                 last_seq = event.seq;
@@ -150,39 +101,132 @@ pub fn job_updates(
             if let Some(delta) = pending_delta.take() {
                 yield delta_event(&delta);
             }
-            let job = jobs::Entity::find_by_id(job_id).one(&db).await?;
-            if job.is_none_or(|job| job.status.is_terminal() && job.last_event_seq <= last_seq) {
-                return;
+            // Asked for events after the terminal one: nothing more will come.
+            if std::mem::take(&mut first_pass) {
+                let job = jobs::Entity::find_by_id(job_id).one(&db).await?;
+                if job.is_none_or(|job| job.status.is_terminal() && job.last_event_seq <= last_seq) {
+                    return;
+                }
             }
             loop {
-                let wake = tokio::select! {
-                    notice = notices.recv() => Wake::Notice(notice),
-                    _ = poll.tick() => Wake::Poll,
-                };
-                match wake {
-                    Wake::Notice(Ok(notice)) if notice.job_id != job_id => {}
-                    Wake::Notice(Ok(notice)) if notice.kind == EventKind::OutputDelta => {
+                match notices.next().await {
+                    Wake::Notice(notice) if notice.kind == EventKind::OutputDelta => {
                         if notice.seq > last_seq {
                             pending_delta = Some(notice);
                             break;
                         }
                         yield delta_event(&notice);
                     }
-                    Wake::Notice(Ok(notice)) if notice.seq > last_seq => break,
-                    Wake::Notice(Ok(_)) => {}
-                    // Missed notices: the table has whatever they said.
-                    Wake::Notice(Err(RecvError::Lagged(_))) | Wake::Poll => break,
-                    Wake::Notice(Err(RecvError::Closed)) => return,
+                    Wake::Notice(notice) if notice.seq > last_seq => break,
+                    // A duplicate: every process hears its own events twice on PostgreSQL.
+                    Wake::Notice(_) => {}
+                    Wake::Missed => break,
                 }
             }
         }
     }
 }
 
-/// Why a subscription looks again.
-enum Wake {
-    Notice(Result<EventNotice, RecvError>),
-    Poll,
+/// Every stored event of the tenant's jobs from now on, each once, in order within
+/// each job; live deltas are left to `job_updates`. Runs until dropped.
+pub fn account_updates(
+    db: DatabaseConnection,
+    bus: &EventBus,
+    tenant_id: Uuid,
+) -> impl Stream<Item = Result<job_events::Model, DbErr>> + use<> {
+    let mut notices = bus.watch_tenant(tenant_id);
+    let since = Timestamp::now();
+    async_stream::try_stream! {
+        let mut delivered = Delivered::default();
+        let mut caught_up_at = since;
+        loop {
+            let events = match notices.next().await {
+                Wake::Notice(notice) if notice.kind == EventKind::OutputDelta => continue,
+                Wake::Notice(notice) => {
+                    // No notice was lost before this one: everything stored until about
+                    // now was or is being delivered.
+                    caught_up_at = Timestamp::now();
+                    let after = delivered.last_seq(notice.job_id).unwrap_or(notice.seq - 1);
+                    if notice.seq <= after {
+                        continue;
+                    }
+                    events_after(&db, notice.job_id, after).await?
+                }
+                Wake::Missed => {
+                    let reread_from = caught_up_at
+                        .plus(-chrono::Duration::from_std(CLOCK_SKEW_MARGIN).expect("a small duration"));
+                    let now = Timestamp::now();
+                    let events = tenant_events_since(&db, tenant_id, reread_from.max(since)).await?;
+                    caught_up_at = now;
+                    events
+                }
+            };
+            for event in events {
+                if delivered.last_seq(event.job_id).is_some_and(|seq| event.seq <= seq) {
+                    continue;
+                }
+                delivered.record(&event);
+                yield event;
+            }
+        }
+    }
+}
+
+/// What an account stream already delivered: the last seq of each job it has seen,
+/// forgetting finished jobs after a while so that the map stays small.
+#[derive(Default)]
+struct Delivered {
+    jobs: HashMap<Uuid, DeliveredJob>,
+    last_pruned: Option<Instant>,
+}
+
+struct DeliveredJob {
+    seq: i32,
+    finished_at: Option<Instant>,
+}
+
+impl Delivered {
+    fn last_seq(&self, job_id: Uuid) -> Option<i32> {
+        self.jobs.get(&job_id).map(|job| job.seq)
+    }
+
+    fn record(&mut self, event: &job_events::Model) {
+        let finished_at = event.kind.is_terminal().then(Instant::now);
+        self.jobs.insert(
+            event.job_id,
+            DeliveredJob {
+                seq: event.seq,
+                finished_at,
+            },
+        );
+        if self
+            .last_pruned
+            .is_none_or(|at| at.elapsed() >= FINISHED_MEMORY)
+        {
+            self.last_pruned = Some(Instant::now());
+            self.jobs.retain(|_, job| {
+                job.finished_at
+                    .is_none_or(|at| at.elapsed() < FINISHED_MEMORY)
+            });
+        }
+    }
+}
+
+/// The tenant's events stamped at or after `from`, oldest first.
+async fn tenant_events_since(
+    db: &impl ConnectionTrait,
+    tenant_id: Uuid,
+    from: Timestamp,
+) -> Result<Vec<job_events::Model>, DbErr> {
+    job_events::Entity::find()
+        .filter(job_events::Column::TenantId.eq(tenant_id))
+        .filter(job_events::Column::At.gte(from))
+        .order_by_asc(job_events::Column::At)
+        .order_by_asc(job_events::Column::JobId)
+        .order_by_asc(job_events::Column::Seq)
+        .limit(MAX_REREAD)
+        .all(db)
+        .await
 }
 
 /// The event a subscriber sees for a live delta: it carries the seq of the stored
@@ -194,7 +238,7 @@ fn delta_event(notice: &EventNotice) -> job_events::Model {
         tenant_id: notice.tenant_id,
         kind: EventKind::OutputDelta,
         status: notice.status,
-        at: entity::Timestamp::now(),
+        at: Timestamp::now(),
         data: Some(JsonText(serde_json::json!({ "delta": notice.delta }))),
     }
 }

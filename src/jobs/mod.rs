@@ -2,11 +2,13 @@
 //! how their events reach subscribers.
 
 pub mod budget;
+pub mod bus;
 pub mod events;
 pub mod input;
+pub mod leases;
 pub mod queue;
 pub mod relay;
 pub mod service;
 pub mod worker;
 
-pub use events::{EventBus, EventNotice};
+pub use bus::{EventBus, EventNotice};

@@ -4,23 +4,36 @@
 //! written elsewhere without waiting for their poll.
 //!
 //! A notification is only a hint: it is sent inside the transaction that stores the
-//! event (PostgreSQL delivers it on commit, never for a rolled-back one), and one lost
-//! while the listener reconnects costs latency, not correctness — readers re-read the
-//! table and poll as a fallback.
+//! event (PostgreSQL delivers it on commit, never for a rolled-back one). Those lost
+//! while the listener reconnects cost latency, not correctness: once listening again,
+//! the relay tells every receiver that notices were missed, and each re-reads the
+//! table.
+//!
+//! SQLite has no notifications; there one shared poll of the events table, past the
+//! last row it saw, stands in for them — one query a second for the whole process,
+//! however many subscribers it serves.
 
-use super::events::{EventBus, EventNotice};
+use super::bus::{EventBus, EventNotice};
+use entity::{EventKind, JobStatus};
 use sea_orm::sqlx::postgres::PgListener;
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, FromQueryResult, Statement};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
-/// The channel every process listens on.
+/// The channel stored events and deltas travel on.
 const CHANNEL: &str = "jobledger_events";
+/// The channel revoked API keys travel on: open connections using them are closed.
+const REVOCATIONS: &str = "jobledger_key_revocations";
 /// The pause before listening again after the connection failed.
 const RECONNECT_DELAY: Duration = Duration::from_secs(1);
+/// How often SQLite's shared poll looks for events stored by other processes.
+const SQLITE_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// Most events one SQLite poll reads; a longer backlog is read on the next turns.
+const SQLITE_POLL_BATCH: u32 = 1_000;
 
 /// Sends `notice` to every listening process when the caller's transaction commits.
-/// Does nothing on SQLite, where all workers share one process and its bus.
+/// Does nothing on SQLite, where the shared poll finds stored events.
 pub async fn notify(db: &impl ConnectionTrait, notice: &EventNotice) -> Result<(), DbErr> {
     if db.get_database_backend() != DbBackend::Postgres {
         return Ok(());
@@ -50,55 +63,185 @@ pub async fn broadcast(db: &DatabaseConnection, bus: &EventBus, notice: EventNot
     }
 }
 
-/// A LISTEN connection feeding notices from other processes into this one's bus.
-pub struct NotificationRelay {
-    listener: PgListener,
+/// Tells the other processes, when the caller's transaction commits, that `key_id`
+/// was revoked. Does nothing on SQLite, where the API runs in one process.
+pub async fn notify_revoked_key(db: &impl ConnectionTrait, key_id: Uuid) -> Result<(), DbErr> {
+    if db.get_database_backend() == DbBackend::Postgres {
+        db.execute_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "SELECT pg_notify($1, $2)",
+            [REVOCATIONS.into(), key_id.to_string().into()],
+        ))
+        .await?;
+    }
+    Ok(())
+}
+
+/// Feeds what other processes stored into this process's bus: a LISTEN connection on
+/// PostgreSQL, a shared poll of the events table on SQLite.
+pub enum NotificationRelay {
+    Postgres(PgListener),
+    Sqlite { last_row: i64 },
 }
 
 impl NotificationRelay {
-    /// Starts listening; `None` on SQLite. Listening starts before this returns, so
-    /// nothing committed afterwards is missed.
-    pub async fn listen(db: &DatabaseConnection) -> Result<Option<Self>, DbErr> {
-        if db.get_database_backend() != DbBackend::Postgres {
-            return Ok(None);
+    /// Starts listening (PostgreSQL) or marks where the poll starts (SQLite). Either
+    /// way nothing committed after this returns is missed.
+    pub async fn listen(db: &DatabaseConnection) -> Result<Self, DbErr> {
+        match db.get_database_backend() {
+            DbBackend::Postgres => Ok(Self::Postgres(listen(db).await?)),
+            _ => Ok(Self::Sqlite {
+                last_row: latest_row(db).await?,
+            }),
         }
-        let mut listener = PgListener::connect_with(db.get_postgres_connection_pool())
-            .await
-            .map_err(|error| DbErr::Custom(format!("LISTEN connection failed: {error}")))?;
-        listener
-            .listen(CHANNEL)
-            .await
-            .map_err(|error| DbErr::Custom(format!("LISTEN {CHANNEL} failed: {error}")))?;
-        Ok(Some(Self { listener }))
     }
 
-    /// Publishes every notification on `bus` until `shutdown` is cancelled. The
-    /// listener reconnects by itself after a lost connection.
-    pub async fn run(mut self, bus: EventBus, shutdown: CancellationToken) {
-        loop {
-            let received = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                received = self.listener.recv() => received,
-            };
-            match received {
-                Ok(notification) => {
-                    match serde_json::from_str::<EventNotice>(notification.payload()) {
-                        // Already published here when it was sent.
-                        Ok(notice) if notice.origin == Some(bus.id()) => {}
-                        Ok(notice) => bus.publish([notice]),
-                        Err(error) => {
-                            tracing::warn!(error = %error, "ignored an unreadable notification")
-                        }
+    /// Publishes what other processes stored on `bus` until `shutdown` is cancelled,
+    /// reconnecting after a lost connection.
+    pub async fn run(self, db: DatabaseConnection, bus: EventBus, shutdown: CancellationToken) {
+        match self {
+            Self::Postgres(listener) => relay_notifications(db, listener, bus, shutdown).await,
+            Self::Sqlite { last_row } => poll_sqlite(db, last_row, bus, shutdown).await,
+        }
+    }
+}
+
+async fn listen(db: &DatabaseConnection) -> Result<PgListener, DbErr> {
+    let mut listener = PgListener::connect_with(db.get_postgres_connection_pool())
+        .await
+        .map_err(|error| DbErr::Custom(format!("LISTEN connection failed: {error}")))?;
+    listener
+        .listen_all([CHANNEL, REVOCATIONS])
+        .await
+        .map_err(|error| DbErr::Custom(format!("LISTEN {CHANNEL} failed: {error}")))?;
+    Ok(listener)
+}
+
+async fn relay_notifications(
+    db: DatabaseConnection,
+    mut listener: PgListener,
+    bus: EventBus,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let received = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            // `try_recv` reports a lost connection instead of quietly reconnecting, so
+            // the relay knows when notifications may have been lost.
+            received = listener.try_recv() => received,
+        };
+        match received {
+            Ok(Some(notification)) if notification.channel() == REVOCATIONS => {
+                match notification.payload().parse() {
+                    Ok(key_id) => bus.announce_revoked_key(key_id),
+                    Err(error) => {
+                        tracing::warn!(error = %error, "ignored an unreadable key revocation")
                     }
                 }
-                Err(error) => {
-                    tracing::warn!(error = %error, "event notifications interrupted; readers fall back to polling");
+            }
+            Ok(Some(notification)) => {
+                match serde_json::from_str::<EventNotice>(notification.payload()) {
+                    // Already published here when it was sent.
+                    Ok(notice) if notice.origin == Some(bus.id()) => {}
+                    Ok(notice) => bus.publish([notice]),
+                    Err(error) => {
+                        tracing::warn!(error = %error, "ignored an unreadable notification")
+                    }
+                }
+            }
+            lost => {
+                if let Err(error) = lost {
+                    tracing::warn!(error = %error, "event notifications interrupted");
+                }
+                listener = loop {
                     tokio::select! {
                         _ = shutdown.cancelled() => return,
                         _ = tokio::time::sleep(RECONNECT_DELAY) => {}
                     }
-                }
+                    match listen(&db).await {
+                        Ok(listener) => break listener,
+                        Err(error) => {
+                            tracing::warn!(error = %error, "listening again failed; retrying")
+                        }
+                    }
+                };
+                tracing::info!("event notifications resumed");
+                bus.announce_missed_notices();
             }
         }
     }
+}
+
+/// One event as the SQLite poll reads it.
+#[derive(FromQueryResult)]
+struct PolledEvent {
+    row: i64,
+    job_id: Uuid,
+    tenant_id: Uuid,
+    seq: i32,
+    kind: EventKind,
+    status: JobStatus,
+}
+
+async fn poll_sqlite(
+    db: DatabaseConnection,
+    mut last_row: i64,
+    bus: EventBus,
+    shutdown: CancellationToken,
+) {
+    let mut interval = tokio::time::interval(SQLITE_POLL_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = interval.tick() => {}
+        }
+        // Only subscribers need this: this process's workers poll for work anyway.
+        if bus.watched_topics() == 0 {
+            last_row = match latest_row(&db).await {
+                Ok(row) => row,
+                Err(error) => {
+                    tracing::warn!(error = %error, "polling for events failed");
+                    last_row
+                }
+            };
+            continue;
+        }
+        let polled = PolledEvent::find_by_statement(Statement::from_sql_and_values(
+            DbBackend::Sqlite,
+            "SELECT rowid AS row, job_id, tenant_id, seq, kind, status FROM job_events \
+             WHERE rowid > ? ORDER BY rowid LIMIT ?",
+            [last_row.into(), SQLITE_POLL_BATCH.into()],
+        ))
+        .all(&db)
+        .await;
+        match polled {
+            Ok(events) => {
+                last_row = events.last().map_or(last_row, |event| event.row);
+                // This process's own events come round again: receivers drop
+                // notices whose seq they have already read. Created notices are left
+                // out: every worker loop polls for work on its own.
+                bus.publish_to_subscribers(events.into_iter().map(|event| EventNotice {
+                    job_id: event.job_id,
+                    tenant_id: event.tenant_id,
+                    seq: event.seq,
+                    kind: event.kind,
+                    status: event.status,
+                    delta: None,
+                    origin: None,
+                }));
+            }
+            Err(error) => tracing::warn!(error = %error, "polling for events failed"),
+        }
+    }
+}
+
+async fn latest_row(db: &DatabaseConnection) -> Result<i64, DbErr> {
+    let row = db
+        .query_one_raw(Statement::from_string(
+            DbBackend::Sqlite,
+            "SELECT COALESCE(MAX(rowid), 0) AS last_row FROM job_events",
+        ))
+        .await?
+        .ok_or_else(|| DbErr::Custom("MAX(rowid) returned no row".into()))?;
+    row.try_get("", "last_row")
 }

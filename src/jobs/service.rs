@@ -1,7 +1,8 @@
 //! Creating, reading, listing and cancelling jobs on behalf of a tenant.
 
 use super::budget::{self, Spent};
-use super::events::{self, EventBus, EventNotice};
+use super::bus::{EventBus, EventNotice};
+use super::events;
 use super::input::NewJob;
 use crate::billing::{ledger, prices};
 use crate::db::begin_write;

@@ -1,8 +1,9 @@
 //! Workers: claim due jobs, run each attempt under its own timeout and lease, and
 //! finish it — never tied to the request that created the job.
 
-use super::events::{EventBus, EventNotice};
+use super::bus::{EventBus, EventNotice, Wake};
 use super::input::JobInput;
+use super::leases::LeaseKeeper;
 use super::queue::{
     self, AttemptReport, AttemptStart, Claim, ClaimRequest, ErrorCode, JobError, JobOutcome,
     Renewal, StartedAttempt, TenantCursor,
@@ -16,7 +17,6 @@ use sea_orm::{DatabaseConnection, DbErr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
-use tokio::sync::broadcast::error::RecvError;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -67,6 +67,7 @@ struct Inner {
     bus: EventBus,
     providers: ProviderRegistry,
     settings: WorkerSettings,
+    leases: LeaseKeeper,
     /// Cancelled when the grace period is over: running attempts stop waiting for the
     /// provider and hand their jobs back.
     abort: CancellationToken,
@@ -84,6 +85,7 @@ impl Worker {
         Self {
             inner: Arc::new(Inner {
                 id,
+                leases: LeaseKeeper::new(db.clone(), settings.lease),
                 db,
                 bus,
                 providers,
@@ -98,8 +100,12 @@ impl Worker {
     /// their jobs back at once without spending an attempt.
     pub async fn run(self, shutdown: CancellationToken) {
         let settings = &self.inner.settings;
+        // Renews leases until this returns, however it returns.
+        let keeper_stop = CancellationToken::new();
+        let _stop_keeper = keeper_stop.clone().drop_guard();
+        tokio::spawn(self.inner.leases.clone().run(keeper_stop));
         let permits = Arc::new(Semaphore::new(settings.concurrency));
-        let mut notices = self.inner.bus.subscribe();
+        let mut created = self.inner.bus.watch_created();
         let mut attempts = JoinSet::new();
         let mut poll = tokio::time::interval(settings.poll_interval);
         tracing::info!(worker.id = %self.inner.id, concurrency = settings.concurrency, "worker started");
@@ -144,18 +150,11 @@ impl Worker {
                 continue;
             }
             // Idle or full: wait for a reason to look again.
-            loop {
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = poll.tick() => break,
-                    Some(_) = attempts.join_next(), if !attempts.is_empty() => break,
-                    notice = notices.recv() => match notice {
-                        Ok(notice) if notice.kind == EventKind::Created => break,
-                        Ok(_) => continue,
-                        Err(RecvError::Lagged(_)) => break,
-                        Err(RecvError::Closed) => break,
-                    },
-                }
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = poll.tick() => {}
+                Some(_) = attempts.join_next(), if !attempts.is_empty() => {}
+                _ = created.next() => {}
             }
         }
         tracing::info!(worker.id = %self.inner.id, running = attempts.len(), "worker stopping");
@@ -245,7 +244,7 @@ impl Worker {
             ),
             price,
         };
-        let mut notices = inner.bus.subscribe();
+        let mut notices = inner.bus.watch_job(claim.job.id);
         let started = match queue::start_attempt(&inner.db, &claim, &start).await {
             Ok(started) => started,
             // A database that is down or busy may let the next claim start; lease
@@ -315,37 +314,27 @@ impl Worker {
             tokio::pin!(call);
             let deadline = tokio::time::sleep(inner.settings.attempt_timeout);
             tokio::pin!(deadline);
-            // Renewal runs beside the call, so that a slow database never stalls the
-            // stream, the deadline or a cancel.
-            let check_now = Arc::new(tokio::sync::Notify::new());
-            let (renewed, mut renewals) = tokio::sync::mpsc::channel(1);
-            let _renewer = AbortOnDrop(tokio::spawn(renew_periodically(
-                inner.db.clone(),
-                claim.clone(),
-                inner.settings.lease,
-                check_now.clone(),
-                renewed,
-            )));
+            // The keeper renews beside the call, so that a slow database never stalls
+            // the stream, the deadline or a cancel.
+            let mut lease = inner.leases.hold(&claim);
             loop {
                 tokio::select! {
                     // An answer that is ready wins over a deadline, a cancel or an
                     // abort that became ready at the same moment: it is paid for.
                     biased;
                     answer = &mut call => break CallEnd::Answered(answer),
-                    Some(renewal) = renewals.recv() => match renewal {
-                        Ok(Renewal::Renewed { cancel_requested: true }) => break CallEnd::Cancelled,
-                        Ok(Renewal::Renewed { cancel_requested: false }) => {}
-                        Ok(Renewal::Lost) => break CallEnd::LeaseLost,
-                        // The lease may still hold; the next renewal or the fenced finish decides.
-                        Err(error) => tracing::warn!(job.id = %claim.job.id, error = %error, "lease renewal failed"),
+                    renewal = lease.next() => match renewal {
+                        Renewal::Renewed { cancel_requested: true } => break CallEnd::Cancelled,
+                        Renewal::Renewed { cancel_requested: false } => {}
+                        Renewal::Lost => break CallEnd::LeaseLost,
                     },
-                    notice = notices.recv() => match notice {
-                        Ok(notice) if notice.job_id == claim.job.id && notice.kind == EventKind::CancelRequested => {
+                    wake = notices.next() => match wake {
+                        Wake::Notice(notice) if notice.kind == EventKind::CancelRequested => {
                             break CallEnd::Cancelled;
                         }
+                        Wake::Notice(_) => {}
                         // Missed notices may have held a cancel: ask the row now.
-                        Err(RecvError::Lagged(_)) => check_now.notify_one(),
-                        _ => {}
+                        Wake::Missed => lease.renew_now(),
                     },
                     _ = &mut deadline => break CallEnd::TimedOut,
                     _ = inner.abort.cancelled() => break CallEnd::Aborted,
@@ -413,36 +402,6 @@ impl Worker {
             }
         }
         Ok(())
-    }
-}
-
-/// Renews the claim's lease every third of it (or at once when asked), reporting
-/// each result, until the attempt stops listening.
-async fn renew_periodically(
-    db: DatabaseConnection,
-    claim: Claim,
-    lease: Duration,
-    check_now: Arc<tokio::sync::Notify>,
-    renewed: tokio::sync::mpsc::Sender<Result<Renewal, DbErr>>,
-) {
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(lease / 3) => {}
-            _ = check_now.notified() => {}
-        }
-        let renewal = queue::renew_lease(&db, &claim, lease).await;
-        if renewed.send(renewal).await.is_err() {
-            return;
-        }
-    }
-}
-
-/// Aborts a background task when the attempt that owns it ends, however it ends.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

@@ -4,9 +4,11 @@
 
 #[macro_use]
 mod helpers;
+mod socket;
 
 mod accounts;
 mod any_text;
+mod api_keys;
 mod audit;
 mod bench;
 mod billing;

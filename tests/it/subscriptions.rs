@@ -1,8 +1,11 @@
-//! `jobUpdates` over WebSocket: replay from a sequence number, then live events,
-//! completing after the terminal one.
+//! Subscriptions over WebSocket: `jobUpdates` replays from a sequence number, then
+//! streams live events, completing after the terminal one; `accountJobUpdates` carries
+//! every event of a tenant's jobs once, across processes; connections and tenants are
+//! capped; a refused or revoked key closes the connection with 4403.
 
 use crate::contract::operation;
-use crate::helpers::{Backend, job_input, spawn_app};
+use crate::helpers::{AppOptions, Backend, job_input, spawn_app};
+use crate::socket::{GraphqlSocket, Received};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -105,4 +108,299 @@ async fn a_subscription_streams_live_events_until_the_end(backend: Backend) {
     );
     let job = app.job(&tenant, id).await;
     assert_eq!(job["status"], "SUCCEEDED");
+}
+
+on_both_backends!(
+    one_connection_holds_at_most_its_cap_of_subscriptions,
+    account_updates_carry_every_event_of_the_tenant_once_across_processes,
+    a_revoked_key_closes_its_connections_in_every_process,
+    a_refused_key_closes_the_connection_with_4403,
+    an_oversized_message_is_refused_before_authentication,
+);
+
+/// The account stream of the contract, by operation name.
+fn account_updates() -> String {
+    operation("AccountJobUpdates")
+}
+
+/// The next `next` or `error` message for subscription `id`, skipping those of others.
+async fn message_for(socket: &mut GraphqlSocket, id: &str) -> Value {
+    loop {
+        match socket.next(LIMIT).await {
+            Received::Message(message) if message["id"] == id => return message,
+            Received::Message(_) => {}
+            other => panic!("the connection ended: {other:?}"),
+        }
+    }
+}
+
+async fn one_connection_holds_at_most_its_cap_of_subscriptions(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let mut socket = GraphqlSocket::connect(app.address).await;
+    socket.init_ok(&tenant.key).await;
+    let document = account_updates();
+    for id in 1..=100 {
+        socket
+            .subscribe(&id.to_string(), &document, json!({}))
+            .await;
+    }
+    socket.subscribe("101", &document, json!({})).await;
+    // Subscriptions start in no particular order: one of the 101, any, is refused.
+    let refused = match socket.next(LIMIT).await {
+        Received::Message(message) => message,
+        other => panic!("the connection ended: {other:?}"),
+    };
+    assert_eq!(
+        refused["payload"]["errors"][0]["extensions"]["code"], "SUBSCRIPTION_LIMIT",
+        "{refused}"
+    );
+    let refused_id = refused["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        message_for(&mut socket, &refused_id).await["type"],
+        "complete"
+    );
+    assert!(
+        socket
+            .next_within(Duration::from_millis(500))
+            .await
+            .is_none(),
+        "only one is refused"
+    );
+
+    // Completing a live one frees its place.
+    let live = if refused_id == "1" { "2" } else { "1" };
+    socket.send(json!({"id": live, "type": "complete"})).await;
+    socket.subscribe("102", &document, json!({})).await;
+    let id = app
+        .create_job_ok(&tenant, job_input("after-cap", "hello"))
+        .await;
+    let event = message_for(&mut socket, "102").await;
+    assert_eq!(event["type"], "next", "{event}");
+    assert_eq!(
+        event["payload"]["data"]["accountJobUpdates"]["jobId"],
+        id.to_string()
+    );
+}
+
+async fn account_updates_carry_every_event_of_the_tenant_once_across_processes(backend: Backend) {
+    // Jobs run in one process; the subscriber listens to another, which runs none.
+    let worker = spawn_app(backend).await;
+    let api = worker.another_process(AppOptions::no_workers()).await;
+    let acme = worker.funded_tenant("acme", "5").await;
+    let other = worker.funded_tenant("other", "5").await;
+    let mut socket = GraphqlSocket::connect(api.address).await;
+    socket.init_ok(&acme.key).await;
+    socket
+        .subscribe("acme", &account_updates(), json!({}))
+        .await;
+    // The subscription is live once the server has it; give it a moment.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let mut jobs = Vec::new();
+    for n in 0..3 {
+        jobs.push(
+            worker
+                .create_job_ok(
+                    &acme,
+                    job_input(&format!("acct-{n}"), "hello [mock:delay_ms=100]"),
+                )
+                .await,
+        );
+    }
+    let foreign = worker
+        .create_job_ok(&other, job_input("foreign", "hello"))
+        .await;
+
+    let mut seen: Vec<(String, i64, String)> = Vec::new();
+    let mut finished = 0;
+    while finished < jobs.len() {
+        let message = message_for(&mut socket, "acme").await;
+        assert!(message["payload"]["errors"].is_null(), "{message}");
+        let event = &message["payload"]["data"]["accountJobUpdates"];
+        let kind = event["kind"].as_str().unwrap().to_owned();
+        if ["SUCCEEDED", "FAILED", "CANCELLED"].contains(&kind.as_str()) {
+            finished += 1;
+        }
+        seen.push((
+            event["jobId"].as_str().unwrap().to_owned(),
+            event["seq"].as_i64().unwrap(),
+            kind,
+        ));
+    }
+    // Late duplicates would arrive now.
+    assert!(
+        socket
+            .next_within(Duration::from_millis(1_500))
+            .await
+            .is_none(),
+        "nothing after the last terminal event"
+    );
+    assert!(
+        seen.iter().all(|(job, _, _)| *job != foreign.to_string()),
+        "another tenant's job leaked: {seen:?}"
+    );
+    for id in jobs {
+        let stored = crate::helpers::event_kinds(&worker.job(&acme, id).await);
+        let streamed: Vec<(i64, String)> = seen
+            .iter()
+            .filter(|(job, _, _)| *job == id.to_string())
+            .map(|(_, seq, kind)| (*seq, kind.clone()))
+            .collect();
+        let expected: Vec<(i64, String)> = stored
+            .into_iter()
+            .enumerate()
+            .map(|(index, kind)| (index as i64 + 1, kind))
+            .collect();
+        assert_eq!(streamed, expected, "each event once, in order");
+    }
+}
+
+async fn a_revoked_key_closes_its_connections_in_every_process(backend: Backend) {
+    let app = spawn_app(backend.clone()).await;
+    // SQLite serves the API from one process; PostgreSQL carries the revocation to
+    // the others.
+    let other = match backend {
+        Backend::Postgres(_) => Some(app.another_process(AppOptions::no_workers()).await),
+        Backend::Sqlite => None,
+    };
+    let listening = other.as_ref().unwrap_or(&app);
+    let tenant = app.funded_tenant("acme", "5").await;
+    let created = app
+        .operation(
+            Some(&tenant.key),
+            "CreateApiKey",
+            json!({"name": "dashboard"}),
+        )
+        .await;
+    let key = created["data"]["createApiKey"]["apiKey"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let key_id = created["data"]["createApiKey"]["key"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let mut revoked = GraphqlSocket::connect(listening.address).await;
+    revoked.init_ok(&key).await;
+    revoked.subscribe("1", &account_updates(), json!({})).await;
+    let mut kept = GraphqlSocket::connect(listening.address).await;
+    kept.init_ok(&tenant.key).await;
+    kept.subscribe("1", &account_updates(), json!({})).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let answer = app
+        .operation(Some(&tenant.key), "RevokeApiKey", json!({"id": key_id}))
+        .await;
+    assert!(answer["errors"].is_null(), "{answer}");
+    assert_eq!(revoked.closed_code(Duration::from_secs(5)).await, 4403);
+
+    // The other key's connection is untouched and still delivers.
+    let id = app.create_job_ok(&tenant, job_input("kept", "hello")).await;
+    let event = message_for(&mut kept, "1").await;
+    assert_eq!(
+        event["payload"]["data"]["accountJobUpdates"]["jobId"],
+        id.to_string()
+    );
+    // And the revoked key is refused over HTTP.
+    let refused = listening
+        .graphql(Some(&key), "{ account { name } }", json!({}))
+        .await;
+    assert_eq!(crate::helpers::error_code(&refused), "UNAUTHENTICATED");
+}
+
+async fn a_refused_key_closes_the_connection_with_4403(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let mut socket = GraphqlSocket::connect(app.address).await;
+    match socket.init("jl_not-a-key").await {
+        Received::Closed(code, reason) => {
+            assert_eq!(code, 4403);
+            assert!(
+                reason.contains("not valid"),
+                "the reason says why: {reason}"
+            );
+        }
+        other => panic!("a refused key must close the connection: {other:?}"),
+    }
+}
+
+async fn an_oversized_message_is_refused_before_authentication(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let mut socket = GraphqlSocket::connect(app.address).await;
+    // Sending may already fail once the server has closed.
+    let _ = socket
+        .send_text(format!(
+            r#"{{"type":"connection_init","payload":{{"x":"{}"}}}}"#,
+            "x".repeat(1 << 20)
+        ))
+        .await;
+    match socket.next(LIMIT).await {
+        Received::Closed(code, _) => assert_eq!(code, 1009, "message too big"),
+        Received::Dropped => {}
+        Received::Message(message) => panic!("an oversized message was read: {message}"),
+    }
+    let health = app
+        .http
+        .get(format!("http://{}/healthz", app.address))
+        .send()
+        .await
+        .unwrap();
+    assert!(health.status().is_success());
+}
+
+/// Every tenant's live subscriptions in one process are capped too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_holds_at_most_its_cap_of_subscriptions() {
+    let app = spawn_app(Backend::Sqlite).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let per_connection = jobledger::graphql::MAX_SUBSCRIPTIONS_PER_CONNECTION;
+    let connections = jobledger::jobs::bus::MAX_SUBSCRIPTIONS_PER_TENANT / per_connection;
+    let mut sockets = Vec::new();
+    for _ in 0..connections {
+        let mut socket = GraphqlSocket::connect(app.address).await;
+        socket.init_ok(&tenant.key).await;
+        for id in 0..per_connection {
+            socket
+                .subscribe(&id.to_string(), &account_updates(), json!({}))
+                .await;
+        }
+        sockets.push(socket);
+    }
+    // The others' subscriptions start as their connections get to them: one more
+    // connection tries until the tenant is full.
+    let mut extra = GraphqlSocket::connect(app.address).await;
+    extra.init_ok(&tenant.key).await;
+    let mut refused = None;
+    for attempt in 0..50 {
+        extra
+            .subscribe(&format!("x{attempt}"), &account_updates(), json!({}))
+            .await;
+        if let Some(Received::Message(message)) =
+            extra.next_within(Duration::from_millis(200)).await
+        {
+            refused = Some(message);
+            break;
+        }
+    }
+    let refused = refused.expect("a subscription past the tenant's cap is refused");
+    assert_eq!(
+        refused["payload"]["errors"][0]["extensions"]["code"], "SUBSCRIPTION_LIMIT",
+        "{refused}"
+    );
+    assert!(
+        refused["payload"]["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("tenant"),
+        "{refused}"
+    );
+}
+
+/// A client that never sends `connection_init` is closed with 4408.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_never_initialises_is_closed() {
+    let app = spawn_app(Backend::Sqlite).await;
+    let mut socket = GraphqlSocket::connect(app.address).await;
+    assert_eq!(socket.closed_code(Duration::from_secs(15)).await, 4408);
 }

@@ -7,16 +7,18 @@
 //! then writes nothing further.
 
 use super::budget::{self, Spent};
-use super::events::{self, EventNotice};
+use super::bus::EventNotice;
+use super::events;
 use crate::billing::{Credits, ModelPrice, TokenUsage};
 use crate::db::begin_write;
 use entity::{AttemptOutcome, EventKind, JobStatus, JsonText, Timestamp, attempts, jobs};
-use sea_orm::sea_query::{Expr, ExprTrait};
+use sea_orm::sea_query::{Expr, ExprTrait, Query};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait,
     QueryFilter, QueryOrder, QuerySelect,
 };
 use serde_json::{Value, json};
+use std::collections::HashMap;
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -33,24 +35,53 @@ pub enum Renewal {
     Lost,
 }
 
-/// Extends the attempt's lease to `lease` from now, if the attempt still owns the job.
+/// Most jobs one renewal statement names: far below SQLite's bound on parameters.
+const RENEWAL_CHUNK: usize = 500;
+
+/// Extends to `lease` from now the lease of every listed `(job id, run token)` whose
+/// attempt still owns its job, one statement per few hundred jobs, and tells for each
+/// what it learned; a job missing from the answer was lost.
+pub async fn renew_leases(
+    db: &impl ConnectionTrait,
+    owned: &[(Uuid, Uuid)],
+    lease: Duration,
+) -> Result<HashMap<Uuid, Renewal>, DbErr> {
+    let lease_until =
+        Timestamp::now().plus(chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX));
+    let mut renewed = HashMap::with_capacity(owned.len());
+    for chunk in owned.chunks(RENEWAL_CHUNK) {
+        let statement = Query::update()
+            .table(jobs::Entity)
+            .value(jobs::Column::LeaseUntil, lease_until)
+            .and_where(jobs::Column::Status.eq(JobStatus::Running))
+            .and_where(
+                Expr::tuple([
+                    Expr::col(jobs::Column::Id),
+                    Expr::col(jobs::Column::RunToken),
+                ])
+                .in_tuples(chunk.iter().copied()),
+            )
+            .returning(
+                Query::returning().columns([jobs::Column::Id, jobs::Column::CancelRequested]),
+            )
+            .to_owned();
+        for row in db.query_all(&statement).await? {
+            let job_id: Uuid = row.try_get("", "id")?;
+            let cancel_requested: bool = row.try_get("", "cancel_requested")?;
+            renewed.insert(job_id, Renewal::Renewed { cancel_requested });
+        }
+    }
+    Ok(renewed)
+}
+
+/// Extends one attempt's lease: [`renew_leases`] for a single claim.
 pub async fn renew_lease(
     db: &impl ConnectionTrait,
     claim: &Claim,
     lease: Duration,
 ) -> Result<Renewal, DbErr> {
-    let lease_until =
-        Timestamp::now().plus(chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX));
-    let renewed = fenced_update(claim)
-        .col_expr(jobs::Column::LeaseUntil, Expr::value(lease_until))
-        .exec_with_returning(db)
-        .await?;
-    Ok(match renewed.first() {
-        Some(job) => Renewal::Renewed {
-            cancel_requested: job.cancel_requested,
-        },
-        None => Renewal::Lost,
-    })
+    let renewed = renew_leases(db, &[(claim.job.id, claim.run_token)], lease).await?;
+    Ok(renewed.get(&claim.job.id).copied().unwrap_or(Renewal::Lost))
 }
 
 /// Locks the claimed job for the rest of `transaction` and returns it as it is now;
