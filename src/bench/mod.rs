@@ -11,8 +11,11 @@
 //!   simulator answering at once, settlement included), next to the bare-SQL ceiling
 //!   (one row and 50 rows per claim, as many connections as the pool) for as many jobs;
 //! - drain under a backlog: 20,000 jobs run while 200,000 are queued;
-//! - createJob over GraphQL at concurrency 1 and 32: latency p50/p99 and jobs/s.
+//! - createJob over GraphQL at concurrency 1 and 32: latency p50/p99 and jobs/s;
+//! - against a `serve` child process (`live`): pickup and subscription latency,
+//!   1,000 attempts in flight, 10,000 idle subscriptions.
 
+mod live;
 mod naive;
 pub mod scratch;
 mod seed;
@@ -104,6 +107,7 @@ pub async fn run(engine: &Engine, scale: Scale) -> Result<Vec<Figure>, BenchErro
     let mut figures = claim_latency(engine, scale).await?;
     figures.extend(drain(engine, scale).await?);
     figures.extend(create_latency(engine, scale).await?);
+    figures.extend(live::run(engine, scale).await?);
     Ok(figures)
 }
 
@@ -151,14 +155,27 @@ async fn audited(database: ScratchDatabase) -> Result<(), BenchError> {
     Ok(())
 }
 
-async fn seeded(database: &ScratchDatabase, jobs: u64) -> Result<(), BenchError> {
-    let providers = crate::llm::ProviderRegistry::new(Some(std::sync::Arc::new(
+/// What seeding admits jobs by: every model goes to a simulator (never called: the
+/// seeded jobs are run by the benchmark's own worker processes and their simulators).
+fn seeding_providers() -> crate::llm::ProviderRegistry {
+    crate::llm::ProviderRegistry::new(Some(std::sync::Arc::new(
         crate::llm::openai::OpenAiClient::new("simulator", "http://127.0.0.1:9/v1", None),
-    )));
+    )))
+}
+
+async fn seeded(database: &ScratchDatabase, jobs: u64) -> Result<(), BenchError> {
+    let providers = seeding_providers();
     for index in 0..TENANTS {
         let (tenant, _) =
             seed::funded_tenant(&database.db, &format!("bench-{index}"), jobs).await?;
-        seed::queued_jobs(&database.db, &providers, tenant, jobs / TENANTS).await?;
+        seed::queued_jobs(
+            &database.db,
+            &providers,
+            tenant,
+            jobs / TENANTS,
+            seed::job(0),
+        )
+        .await?;
     }
     Ok(())
 }

@@ -58,13 +58,15 @@ pub async fn funded_tenant(
 
 /// The job the benchmark creates: a short prompt the simulator answers at once.
 pub fn job(index: u64) -> NewJob {
+    job_saying(index, "Summarise: the quarter went well.")
+}
+
+/// A benchmark job whose prompt is `content` (which may carry simulator directives).
+pub fn job_saying(index: u64, content: &str) -> NewJob {
     NewJob::parse(JobRequest {
         idempotency_key: format!("bench-create-{index}-{}", Uuid::new_v4().simple()),
         model: MODEL.to_owned(),
-        messages: vec![(
-            "user".to_owned(),
-            "Summarise: the quarter went well.".to_owned(),
-        )],
+        messages: vec![("user".to_owned(), content.to_owned())],
         max_output_tokens: 64,
         response_schema: None,
         max_attempts: None,
@@ -77,14 +79,16 @@ pub fn job(index: u64) -> NewJob {
     .expect("the benchmark's job is valid")
 }
 
-/// Adds `count` queued jobs to `tenant`, copied from one created through the service.
+/// Adds `count` queued jobs to `tenant`, copied from `template` once created through
+/// the service.
 pub async fn queued_jobs(
     db: &DatabaseConnection,
     providers: &ProviderRegistry,
     tenant: Uuid,
     count: u64,
+    template: NewJob,
 ) -> Result<(), ServiceError> {
-    let template = service::create_job(db, &EventBus::default(), providers, tenant, job(0))
+    let template = service::create_job(db, &EventBus::default(), providers, tenant, template)
         .await?
         .job;
     let hold = credit_reservations::Entity::find()

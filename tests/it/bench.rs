@@ -49,6 +49,12 @@ async fn the_benchmark_harness_runs_every_scenario() {
             "drain of 200 jobs, settled",
             "drain of 200 jobs with 2000 queued",
             "createJob at concurrency 32, p99",
+            "pickup (created → attempt started), p99",
+            "subscription delivery (event → client), p99",
+            "50 in flight, 2 s calls",
+            "50 in flight, server peak RSS",
+            "300 idle subscriptions, server peak RSS",
+            "one event to 300 subscriptions",
         ] {
             assert!(
                 measures.contains(&expected),
