@@ -3,6 +3,7 @@
 
 mod billing;
 mod error;
+mod loaders;
 mod mutation;
 mod query;
 mod scalars;
@@ -32,6 +33,7 @@ const MAX_COMPLEXITY: usize = 5_000;
 /// The schema serving `app`.
 pub fn build_schema(app: App) -> AppSchema {
     Schema::build(QueryRoot::default(), MutationRoot, SubscriptionRoot)
+        .extension(loaders::PerRequestLoaders::new(app.db.clone()))
         .data(app)
         .limit_depth(MAX_DEPTH)
         .limit_complexity(MAX_COMPLEXITY)
@@ -55,4 +57,10 @@ fn principal(context: &Context<'_>) -> async_graphql::Result<Principal> {
 
 fn app<'a>(context: &Context<'a>) -> &'a App {
     context.data_unchecked::<App>()
+}
+
+/// The request's loaders of job relations, which every request executed by the schema
+/// has (see `loaders`).
+fn loader<'a>(context: &Context<'a>) -> &'a loaders::JobLoader {
+    context.data_unchecked::<loaders::JobLoader>()
 }
