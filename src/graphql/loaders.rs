@@ -115,6 +115,23 @@ impl Extension for PerRequestLoaders {
     }
 }
 
+/// Loads one relation of all `keys` in one batch when `wanted`, for the jobs' own
+/// fields to find in the request's cache; a relation nobody asked for reads nothing.
+pub async fn prefetch<K>(
+    loader: &JobLoader,
+    wanted: bool,
+    keys: impl Iterator<Item = K>,
+) -> async_graphql::Result<()>
+where
+    K: Send + Sync + Hash + Eq + Clone + 'static,
+    JobRelations: Loader<K, Error = async_graphql::Error>,
+{
+    if wanted {
+        loader.load_many(keys).await?;
+    }
+    Ok(())
+}
+
 /// The job ids of `keys`, by tenant: one query per tenant, each filtered on it. A
 /// request only reads one tenant's jobs, so in practice this is one group.
 fn by_tenant<'a>(keys: impl Iterator<Item = &'a JobKey>) -> BTreeMap<Uuid, Vec<Uuid>> {

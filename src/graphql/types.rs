@@ -1,7 +1,7 @@
 //! The GraphQL types of jobs, attempts, money and accounts.
 
 use super::loader;
-use super::loaders::{AttemptsOf, ChargeOf, CostOf, EventsOf, JobKey, ReservationOf};
+use super::loaders::{AttemptsOf, ChargeOf, CostOf, EventsOf, JobKey, ReservationOf, prefetch};
 use super::scalars::Amount;
 use crate::billing::{Credits, ledger::Balance, reports};
 use crate::error::ServiceError;
@@ -211,7 +211,7 @@ impl Job {
     /// of `jobs` at once: one query per relation, whose rows the request's loader keeps
     /// for each job's own field. Left to the fields alone, the jobs of a long page would
     /// join batches as they are reached, and a slow moment splits them into several.
-    async fn prefetch(
+    async fn prefetch_relations(
         context: &Context<'_>,
         jobs: impl Iterator<Item = &Job>,
         node: Lookahead<'_>,
@@ -219,42 +219,14 @@ impl Job {
         let keys: Vec<JobKey> = jobs.map(Job::key).collect();
         let loader = loader(context);
         let wanted = |field: &str| node.field(field).exists();
+        let keys = || keys.iter().copied();
         // Each relation is a batch of its own; they run side by side.
         futures_util::try_join!(
-            async {
-                if wanted("attempts") {
-                    loader
-                        .load_many(keys.iter().copied().map(AttemptsOf))
-                        .await?;
-                }
-                Ok::<_, async_graphql::Error>(())
-            },
-            async {
-                if wanted("events") {
-                    loader.load_many(keys.iter().copied().map(EventsOf)).await?;
-                }
-                Ok(())
-            },
-            async {
-                if wanted("reservation") {
-                    loader
-                        .load_many(keys.iter().copied().map(ReservationOf))
-                        .await?;
-                }
-                Ok(())
-            },
-            async {
-                if wanted("charge") {
-                    loader.load_many(keys.iter().copied().map(ChargeOf)).await?;
-                }
-                Ok(())
-            },
-            async {
-                if wanted("cost") {
-                    loader.load_many(keys.iter().copied().map(CostOf)).await?;
-                }
-                Ok(())
-            },
+            prefetch(loader, wanted("attempts"), keys().map(AttemptsOf)),
+            prefetch(loader, wanted("events"), keys().map(EventsOf)),
+            prefetch(loader, wanted("reservation"), keys().map(ReservationOf)),
+            prefetch(loader, wanted("charge"), keys().map(ChargeOf)),
+            prefetch(loader, wanted("cost"), keys().map(CostOf)),
         )?;
         Ok(())
     }
@@ -469,7 +441,7 @@ pub struct JobConnection {
 impl JobConnection {
     async fn edges(&self, context: &Context<'_>) -> async_graphql::Result<&[JobEdge]> {
         let node = context.look_ahead().field("node");
-        Job::prefetch(context, self.edges.iter().map(|edge| &edge.node), node).await?;
+        Job::prefetch_relations(context, self.edges.iter().map(|edge| &edge.node), node).await?;
         Ok(&self.edges)
     }
 
