@@ -1,7 +1,7 @@
 //! The `jobledger` command line: `serve`, `worker`, `migrate` and `mock-llm`.
 
 use crate::billing::ChargingPolicy;
-use crate::config::{DEFAULT_DATABASE_URL, ProviderSettings, Settings};
+use crate::config::{AdminTokenError, DEFAULT_DATABASE_URL, ProviderSettings, Settings};
 use crate::jobs::worker::WorkerSettings;
 use crate::llm::Timeouts;
 use crate::llm::simulator::Simulator;
@@ -132,12 +132,14 @@ impl WorkerArgs {
         })
     }
 
-    fn into_settings(self, listen: Option<SocketAddr>) -> Settings {
-        Settings {
+    /// The settings these flags and the environment give; an admin token the operator
+    /// chose must pass [`crate::config::admin_token`].
+    fn into_settings(self, listen: Option<SocketAddr>) -> Result<Settings, AdminTokenError> {
+        Ok(Settings {
             listen,
             worker: self.settings(),
             database_url: self.database.database_url,
-            admin_token: std::env::var("JOBLEDGER_ADMIN_TOKEN").ok(),
+            admin_token: crate::config::admin_token_from_env()?,
             providers: ProviderSettings {
                 timeouts: Timeouts {
                     connect: Duration::from_secs(self.connect_timeout_seconds),
@@ -150,7 +152,7 @@ impl WorkerArgs {
             )
             .expect("the default markup is a decimal"),
             config_file: self.config,
-        }
+        })
     }
 }
 
@@ -160,7 +162,7 @@ impl Cli {
         match self.command {
             Command::Serve(args) => {
                 let application =
-                    Application::build(args.worker.into_settings(Some(args.listen))).await?;
+                    Application::build(args.worker.into_settings(Some(args.listen))?).await?;
                 let (token, generated) = application.admin_token();
                 if generated {
                     // Printed, not logged: the one time an operator can copy it.
@@ -180,7 +182,7 @@ impl Cli {
                         "a separate worker process on SQLite learns of new jobs by polling and of cancels at lease renewal, and its live output never reaches the API process; run `serve` alone on SQLite, or use PostgreSQL"
                     );
                 }
-                let application = Application::build(args.into_settings(None)).await?;
+                let application = Application::build(args.into_settings(None)?).await?;
                 application.run(shutdown_on_signal()).await?;
             }
             Command::Migrate(args) => {

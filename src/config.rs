@@ -13,6 +13,11 @@ use std::path::PathBuf;
 pub const DEFAULT_DATABASE_URL: &str = "sqlite:jobledger.db";
 /// Where OpenAI's API lives when only `OPENAI_API_KEY` is set.
 const OPENAI_DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
+/// The variable an operator sets to choose the admin token.
+pub const ADMIN_TOKEN_VARIABLE: &str = "JOBLEDGER_ADMIN_TOKEN";
+/// The fewest characters an admin token may have. The token creates tenants and grants
+/// credits, and anyone who can reach the API can try to guess it.
+pub const MIN_ADMIN_TOKEN_CHARS: usize = 32;
 
 /// Everything `serve` and `worker` need to start.
 #[derive(Clone, Debug)]
@@ -20,7 +25,8 @@ pub struct Settings {
     /// Where the API listens; `None` runs workers only.
     pub listen: Option<SocketAddr>,
     pub database_url: String,
-    /// `None`: generate one and show it once.
+    /// `None`: generate one and show it once. From the environment it has passed
+    /// [`admin_token`].
     pub admin_token: Option<String>,
     /// `None`: no workers in this process (`serve --workers 0`).
     pub worker: Option<WorkerSettings>,
@@ -89,4 +95,76 @@ fn endpoint_from_env(
         base_url: base_url.unwrap_or_else(|| default_url.to_owned()),
         api_key,
     })
+}
+
+/// Why the admin token from the environment was refused.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AdminTokenError {
+    #[error(
+        "{ADMIN_TOKEN_VARIABLE} has {length} characters; it needs at least {MIN_ADMIN_TOKEN_CHARS} (or leave it unset and `serve` makes one)"
+    )]
+    TooShort { length: usize },
+    #[error("{ADMIN_TOKEN_VARIABLE} must not contain whitespace or control characters")]
+    ForbiddenCharacter,
+    #[error("{ADMIN_TOKEN_VARIABLE} is not valid UTF-8")]
+    NotUnicode,
+}
+
+/// The admin token `JOBLEDGER_ADMIN_TOKEN` sets, checked by [`admin_token`]; `None`
+/// when the variable is unset.
+pub fn admin_token_from_env() -> Result<Option<String>, AdminTokenError> {
+    match std::env::var(ADMIN_TOKEN_VARIABLE) {
+        Ok(value) => admin_token(&value).map(Some),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(AdminTokenError::NotUnicode),
+    }
+}
+
+/// An operator's admin token, without the whitespace around it: at least
+/// [`MIN_ADMIN_TOKEN_CHARS`] characters, none of them whitespace or control characters
+/// (a token pasted with a line break inside would never match what clients send). A
+/// variable that is set but blank is refused too, rather than read as unset: a deploy
+/// that meant to set a token should not start with a generated one.
+pub fn admin_token(value: &str) -> Result<String, AdminTokenError> {
+    let token = value.trim();
+    if token
+        .chars()
+        .any(|character| character.is_whitespace() || character.is_control())
+    {
+        return Err(AdminTokenError::ForbiddenCharacter);
+    }
+    let length = token.chars().count();
+    if length < MIN_ADMIN_TOKEN_CHARS {
+        return Err(AdminTokenError::TooShort { length });
+    }
+    Ok(token.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admin_tokens_need_32_characters_without_whitespace_inside() {
+        let token = "a".repeat(MIN_ADMIN_TOKEN_CHARS);
+        assert_eq!(admin_token(&format!("  {token}\n")), Ok(token.clone()));
+        assert_eq!(
+            admin_token(&token[1..]),
+            Err(AdminTokenError::TooShort { length: 31 })
+        );
+        assert_eq!(
+            admin_token("   "),
+            Err(AdminTokenError::TooShort { length: 0 })
+        );
+        for inside in [" ", "\t", "\n", "\u{0}", "\u{7f}", "\u{a0}"] {
+            let token = format!("{}{inside}{}", &token[..16], &token[16..]);
+            assert_eq!(
+                admin_token(&token),
+                Err(AdminTokenError::ForbiddenCharacter),
+                "{token:?}"
+            );
+        }
+        let message = AdminTokenError::TooShort { length: 5 }.to_string();
+        assert!(message.contains("JOBLEDGER_ADMIN_TOKEN") && message.contains("32"));
+    }
 }

@@ -341,6 +341,34 @@ async fn append_entry(
     Ok(())
 }
 
+/// The credit holds of a tenant's jobs among `job_ids`, at most one per job. The tenant
+/// is part of the query, so another tenant's job id finds nothing.
+pub async fn reservations_of_jobs(
+    db: &impl ConnectionTrait,
+    tenant_id: Uuid,
+    job_ids: &[Uuid],
+) -> Result<Vec<credit_reservations::Model>, DbErr> {
+    credit_reservations::Entity::find()
+        .filter(credit_reservations::Column::TenantId.eq(tenant_id))
+        .filter(credit_reservations::Column::JobId.is_in(job_ids.iter().copied()))
+        .all(db)
+        .await
+}
+
+/// The charges of a tenant's jobs among `job_ids`, at most one per job. The tenant is
+/// part of the query, so another tenant's job id finds nothing.
+pub async fn charges_of_jobs(
+    db: &impl ConnectionTrait,
+    tenant_id: Uuid,
+    job_ids: &[Uuid],
+) -> Result<Vec<charges::Model>, DbErr> {
+    charges::Entity::find()
+        .filter(charges::Column::TenantId.eq(tenant_id))
+        .filter(charges::Column::JobId.is_in(job_ids.iter().copied()))
+        .all(db)
+        .await
+}
+
 /// A tenant's cached balance; `None` when the tenant does not exist.
 pub async fn balance(db: &impl ConnectionTrait, tenant_id: Uuid) -> Result<Option<Balance>, DbErr> {
     Ok(tenants::Entity::find_by_id(tenant_id)

@@ -7,7 +7,7 @@
 //! BIGINT because PostgreSQL's `SUM(bigint)` is a `numeric`.
 //!
 //! One definition of a job's cost serves both the `cost` field of a job and the cost
-//! dashboard: [`job_cost`] and [`job_costs`] run the same per-job query.
+//! dashboard: [`costs_of_jobs`] and [`job_costs`] run the same per-job query.
 
 use super::Credits;
 use crate::accounts::{Principal, tenants};
@@ -339,16 +339,20 @@ fn per_job_costs(jobs: SelectStatement) -> SelectStatement {
     select
 }
 
-/// The cost of one job; `NotFound` when there is no such job. Callers check ownership.
-pub async fn job_cost(db: &impl ConnectionTrait, job_id: Uuid) -> Result<JobCost, ServiceError> {
-    let mut job = jobs_in(Scope::AllTenants, Window::default());
-    job.and_where(jobs::Column::Id.eq(job_id));
-    let select = per_job_costs(job);
-    JobCostRow::find_by_statement(db.get_database_backend().build(&select))
-        .one(db)
-        .await?
-        .map(JobCost::from)
-        .ok_or(ServiceError::NotFound)
+/// The cost of each of a tenant's jobs among `job_ids`, in no particular order. The
+/// tenant is part of the query, so another tenant's job id finds nothing.
+pub async fn costs_of_jobs(
+    db: &impl ConnectionTrait,
+    tenant_id: Uuid,
+    job_ids: &[Uuid],
+) -> Result<Vec<JobCost>, ServiceError> {
+    let mut jobs = jobs_in(Scope::Tenant(tenant_id), Window::default());
+    jobs.and_where(jobs::Column::Id.is_in(job_ids.iter().copied()));
+    let select = per_job_costs(jobs);
+    let rows = JobCostRow::find_by_statement(db.get_database_backend().build(&select))
+        .all(db)
+        .await?;
+    Ok(rows.into_iter().map(JobCost::from).collect())
 }
 
 /// The cost of each job in `scope` created in `window`, newest first, a page at a time.

@@ -4,6 +4,7 @@
 mod billing;
 mod error;
 mod keys;
+mod loaders;
 mod mutation;
 mod query;
 mod scalars;
@@ -42,6 +43,7 @@ pub fn build_schema(app: App) -> AppSchema {
         MutationRoot::default(),
         SubscriptionRoot,
     )
+    .extension(loaders::PerRequestLoaders::new(app.db.clone()))
     .data(app)
     .limit_depth(MAX_DEPTH)
     .limit_complexity(MAX_COMPLEXITY)
@@ -69,4 +71,10 @@ fn principal(context: &Context<'_>) -> async_graphql::Result<Principal> {
 
 fn app<'a>(context: &Context<'a>) -> &'a App {
     context.data_unchecked::<App>()
+}
+
+/// The request's loaders of job relations, which every request executed by the schema
+/// has (see `loaders`).
+fn loader<'a>(context: &Context<'a>) -> &'a loaders::JobLoader {
+    context.data_unchecked::<loaders::JobLoader>()
 }

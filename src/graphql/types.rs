@@ -1,15 +1,15 @@
 //! The GraphQL types of jobs, attempts, money and accounts.
 
-use super::app;
+use super::loader;
+use super::loaders::{AttemptsOf, ChargeOf, CostOf, EventsOf, JobKey, ReservationOf, prefetch};
 use super::scalars::Amount;
 use crate::billing::{Credits, ledger::Balance, reports};
 use crate::error::ServiceError;
-use async_graphql::{ComplexObject, Context, Enum, Json, Object, SimpleObject};
+use async_graphql::{ComplexObject, Context, Enum, Json, Lookahead, Object, SimpleObject};
 use chrono::{DateTime, Utc};
 use entity::{
     Timestamp, attempts, charges, credit_grants, credit_reservations, job_events, jobs, tenants,
 };
-use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder};
 use uuid::Uuid;
 
 fn time(timestamp: Timestamp) -> DateTime<Utc> {
@@ -162,8 +162,9 @@ impl Job {
 
     /// Every attempt, oldest first, failures included.
     async fn attempts(&self, context: &Context<'_>) -> async_graphql::Result<Vec<Attempt>> {
-        Ok(job_attempts(context, self.0.id)
-            .await?
+        let attempts = loader(context).load_one(AttemptsOf(self.key())).await?;
+        Ok(attempts
+            .unwrap_or_default()
             .into_iter()
             .map(Attempt)
             .collect())
@@ -173,54 +174,62 @@ impl Job {
         &self,
         context: &Context<'_>,
     ) -> async_graphql::Result<Option<Reservation>> {
-        Ok(credit_reservations::Entity::find()
-            .filter(credit_reservations::Column::JobId.eq(self.0.id))
-            .one(&app(context).db)
-            .await
-            .map_err(ServiceError::from)?
-            .map(Reservation))
+        let reservation = loader(context).load_one(ReservationOf(self.key())).await?;
+        Ok(reservation.flatten().map(Reservation))
     }
 
     /// What the customer paid, once the job succeeded.
     async fn charge(&self, context: &Context<'_>) -> async_graphql::Result<Option<Charge>> {
-        Ok(charges::Entity::find()
-            .filter(charges::Column::JobId.eq(self.0.id))
-            .one(&app(context).db)
-            .await
-            .map_err(ServiceError::from)?
-            .map(Charge))
+        let charge = loader(context).load_one(ChargeOf(self.key())).await?;
+        Ok(charge.flatten().map(Charge))
     }
 
     /// Provider cost over all attempts against what the customer paid.
     async fn cost(&self, context: &Context<'_>) -> async_graphql::Result<JobCost> {
         // The same per-job query as the `jobCosts` dashboard, so the two always agree.
-        Ok(reports::job_cost(&app(context).db, self.0.id).await?.into())
+        let cost = loader(context).load_one(CostOf(self.key())).await?;
+        Ok(cost.flatten().ok_or(ServiceError::NotFound)?.into())
     }
 
     /// The job's timeline, oldest first.
     async fn events(&self, context: &Context<'_>) -> async_graphql::Result<Vec<JobEvent>> {
-        Ok(job_events::Entity::find()
-            .filter(job_events::Column::JobId.eq(self.0.id))
-            .order_by_asc(job_events::Column::Seq)
-            .all(&app(context).db)
-            .await
-            .map_err(ServiceError::from)?
+        let events = loader(context).load_one(EventsOf(self.key())).await?;
+        Ok(events
+            .unwrap_or_default()
             .into_iter()
             .map(JobEvent)
             .collect())
     }
 }
 
-async fn job_attempts(
-    context: &Context<'_>,
-    job_id: Uuid,
-) -> async_graphql::Result<Vec<attempts::Model>> {
-    Ok(attempts::Entity::find()
-        .filter(attempts::Column::JobId.eq(job_id))
-        .order_by_asc(attempts::Column::Number)
-        .all(&app(context).db)
-        .await
-        .map_err(ServiceError::from)?)
+impl Job {
+    fn key(&self) -> JobKey {
+        JobKey::from(&self.0)
+    }
+
+    /// Loads the relations that `node` (the selection on each job) asks for, for all
+    /// of `jobs` at once: one query per relation, whose rows the request's loader keeps
+    /// for each job's own field. Left to the fields alone, the jobs of a long page would
+    /// join batches as they are reached, and a slow moment splits them into several.
+    async fn prefetch_relations(
+        context: &Context<'_>,
+        jobs: impl Iterator<Item = &Job>,
+        node: Lookahead<'_>,
+    ) -> async_graphql::Result<()> {
+        let keys: Vec<JobKey> = jobs.map(Job::key).collect();
+        let loader = loader(context);
+        let wanted = |field: &str| node.field(field).exists();
+        let keys = || keys.iter().copied();
+        // Each relation is a batch of its own; they run side by side.
+        futures_util::try_join!(
+            prefetch(loader, wanted("attempts"), keys().map(AttemptsOf)),
+            prefetch(loader, wanted("events"), keys().map(EventsOf)),
+            prefetch(loader, wanted("reservation"), keys().map(ReservationOf)),
+            prefetch(loader, wanted("charge"), keys().map(ChargeOf)),
+            prefetch(loader, wanted("cost"), keys().map(CostOf)),
+        )?;
+        Ok(())
+    }
 }
 
 /// One try at a job, with what the provider reported and what it cost.
@@ -422,10 +431,23 @@ impl JobEvent {
 }
 
 /// A page of jobs.
-#[derive(SimpleObject)]
 pub struct JobConnection {
     pub edges: Vec<JobEdge>,
     pub page_info: PageInfo,
+}
+
+/// A page of jobs.
+#[Object]
+impl JobConnection {
+    async fn edges(&self, context: &Context<'_>) -> async_graphql::Result<&[JobEdge]> {
+        let node = context.look_ahead().field("node");
+        Job::prefetch_relations(context, self.edges.iter().map(|edge| &edge.node), node).await?;
+        Ok(&self.edges)
+    }
+
+    async fn page_info(&self) -> &PageInfo {
+        &self.page_info
+    }
 }
 
 /// A job and the cursor to page on from it.

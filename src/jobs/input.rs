@@ -23,6 +23,11 @@ pub const MAX_ATTEMPTS_CAP: u32 = 10;
 const MAX_SCHEDULE_DAYS: i64 = 366;
 /// Largest serialized metadata or response schema, in bytes.
 const MAX_JSON_BYTES: usize = 64 * 1024;
+/// Deepest nesting of arrays and objects accepted in metadata or a response schema. A
+/// job's input is stored as JSON text one level below them and read back with
+/// serde_json, which stops at 128 levels: deeper metadata failed on that read as an
+/// internal error. 32 is far beyond any real metadata or schema.
+pub const MAX_JSON_DEPTH: usize = 32;
 /// Tokens counted for each message on top of its content: role markers and separators
 /// cost a few tokens in every chat format; 16 is more than any of them uses.
 const MESSAGE_OVERHEAD_TOKENS: u64 = 16;
@@ -251,7 +256,7 @@ impl NewJob {
                     "responseSchema must be a JSON object",
                 ));
             }
-            check_json_size("responseSchema", schema)?;
+            check_json("responseSchema", schema)?;
             // Refused now rather than after a paid call: a schema that does not compile
             // could never accept a reply. Remote `$ref`s do not resolve (no fetching).
             jsonschema::meta::validate(schema)
@@ -268,7 +273,7 @@ impl NewJob {
                 })?;
         }
         if let Some(metadata) = &request.metadata {
-            check_json_size("metadata", metadata)?;
+            check_json("metadata", metadata)?;
         }
         let priority = request
             .priority
@@ -320,7 +325,14 @@ impl NewJob {
     }
 }
 
-fn check_json_size(field: &str, value: &Value) -> Result<(), ServiceError> {
+/// Refuses free JSON input nested deeper than [`MAX_JSON_DEPTH`] or larger than
+/// [`MAX_JSON_BYTES`] once serialized.
+fn check_json(field: &str, value: &Value) -> Result<(), ServiceError> {
+    if nesting_depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH {
+        return Err(ServiceError::validation(format!(
+            "{field} nests arrays and objects more than {MAX_JSON_DEPTH} levels deep; at most {MAX_JSON_DEPTH} are accepted"
+        )));
+    }
     let size = value.to_string().len();
     if size > MAX_JSON_BYTES {
         return Err(ServiceError::validation(format!(
@@ -328,6 +340,28 @@ fn check_json_size(field: &str, value: &Value) -> Result<(), ServiceError> {
         )));
     }
     Ok(())
+}
+
+/// How deeply `value` nests arrays and objects (a scalar is 0, `{"a": 1}` is 1),
+/// counted up to `limit + 1` only: enough to tell that a value is over the limit
+/// without walking all of it. A loop, not recursion, whatever the client sent.
+fn nesting_depth(value: &Value, limit: usize) -> usize {
+    let mut deepest = 0;
+    let mut pending = vec![(value, 0)];
+    while let Some((value, depth)) = pending.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match value {
+            Value::Array(items) => Box::new(items.iter()),
+            Value::Object(map) => Box::new(map.values()),
+            _ => continue,
+        };
+        let depth = depth + 1;
+        deepest = deepest.max(depth);
+        if deepest > limit {
+            break;
+        }
+        pending.extend(children.map(|child| (child, depth)));
+    }
+    deepest
 }
 
 /// JSON with object keys sorted at every level, whatever order the client sent.
@@ -417,6 +451,41 @@ mod tests {
         job.messages = vec![("user".into(), "héllo".into())];
         let job = NewJob::parse(job).unwrap();
         assert_eq!(job.input.input_token_bound(), 6 + MESSAGE_OVERHEAD_TOKENS);
+    }
+
+    /// `{"a": {"a": … 1}}`, `levels` objects deep.
+    fn nested(levels: usize) -> Value {
+        (0..levels).fold(json!(1), |inner, _| json!({ "a": inner }))
+    }
+
+    #[test]
+    fn nesting_depth_counts_arrays_and_objects_up_to_past_the_limit() {
+        assert_eq!(nesting_depth(&json!("text"), 32), 0);
+        assert_eq!(nesting_depth(&json!({"a": [1, {"b": []}], "c": 2}), 32), 4);
+        assert_eq!(nesting_depth(&nested(32), 32), 32);
+        assert_eq!(nesting_depth(&nested(1_000), 32), 33);
+    }
+
+    #[test]
+    fn free_json_is_refused_past_32_levels() {
+        let mut deep = request();
+        deep.metadata = Some(nested(MAX_JSON_DEPTH));
+        assert!(NewJob::parse(deep).is_ok());
+        for levels in [MAX_JSON_DEPTH + 1, 200] {
+            let mut deep = request();
+            deep.metadata = Some(nested(levels));
+            assert!(matches!(
+                NewJob::parse(deep),
+                Err(ServiceError::Validation(message)) if message.contains("metadata") && message.contains("32")
+            ));
+            let mut deep = request();
+            deep.response_schema =
+                Some(json!({"type": "object", "properties": {"a": nested(levels)}}));
+            assert!(matches!(
+                NewJob::parse(deep),
+                Err(ServiceError::Validation(message)) if message.contains("responseSchema") && message.contains("32")
+            ));
+        }
     }
 
     #[test]

@@ -8,7 +8,7 @@ use crate::billing::{ledger, prices};
 use crate::db::begin_write;
 use crate::error::ServiceError;
 use crate::llm::ProviderRegistry;
-use entity::{EventKind, JobStatus, JsonText, Timestamp, jobs};
+use entity::{EventKind, JobStatus, JsonText, Timestamp, attempts, job_events, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait, QueryFilter,
@@ -191,6 +191,38 @@ pub async fn list_jobs(
         jobs,
         has_next_page,
     })
+}
+
+/// The attempts of a tenant's jobs among `job_ids`, each job's in order of number. The
+/// tenant is part of the query, so another tenant's job id finds nothing.
+pub async fn attempts_of_jobs(
+    db: &impl ConnectionTrait,
+    tenant_id: Uuid,
+    job_ids: &[Uuid],
+) -> Result<Vec<attempts::Model>, ServiceError> {
+    Ok(attempts::Entity::find()
+        .filter(attempts::Column::TenantId.eq(tenant_id))
+        .filter(attempts::Column::JobId.is_in(job_ids.iter().copied()))
+        .order_by_asc(attempts::Column::JobId)
+        .order_by_asc(attempts::Column::Number)
+        .all(db)
+        .await?)
+}
+
+/// The stored events of a tenant's jobs among `job_ids`, each job's in order of seq.
+/// The tenant is part of the query, so another tenant's job id finds nothing.
+pub async fn events_of_jobs(
+    db: &impl ConnectionTrait,
+    tenant_id: Uuid,
+    job_ids: &[Uuid],
+) -> Result<Vec<job_events::Model>, ServiceError> {
+    Ok(job_events::Entity::find()
+        .filter(job_events::Column::TenantId.eq(tenant_id))
+        .filter(job_events::Column::JobId.is_in(job_ids.iter().copied()))
+        .order_by_asc(job_events::Column::JobId)
+        .order_by_asc(job_events::Column::Seq)
+        .all(db)
+        .await?)
 }
 
 /// Records the tenant's wish to cancel a job.

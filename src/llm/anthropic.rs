@@ -163,12 +163,15 @@ impl Provider for AnthropicClient {
         let header_request_id = answer.request_id(REQUEST_ID_HEADERS);
         if !answer.status.is_success() {
             let request_id = header_request_id.or_else(|| error_body_request_id(&answer.body));
-            return Err(answer.into_error(request_id));
+            return Err(answer.into_error(&self.name, request_id));
         }
         let parsed: MessagesResponse = serde_json::from_slice(&answer.body).map_err(|error| {
-            ProviderError::OutcomeUnknown {
-                message: format!("the answer is not a message: {error}"),
-            }
+            http::unusable_answer(
+                &self.name,
+                "the answer is not a message",
+                &error,
+                header_request_id.as_deref(),
+            )
         })?;
         let usage = parsed.usage.ok_or_else(|| ProviderError::OutcomeUnknown {
             message: "the answer carries no usage".to_owned(),
@@ -200,7 +203,7 @@ impl Provider for AnthropicClient {
                 let request_id = answer
                     .request_id(REQUEST_ID_HEADERS)
                     .or_else(|| error_body_request_id(&answer.body));
-                return Err(answer.into_error(request_id));
+                return Err(answer.into_error(&self.name, request_id));
             }
         };
         let mut request_id = events.request_id(REQUEST_ID_HEADERS);
@@ -238,9 +241,12 @@ impl Provider for AnthropicClient {
                 }
                 Some("error") => {
                     // The provider was generating when it gave up: it may bill that.
-                    return Err(ProviderError::OutcomeUnknown {
-                        message: format!("the stream ended with an error: {}", data["error"]),
-                    });
+                    return Err(http::unusable_answer(
+                        &self.name,
+                        "the provider ended the stream with an error",
+                        &data["error"],
+                        request_id.as_deref(),
+                    ));
                 }
                 _ => {}
             }

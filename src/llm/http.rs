@@ -193,21 +193,34 @@ impl Answer {
             .find_map(|name| self.headers.get(*name)?.to_str().ok().map(str::to_owned))
     }
 
-    /// The error an unsuccessful answer stands for: worth retrying or not, by status.
-    pub fn into_error(self, request_id: Option<String>) -> ProviderError {
-        let message = error_message(&self.body);
+    /// The error an unsuccessful answer from `provider` stands for: worth retrying or
+    /// not, by status.
+    ///
+    /// Its message is what the tenant reads on the job, its attempts and events: a
+    /// fixed sentence per class of answer and the provider's request id, never the
+    /// provider's own text. An error body can carry our organisation id (OpenAI puts it
+    /// in 429s), a gateway's host name (a proxy's 502 page) or a quote of another
+    /// request; the operator finds that text in the log, next to the same request id.
+    pub fn into_error(self, provider: &str, request_id: Option<String>) -> ProviderError {
         let status = self.status.as_u16();
-        if is_quota_exhausted(&self.body) {
+        let body = ErrorBody::parse(&self.body);
+        let class = ErrorClass::of(status, &body);
+        let request = request_id.as_deref().unwrap_or("none");
+        if class == ErrorClass::QuotaExhausted {
             // A 429 that no retry fixes: the provider account is out of credit. Every
             // job on this provider will fail until an operator tops it up.
-            tracing::error!(status, message = %message, "the provider account has no quota left");
-            return ProviderError::Permanent {
-                status,
-                message,
-                request_id,
-            };
+            tracing::error!(
+                provider, status, provider_request_id = request, provider_message = %body.text,
+                "the provider account has no quota left"
+            );
+        } else {
+            tracing::warn!(
+                provider, status, provider_request_id = request, provider_message = %body.text,
+                "the provider answered with an error"
+            );
         }
-        if is_transient(status) {
+        let message = with_request_id(class.sentence(), request_id.as_deref());
+        if class != ErrorClass::QuotaExhausted && is_transient(status) {
             ProviderError::Transient {
                 status,
                 message,
@@ -224,15 +237,133 @@ impl Answer {
     }
 }
 
-/// OpenAI (and compatible routers) answer 429 `insufficient_quota` when the account
-/// is out of credit, not merely rate limited.
-fn is_quota_exhausted(body: &[u8]) -> bool {
-    serde_json::from_slice::<Value>(body).is_ok_and(|value| {
-        let error = &value["error"];
-        [&error["code"], &error["type"]]
-            .iter()
-            .any(|field| field.as_str() == Some("insufficient_quota"))
-    })
+/// A successful answer we cannot use (not the JSON it should be, or a stream that
+/// reports an error midway): the outcome is unknown, since the provider may have done
+/// and billed the work. As for error answers, the tenant reads `what` and the request
+/// id, and the provider's words (`detail`, which can quote the body) go to the log.
+pub(super) fn unusable_answer(
+    provider: &str,
+    what: &str,
+    detail: &dyn std::fmt::Display,
+    request_id: Option<&str>,
+) -> ProviderError {
+    tracing::warn!(
+        provider, provider_request_id = request_id.unwrap_or("none"), detail = %detail,
+        "unusable provider answer: {what}"
+    );
+    ProviderError::OutcomeUnknown {
+        message: with_request_id(what, request_id),
+    }
+}
+
+/// `sentence`, with the provider's request id when there is one: what the tenant quotes
+/// to the operator, who finds the provider's own text in the log under it.
+fn with_request_id(sentence: &str, request_id: Option<&str>) -> String {
+    match request_id {
+        Some(id) => format!("{sentence} (provider request id {id})"),
+        None => sentence.to_owned(),
+    }
+}
+
+/// What an error body says, as far as we read it: its machine-readable code and type,
+/// and its text (for the log only).
+struct ErrorBody {
+    /// OpenAI's `error.code` and the `error.type` of both OpenAI and Anthropic.
+    codes: Vec<String>,
+    /// `error.message` of a JSON body; any other body (a proxy's HTML page, say) kept
+    /// short, as text.
+    text: String,
+}
+
+impl ErrorBody {
+    fn parse(body: &[u8]) -> Self {
+        let json = serde_json::from_slice::<Value>(body).ok();
+        let error = json.as_ref().map(|value| &value["error"]);
+        let codes = error
+            .map(|error| {
+                [&error["code"], &error["type"]]
+                    .into_iter()
+                    .filter_map(|field| field.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let text = error
+            .and_then(|error| error["message"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| String::from_utf8_lossy(body).chars().take(500).collect());
+        Self { codes, text }
+    }
+
+    fn has_code(&self, code: &str) -> bool {
+        self.codes.iter().any(|known| known == code)
+    }
+}
+
+/// The classes of error answers a tenant is told apart: each is something the tenant
+/// can act on differently (fix the request, shorten the prompt, wait, ask the operator).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ErrorClass {
+    /// OpenAI's `context_length_exceeded`: the prompt and `max_tokens` do not fit.
+    ContextWindow,
+    /// OpenAI's (and compatible routers') 429 `insufficient_quota`: out of credit, not
+    /// merely rate limited.
+    QuotaExhausted,
+    Invalid,
+    Credentials,
+    NotFound,
+    TooLarge,
+    Unprocessable,
+    RateLimited,
+    Timeout,
+    Conflict,
+    Overloaded,
+    Failed,
+    Refused,
+}
+
+impl ErrorClass {
+    /// The class of an answer with this status and body, recognised by the provider's
+    /// error code where the status alone is ambiguous.
+    fn of(status: u16, body: &ErrorBody) -> Self {
+        if body.has_code("context_length_exceeded") {
+            return Self::ContextWindow;
+        }
+        if body.has_code("insufficient_quota") {
+            return Self::QuotaExhausted;
+        }
+        match status {
+            400 => Self::Invalid,
+            401 | 403 => Self::Credentials,
+            404 => Self::NotFound,
+            408 => Self::Timeout,
+            409 => Self::Conflict,
+            413 => Self::TooLarge,
+            422 => Self::Unprocessable,
+            429 => Self::RateLimited,
+            // 529 is Anthropic's "overloaded".
+            503 | 529 => Self::Overloaded,
+            500.. => Self::Failed,
+            _ => Self::Refused,
+        }
+    }
+
+    /// What the tenant reads; the worker puts the status before it.
+    fn sentence(self) -> &'static str {
+        match self {
+            Self::ContextWindow => "the prompt exceeds the model's context window",
+            Self::QuotaExhausted => "the service's provider account has no quota left",
+            Self::Invalid => "the provider refused the request as invalid",
+            Self::Credentials => "the provider refused the service's credentials",
+            Self::NotFound => "the provider does not know the model or the endpoint",
+            Self::TooLarge => "the request is too large for the provider",
+            Self::Unprocessable => "the provider could not process the request",
+            Self::RateLimited => "rate limited by the provider",
+            Self::Timeout => "the provider timed out waiting for the request",
+            Self::Conflict => "the provider reported a conflict",
+            Self::Overloaded => "the provider is overloaded or unavailable",
+            Self::Failed => "the provider failed",
+            Self::Refused => "the provider refused the request",
+        }
+    }
 }
 
 /// Whether an error status is worth retrying: rate limits, timeouts, conflicts and
@@ -274,16 +405,6 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 
 /// Longer than any wait the worker honours.
 const MAX_RETRY_AFTER_SECONDS: f64 = 86_400.0;
-
-/// The message of an error body. OpenAI (`{"error":{"message",..}}`) and Anthropic
-/// (`{"type":"error","error":{"type","message"}}`) keep it at the same place; any
-/// other body (a proxy's HTML page, say) is kept short, as text.
-fn error_message(body: &[u8]) -> String {
-    serde_json::from_slice::<Value>(body)
-        .ok()
-        .and_then(|value| value["error"]["message"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| String::from_utf8_lossy(body).chars().take(500).collect())
-}
 
 #[cfg(test)]
 mod tests {
@@ -342,17 +463,23 @@ mod tests {
     }
 
     #[test]
-    fn error_messages_of_both_shapes() {
-        assert_eq!(
-            error_message(br#"{"error":{"message":"bad model","type":"invalid_request_error"}}"#),
-            "bad model"
+    fn error_bodies_of_both_shapes_give_their_codes_and_text() {
+        let openai = ErrorBody::parse(
+            br#"{"error":{"message":"too long","type":"invalid_request_error","code":"context_length_exceeded"}}"#,
         );
-        assert_eq!(
-            error_message(
-                br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#
-            ),
-            "Overloaded"
+        assert_eq!(openai.text, "too long");
+        assert_eq!(ErrorClass::of(400, &openai), ErrorClass::ContextWindow);
+        let anthropic = ErrorBody::parse(
+            br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
         );
-        assert_eq!(error_message(b"<html>502</html>"), "<html>502</html>");
+        assert_eq!(anthropic.text, "Overloaded");
+        assert_eq!(ErrorClass::of(529, &anthropic), ErrorClass::Overloaded);
+        let quota =
+            ErrorBody::parse(br#"{"error":{"message":"pay up","code":"insufficient_quota"}}"#);
+        assert_eq!(ErrorClass::of(429, &quota), ErrorClass::QuotaExhausted);
+        let page = ErrorBody::parse(b"<html>502</html>");
+        assert_eq!(page.text, "<html>502</html>");
+        assert_eq!(ErrorClass::of(502, &page), ErrorClass::Failed);
+        assert_eq!(ErrorClass::of(429, &page), ErrorClass::RateLimited);
     }
 }

@@ -125,12 +125,15 @@ impl Provider for OpenAiClient {
         let answer = self.http.send(self.call(self.body(request))).await?;
         let header_request_id = answer.request_id(REQUEST_ID_HEADERS);
         if !answer.status.is_success() {
-            return Err(answer.into_error(header_request_id));
+            return Err(answer.into_error(&self.name, header_request_id));
         }
         let parsed: ChatResponse = serde_json::from_slice(&answer.body).map_err(|error| {
-            ProviderError::OutcomeUnknown {
-                message: format!("the answer is not a chat completion: {error}"),
-            }
+            http::unusable_answer(
+                &self.name,
+                "the answer is not a chat completion",
+                &error,
+                header_request_id.as_deref(),
+            )
         })?;
         let usage = parsed.usage.ok_or_else(|| ProviderError::OutcomeUnknown {
             message: "the answer carries no usage".to_owned(),
@@ -161,7 +164,7 @@ impl Provider for OpenAiClient {
             Opened::Events(events) => events,
             Opened::Refused(answer) => {
                 let request_id = answer.request_id(REQUEST_ID_HEADERS);
-                return Err(answer.into_error(request_id));
+                return Err(answer.into_error(&self.name, request_id));
             }
         };
         let mut request_id = events.request_id(REQUEST_ID_HEADERS);
@@ -172,9 +175,12 @@ impl Provider for OpenAiClient {
                 break;
             }
             let chunk: StreamChunk = serde_json::from_str(&event.data).map_err(|error| {
-                ProviderError::OutcomeUnknown {
-                    message: format!("a stream chunk is not a chat completion chunk: {error}"),
-                }
+                http::unusable_answer(
+                    &self.name,
+                    "a stream chunk is not a chat completion chunk",
+                    &error,
+                    request_id.as_deref(),
+                )
             })?;
             if request_id.is_none() {
                 request_id = chunk.id;

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 use uuid::Uuid;
 
-const ADMIN_TOKEN: &str = "crash-test-admin-token";
+const ADMIN_TOKEN: &str = "crash-test-admin-token-of-32-chars-or-more";
 const JOBS: usize = 50;
 const SHORTEST_DELAY_MS: u64 = 300;
 const LONGEST_DELAY_MS: u64 = 2_500;

@@ -220,7 +220,7 @@ pub fn simulated_models() -> ProviderRegistry {
 }
 
 /// The admin token every test app uses.
-pub const ADMIN_TOKEN: &str = "test-admin-token";
+pub const ADMIN_TOKEN: &str = "test-admin-token-at-least-32-characters";
 
 /// A running application with its own database and simulator.
 pub struct TestApp {

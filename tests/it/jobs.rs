@@ -398,3 +398,64 @@ async fn jobs_page_newest_first(backend: Backend) {
     let too_many = page(json!({"first": 101})).await;
     assert_eq!(error_code(&too_many), "VALIDATION");
 }
+
+on_both_backends!(deeply_nested_json_input_is_refused_with_validation);
+
+/// `{"a": {"a": … 1}}`, `levels` objects deep.
+fn nested(levels: usize) -> serde_json::Value {
+    (0..levels).fold(json!(1), |inner, _| json!({ "a": inner }))
+}
+
+/// The same value as a GraphQL input literal: `{a: {a: … 1}}`.
+fn nested_literal(levels: usize) -> String {
+    (0..levels).fold("1".to_owned(), |inner, _| format!("{{a: {inner}}}"))
+}
+
+/// Metadata and response schemas nest at most 32 levels. Deeper metadata used to be
+/// stored and then fail as INTERNAL when the stored input (one level deeper still) was
+/// read back past serde_json's 128-level limit. Inline literals are how a client gets
+/// 200 levels this far: in variables, the HTTP layer's own JSON parse stops first.
+async fn deeply_nested_json_input_is_refused_with_validation(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+
+    let mut input = job_input("deep-32", "hello");
+    input["metadata"] = nested(32);
+    let id = app.create_job_ok(&tenant, input).await;
+    let response = app
+        .graphql(
+            Some(&tenant.key),
+            "query ($id: UUID!) { job(id: $id) { input } }",
+            json!({"id": id}),
+        )
+        .await;
+    assert_eq!(response["data"]["job"]["input"]["metadata"], nested(32));
+
+    let mut input = job_input("deep-33", "hello");
+    input["metadata"] = nested(33);
+    let response = app.create_job(&tenant, input).await;
+    assert_eq!(error_code(&response), "VALIDATION", "{response}");
+    let message = response["errors"][0]["message"].as_str().unwrap();
+    assert!(
+        message.contains("metadata") && message.contains("32 levels"),
+        "{message}"
+    );
+
+    for (field, levels) in [("metadata", 33), ("metadata", 200), ("responseSchema", 200)] {
+        let value = nested_literal(levels);
+        let query = format!(
+            r#"mutation {{ createJob(input: {{idempotencyKey: "literal-{field}-{levels}", model: "gpt-4o-mini", maxOutputTokens: 10, messages: [{{role: "user", content: "hi"}}], {field}: {value}}}) {{ job {{ id }} }} }}"#
+        );
+        let response = app.graphql(Some(&tenant.key), &query, json!({})).await;
+        assert_eq!(
+            error_code(&response),
+            "VALIDATION",
+            "{field} {levels}: {response}"
+        );
+        let message = response["errors"][0]["message"].as_str().unwrap();
+        assert!(message.contains(field), "{message}");
+    }
+    let stored = jobs::Entity::find().count(&app.app.db).await.unwrap();
+    assert_eq!(stored, 1, "only the 32-level job was created");
+    assert_billing_invariants(&app.app.db).await;
+}

@@ -20,6 +20,7 @@ mod engine;
 mod fencing;
 mod invariants;
 mod jobs;
+mod loaders;
 mod processes;
 mod properties;
 mod protocol_model;

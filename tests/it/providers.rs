@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::helpers::{AppOptions, Backend, job_input, spawn_app_with};
 use jobledger::billing::TokenUsage;
 use jobledger::jobs::input::{Message, Role};
 use jobledger::llm::anthropic::AnthropicClient;
@@ -13,7 +14,7 @@ use jobledger::llm::{ChatRequest, Completion, Provider, ProviderError};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use wiremock::matchers::{body_json, header, method, path};
+use wiremock::matchers::{body_json, body_string_contains, header, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 const KEY: &str = "sk-ant-test";
@@ -190,11 +191,27 @@ async fn anthropic_system_and_developer_messages_go_to_system() {
 
 #[tokio::test]
 async fn anthropic_client_errors_are_permanent() {
-    for (status, kind) in [
-        (400, "invalid_request_error"),
-        (401, "authentication_error"),
-        (404, "not_found_error"),
-        (422, "invalid_request_error"),
+    for (status, kind, sentence) in [
+        (
+            400,
+            "invalid_request_error",
+            "the provider refused the request as invalid",
+        ),
+        (
+            401,
+            "authentication_error",
+            "the provider refused the service's credentials",
+        ),
+        (
+            404,
+            "not_found_error",
+            "the provider does not know the model or the endpoint",
+        ),
+        (
+            422,
+            "invalid_request_error",
+            "the provider could not process the request",
+        ),
     ] {
         let server = MockServer::start().await;
         answer_messages(
@@ -216,7 +233,11 @@ async fn anthropic_client_errors_are_permanent() {
                 request_id,
             } => {
                 assert_eq!(got, status);
-                assert_eq!(message, "no such thing");
+                assert_eq!(
+                    message,
+                    format!("{sentence} (provider request id req_refused)"),
+                    "the tenant reads a fixed sentence, never the provider's text"
+                );
                 assert_eq!(request_id.as_deref(), Some("req_refused"));
             }
             other => panic!("{status}: expected Permanent, got {other:?}"),
@@ -226,10 +247,20 @@ async fn anthropic_client_errors_are_permanent() {
 
 #[tokio::test]
 async fn anthropic_rate_limits_overload_and_server_errors_are_transient() {
-    for (status, kind, retry_after) in [
-        (429, "rate_limit_error", Some("7")),
-        (500, "api_error", None),
-        (529, "overloaded_error", Some("2")),
+    for (status, kind, retry_after, sentence) in [
+        (
+            429,
+            "rate_limit_error",
+            Some("7"),
+            "rate limited by the provider",
+        ),
+        (500, "api_error", None, "the provider failed"),
+        (
+            529,
+            "overloaded_error",
+            Some("2"),
+            "the provider is overloaded or unavailable",
+        ),
     ] {
         let server = MockServer::start().await;
         let mut response = ResponseTemplate::new(status)
@@ -250,7 +281,10 @@ async fn anthropic_rate_limits_overload_and_server_errors_are_transient() {
                 request_id,
             } => {
                 assert_eq!(got, status);
-                assert_eq!(message, "try later");
+                assert_eq!(
+                    message,
+                    format!("{sentence} (provider request id req_busy)")
+                );
                 assert_eq!(
                     got_retry_after,
                     retry_after.map(|seconds| Duration::from_secs(seconds.parse().unwrap()))
@@ -495,7 +529,10 @@ async fn openai_rate_limit_is_transient_with_retry_after() {
             retry_after,
             request_id,
         } => {
-            assert_eq!(message, "slow down");
+            assert_eq!(
+                message,
+                "rate limited by the provider (provider request id req_limited)"
+            );
             assert_eq!(retry_after, Some(Duration::from_millis(1500)));
             assert_eq!(request_id.as_deref(), Some("req_limited"));
         }
@@ -521,7 +558,7 @@ async fn openai_bad_request_is_permanent() {
             status: 400,
             message,
             ..
-        } => assert_eq!(message, "unknown model"),
+        } => assert_eq!(message, "the provider refused the request as invalid"),
         other => panic!("expected Permanent 400, got {other:?}"),
     }
 }
@@ -586,5 +623,153 @@ async fn a_provider_slow_to_answer_hits_the_first_byte_timeout_as_an_unknown_out
                 client.name()
             ),
         }
+    }
+}
+
+// ---- What a tenant reads of a provider's error, through the whole service ----
+
+/// Everything a tenant can read about a job that ends in a provider error.
+const JOB_AS_THE_TENANT_SEES_IT: &str = r#"
+query ($id: UUID!) {
+  job(id: $id) {
+    status
+    error { code message }
+    attempts { outcome errorCode errorMessage provider providerRequestId }
+    events { seq kind status data }
+  }
+}
+"#;
+
+/// A config file sending every `gpt-*` model to the OpenAI-compatible `server`.
+fn routed_to(server: &MockServer) -> (tempfile::TempDir, AppOptions) {
+    let folder = tempfile::tempdir().unwrap();
+    let path = folder.path().join("jobledger.toml");
+    let text = format!(
+        "[providers.upstream]\nkind = \"openai\"\nbase_url = \"{}/v1\"\n\n[routes]\n\"gpt-*\" = \"upstream\"\n",
+        server.uri()
+    );
+    std::fs::write(&path, text).unwrap();
+    let options = AppOptions {
+        config_file: Some(path),
+        ..AppOptions::default()
+    };
+    (folder, options)
+}
+
+/// Answers chat calls whose prompt contains `marker` with `response`.
+async fn answer_prompts_with(server: &MockServer, marker: &str, response: ResponseTemplate) {
+    Mock::given(method("POST"))
+        .and(path("/v1/chat/completions"))
+        .and(body_string_contains(marker))
+        .respond_with(response)
+        .mount(server)
+        .await;
+}
+
+on_both_backends!(a_providers_error_text_never_reaches_the_tenant);
+
+/// A 429 that names our OpenAI organisation and a gateway's 502 page that names an
+/// internal host: the tenant reads a fixed sentence per class with the provider's
+/// request id — on the job, its attempts and its events — and none of the provider's
+/// words. A context-window refusal is told apart by its error code.
+async fn a_providers_error_text_never_reaches_the_tenant(backend: Backend) {
+    let server = MockServer::start().await;
+    answer_prompts_with(
+        &server,
+        "rate-limited",
+        ResponseTemplate::new(429)
+            .insert_header("x-request-id", "req_429_abc")
+            .set_body_json(json!({"error": {
+                "message": "Rate limit reached for gpt-4o-mini in organization org-SECRET123 on requests per min (RPM): Limit 3, Used 3.",
+                "type": "requests",
+                "code": "rate_limit_exceeded",
+            }})),
+    )
+    .await;
+    answer_prompts_with(
+        &server,
+        "behind-a-gateway",
+        ResponseTemplate::new(502)
+            .insert_header("x-request-id", "req_502_def")
+            .insert_header("content-type", "text/html")
+            .set_body_string(
+                "<html><head><title>502 Bad Gateway</title></head><body><h1>Bad Gateway</h1><p>upstream internal-gw-7.corp:8443 did not answer</p></body></html>",
+            ),
+    )
+    .await;
+    answer_prompts_with(
+        &server,
+        "far-too-long",
+        ResponseTemplate::new(400)
+            .insert_header("x-request-id", "req_400_ghi")
+            .set_body_json(json!({"error": {
+                "message": "This model's maximum context length is 128000 tokens. However, your messages resulted in 912345 tokens (see org-SECRET123 usage).",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }})),
+    )
+    .await;
+    let (_config, options) = routed_to(&server);
+    let app = spawn_app_with(backend, options).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+
+    for (prompt, request_id, code, sentence) in [
+        (
+            "rate-limited",
+            "req_429_abc",
+            "PROVIDER_UNAVAILABLE",
+            "provider answered 429: rate limited by the provider",
+        ),
+        (
+            "behind-a-gateway",
+            "req_502_def",
+            "PROVIDER_UNAVAILABLE",
+            "provider answered 502: the provider failed",
+        ),
+        (
+            "far-too-long",
+            "req_400_ghi",
+            "PROVIDER_REJECTED",
+            "provider refused the request with 400: the prompt exceeds the model's context window",
+        ),
+    ] {
+        let mut input = job_input(prompt, prompt);
+        // One attempt: the job fails on the provider's first answer.
+        input["maxAttempts"] = json!(1);
+        let id = app.create_job_ok(&tenant, input).await;
+        app.wait_until_finished(&tenant, id, Duration::from_secs(15))
+            .await;
+        let response = app
+            .graphql(
+                Some(&tenant.key),
+                JOB_AS_THE_TENANT_SEES_IT,
+                json!({"id": id}),
+            )
+            .await;
+        assert!(response["errors"].is_null(), "{response}");
+        let job = &response["data"]["job"];
+        let seen = job.to_string();
+        for secret in ["org-SECRET123", "internal-gw-7.corp", "Bad Gateway", "RPM"] {
+            assert!(!seen.contains(secret), "{prompt}: {secret} leaked in {job}");
+        }
+        assert_eq!(job["status"], "FAILED", "{job}");
+        assert_eq!(job["error"]["code"], code, "{job}");
+        let expected = format!("{sentence} (provider request id {request_id})");
+        assert_eq!(job["error"]["message"], expected.as_str(), "{job}");
+        let attempt = &job["attempts"][0];
+        assert_eq!(attempt["errorMessage"], expected.as_str(), "{job}");
+        assert_eq!(attempt["providerRequestId"], request_id, "{job}");
+        assert_eq!(attempt["provider"], "upstream", "{job}");
+        let failed = job["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|event| event["kind"] == "FAILED")
+            .unwrap_or_else(|| panic!("no FAILED event in {job}"));
+        assert!(
+            failed["data"].to_string().contains(request_id),
+            "the event names the request id: {failed}"
+        );
     }
 }

@@ -1,0 +1,170 @@
+//! A page of jobs with every nested field costs a fixed number of SQL statements,
+//! whatever the page size: each relation of the page's jobs is loaded in one batch.
+
+use crate::helpers::{Backend, TestApp, TestTenant, job_input, spawn_app};
+use async_graphql::Request;
+use jobledger::accounts::Principal;
+use jobledger::graphql::{AppSchema, build_schema};
+use jobledger::startup::App;
+use serde_json::{Value, json};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Every nested field of a job that reads another table.
+const PAGE_WITH_EVERYTHING: &str = r#"
+query Page($first: Int) {
+  jobs(first: $first) {
+    edges { node {
+      id
+      status
+      attempts { number outcome providerRequestId inputTokens providerCost customerCharge }
+      reservation { amount status settledAmount releasedAmount }
+      charge { amount }
+      cost { providerCost customerCharge margin unknownAttempts }
+      events { seq jobId kind status }
+    } }
+  }
+}
+"#;
+
+/// The schema of `app`, on a connection that counts every statement it runs.
+fn counting_schema(app: &App) -> (AppSchema, Arc<AtomicUsize>) {
+    let statements = Arc::new(AtomicUsize::new(0));
+    let mut db = app.db.clone();
+    let counter = statements.clone();
+    // The callback is the clone's own: the running app's statements are not counted.
+    db.set_metric_callback(move |_| {
+        counter.fetch_add(1, Ordering::SeqCst);
+    });
+    let schema = build_schema(App { db, ..app.clone() });
+    (schema, statements)
+}
+
+/// Runs the page of `first` jobs as `tenant`; returns its jobs and the statements it took.
+async fn page(
+    schema: &AppSchema,
+    statements: &AtomicUsize,
+    tenant: &TestTenant,
+    first: i32,
+) -> (Vec<Value>, usize) {
+    statements.store(0, Ordering::SeqCst);
+    let request = Request::new(PAGE_WITH_EVERYTHING)
+        .variables(async_graphql::Variables::from_json(json!({"first": first})))
+        .data(Principal::Tenant {
+            tenant_id: tenant.id,
+        });
+    let response = schema.execute(request).await;
+    assert!(response.errors.is_empty(), "{:?}", response.errors);
+    let count = statements.load(Ordering::SeqCst);
+    let data = response.data.into_json().unwrap();
+    let jobs = data["jobs"]["edges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|edge| edge["node"].clone())
+        .collect();
+    (jobs, count)
+}
+
+/// Creates `count` jobs for `tenant` and waits until the workers have run them all.
+async fn succeeded_jobs(app: &TestApp, tenant: &TestTenant, prefix: &str, count: usize) {
+    for index in 0..count {
+        app.create_job_ok(tenant, job_input(&format!("{prefix}-{index}"), "hello"))
+            .await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let response = app
+            .graphql(
+                Some(&tenant.key),
+                "{ jobs(first: 100, status: SUCCEEDED) { edges { cursor } } }",
+                json!({}),
+            )
+            .await;
+        let done = response["data"]["jobs"]["edges"].as_array().unwrap().len();
+        if done == count {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{done} of {count} jobs succeeded"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+on_both_backends!(a_page_of_100_jobs_costs_the_statements_of_a_page_of_10);
+
+/// Before batching, each nested field ran one query per job: 1 + 5 × 100 statements for
+/// this page. Now it is one query for the page and one per relation, for 10 jobs as for
+/// 100 — and each job still shows its own rows only, next to another tenant's jobs.
+async fn a_page_of_100_jobs_costs_the_statements_of_a_page_of_10(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let acme = app.funded_tenant("acme", "100").await;
+    let other = app.funded_tenant("other", "100").await;
+    succeeded_jobs(&app, &acme, "acme", 100).await;
+    succeeded_jobs(&app, &other, "other", 3).await;
+    let (schema, statements) = counting_schema(&app.app);
+
+    let (ten, ten_statements) = page(&schema, &statements, &acme, 10).await;
+    let (hundred, hundred_statements) = page(&schema, &statements, &acme, 100).await;
+
+    assert_eq!((ten.len(), hundred.len()), (10, 100));
+    assert_eq!(
+        ten_statements, hundred_statements,
+        "10 jobs took {ten_statements} statements, 100 took {hundred_statements}"
+    );
+    // The page itself, then attempts, events, reservations, charges and costs.
+    assert_eq!(hundred_statements, 6);
+
+    let own_ids: HashSet<&str> = hundred
+        .iter()
+        .map(|job| job["id"].as_str().unwrap())
+        .collect();
+    for job in &hundred {
+        assert_eq!(job["status"], "SUCCEEDED", "{job}");
+        let attempts = job["attempts"].as_array().unwrap();
+        assert_eq!(attempts.len(), 1, "{job}");
+        assert_eq!(attempts[0]["outcome"], "SUCCEEDED", "{job}");
+        assert_eq!(job["reservation"]["status"], "SETTLED", "{job}");
+        assert_eq!(
+            job["charge"]["amount"], job["reservation"]["settledAmount"],
+            "{job}"
+        );
+        assert_eq!(
+            job["cost"]["customerCharge"], job["charge"]["amount"],
+            "{job}"
+        );
+        assert_eq!(
+            job["cost"]["providerCost"], attempts[0]["providerCost"],
+            "{job}"
+        );
+        let events = job["events"].as_array().unwrap();
+        let kinds: Vec<&str> = events
+            .iter()
+            .map(|event| event["kind"].as_str().unwrap())
+            .collect();
+        assert_eq!(kinds, ["CREATED", "ATTEMPT_STARTED", "SUCCEEDED"], "{job}");
+        let seqs: Vec<i64> = events
+            .iter()
+            .map(|event| event["seq"].as_i64().unwrap())
+            .collect();
+        assert_eq!(seqs, [1, 2, 3], "{job}");
+        for event in events {
+            assert_eq!(event["jobId"], job["id"], "another job's event in {job}");
+            assert!(own_ids.contains(event["jobId"].as_str().unwrap()));
+        }
+    }
+
+    // The other tenant's page shows its three jobs and nothing of acme's.
+    let (others, _) = page(&schema, &statements, &other, 100).await;
+    assert_eq!(others.len(), 3);
+    for job in &others {
+        assert!(!own_ids.contains(job["id"].as_str().unwrap()));
+        for event in job["events"].as_array().unwrap() {
+            assert_eq!(event["jobId"], job["id"], "{job}");
+        }
+    }
+}
