@@ -1,7 +1,9 @@
 //! Fencing by run token: an attempt that lost its job writes nothing, and concurrent
 //! claims never hand one job to two attempts.
 
-use crate::helpers::{AppOptions, Backend, TestApp, job_input, spawn_app_with};
+use crate::helpers::{
+    AppOptions, Backend, TestApp, job_input, spawn_app_with, test_worker_settings,
+};
 use crate::invariants::assert_billing_invariants;
 use entity::{
     AttemptOutcome, JobStatus, ReservationStatus, Timestamp, attempts, charges,
@@ -13,17 +15,22 @@ use jobledger::jobs::queue::{
     self, AttemptReport, AttemptStart, Claim, ClaimRequest, ErrorCode, JobError, JobOutcome,
     Renewal,
 };
+use jobledger::jobs::worker::{Worker, WorkerSettings};
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
 use serde_json::json;
 use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 on_both_backends!(
     a_cancel_the_worker_missed_wins_over_a_retry,
     a_stale_run_token_cannot_renew_start_or_finish,
     concurrent_claims_never_share_a_job,
+    a_worker_renews_all_its_leases_in_one_statement_a_round,
 );
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -335,4 +342,74 @@ async fn a_cancel_the_worker_missed_wins_over_a_retry(backend: Backend) {
         );
     }
     assert_billing_invariants(db).await;
+}
+
+/// A worker renews the leases of all its running attempts together: one statement a
+/// round, however many attempts run, and every lease holds through calls longer than
+/// the lease itself.
+async fn a_worker_renews_all_its_leases_in_one_statement_a_round(backend: Backend) {
+    const JOBS: usize = 12;
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "50").await;
+    let mut ids = Vec::new();
+    for n in 0..JOBS {
+        ids.push(
+            app.create_job_ok(
+                &tenant,
+                job_input(&format!("lease-{n}"), "hi [mock:delay_ms=3000]"),
+            )
+            .await,
+        );
+    }
+    let renewals = Arc::new(AtomicUsize::new(0));
+    let counter = renewals.clone();
+    let mut db = app.app.db.clone();
+    // The clone's own callback: only the worker below is counted.
+    db.set_metric_callback(move |info| {
+        // A renewal, batched or not, sets the lease and nothing else; a claim sets
+        // the status first.
+        if info
+            .statement
+            .sql
+            .starts_with(r#"UPDATE "jobs" SET "lease_until" = "#)
+        {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    let lease = Duration::from_millis(1_500);
+    let worker = Worker::new(
+        "counted".into(),
+        db,
+        app.app.bus.clone(),
+        app.app.providers.clone(),
+        WorkerSettings {
+            concurrency: JOBS,
+            lease,
+            ..test_worker_settings()
+        },
+    );
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(worker.run(stop.clone()));
+    for id in &ids {
+        let job = app
+            .wait_until_finished(&tenant, *id, Duration::from_secs(30))
+            .await;
+        assert_eq!(job["status"], "SUCCEEDED", "{job}");
+        assert_eq!(
+            job["attempts"].as_array().unwrap().len(),
+            1,
+            "the lease held through a call twice its length: {job}"
+        );
+    }
+    stop.cancel();
+    running.await.unwrap();
+    // Calls of 3 s with a round every 0.5 s: about 6 rounds (some more while jobs
+    // start and finish at slightly different times); one statement per attempt and
+    // round would be about 72.
+    let statements = renewals.load(Ordering::SeqCst);
+    assert!(
+        (3..=JOBS * 2).contains(&statements),
+        "{statements} renewal statements for {JOBS} attempts"
+    );
+    assert_billing_invariants(&app.app.db).await;
 }
