@@ -11,7 +11,7 @@ use std::time::Duration;
 
 /// Connections in the pool. SQLite serialises writers anyway; several connections
 /// let readers (subscriptions, dashboards) proceed while a write commits.
-const POOL_SIZE: u32 = 16;
+pub const POOL_SIZE: u32 = 16;
 /// How long a SQLite writer waits for the write lock before giving up.
 const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 

@@ -100,6 +100,12 @@ impl Application {
             admin_token,
             providers: providers.clone(),
         };
+        // Workers get a pool of their own when the API shares the process: no burst of
+        // API requests can then delay a lease renewal or an attempt's settlement.
+        let worker_db = match (&settings.worker, &settings.listen) {
+            (Some(_), Some(_)) => crate::db::connect(&settings.database_url).await?,
+            _ => db.clone(),
+        };
         let worker = settings.worker.clone().map(|mut worker_settings| {
             if let Some(config) = &config {
                 worker_settings.charging = config.charging;
@@ -111,7 +117,7 @@ impl Application {
             );
             Worker::new(
                 id,
-                db.clone(),
+                worker_db,
                 bus.clone(),
                 providers.clone(),
                 worker_settings,

@@ -11,7 +11,7 @@ use jobledger::jobs::queue::{self, ClaimRequest};
 use jobledger::jobs::worker::WorkerSettings;
 use rust_decimal::Decimal;
 use sea_orm::sea_query::Expr;
-use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, TransactionTrait};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 use uuid::Uuid;
@@ -32,6 +32,7 @@ on_both_backends!(
     a_cancel_before_the_call_means_no_call,
     a_tenant_runs_at_most_its_concurrency_bound,
     a_job_that_cannot_run_fails_instead_of_coming_back_for_ever,
+    api_load_cannot_starve_the_workers,
 );
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -533,4 +534,45 @@ async fn a_job_that_cannot_run_fails_instead_of_coming_back_for_ever(backend: Ba
     assert_eq!(event_kinds(&job), ["CREATED", "FAILED"]);
     assert_billing_invariants(&api.app.db).await;
     drop(workers);
+}
+
+/// The workers of a `serve` have a pool of their own: with every connection of the
+/// API's pool taken (as a burst of slow requests would take them), a running job
+/// still renews its lease, finishes and settles.
+async fn api_load_cannot_starve_the_workers(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let id = app
+        .create_job_ok(&tenant, job_input("starved", "hello [mock:delay_ms=1000]"))
+        .await;
+    // Every connection the pool will give (the LISTEN connection may hold one).
+    let mut held = Vec::new();
+    while let Ok(transaction) =
+        tokio::time::timeout(Duration::from_millis(500), app.app.db.begin()).await
+    {
+        held.push(transaction.unwrap());
+    }
+    assert!(held.len() as u32 >= jobledger::db::POOL_SIZE - 1);
+    // Watched through a connection of its own: the API's pool is all taken.
+    let observer = jobledger::db::connect(&app.database_url()).await.unwrap();
+    let started = Instant::now();
+    let finished = loop {
+        let job = jobs::Entity::find_by_id(id)
+            .one(&observer)
+            .await
+            .unwrap()
+            .unwrap();
+        if job.status.is_terminal() {
+            break job;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "the job did not finish while the API's pool was taken: {:?}",
+            job.status
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(finished.status, entity::JobStatus::Succeeded);
+    drop(held);
+    assert_billing_invariants(&observer).await;
 }

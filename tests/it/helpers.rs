@@ -372,6 +372,15 @@ impl TestApp {
         spawn_app_at(url, None, simulator, options).await
     }
 
+    /// The URL of the app's database, for connections of a test's own.
+    pub fn database_url(&self) -> String {
+        self.database
+            .as_ref()
+            .expect("the app owns its database")
+            .url
+            .clone()
+    }
+
     /// Sends one operation of the contract (`operations.graphql`) by name.
     pub async fn operation(&self, key: Option<&str>, name: &str, variables: Value) -> Value {
         self.graphql(key, &crate::contract::operation(name), variables)
