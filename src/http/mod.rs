@@ -3,6 +3,7 @@
 mod auth;
 mod graphql;
 mod health;
+mod sse;
 mod websocket;
 
 use crate::graphql::AppSchema;
@@ -34,6 +35,12 @@ pub fn router(state: HttpState) -> Router {
                 .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES)),
         )
         .route("/graphql/ws", get(websocket::upgrade))
+        .route(
+            "/graphql/sse",
+            get(sse::get)
+                .post(sse::post)
+                .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES)),
+        )
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .layer(TraceLayer::new_for_http())

@@ -4,8 +4,9 @@
 //! capped; a refused or revoked key closes the connection with 4403.
 
 use crate::contract::operation;
-use crate::helpers::{AppOptions, Backend, job_input, spawn_app};
+use crate::helpers::{AppOptions, Backend, TestApp, job_input, spawn_app};
 use crate::socket::{GraphqlSocket, Received};
+use futures_util::StreamExt;
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -403,4 +404,128 @@ async fn a_connection_that_never_initialises_is_closed() {
     let app = spawn_app(Backend::Sqlite).await;
     let mut socket = GraphqlSocket::connect(app.address).await;
     assert_eq!(socket.closed_code(Duration::from_secs(15)).await, 4408);
+}
+
+on_both_backends!(
+    a_subscription_over_sse_replays_then_streams_until_the_end,
+    sse_reports_request_errors_as_events_and_refuses_bad_keys,
+);
+
+/// Sends `body` to `/graphql/sse` and collects `(event, data)` pairs until `complete`.
+async fn sse_events(app: &TestApp, key: Option<&str>, body: Value) -> Vec<(String, String)> {
+    let mut request = app
+        .http
+        .post(format!("http://{}/graphql/sse", app.address))
+        .header("accept", "text/event-stream")
+        .json(&body);
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    let response = request.send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let mut body = response.bytes_stream();
+    let mut buffer = String::new();
+    let mut events = Vec::new();
+    let collect = async {
+        while let Some(chunk) = body.next().await {
+            buffer.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+            while let Some(end) = buffer.find("\n\n") {
+                let block: String = buffer.drain(..end + 2).collect();
+                let mut event = None;
+                let mut data = String::new();
+                for line in block.lines() {
+                    if let Some(name) = line.strip_prefix("event:") {
+                        event = Some(name.trim().to_owned());
+                    } else if let Some(text) = line.strip_prefix("data:") {
+                        data.push_str(text.trim_start());
+                    }
+                }
+                // Comments (keep-alives) carry no event.
+                if let Some(event) = event {
+                    let complete = event == "complete";
+                    events.push((event, data));
+                    if complete {
+                        return;
+                    }
+                }
+            }
+        }
+        panic!("the stream ended without `complete`: {events:?}");
+    };
+    tokio::time::timeout(LIMIT, collect)
+        .await
+        .expect("the stream completed in time");
+    events
+}
+
+async fn a_subscription_over_sse_replays_then_streams_until_the_end(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let id = app
+        .create_job_ok(&tenant, job_input("sse", "hello [mock:delay_ms=500]"))
+        .await;
+    let events = sse_events(
+        &app,
+        Some(&tenant.key),
+        json!({"query": operation("JobUpdates"), "variables": {"jobId": id, "afterSeq": 0}}),
+    )
+    .await;
+    let (last, nexts) = events.split_last().unwrap();
+    assert_eq!(last.0, "complete");
+    let payloads: Vec<Value> = nexts
+        .iter()
+        .map(|(event, data)| {
+            assert_eq!(event, "next");
+            json!({"data": serde_json::from_str::<Value>(data).unwrap()["data"]})
+        })
+        .collect();
+    assert_eq!(
+        seqs_and_kinds(&payloads),
+        [
+            (1, "CREATED".into()),
+            (2, "ATTEMPT_STARTED".into()),
+            (3, "SUCCEEDED".into())
+        ]
+    );
+}
+
+async fn sse_reports_request_errors_as_events_and_refuses_bad_keys(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let events = sse_events(
+        &app,
+        Some(&tenant.key),
+        json!({"query": "subscription { noSuchField }"}),
+    )
+    .await;
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert_eq!(events[0].0, "next");
+    let result: Value = serde_json::from_str(&events[0].1).unwrap();
+    assert!(result["errors"][0]["message"].is_string(), "{result}");
+    assert_eq!(events[1].0, "complete");
+
+    let refused = app
+        .http
+        .post(format!("http://{}/graphql/sse", app.address))
+        .bearer_auth("jl_not-a-key")
+        .json(&json!({"query": "{ account { id } }"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 401);
+    let plain = app
+        .http
+        .post(format!("http://{}/graphql/sse", app.address))
+        .header("content-type", "text/plain")
+        .body(r#"{"query": "{ __typename }"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(plain.status(), 415);
 }
