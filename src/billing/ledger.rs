@@ -13,8 +13,8 @@ use entity::{
 };
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait,
-    FromQueryResult, QueryFilter, QuerySelect,
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr,
+    EntityTrait, FromQueryResult, QueryFilter, QuerySelect,
 };
 use uuid::Uuid;
 
@@ -110,13 +110,11 @@ pub async fn grant(
     let grant = credit_grants::Entity::insert(row)
         .exec_with_returning(db)
         .await?;
-    append_entry(
+    append_entries(
         db,
         grant.tenant_id,
-        LedgerEntryKind::Grant,
-        new.amount,
-        None,
-        Some(grant.id),
+        (None, Some(grant.id)),
+        [(LedgerEntryKind::Grant, new.amount)],
     )
     .await?;
     Ok(grant)
@@ -147,39 +145,21 @@ pub async fn grant_credits(
     }
 }
 
-/// Holds `amount` of a tenant's available credits for a job, or refuses without
-/// writing anything when the balance is short.
+/// Holds `amount` of a tenant's available credits for a job, or refuses when the
+/// balance is short.
 ///
-/// The check and the hold are one conditional UPDATE, so concurrent holds can never
-/// take the balance below zero: on PostgreSQL the row lock makes the second UPDATE
-/// re-evaluate its condition after the first commits.
+/// Runs in the caller's transaction, which a refusal must roll back: the reservation
+/// and its ledger entry are written first, so that the tenant's row — which every hold
+/// and settlement of the tenant needs — is locked by the last statement only, until
+/// the commit. The check and the hold are one conditional UPDATE, so concurrent holds
+/// can never take the balance below zero: on PostgreSQL the row lock makes the second
+/// UPDATE re-evaluate its condition after the first commits.
 pub async fn hold(
-    db: &impl ConnectionTrait,
+    transaction: &DatabaseTransaction,
     tenant_id: Uuid,
     job_id: Uuid,
     amount: Credits,
 ) -> Result<credit_reservations::Model, ServiceError> {
-    let available = Expr::col(tenants::Column::GrantedNanos)
-        .sub(Expr::col(tenants::Column::ChargedNanos))
-        .sub(Expr::col(tenants::Column::HeldNanos));
-    let updated = tenants::Entity::update_many()
-        .col_expr(
-            tenants::Column::HeldNanos,
-            Expr::col(tenants::Column::HeldNanos).add(amount.nanos()),
-        )
-        .filter(tenants::Column::Id.eq(tenant_id))
-        .filter(available.gte(amount.nanos()))
-        .exec(db)
-        .await?;
-    if updated.rows_affected == 0 {
-        let balance = balance(db, tenant_id)
-            .await?
-            .ok_or(ServiceError::NotFound)?;
-        return Err(ServiceError::InsufficientCredits {
-            needed: amount,
-            available: balance.available(),
-        });
-    }
     let row = credit_reservations::ActiveModel {
         id: Set(Uuid::now_v7()),
         job_id: Set(job_id),
@@ -192,17 +172,36 @@ pub async fn hold(
         resolved_at: Set(None),
     };
     let reservation = credit_reservations::Entity::insert(row)
-        .exec_with_returning(db)
+        .exec_with_returning(transaction)
         .await?;
-    append_entry(
-        db,
+    append_entries(
+        transaction,
         tenant_id,
-        LedgerEntryKind::Hold,
-        amount,
-        Some(job_id),
-        None,
+        (Some(job_id), None),
+        [(LedgerEntryKind::Hold, amount)],
     )
     .await?;
+    let available = Expr::col(tenants::Column::GrantedNanos)
+        .sub(Expr::col(tenants::Column::ChargedNanos))
+        .sub(Expr::col(tenants::Column::HeldNanos));
+    let updated = tenants::Entity::update_many()
+        .col_expr(
+            tenants::Column::HeldNanos,
+            Expr::col(tenants::Column::HeldNanos).add(amount.nanos()),
+        )
+        .filter(tenants::Column::Id.eq(tenant_id))
+        .filter(available.gte(amount.nanos()))
+        .exec(transaction)
+        .await?;
+    if updated.rows_affected == 0 {
+        let balance = balance(transaction, tenant_id)
+            .await?
+            .ok_or(ServiceError::NotFound)?;
+        return Err(ServiceError::InsufficientCredits {
+            needed: amount,
+            available: balance.available(),
+        });
+    }
     Ok(reservation)
 }
 
@@ -274,6 +273,25 @@ async fn resolve(
     if updated.rows_affected == 0 {
         return Ok(None);
     }
+    let mut entries = Vec::with_capacity(2);
+    if let Some((attempt_id, _)) = charge {
+        let row = charges::ActiveModel {
+            id: Set(Uuid::now_v7()),
+            job_id: Set(job_id),
+            tenant_id: Set(reservation.tenant_id),
+            attempt_id: Set(attempt_id),
+            amount_nanos: Set(charged.nanos()),
+            created_at: Set(now),
+        };
+        charges::Entity::insert(row).exec(db).await?;
+        entries.push((LedgerEntryKind::Charge, charged));
+    }
+    if released.is_positive() {
+        entries.push((LedgerEntryKind::Release, released));
+    }
+    append_entries(db, reservation.tenant_id, (Some(job_id), None), entries).await?;
+    // Last: the tenant's row is what every hold and settlement of the tenant needs,
+    // so it stays locked for this statement and the caller's commit only.
     tenants::Entity::update_many()
         .col_expr(
             tenants::Column::HeldNanos,
@@ -286,58 +304,33 @@ async fn resolve(
         .filter(tenants::Column::Id.eq(reservation.tenant_id))
         .exec(db)
         .await?;
-    if let Some((attempt_id, _)) = charge {
-        let row = charges::ActiveModel {
-            id: Set(Uuid::now_v7()),
-            job_id: Set(job_id),
-            tenant_id: Set(reservation.tenant_id),
-            attempt_id: Set(attempt_id),
-            amount_nanos: Set(charged.nanos()),
-            created_at: Set(now),
-        };
-        charges::Entity::insert(row).exec(db).await?;
-        append_entry(
-            db,
-            reservation.tenant_id,
-            LedgerEntryKind::Charge,
-            charged,
-            Some(job_id),
-            None,
-        )
-        .await?;
-    }
-    if released.is_positive() {
-        append_entry(
-            db,
-            reservation.tenant_id,
-            LedgerEntryKind::Release,
-            released,
-            Some(job_id),
-            None,
-        )
-        .await?;
-    }
     Ok(Some(Settlement { charged, released }))
 }
 
-async fn append_entry(
+/// Appends one ledger entry per `(kind, amount)` of a tenant, all about the same
+/// `(job, grant)`, in one statement.
+async fn append_entries(
     db: &impl ConnectionTrait,
     tenant_id: Uuid,
-    kind: LedgerEntryKind,
-    amount: Credits,
-    job_id: Option<Uuid>,
-    grant_id: Option<Uuid>,
+    (job_id, grant_id): (Option<Uuid>, Option<Uuid>),
+    entries: impl IntoIterator<Item = (LedgerEntryKind, Credits)>,
 ) -> Result<(), DbErr> {
-    let row = ledger_entries::ActiveModel {
-        id: Set(Uuid::now_v7()),
-        tenant_id: Set(tenant_id),
-        kind: Set(kind),
-        amount_nanos: Set(amount.nanos()),
-        job_id: Set(job_id),
-        grant_id: Set(grant_id),
-        created_at: Set(Timestamp::now()),
-    };
-    ledger_entries::Entity::insert(row).exec(db).await?;
+    let now = Timestamp::now();
+    let rows: Vec<_> = entries
+        .into_iter()
+        .map(|(kind, amount)| ledger_entries::ActiveModel {
+            id: Set(Uuid::now_v7()),
+            tenant_id: Set(tenant_id),
+            kind: Set(kind),
+            amount_nanos: Set(amount.nanos()),
+            job_id: Set(job_id),
+            grant_id: Set(grant_id),
+            created_at: Set(now),
+        })
+        .collect();
+    if !rows.is_empty() {
+        ledger_entries::Entity::insert_many(rows).exec(db).await?;
+    }
     Ok(())
 }
 

@@ -101,8 +101,11 @@ pub async fn create_job(
             }
             Err(error) => return Err(error.into()),
         };
-        ledger::hold(&transaction, tenant_id, job.id, hold).await?;
         let created = events::append(&transaction, &job, EventKind::Created, None).await?;
+        // Last: the hold locks the tenant's row, which every create of the tenant needs,
+        // so it is held for one statement and the commit. A refusal rolls everything
+        // back as the transaction drops.
+        ledger::hold(&transaction, tenant_id, job.id, hold).await?;
         transaction.commit().await?;
         tracing::info!(job.id = %job.id, tenant.id = %tenant_id, model = %job.model, hold = %hold, "job created");
         bus.publish([created]);
@@ -266,8 +269,9 @@ pub async fn cancel_job(
             // Attempts that ran before (a retry waiting for its backoff) may carry
             // charges: streamed output, or unknown outcomes the policy passes on.
             let spent = Spent::load(&transaction, job.id).await?;
-            budget::resolve_hold(&transaction, &job, None, &spent).await?;
             notices.push(events::append(&transaction, &job, EventKind::Cancelled, None).await?);
+            // Last: it locks the tenant's row, which every job of the tenant needs.
+            budget::resolve_hold(&transaction, &job, None, &spent).await?;
             job
         }
         JobStatus::Running if !current.cancel_requested => {

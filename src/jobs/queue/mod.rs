@@ -454,15 +454,16 @@ pub async fn finish_attempt(
         transaction.rollback().await?;
         return Ok(None);
     };
-    if status.is_terminal() {
-        budget::resolve_hold(&transaction, &job, Some(attempt.id), &spent).await?;
-    }
     let error = match &outcome {
         JobOutcome::Failed(error) => Some(error),
         _ => report.error.as_ref(),
     };
     let data = attempt_event_data(Some(attempt.number), report.outcome, error);
     let notice = events::append(&transaction, &job, kind, Some(data)).await?;
+    // Last: it locks the tenant's row, which every job of the tenant needs.
+    if status.is_terminal() {
+        budget::resolve_hold(&transaction, &job, Some(attempt.id), &spent).await?;
+    }
     transaction.commit().await?;
     Ok(Some(vec![notice]))
 }
@@ -490,9 +491,10 @@ pub async fn abandon_claim(
         return Ok(None);
     };
     let spent = Spent::load(&transaction, job.id).await?;
-    budget::resolve_hold(&transaction, &job, None, &spent).await?;
     let data = json!({"error": {"code": error.code, "message": error.message}});
     let notice = events::append(&transaction, &job, EventKind::Failed, Some(data)).await?;
+    // Last: it locks the tenant's row, which every job of the tenant needs.
+    budget::resolve_hold(&transaction, &job, None, &spent).await?;
     transaction.commit().await?;
     Ok(Some(notice))
 }
@@ -727,15 +729,16 @@ async fn expire_lease(
         transaction.rollback().await?;
         return Ok(None);
     };
-    if status.is_terminal() {
-        budget::resolve_hold(&transaction, &job, None, &spent).await?;
-    }
     let data = attempt_event_data(
         lost_attempt.map(|attempt| attempt.number),
         AttemptOutcome::LeaseExpired,
         error.as_ref(),
     );
     let notice = events::append(&transaction, &job, kind, Some(data)).await?;
+    // Last: it locks the tenant's row, which every job of the tenant needs.
+    if status.is_terminal() {
+        budget::resolve_hold(&transaction, &job, None, &spent).await?;
+    }
     transaction.commit().await?;
     tracing::warn!(job.id = %job.id, status = ?job.status, "took back a job whose lease expired");
     Ok(Some(notice))
