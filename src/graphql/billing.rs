@@ -234,6 +234,7 @@ impl BillingQuery {
     ///
     /// A tenant sees its own jobs (naming another `tenantId` is `FORBIDDEN`); an admin
     /// sees the named tenant's jobs, or every tenant's when `tenantId` is omitted.
+    #[graphql(complexity = "super::cost::page_complexity(first, child_complexity)")]
     async fn job_costs(
         &self,
         context: &Context<'_>,
@@ -292,6 +293,7 @@ impl BillingQuery {
     ///
     /// A tenant sees its own ledger (naming another `tenantId` is `FORBIDDEN`); an admin
     /// must name the tenant (`VALIDATION` otherwise).
+    #[graphql(complexity = "super::cost::page_complexity(first, child_complexity)")]
     async fn credit_ledger(
         &self,
         context: &Context<'_>,

@@ -15,6 +15,13 @@ pub enum ErrorCode {
     InsufficientCredits,
     /// Too many live subscriptions on one connection or for one tenant.
     SubscriptionLimit,
+    /// The document asks for more than the request's budget allows (before it runs).
+    QueryTooComplex,
+    /// The response would pass its byte limit.
+    ResponseTooLarge,
+    /// Too many requests at once, or too many failed authentications, from one
+    /// client.
+    TooManyRequests,
     Internal,
 }
 
@@ -29,6 +36,9 @@ impl ErrorCode {
             Self::IdempotencyConflict => "IDEMPOTENCY_CONFLICT",
             Self::InsufficientCredits => "INSUFFICIENT_CREDITS",
             Self::SubscriptionLimit => "SUBSCRIPTION_LIMIT",
+            Self::QueryTooComplex => "QUERY_TOO_COMPLEX",
+            Self::ResponseTooLarge => "RESPONSE_TOO_LARGE",
+            Self::TooManyRequests => "TOO_MANY_REQUESTS",
             Self::Internal => "INTERNAL",
         }
     }
@@ -38,6 +48,13 @@ impl ErrorCode {
         async_graphql::Error::new(message).extend_with(|_, extensions| {
             extensions.set("code", self.as_str());
         })
+    }
+
+    /// An error about the whole request, found before execution: no location, no path.
+    pub fn request_error(self, message: impl Into<String>) -> async_graphql::ServerError {
+        let mut error = async_graphql::ServerError::new(message, None);
+        error.extensions = self.error(String::new()).extensions;
+        error
     }
 }
 

@@ -2,6 +2,7 @@
 //! check who is asking and call the services.
 
 mod billing;
+pub mod cost;
 mod error;
 mod keys;
 mod loaders;
@@ -33,8 +34,12 @@ pub type AppSchema = Schema<QueryRoot, MutationRoot, SubscriptionRoot>;
 
 /// Deep enough for GraphiQL's and codegen tools' introspection queries.
 const MAX_DEPTH: usize = 32;
-/// Generous for introspection, low enough to refuse pathological queries.
-const MAX_COMPLEXITY: usize = 5_000;
+/// The complexity one request may have: one per field selected, list fields
+/// multiplied by the items they may return (a page by its `first`, a job's attempts
+/// and events by their usual most). Room for every contract operation at full pages
+/// (a 100-row `jobCosts` page is about 1,400) and for introspection,
+/// and `jobs(first: 100) { edges { node { id input } } }` (401) under 12 aliases at most.
+pub const MAX_COMPLEXITY: usize = 5_000;
 
 /// The schema serving `app`.
 pub fn build_schema(app: App) -> AppSchema {
@@ -44,6 +49,7 @@ pub fn build_schema(app: App) -> AppSchema {
         SubscriptionRoot,
     )
     .extension(loaders::PerRequestLoaders::new(app.db.clone()))
+    .extension(cost::ResponseMetering)
     .data(app)
     .limit_depth(MAX_DEPTH)
     .limit_complexity(MAX_COMPLEXITY)

@@ -25,6 +25,7 @@ impl JobQuery {
     }
 
     /// The caller's jobs, newest first, `first` at a time (at most 100).
+    #[graphql(complexity = "super::cost::page_complexity(first, child_complexity)")]
     async fn jobs(
         &self,
         context: &Context<'_>,

@@ -161,6 +161,7 @@ impl Job {
     }
 
     /// Every attempt, oldest first, failures included.
+    #[graphql(complexity = "child_complexity.saturating_mul(super::cost::LISTED_ATTEMPTS) + 1")]
     async fn attempts(&self, context: &Context<'_>) -> async_graphql::Result<Vec<Attempt>> {
         let attempts = loader(context).load_one(AttemptsOf(self.key())).await?;
         Ok(attempts
@@ -192,6 +193,7 @@ impl Job {
     }
 
     /// The job's timeline, oldest first.
+    #[graphql(complexity = "child_complexity.saturating_mul(super::cost::LISTED_EVENTS) + 1")]
     async fn events(&self, context: &Context<'_>) -> async_graphql::Result<Vec<JobEvent>> {
         let events = loader(context).load_one(EventsOf(self.key())).await?;
         Ok(events
