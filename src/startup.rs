@@ -172,14 +172,9 @@ impl Application {
         if let Some(listener) = self.listener {
             let address = listener.local_addr()?;
             let schema = graphql::build_schema(self.app.clone());
-            let router = http::router(HttpState {
-                app: self.app.clone(),
-                schema,
-            });
+            let router = http::router(HttpState::new(self.app.clone(), schema));
             tracing::info!(address = %address, "listening on http://{address}/graphql");
-            axum::serve(listener, router)
-                .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-                .await?;
+            http::serve(listener, router, shutdown.clone()).await?;
         } else {
             shutdown.cancelled().await;
         }

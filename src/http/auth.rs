@@ -3,6 +3,7 @@
 use crate::accounts::api_keys::{self, Identity};
 use crate::accounts::{ApiKey, Principal};
 use crate::startup::App;
+use axum::http::HeaderValue;
 
 /// Why a presented credential was refused.
 #[derive(Debug, thiserror::Error)]
@@ -13,6 +14,14 @@ pub enum AuthError {
     UnknownKey,
     #[error("could not check the API key")]
     Database(#[from] sea_orm::DbErr),
+}
+
+/// The text of an `Authorization` header, if one was sent; a value that is not
+/// visible ASCII (a key never is) is `Malformed`, not anonymous.
+pub fn credential(presented: Option<&HeaderValue>) -> Result<Option<&str>, AuthError> {
+    presented
+        .map(|value| value.to_str().map_err(|_| AuthError::Malformed))
+        .transpose()
 }
 
 /// The principal behind an `Authorization` value (`Bearer <key>`); `Ok(None)` when no

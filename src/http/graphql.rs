@@ -2,26 +2,101 @@
 //! content types follow the GraphQL-over-HTTP specification: `application/json` by
 //! default, `application/graphql-response+json` when the client accepts it (then a
 //! request that never executed answers 4xx).
+//!
+//! Every request passes the same gates before the schema sees it, cheapest first: the
+//! failed-authentication throttle of its address (no database), authentication, one
+//! of its principal's slots, the body (bounded in size and time), and the cost
+//! pre-pass on the document (see `graphql::cost`). Its response is metered while it
+//! resolves and refused past `MAX_RESPONSE_BYTES`.
 
 use super::HttpState;
-use super::auth::{AuthError, authenticate};
+use super::auth::{AuthError, authenticate, credential};
+use super::limits::{ClientAddress, RequestOwner, RequestSlot, SLOT_WAIT};
+use crate::accounts::Principal;
 use crate::graphql::ErrorCode;
+use crate::graphql::cost::{self, CostError, MAX_RESPONSE_BYTES, QueryBudget, ResponseMeter};
 use async_graphql::http::GraphiQLSource;
-use async_graphql::parser::types::OperationType;
-use axum::body::Bytes;
-use axum::extract::{RawQuery, State};
+use async_graphql::parser::types::{DocumentOperations, ExecutableDocument, OperationType};
+use async_graphql::{ServerError, Variables};
+use axum::body::{Body, Bytes};
+use axum::extract::{ConnectInfo, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
+use futures_util::StreamExt;
+use serde::Deserialize;
 use serde_json::json;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
 const GRAPHQL_RESPONSE_JSON: &str = "application/graphql-response+json";
 const JSON: &str = "application/json";
 
+/// Largest GraphQL request body accepted: above the largest job input, so that an
+/// oversized input is refused with a `VALIDATION` error that says why, not a bare 413.
+pub const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
+
+/// How long a client may take to send its whole request body: 16 MiB at about
+/// 4.5 Mbit/s. A client that trickles its body ties up one of its slots only this long.
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A request's body as the GraphQL-over-HTTP specification defines it.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PostBody {
+    query: Option<String>,
+    operation_name: Option<String>,
+    /// An object or null; anything else is refused.
+    #[serde(default)]
+    variables: Variables,
+}
+
+/// A request in the URL. async-graphql's own parser reads `operation_name`, not the
+/// specification's `operationName`, so GET parses its parameters itself.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GetParameters {
+    query: Option<String>,
+    operation_name: Option<String>,
+    /// A JSON object, URL-encoded.
+    variables: Option<String>,
+}
+
+/// How the request arrived: GET may not run mutations.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Method {
+    Get,
+    Post,
+}
+
 /// POST /graphql: a JSON body `{query, variables, operationName}`.
-pub async fn post(State(state): State<HttpState>, headers: HeaderMap, body: Bytes) -> Response {
+pub async fn post(
+    State(state): State<HttpState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let media_type = response_media_type(&headers);
-    let request: async_graphql::Request = match serde_json::from_slice(&body) {
-        Ok(request) => request,
+    if let Err(refusal) = check_content_type(&headers) {
+        return request_error(media_type, StatusCode::UNSUPPORTED_MEDIA_TYPE, refusal);
+    }
+    let admitted = match admit(&state, peer, &headers, media_type).await {
+        Ok(admitted) => admitted,
+        Err(response) => return response,
+    };
+    let body = match read_body(&headers, body).await {
+        Ok(body) => body,
+        Err((status, message)) => return request_error(media_type, status, &message),
+    };
+    // A JSON array (a batch) or any other value is not a GraphQL request.
+    if body.iter().find(|byte| !byte.is_ascii_whitespace()) != Some(&b'{') {
+        return request_error(
+            media_type,
+            StatusCode::BAD_REQUEST,
+            "the body must be a JSON object {\"query\": …}",
+        );
+    }
+    let body: PostBody = match serde_json::from_slice(&body) {
+        Ok(body) => body,
         Err(error) => {
             return request_error(
                 media_type,
@@ -30,28 +105,24 @@ pub async fn post(State(state): State<HttpState>, headers: HeaderMap, body: Byte
             );
         }
     };
-    execute(&state, &headers, request, media_type).await
+    let Some(query) = body.query else {
+        return request_error(media_type, StatusCode::BAD_REQUEST, "the body has no query");
+    };
+    let mut request = async_graphql::Request::new(query).variables(body.variables);
+    request.operation_name = body.operation_name;
+    execute(&state, admitted, request, media_type, Method::Post).await
 }
 
 /// GET /graphql: a query in the URL; GraphiQL for a browser asking for HTML.
 pub async fn get(
     State(state): State<HttpState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
-    RawQuery(query): RawQuery,
+    parameters: Result<Query<GetParameters>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    let query = query.unwrap_or_default();
-    if query.is_empty() && accepts(&headers, "text/html") {
-        return Html(
-            GraphiQLSource::build()
-                .endpoint("/graphql")
-                .subscription_endpoint("/graphql/ws")
-                .finish(),
-        )
-        .into_response();
-    }
     let media_type = response_media_type(&headers);
-    let request = match async_graphql::http::parse_query_string(&query) {
-        Ok(request) => request,
+    let parameters = match parameters {
+        Ok(Query(parameters)) => parameters,
         Err(error) => {
             return request_error(
                 media_type,
@@ -60,78 +131,272 @@ pub async fn get(
             );
         }
     };
-    // GET must not change anything: mutations only over POST.
-    if is_mutation(&request) {
-        let mut response = request_error(
-            media_type,
-            StatusCode::METHOD_NOT_ALLOWED,
-            "mutations must be sent with POST",
-        );
-        response
-            .headers_mut()
-            .insert(header::ALLOW, HeaderValue::from_static("POST"));
-        return response;
-    }
-    execute(&state, &headers, request, media_type).await
+    let Some(query) = parameters.query else {
+        if accepts(&headers, "text/html") {
+            return Html(
+                GraphiQLSource::build()
+                    .endpoint("/graphql")
+                    .subscription_endpoint("/graphql/ws")
+                    .finish(),
+            )
+            .into_response();
+        }
+        return request_error(media_type, StatusCode::BAD_REQUEST, "the URL has no query");
+    };
+    let variables = match parameters.variables.as_deref().map(serde_json::from_str) {
+        None => Variables::default(),
+        Some(Ok(serde_json::Value::Object(variables))) => {
+            Variables::from_json(serde_json::Value::Object(variables))
+        }
+        Some(_) => {
+            return request_error(
+                media_type,
+                StatusCode::BAD_REQUEST,
+                "variables must be a JSON object",
+            );
+        }
+    };
+    let admitted = match admit(&state, peer, &headers, media_type).await {
+        Ok(admitted) => admitted,
+        Err(response) => return response,
+    };
+    let mut request = async_graphql::Request::new(query).variables(variables);
+    request.operation_name = parameters.operation_name;
+    execute(&state, admitted, request, media_type, Method::Get).await
 }
 
-async fn execute(
+/// A request that passed authentication and holds one of its principal's slots.
+struct Admitted {
+    principal: Option<Principal>,
+    /// Held until the response is built.
+    _slot: RequestSlot,
+}
+
+/// The gates that need only the headers: the address's failed authentications, the
+/// credential, then a slot of the principal (or of the address, without a key).
+async fn admit(
     state: &HttpState,
+    peer: SocketAddr,
     headers: &HeaderMap,
-    request: async_graphql::Request,
     media_type: &'static str,
-) -> Response {
-    let credential = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok());
-    let request = match authenticate(&state.app, credential).await {
-        Ok(Some(principal)) => request.data(principal),
-        Ok(None) => request,
+) -> Result<Admitted, Response> {
+    let client = ClientAddress::from(peer.ip());
+    let presented = headers.get(header::AUTHORIZATION);
+    if presented.is_some()
+        && let Err(retry_after) = state.limits.auth_failures.check(client, Instant::now())
+    {
+        return Err(too_many_requests(
+            media_type,
+            retry_after,
+            "too many failed authentications from this address",
+        ));
+    }
+    let principal = match credential(presented) {
+        Ok(credential) => authenticate(&state.app, credential).await,
+        Err(error) => Err(error),
+    };
+    let principal = match principal {
+        Ok(principal) => principal,
         Err(error @ (AuthError::Malformed | AuthError::UnknownKey)) => {
-            return coded_error(
+            state
+                .limits
+                .auth_failures
+                .record_failure(client, Instant::now());
+            let mut response = coded_error(
                 media_type,
                 StatusCode::UNAUTHORIZED,
                 ErrorCode::Unauthenticated,
                 &error.to_string(),
             );
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return Err(response);
         }
         Err(AuthError::Database(error)) => {
             tracing::error!(error = %error, "authenticating a request failed");
-            return coded_error(
+            return Err(coded_error(
                 media_type,
                 StatusCode::INTERNAL_SERVER_ERROR,
                 ErrorCode::Internal,
                 "internal error",
-            );
+            ));
         }
     };
-    let response = state.schema.execute(request).await;
-    // With the newer media type, a request that failed before execution (no data at
-    // all: syntax or validation errors) is a client error.
-    let status = if media_type == GRAPHQL_RESPONSE_JSON
-        && response.data == async_graphql::Value::Null
-        && response.is_err()
-    {
-        StatusCode::BAD_REQUEST
-    } else {
-        StatusCode::OK
+    let owner = RequestOwner::of(principal, client);
+    let Some(slot) = state.limits.slots.acquire(owner, SLOT_WAIT).await else {
+        return Err(too_many_requests(
+            media_type,
+            Duration::from_secs(1),
+            "too many requests in flight for this client",
+        ));
     };
-    let body = serde_json::to_vec(&response).expect("a GraphQL response serializes");
-    (status, [(header::CONTENT_TYPE, media_type)], body).into_response()
+    Ok(Admitted {
+        principal,
+        _slot: slot,
+    })
 }
 
-fn is_mutation(request: &async_graphql::Request) -> bool {
-    let Ok(document) = async_graphql::parser::parse_query(&request.query) else {
-        return false;
+/// The body, refused when it passes `MAX_REQUEST_BYTES` or takes longer than
+/// `BODY_READ_TIMEOUT` to arrive.
+async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, (StatusCode, String)> {
+    let too_large = || {
+        (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the body is larger than {MAX_REQUEST_BYTES} bytes"),
+        )
     };
-    document.operations.iter().any(|(name, operation)| {
-        let selected = match (&request.operation_name, name) {
-            (Some(wanted), Some(name)) => wanted.as_str() == name.as_str(),
-            (None, _) => true,
-            (Some(_), None) => false,
-        };
-        selected && operation.node.ty == OperationType::Mutation
-    })
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > MAX_REQUEST_BYTES as u64) {
+        return Err(too_large());
+    }
+    let read = async {
+        let mut stream = body.into_data_stream();
+        let mut collected = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|error| {
+                (
+                    StatusCode::BAD_REQUEST,
+                    format!("the body could not be read: {error}"),
+                )
+            })?;
+            if collected.len() + chunk.len() > MAX_REQUEST_BYTES {
+                return Err(too_large());
+            }
+            collected.extend_from_slice(&chunk);
+        }
+        Ok(Bytes::from(collected))
+    };
+    tokio::time::timeout(BODY_READ_TIMEOUT, read)
+        .await
+        .unwrap_or_else(|_| {
+            Err((
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the body did not arrive within {} s",
+                    BODY_READ_TIMEOUT.as_secs()
+                ),
+            ))
+        })
+}
+
+async fn execute(
+    state: &HttpState,
+    admitted: Admitted,
+    mut request: async_graphql::Request,
+    media_type: &'static str,
+    method: Method,
+) -> Response {
+    let budget = match admitted.principal {
+        Some(_) => QueryBudget::AUTHENTICATED,
+        None => QueryBudget::ANONYMOUS,
+    };
+    if let Err(error) = cost::check_text(&request.query, &budget) {
+        return too_complex(media_type, &error);
+    }
+    let operation_name = request.operation_name.clone();
+    // Parsed once: the schema executes this document without parsing it again.
+    let operation_type = match request.parsed_query() {
+        Err(error) => return not_executed(media_type, vec![error]),
+        Ok(document) => {
+            if let Err(error) = cost::check_document(document, &budget) {
+                return too_complex(media_type, &error);
+            }
+            selected_operation(document, operation_name.as_deref())
+        }
+    };
+    match operation_type {
+        // GET must not change anything, whatever else the document holds.
+        Some(OperationType::Mutation) if method == Method::Get => {
+            let mut response = request_error(
+                media_type,
+                StatusCode::METHOD_NOT_ALLOWED,
+                "mutations must be sent with POST",
+            );
+            response
+                .headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("POST"));
+            return response;
+        }
+        Some(OperationType::Subscription) => {
+            return request_error(
+                media_type,
+                StatusCode::BAD_REQUEST,
+                "subscriptions are served over WebSocket at /graphql/ws",
+            );
+        }
+        // An unknown or ambiguous operation name: execution reports it.
+        _ => {}
+    }
+    if let Some(principal) = admitted.principal {
+        request = request.data(principal);
+    }
+    let meter = ResponseMeter::new(MAX_RESPONSE_BYTES);
+    let response = state.schema.execute(request.data(meter.clone())).await;
+    if !meter.started() {
+        return not_executed(media_type, response.errors);
+    }
+    // The meter stopped resolving before the response passed the limit by more than
+    // one value, so the response in memory is bounded; serializing it is not needed
+    // to know it is too large.
+    if meter.exceeded() {
+        return too_large(media_type, &meter);
+    }
+    let body = serde_json::to_vec(&response).expect("a GraphQL response serializes");
+    // What the meter does not count (keys and braces of objects) is bounded by the
+    // complexity limit; this check makes the limit exact all the same.
+    if body.len() > MAX_RESPONSE_BYTES {
+        return too_large(media_type, &meter);
+    }
+    // Execution started: 200 under both media types, even when a field error left
+    // `data` null.
+    graphql_response(media_type, StatusCode::OK, body)
+}
+
+/// The type of the operation the request runs: the one named, or the only one.
+fn selected_operation(
+    document: &ExecutableDocument,
+    operation_name: Option<&str>,
+) -> Option<OperationType> {
+    match (&document.operations, operation_name) {
+        (DocumentOperations::Single(operation), None) => Some(operation.node.ty),
+        (DocumentOperations::Multiple(operations), Some(name)) => {
+            operations.get(name).map(|operation| operation.node.ty)
+        }
+        (DocumentOperations::Multiple(operations), None) if operations.len() == 1 => operations
+            .values()
+            .next()
+            .map(|operation| operation.node.ty),
+        _ => None,
+    }
+}
+
+/// The Content-Type of a POST must be JSON (either media type), in UTF-8.
+fn check_content_type(headers: &HeaderMap) -> Result<(), &'static str> {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return Err("a POST must say Content-Type: application/json");
+    };
+    let value = value
+        .to_str()
+        .map_err(|_| "the Content-Type is not readable")?;
+    let mut parts = value.split(';').map(str::trim);
+    let essence = parts.next().unwrap_or_default();
+    if !essence.eq_ignore_ascii_case(JSON) && !essence.eq_ignore_ascii_case(GRAPHQL_RESPONSE_JSON) {
+        return Err("a POST must say Content-Type: application/json");
+    }
+    let charset_is_not_utf8 = parts
+        .filter_map(|part| part.split_once('='))
+        .any(|(name, value)| {
+            name.trim().eq_ignore_ascii_case("charset")
+                && !value.trim().trim_matches('"').eq_ignore_ascii_case("utf-8")
+        });
+    if charset_is_not_utf8 {
+        return Err("the body must be UTF-8");
+    }
+    Ok(())
 }
 
 fn accepts(headers: &HeaderMap, media_type: &str) -> bool {
@@ -156,16 +421,57 @@ fn response_media_type(headers: &HeaderMap) -> &'static str {
     }
 }
 
-/// A request that was not executed: a 4xx under the newer media type, and under
-/// plain JSON too, since no GraphQL result exists to send with 200.
+/// A GraphQL response body with its media type, in UTF-8.
+fn graphql_response(
+    media_type: &'static str,
+    status: StatusCode,
+    body: impl Into<Body>,
+) -> Response {
+    let content_type = if media_type == GRAPHQL_RESPONSE_JSON {
+        "application/graphql-response+json; charset=utf-8"
+    } else {
+        "application/json; charset=utf-8"
+    };
+    (status, [(header::CONTENT_TYPE, content_type)], body.into()).into_response()
+}
+
+/// A GraphQL request that failed before execution (parse, validation, variables, or
+/// the cost pre-pass): 400 under the newer media type; 200 under plain JSON, whose
+/// clients expect any GraphQL response with 200.
+fn not_executed(media_type: &'static str, errors: Vec<ServerError>) -> Response {
+    let status = if media_type == GRAPHQL_RESPONSE_JSON {
+        StatusCode::BAD_REQUEST
+    } else {
+        StatusCode::OK
+    };
+    // No `data` entry at all: the request never ran.
+    let body = json!({ "errors": errors });
+    graphql_response(media_type, status, body.to_string())
+}
+
+fn too_complex(media_type: &'static str, error: &CostError) -> Response {
+    not_executed(
+        media_type,
+        vec![ErrorCode::QueryTooComplex.request_error(error.to_string())],
+    )
+}
+
+/// The response that replaces one past the limit: execution ran (a mutation may have
+/// taken effect), so it is a GraphQL response with null data and 200.
+fn too_large(media_type: &'static str, meter: &ResponseMeter) -> Response {
+    tracing::warn!(
+        limit = MAX_RESPONSE_BYTES,
+        "a response passed its size limit"
+    );
+    let body = json!({"data": null, "errors": [meter.error()]});
+    graphql_response(media_type, StatusCode::OK, body.to_string())
+}
+
+/// A request that is not a GraphQL request at all (wrong media type, malformed body):
+/// 4xx under either media type, since no GraphQL response exists to send with 200.
 fn request_error(media_type: &'static str, status: StatusCode, message: &str) -> Response {
     let body = json!({"errors": [{"message": message}]});
-    (
-        status,
-        [(header::CONTENT_TYPE, media_type)],
-        body.to_string(),
-    )
-        .into_response()
+    graphql_response(media_type, status, body.to_string())
 }
 
 fn coded_error(
@@ -175,10 +481,20 @@ fn coded_error(
     message: &str,
 ) -> Response {
     let body = json!({"errors": [{"message": message, "extensions": {"code": code.as_str()}}]});
-    (
-        status,
-        [(header::CONTENT_TYPE, media_type)],
-        body.to_string(),
-    )
-        .into_response()
+    graphql_response(media_type, status, body.to_string())
+}
+
+fn too_many_requests(media_type: &'static str, retry_after: Duration, message: &str) -> Response {
+    let mut response = coded_error(
+        media_type,
+        StatusCode::TOO_MANY_REQUESTS,
+        ErrorCode::TooManyRequests,
+        message,
+    );
+    // Whole seconds, rounded up: a client retrying at once would be refused again.
+    let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+    response
 }

@@ -1,8 +1,11 @@
-//! The HTTP surface: GraphQL over HTTP and WebSocket, and health probes.
+//! The HTTP surface: GraphQL over HTTP, SSE and WebSocket, and health probes, served with
+//! the connection timeouts of `serve`.
 
 mod auth;
 mod graphql;
 mod health;
+mod limits;
+mod serve;
 mod sse;
 mod websocket;
 
@@ -11,35 +14,48 @@ use crate::startup::App;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::get;
-
-/// Largest GraphQL request body accepted.
-const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
+use limits::{AuthThrottle, RequestSlots};
+use std::sync::Arc;
 use tower_http::trace::TraceLayer;
+
+pub use serve::serve;
 
 /// What every handler shares.
 #[derive(Clone)]
 pub struct HttpState {
     pub app: App,
     pub schema: AppSchema,
+    limits: Arc<ClientLimits>,
+}
+
+/// The in-memory limits every GraphQL request passes (see `limits`).
+#[derive(Debug, Default)]
+struct ClientLimits {
+    auth_failures: AuthThrottle,
+    slots: RequestSlots,
+}
+
+impl HttpState {
+    /// The state of one server: `app` and `schema`, with fresh client limits.
+    pub fn new(app: App, schema: AppSchema) -> Self {
+        Self {
+            app,
+            schema,
+            limits: Arc::default(),
+        }
+    }
 }
 
 /// Every route of the API.
 pub fn router(state: HttpState) -> Router {
     Router::new()
-        .route(
-            "/graphql",
-            get(graphql::get)
-                .post(graphql::post)
-                // Above the largest job input, so that an oversized one is refused
-                // with a VALIDATION error that says why, not a bare 413.
-                .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES)),
-        )
+        .route("/graphql", get(graphql::get).post(graphql::post))
         .route("/graphql/ws", get(websocket::upgrade))
         .route(
             "/graphql/sse",
             get(sse::get)
                 .post(sse::post)
-                .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES)),
+                .layer(DefaultBodyLimit::max(graphql::MAX_REQUEST_BYTES)),
         )
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
