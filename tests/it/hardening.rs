@@ -1,0 +1,526 @@
+//! The public API under hostile or careless clients: documents that cost more than
+//! they look (fragment bombs, alias floods, big pages multiplied), responses too
+//! large to build, sockets left half open, bodies that are not GraphQL requests, key
+//! guessing, and one tenant flooding its own requests. Each scenario was reproduced
+//! against the release binary before its fix.
+
+use crate::helpers::{
+    ADMIN_TOKEN, AppOptions, Backend, TestApp, error_code, job_input, spawn_app_with,
+};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+on_both_backends!(
+    fragment_bombs_and_alias_floods_are_refused_before_any_work,
+    introspection_and_the_contract_still_pass,
+    pages_multiply_complexity,
+    responses_past_the_limit_are_replaced_by_an_error,
+    half_open_sockets_are_dropped_and_healthz_keeps_answering,
+    requests_follow_graphql_over_http,
+    failed_authentications_are_throttled_per_address,
+    each_tenant_has_a_few_requests_in_flight,
+);
+
+const GRAPHQL_RESPONSE_JSON: &str = "application/graphql-response+json";
+
+/// `query{...F0} fragment F0 on QueryRoot{...F1 ...F1} … fragment Fn on
+/// QueryRoot{__typename}`: 2^n selections in a few hundred bytes.
+fn fragment_bomb(levels: usize) -> String {
+    let mut query = String::from("query{...F0}");
+    for level in 0..levels {
+        let next = level + 1;
+        query.push_str(&format!(
+            " fragment F{level} on QueryRoot{{...F{next} ...F{next}}}"
+        ));
+    }
+    query.push_str(&format!(" fragment F{levels} on QueryRoot{{__typename}}"));
+    query
+}
+
+/// `{a0:__typename a1:__typename …}`.
+fn alias_flood(aliases: usize) -> String {
+    let mut query = String::with_capacity(aliases * 20);
+    query.push('{');
+    for index in 0..aliases {
+        query.push_str(&format!("a{index}:__typename "));
+    }
+    query.push('}');
+    query
+}
+
+impl TestApp {
+    fn url(&self) -> String {
+        format!("http://{}/graphql", self.address)
+    }
+
+    /// POSTs `query` asking for `application/graphql-response+json`; the status and
+    /// the body.
+    async fn post_strict(&self, key: Option<&str>, query: &str) -> (StatusCode, Value) {
+        let mut request = self
+            .http
+            .post(self.url())
+            .header("accept", GRAPHQL_RESPONSE_JSON)
+            .json(&json!({"query": query}));
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status();
+        (status, response.json().await.unwrap())
+    }
+}
+
+/// `/healthz` answers within 100 ms, every 20 ms until `stop`.
+async fn healthz_keeps_answering(app: &TestApp, until: impl Future<Output = ()>) {
+    let client = reqwest::Client::new();
+    let url = format!("http://{}/healthz", app.address);
+    let probes = async {
+        loop {
+            let started = Instant::now();
+            let response =
+                tokio::time::timeout(Duration::from_millis(100), client.get(&url).send())
+                    .await
+                    .expect("/healthz answers within 100 ms")
+                    .unwrap();
+            assert_eq!(response.status(), 200);
+            assert!(started.elapsed() < Duration::from_millis(100));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::select! {
+        () = until => {}
+        () = probes => {}
+    }
+}
+
+async fn fragment_bombs_and_alias_floods_are_refused_before_any_work(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let bomb = fragment_bomb(30);
+    for key in [None, Some(tenant.key.as_str())] {
+        let refused = async {
+            let started = Instant::now();
+            let (status, body) =
+                tokio::time::timeout(Duration::from_secs(1), app.post_strict(key, &bomb))
+                    .await
+                    .expect("the fragment bomb is answered within 1 s");
+            assert!(started.elapsed() < Duration::from_secs(1));
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+            assert_eq!(error_code(&body), "QUERY_TOO_COMPLEX", "{body}");
+            assert!(body.get("data").is_none(), "{body}");
+        };
+        healthz_keeps_answering(&app, refused).await;
+    }
+
+    // 600,000 aliases (about 12 MB): refused by its tokens, with or without a key.
+    let flood = alias_flood(600_000);
+    for key in [None, Some(tenant.key.as_str())] {
+        let started = Instant::now();
+        let (status, body) = app.post_strict(key, &flood).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "the flood took {:?}",
+            started.elapsed()
+        );
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(error_code(&body), "QUERY_TOO_COMPLEX", "{body}");
+    }
+    // Fewer aliases than the token budget, still more than an anonymous client may use.
+    let (status, body) = app.post_strict(None, &alias_flood(100)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(error_code(&body), "QUERY_TOO_COMPLEX", "{body}");
+    let (status, body) = app.post_strict(Some(&tenant.key), &alias_flood(100)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["data"]["a99"], "QueryRoot");
+
+    // Under plain JSON the refusal is a GraphQL response like any validation error.
+    let refused = app.graphql(Some(&tenant.key), &bomb, json!({})).await;
+    assert_eq!(error_code(&refused), "QUERY_TOO_COMPLEX", "{refused}");
+}
+
+/// graphql-js's `getIntrospectionQuery` with every option GraphiQL turns on.
+const INTROSPECTION_QUERY: &str = r#"
+query IntrospectionQuery {
+  __schema {
+    description
+    queryType { name kind }
+    mutationType { name kind }
+    subscriptionType { name kind }
+    types { ...FullType }
+    directives {
+      name
+      description
+      isRepeatable
+      locations
+      args(includeDeprecated: true) { ...InputValue }
+    }
+  }
+}
+fragment FullType on __Type {
+  kind
+  name
+  description
+  specifiedByURL
+  isOneOf
+  fields(includeDeprecated: true) {
+    name
+    description
+    args(includeDeprecated: true) { ...InputValue }
+    type { ...TypeRef }
+    isDeprecated
+    deprecationReason
+  }
+  inputFields(includeDeprecated: true) { ...InputValue }
+  interfaces { ...TypeRef }
+  enumValues(includeDeprecated: true) { name description isDeprecated deprecationReason }
+  possibleTypes { ...TypeRef }
+}
+fragment InputValue on __InputValue {
+  name
+  description
+  type { ...TypeRef }
+  defaultValue
+  isDeprecated
+  deprecationReason
+}
+fragment TypeRef on __Type {
+  kind
+  name
+  ofType { kind name ofType { kind name ofType { kind name ofType { kind name
+    ofType { kind name ofType { kind name ofType { kind name ofType { kind name
+    ofType { kind name ofType { kind name } } } } } } } } } }
+}
+"#;
+
+async fn introspection_and_the_contract_still_pass(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    for key in [Some(tenant.key.as_str()), Some(ADMIN_TOKEN), None] {
+        let (status, body) = app.post_strict(key, INTROSPECTION_QUERY).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert!(body["errors"].is_null(), "{body}");
+        assert_eq!(body["data"]["__schema"]["queryType"]["name"], "QueryRoot");
+    }
+    // The dashboards' pages at their largest, and a job with every field.
+    let job = app.create_job_ok(&tenant, job_input("k", "hello")).await;
+    let operations = [
+        ("Jobs", json!({"first": 100})),
+        ("JobCosts", json!({"first": 100})),
+        ("CreditLedger", json!({"first": 100})),
+        ("Job", json!({"id": job})),
+        ("Account", json!({})),
+    ];
+    for (name, variables) in operations {
+        let response = app.operation(Some(&tenant.key), name, variables).await;
+        assert!(response["errors"].is_null(), "{name}: {response}");
+    }
+}
+
+async fn pages_multiply_complexity(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let aliased = |count: usize| {
+        let fields: String = (0..count)
+            .map(|index| {
+                format!("a{index}: jobs(first: 100) {{ edges {{ node {{ id input }} }} }} ")
+            })
+            .collect();
+        format!("{{ {fields} }}")
+    };
+    // Each alias may return 100 inputs: 50 of them are 5,000 jobs' inputs.
+    let (status, body) = app.post_strict(Some(&tenant.key), &aliased(50)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body["errors"][0]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("too complex")),
+        "{body}"
+    );
+    let (status, body) = app.post_strict(Some(&tenant.key), &aliased(2)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // A job's attempts and events count as lists too: 100 jobs × their timelines.
+    let timelines = "{ jobs(first: 100) { edges { node { events { seq kind status at data } attempts { id number outcome errorCode errorMessage provider } } } } }";
+    let (status, body) = app.post_strict(Some(&tenant.key), timelines).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+}
+
+async fn responses_past_the_limit_are_replaced_by_an_error(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "1000").await;
+    // Nine inputs of 4 MiB: together past the 32 MiB response limit.
+    let content = "a".repeat(4 * 1024 * 1024);
+    for index in 0..9 {
+        app.create_job_ok(&tenant, job_input(&format!("big-{index}"), &content))
+            .await;
+    }
+    let query = "{ jobs(first: 20) { edges { node { id input } } } }";
+    for strict in [true, false] {
+        let mut request = app
+            .http
+            .post(app.url())
+            .bearer_auth(&tenant.key)
+            .json(&json!({"query": query}));
+        if strict {
+            request = request.header("accept", GRAPHQL_RESPONSE_JSON);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = response.bytes().await.unwrap();
+        assert!(body.len() < 4096, "{} bytes were sent", body.len());
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(error_code(&body), "RESPONSE_TOO_LARGE", "{body}");
+        assert!(body["data"].is_null(), "{body}");
+    }
+    // Fewer of them fit.
+    let (status, body) = app
+        .post_strict(
+            Some(&tenant.key),
+            "{ jobs(first: 5) { edges { node { input } } } }",
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body["errors"].is_null());
+    assert_eq!(body["data"]["jobs"]["edges"].as_array().unwrap().len(), 5);
+}
+
+async fn half_open_sockets_are_dropped_and_healthz_keeps_answering(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    // Many clients that each send half a request line and then nothing.
+    let mut sockets = Vec::new();
+    for _ in 0..200 {
+        let mut socket = TcpStream::connect(app.address).await.unwrap();
+        socket.write_all(b"POST /gra").await.unwrap();
+        sockets.push(socket);
+    }
+    let started = Instant::now();
+    let dropped = async {
+        for socket in &mut sockets {
+            let mut buffer = [0_u8; 1024];
+            // The server closes without answering (or answers 408 and closes); either
+            // way the socket reaches its end.
+            loop {
+                match socket.read(&mut buffer).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        }
+    };
+    healthz_keeps_answering(&app, async {
+        tokio::time::timeout(Duration::from_secs(15), dropped)
+            .await
+            .expect("every half-open socket is dropped within 15 s");
+    })
+    .await;
+    assert!(started.elapsed() < Duration::from_secs(15));
+}
+
+async fn requests_follow_graphql_over_http(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let body = json!({"query": "{ __typename }"}).to_string();
+
+    // Only JSON bodies; no Content-Type at all is refused too.
+    for content_type in [
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+        Some("application/json; charset=latin1"),
+        None,
+    ] {
+        let mut request = app.http.post(app.url()).body(body.clone());
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(
+            response.status(),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "{content_type:?}"
+        );
+    }
+    for content_type in ["application/json; charset=utf-8", GRAPHQL_RESPONSE_JSON] {
+        let response = app
+            .http
+            .post(app.url())
+            .header("content-type", content_type)
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{content_type}");
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/json; charset=utf-8"
+        );
+    }
+    // A batch, or any JSON that is not an object, is not a request.
+    for body in [
+        "[]",
+        "[{\"query\": \"{ __typename }\"}]",
+        "\"{ __typename }\"",
+        "{}",
+    ] {
+        let response = app
+            .http
+            .post(app.url())
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{body}");
+    }
+
+    // A field error that leaves `data` null is still an executed request: 200.
+    let (status, body) = app.post_strict(None, "{ account { id } }").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body["data"].is_null(), "{body}");
+    assert_eq!(error_code(&body), "UNAUTHENTICATED");
+    // A document that fails validation was never executed: 400.
+    let (status, body) = app.post_strict(None, "{ noSuchField }").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body) = app.post_strict(None, "{ __typename ").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+
+    // GET runs the operation it names, and refuses a named mutation.
+    let document = "query Read { __typename } mutation Write { cancelJob(id: \"0193b5c0-0000-7000-8000-000000000000\") { id } }";
+    let get = |operation: &'static str| {
+        app.http
+            .get(app.url())
+            .bearer_auth(&tenant.key)
+            .query(&[("query", document), ("operationName", operation)])
+            .send()
+    };
+    let read = get("Read").await.unwrap();
+    assert_eq!(read.status(), StatusCode::OK);
+    let read: Value = read.json().await.unwrap();
+    assert_eq!(read["data"]["__typename"], "QueryRoot", "{read}");
+    let write = get("Write").await.unwrap();
+    assert_eq!(write.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(write.headers()["allow"], "POST");
+
+    // A credential that cannot be a key is refused, never taken as anonymous.
+    for credential in [
+        reqwest::header::HeaderValue::from_bytes(b"Bearer \xff\xfe").unwrap(),
+        reqwest::header::HeaderValue::from_static("Basic dXNlcjpwYXNz"),
+        reqwest::header::HeaderValue::from_static("Bearer"),
+    ] {
+        let response = app
+            .http
+            .post(app.url())
+            .header("authorization", credential.clone())
+            .json(&json!({"query": "{ __typename }"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            response.status(),
+            StatusCode::UNAUTHORIZED,
+            "{credential:?}"
+        );
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(error_code(&body), "UNAUTHENTICATED");
+    }
+}
+
+/// A client whose requests come from `address` (any 127.0.0.0/8 address reaches a
+/// server on 127.0.0.1).
+fn client_from(address: Ipv4Addr) -> reqwest::Client {
+    reqwest::Client::builder()
+        .local_address(IpAddr::V4(address))
+        .build()
+        .unwrap()
+}
+
+async fn failed_authentications_are_throttled_per_address(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let guesser = client_from(Ipv4Addr::new(127, 0, 0, 2));
+    let neighbour = client_from(Ipv4Addr::new(127, 0, 0, 3));
+    let send = |client: &reqwest::Client, key: Option<&str>| {
+        let mut request = client
+            .post(app.url())
+            .json(&json!({"query": "{ account { id } }"}));
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        request.send()
+    };
+    for attempt in 0..10 {
+        let response = send(&guesser, Some(&format!("jl_guess_{attempt}")))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    }
+    // The eleventh attempt is refused before the key is looked at, even a valid key.
+    for key in ["jl_guess_10", tenant.key.as_str()] {
+        let response = send(&guesser, Some(key)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        let retry_after: u64 = response.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((1..=60).contains(&retry_after), "{retry_after}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(error_code(&body), "TOO_MANY_REQUESTS");
+    }
+    // Another address is not affected.
+    let response = send(&neighbour, Some(&tenant.key)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+
+    // Refusing the guesser needs no database: with the pool closed, it is still
+    // refused the same way, while a request that must look its key up fails.
+    // Closing marks the pool closed at once, then waits for every connection to come
+    // back — on PostgreSQL the relay's LISTEN connection never does.
+    let _ = tokio::time::timeout(Duration::from_secs(1), app.app.db.clone().close()).await;
+    let response = send(&guesser, Some(&tenant.key)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    let response = send(&neighbour, Some(&tenant.key)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+}
+
+async fn each_tenant_has_a_few_requests_in_flight(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let greedy = app.funded_tenant("greedy", "5").await;
+    let other = app.funded_tenant("other", "5").await;
+    // Eight requests whose body never finishes arriving: each holds one of the
+    // tenant's slots until its body times out.
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        let mut socket = TcpStream::connect(app.address).await.unwrap();
+        let head = format!(
+            "POST /graphql HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\nauthorization: Bearer {}\r\ncontent-length: 100\r\n\r\n{{\"query\":",
+            greedy.key
+        );
+        socket.write_all(head.as_bytes()).await.unwrap();
+        held.push(socket);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let started = Instant::now();
+    let (status, body) = app
+        .post_strict(Some(&greedy.key), "{ account { id } }")
+        .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(error_code(&body), "TOO_MANY_REQUESTS");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // Other tenants are not held up.
+    let started = Instant::now();
+    let (status, body) = app
+        .post_strict(Some(&other.key), "{ account { id } }")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(started.elapsed() < Duration::from_secs(1));
+
+    // Once the greedy requests are gone, the tenant is served again.
+    drop(held);
+    let (status, body) = app
+        .post_strict(Some(&greedy.key), "{ account { id } }")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
