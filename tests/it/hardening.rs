@@ -524,3 +524,44 @@ async fn each_tenant_has_a_few_requests_in_flight(backend: Backend) {
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
 }
+
+/// The graphql-http audit suite, the specification's own checks, run by Node.js as a
+/// real client against the served API (`tests/blackbox/audit.mjs`); any MUST audit
+/// that fails fails this test. Node.js is required: without it this test fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_graphql_over_http_audit_suite_passes() {
+    let blackbox = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/blackbox");
+    match std::process::Command::new("node").arg("--version").output() {
+        Ok(output) if output.status.success() => {}
+        other => panic!(
+            "`node` is not on PATH ({other:?}): the GraphQL-over-HTTP audits cannot run; install Node.js 20 or later"
+        ),
+    }
+    if !blackbox.join("node_modules/graphql-http").exists() {
+        let installed = tokio::process::Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund", "--prefix"])
+            .arg(&blackbox)
+            .status()
+            .await
+            .expect("npm runs");
+        assert!(installed.success(), "npm ci --prefix tests/blackbox failed");
+    }
+    let app = spawn_app_with(Backend::Sqlite, AppOptions::no_workers()).await;
+    let output = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new("node")
+            .arg(blackbox.join("audit.mjs"))
+            .arg(app.url())
+            .output(),
+    )
+    .await
+    .expect("the audits finish within 2 minutes")
+    .expect("node runs");
+    let report = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "graphql-http audits failed:\n{report}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(report.contains("0 MUST audit(s) failed"), "{report}");
+}
