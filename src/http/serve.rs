@@ -42,8 +42,8 @@ const SHEDDING_THRESHOLD: usize = 512;
 /// The idle time after which a connection is dropped while the server sheds load.
 const IDLE_TIMEOUT_WHEN_SHEDDING: Duration = Duration::from_secs(1);
 
-/// How long the accept loop pauses after the process ran out of descriptors, while
-/// shedding frees some.
+/// How long the accept loop pauses after a lasting failure (such as running out of
+/// descriptors, while shedding frees some).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// Serves `router` on `listener` until `shutdown` is cancelled; then stops accepting,
@@ -66,16 +66,17 @@ pub async fn serve(
         };
         let (stream, peer) = match accepted {
             Ok(accepted) => accepted,
-            Err(error) if out_of_descriptors(&error) => {
-                tracing::warn!(error = %error, "out of file descriptors: shedding idle connections");
-                load.descriptors_exhausted_at
-                    .store(load.now_millis(), Ordering::Relaxed);
-                tokio::time::sleep(ACCEPT_BACKOFF).await;
-                continue;
-            }
             // A connection reset before it was accepted concerns that client only.
+            Err(error) if is_connection_error(&error) => continue,
+            // Anything else (out of descriptors, of memory) lasts a while: pause rather
+            // than spin, and shed idle connections when descriptors ran out.
             Err(error) => {
-                tracing::debug!(error = %error, "accepting a connection failed");
+                if out_of_descriptors(&error) {
+                    load.descriptors_exhausted_at
+                        .store(load.now_millis(), Ordering::Relaxed);
+                }
+                tracing::warn!(error = %error, "accepting a connection failed");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
                 continue;
             }
         };
@@ -118,6 +119,16 @@ pub async fn serve(
     connections.close();
     connections.wait().await;
     Ok(())
+}
+
+/// Whether accepting failed because of that one connection.
+fn is_connection_error(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    )
 }
 
 /// Whether accepting failed because the process or system has no descriptor left.

@@ -20,6 +20,7 @@ on_both_backends!(
     pages_multiply_complexity,
     responses_past_the_limit_are_replaced_by_an_error,
     half_open_sockets_are_dropped_and_healthz_keeps_answering,
+    idle_connections_are_shed_when_too_many_are_open,
     requests_follow_graphql_over_http,
     failed_authentications_are_throttled_per_address,
     each_tenant_has_a_few_requests_in_flight,
@@ -317,6 +318,31 @@ async fn half_open_sockets_are_dropped_and_healthz_keeps_answering(backend: Back
     })
     .await;
     assert!(started.elapsed() < Duration::from_secs(15));
+}
+
+async fn idle_connections_are_shed_when_too_many_are_open(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    // More idle sockets than the server keeps while it sheds load (512): past that,
+    // idle ones are closed after a second of silence, long before the 10 s header
+    // timeout would close them.
+    let sockets: Vec<TcpStream> = futures_util::future::join_all((0..600).map(|_| async {
+        let mut socket = TcpStream::connect(app.address).await.unwrap();
+        socket.write_all(b"GET /heal").await.unwrap();
+        socket
+    }))
+    .await;
+    healthz_keeps_answering(&app, tokio::time::sleep(Duration::from_secs(4))).await;
+    let closed = sockets
+        .iter()
+        .filter(|socket| {
+            let mut buffer = [0_u8; 1024];
+            !matches!(socket.try_read(&mut buffer), Err(error) if error.kind() == std::io::ErrorKind::WouldBlock)
+        })
+        .count();
+    assert!(
+        closed >= 600 - 512,
+        "only {closed} of 600 idle sockets were closed within 4 s"
+    );
 }
 
 async fn requests_follow_graphql_over_http(backend: Backend) {
