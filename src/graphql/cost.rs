@@ -11,17 +11,22 @@
 //! - during execution, by [`ResponseMeter`]: the resolved values are measured as they
 //!   are produced, and once the response would pass its byte limit nothing more is
 //!   resolved.
+//!
+//! The schema runs the first and the last through the [`CostLimits`] extension, so
+//! every transport (HTTP, WebSocket, SSE) gets them.
 
 use super::ErrorCode;
+use crate::accounts::Principal;
 use crate::jobs::input::MAX_ATTEMPTS_CAP;
 use crate::jobs::service::MAX_PAGE_SIZE;
 use async_graphql::extensions::{
-    Extension, ExtensionContext, ExtensionFactory, NextExecute, NextResolve, ResolveInfo,
+    Extension, ExtensionContext, ExtensionFactory, NextExecute, NextParseQuery, NextResolve,
+    ResolveInfo,
 };
 use async_graphql::parser::types::{
     DocumentOperations, ExecutableDocument, Selection, SelectionSet,
 };
-use async_graphql::{Name, Response, ServerError, ServerResult, Value};
+use async_graphql::{Name, Response, ServerError, ServerResult, Value, Variables};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -464,8 +469,12 @@ impl ResponseMeter {
     }
 }
 
-/// Installs [`ResponseMeter`] accounting on a schema: requests that carry an
-/// `Arc<ResponseMeter>` in their data are metered, others run as before.
+/// The cost limits a schema applies to every request, whatever its transport:
+///
+/// - the pre-pass: the text is checked before it is parsed, the document after,
+///   against the budget of a request with a [`Principal`] or of an anonymous one;
+/// - [`ResponseMeter`] accounting, for requests that carry an `Arc<ResponseMeter>` in
+///   their data (the others run unmetered).
 ///
 /// Every leaf value (scalar, enum, JSON) is measured by serializing it into a counter
 /// as soon as its resolver returns it, with its key and punctuation. Leaves hold
@@ -474,16 +483,38 @@ impl ResponseMeter {
 /// bounds. Once the total passes the limit no further resolver runs, so the response
 /// never holds more than the limit plus the one value that crossed it, and the HTTP
 /// layer replaces it with the error without serializing it.
-pub struct ResponseMetering;
+pub struct CostLimits;
 
-impl ExtensionFactory for ResponseMetering {
+impl ExtensionFactory for CostLimits {
     fn create(&self) -> Arc<dyn Extension> {
-        Arc::new(ResponseMetering)
+        Arc::new(CostLimits)
     }
 }
 
 #[async_trait::async_trait]
-impl Extension for ResponseMetering {
+impl Extension for CostLimits {
+    async fn parse_query(
+        &self,
+        ctx: &ExtensionContext<'_>,
+        query: &str,
+        variables: &Variables,
+        next: NextParseQuery<'_>,
+    ) -> ServerResult<ExecutableDocument> {
+        let budget = match ctx.data_opt::<Principal>() {
+            Some(_) => QueryBudget::AUTHENTICATED,
+            None => QueryBudget::ANONYMOUS,
+        };
+        let too_complex =
+            |error: CostError| ErrorCode::QueryTooComplex.request_error(error.to_string());
+        check_text(query, &budget).map_err(too_complex)?;
+        // Measured on a parse of its own: async-graphql's parse step (`next`) ends with
+        // a recursion-depth check that follows every fragment spread, which a fragment
+        // bomb turns exponential. The text check bounds this extra parse.
+        let document = async_graphql::parser::parse_query(query).map_err(ServerError::from)?;
+        check_document(&document, &budget).map_err(too_complex)?;
+        next.run(ctx, query, variables).await
+    }
+
     async fn execute(
         &self,
         ctx: &ExtensionContext<'_>,

@@ -49,7 +49,7 @@ pub fn build_schema(app: App) -> AppSchema {
         SubscriptionRoot,
     )
     .extension(loaders::PerRequestLoaders::new(app.db.clone()))
-    .extension(cost::ResponseMetering)
+    .extension(cost::CostLimits)
     .data(app)
     .limit_depth(MAX_DEPTH)
     .limit_complexity(MAX_COMPLEXITY)

@@ -294,6 +294,9 @@ async fn execute(
         Some(_) => QueryBudget::AUTHENTICATED,
         None => QueryBudget::ANONYMOUS,
     };
+    // The schema's `CostLimits` check the text and the document of every request; the
+    // text is checked here as well because the document is parsed here, early, to see
+    // which operation it runs.
     if let Err(error) = cost::check_text(&request.query, &budget) {
         return too_complex(media_type, &error);
     }
@@ -301,12 +304,7 @@ async fn execute(
     // Parsed once: the schema executes this document without parsing it again.
     let operation_type = match request.parsed_query() {
         Err(error) => return not_executed(media_type, vec![error]),
-        Ok(document) => {
-            if let Err(error) = cost::check_document(document, &budget) {
-                return too_complex(media_type, &error);
-            }
-            selected_operation(document, operation_name.as_deref())
-        }
+        Ok(document) => selected_operation(document, operation_name.as_deref()),
     };
     match operation_type {
         // GET must not change anything, whatever else the document holds.
