@@ -55,7 +55,9 @@ impl QueryBudget {
     pub const AUTHENTICATED: Self = Self {
         bytes: 8 * 1024 * 1024,
         tokens: 20_000,
-        nesting: 64,
+        // Literal JSON values nest too: a job's metadata may nest 32 levels inside the
+        // mutation, and deeper ones are refused by its validation, naming the field.
+        nesting: 256,
         selections: 10_000,
         aliases: 500,
         directives: 500,
@@ -402,6 +404,10 @@ pub fn page_complexity(first: Option<i32>, child_complexity: usize) -> usize {
     };
     child_complexity.saturating_mul(rows).saturating_add(1)
 }
+
+/// The complexity of a field holding a whole JSON document (a job's input or result):
+/// up to megabytes loaded and sent whole, so it weighs as much as 50 plain fields.
+pub const DOCUMENT_FIELD_COMPLEXITY: usize = 50;
 
 /// Attempts a job lists, for the complexity estimate: its most paid calls. Hand-backs
 /// can add a few more; the response meter bounds what the estimate misses.

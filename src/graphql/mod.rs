@@ -34,12 +34,14 @@ pub type AppSchema = Schema<QueryRoot, MutationRoot, SubscriptionRoot>;
 
 /// Deep enough for GraphiQL's and codegen tools' introspection queries.
 const MAX_DEPTH: usize = 32;
-/// The complexity one request may have: one per field selected, list fields
-/// multiplied by the items they may return (a page by its `first`, a job's attempts
-/// and events by their usual most). Room for every contract operation at full pages
-/// (a 100-row `jobCosts` page is about 1,400) and for introspection,
-/// and `jobs(first: 100) { edges { node { id input } } }` (401) under 12 aliases at most.
-pub const MAX_COMPLEXITY: usize = 5_000;
+/// The complexity one request may have: one per field selected, a job's `input` and
+/// `result` 50 each, list fields multiplied by the items they may return (a page by
+/// its `first`, a job's attempts and events by their usual most). Room for every
+/// contract operation at full pages (a 100-row `jobCosts` page is about 1,400), for
+/// introspection, and for a 100-job page with every job's attempts, events, hold,
+/// charge and cost (about 17,000); `jobs(first: 100) { edges { node { id input } } }`
+/// (5,301) fits 3 times.
+const MAX_COMPLEXITY: usize = 20_000;
 
 /// The schema serving `app`.
 pub fn build_schema(app: App) -> AppSchema {

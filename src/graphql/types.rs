@@ -109,11 +109,13 @@ impl Job {
     }
 
     /// The messages, limits, response schema and metadata the job was created with.
+    #[graphql(complexity = "super::cost::DOCUMENT_FIELD_COMPLEXITY")]
     async fn input(&self) -> Json<serde_json::Value> {
         Json(self.0.input.0.clone())
     }
 
     /// The accepted reply: parsed JSON when the job has a response schema, else text.
+    #[graphql(complexity = "super::cost::DOCUMENT_FIELD_COMPLEXITY")]
     async fn result(&self) -> Option<Json<serde_json::Value>> {
         self.0.result.clone().map(|result| Json(result.0))
     }

@@ -264,11 +264,23 @@ async fn pages_multiply_complexity(backend: Backend) {
             .is_some_and(|message| message.contains("too complex")),
         "{body}"
     );
-    let (status, body) = app.post_strict(Some(&tenant.key), &aliased(2)).await;
+    let (status, body) = app.post_strict(Some(&tenant.key), &aliased(3)).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    // A job's attempts and events count as lists too: 100 jobs × their timelines.
-    let timelines = "{ jobs(first: 100) { edges { node { events { seq kind status at data } attempts { id number outcome errorCode errorMessage provider } } } } }";
-    let (status, body) = app.post_strict(Some(&tenant.key), timelines).await;
+    let (status, body) = app.post_strict(Some(&tenant.key), &aliased(4)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    // A job's attempts and events count as lists too: one page of 100 jobs with their
+    // timelines fits, two do not.
+    let timelines = "jobs(first: 100) { edges { node { events { seq kind status at data } attempts { id number outcome errorCode errorMessage provider } } } }";
+    let (status, body) = app
+        .post_strict(Some(&tenant.key), &format!("{{ {timelines} }}"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = app
+        .post_strict(
+            Some(&tenant.key),
+            &format!("{{ a: {timelines} b: {timelines} }}"),
+        )
+        .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
 }
 
