@@ -6,7 +6,8 @@
 //! Every request passes the same gates before the schema sees it, cheapest first: the
 //! failed-authentication throttle of its address (no database), authentication, one
 //! of its principal's slots, the body (bounded in size and time), and the cost
-//! pre-pass on the document (see `graphql::cost`). Its response is metered while it
+//! pre-pass on the text (the schema's `CostLimits` check the text and the document
+//! again, for every transport; see `graphql::cost`). Its response is metered while it
 //! resolves and refused past `MAX_RESPONSE_BYTES`.
 
 use super::HttpState;
