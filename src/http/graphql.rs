@@ -302,7 +302,7 @@ async fn execute(
         return too_complex(media_type, &error);
     }
     let operation_name = request.operation_name.clone();
-    // Parsed once: the schema executes this document without parsing it again.
+    // Execution reuses this document (the cost hook measures a parse of its own).
     let operation_type = match request.parsed_query() {
         Err(error) => return not_executed(media_type, vec![error]),
         Ok(document) => selected_operation(document, operation_name.as_deref()),
@@ -324,7 +324,7 @@ async fn execute(
             return request_error(
                 media_type,
                 StatusCode::BAD_REQUEST,
-                "subscriptions are served over WebSocket at /graphql/ws",
+                "subscriptions are served over WebSocket (/graphql/ws) and SSE (/graphql/sse)",
             );
         }
         // An unknown or ambiguous operation name: execution reports it.
