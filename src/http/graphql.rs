@@ -30,7 +30,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 const GRAPHQL_RESPONSE_JSON: &str = "application/graphql-response+json";
-const JSON: &str = "application/json";
+pub(super) const JSON: &str = "application/json";
 
 /// Largest GraphQL request body accepted: above the largest job input, so that an
 /// oversized input is refused with a `VALIDATION` error that says why, not a bare 413.
@@ -356,7 +356,7 @@ async fn execute(
 }
 
 /// The type of the operation the request runs: the one named, or the only one.
-fn selected_operation(
+pub(super) fn selected_operation(
     document: &ExecutableDocument,
     operation_name: Option<&str>,
 ) -> Option<OperationType> {
@@ -374,7 +374,7 @@ fn selected_operation(
 }
 
 /// The Content-Type of a POST must be JSON (either media type), in UTF-8.
-fn check_content_type(headers: &HeaderMap) -> Result<(), &'static str> {
+pub(super) fn check_content_type(headers: &HeaderMap) -> Result<(), &'static str> {
     let Some(value) = headers.get(header::CONTENT_TYPE) else {
         return Err("a POST must say Content-Type: application/json");
     };
@@ -473,7 +473,7 @@ fn request_error(media_type: &'static str, status: StatusCode, message: &str) ->
     graphql_response(media_type, status, body.to_string())
 }
 
-fn coded_error(
+pub(super) fn coded_error(
     media_type: &'static str,
     status: StatusCode,
     code: ErrorCode,
@@ -483,7 +483,11 @@ fn coded_error(
     graphql_response(media_type, status, body.to_string())
 }
 
-fn too_many_requests(media_type: &'static str, retry_after: Duration, message: &str) -> Response {
+pub(super) fn too_many_requests(
+    media_type: &'static str,
+    retry_after: Duration,
+    message: &str,
+) -> Response {
     let mut response = coded_error(
         media_type,
         StatusCode::TOO_MANY_REQUESTS,

@@ -10,68 +10,97 @@
 //! when the client closes the connection or the stream completes.
 
 use super::HttpState;
-use super::auth::{AuthError, authenticate};
+use super::auth::{AuthError, authenticate, credential};
+use super::graphql::{
+    JSON, check_content_type, coded_error, selected_operation, too_many_requests,
+};
+use super::limits::ClientAddress;
 use crate::graphql::ErrorCode;
+use crate::graphql::cost::{self, QueryBudget};
+use async_graphql::parser::types::OperationType;
 use axum::body::Bytes;
-use axum::extract::{RawQuery, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{ConnectInfo, RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::{Stream, StreamExt, stream};
 use serde_json::json;
 use std::convert::Infallible;
-use std::time::Duration;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
 /// How often an idle stream sends a comment, so that proxies keep it open and a
 /// vanished client is noticed.
 const KEEPALIVE: Duration = Duration::from_secs(15);
 
 /// POST /graphql/sse: a JSON body `{query, variables, operationName}`.
-pub async fn post(State(state): State<HttpState>, headers: HeaderMap, body: Bytes) -> Response {
-    let is_json = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.split(';').next())
-        .is_some_and(|media_type| media_type.trim().eq_ignore_ascii_case("application/json"));
-    if !is_json {
-        return (
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "a GraphQL request over SSE is sent as application/json",
-        )
-            .into_response();
+pub async fn post(
+    State(state): State<HttpState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Err(refusal) = check_content_type(&headers) {
+        return (StatusCode::UNSUPPORTED_MEDIA_TYPE, refusal).into_response();
     }
     let request = serde_json::from_slice::<async_graphql::Request>(&body)
         .map_err(|error| format!("the body is not a GraphQL request: {error}"));
-    respond(&state, &headers, request).await
+    respond(&state, peer, &headers, request, false).await
 }
 
-/// GET /graphql/sse: the request in the URL, as for GET /graphql.
+/// GET /graphql/sse: the request in the URL, as for GET /graphql; no mutations.
 pub async fn get(
     State(state): State<HttpState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
     let request = async_graphql::http::parse_query_string(&query.unwrap_or_default())
         .map_err(|error| format!("the URL holds no GraphQL request: {error}"));
-    respond(&state, &headers, request).await
+    respond(&state, peer, &headers, request, true).await
 }
 
 async fn respond(
     state: &HttpState,
+    peer: SocketAddr,
     headers: &HeaderMap,
     request: Result<async_graphql::Request, String>,
+    from_get: bool,
 ) -> Response {
-    let credential = match headers.get(header::AUTHORIZATION) {
-        None => None,
-        Some(value) => match value.to_str() {
-            Ok(text) => Some(text),
-            Err(_) => return unauthenticated(&AuthError::Malformed.to_string()),
-        },
+    // The same gate as /graphql: an address that keeps presenting bad keys is turned
+    // away without a database query.
+    let client = ClientAddress::from(peer.ip());
+    let presented = headers.get(header::AUTHORIZATION);
+    if presented.is_some()
+        && let Err(retry_after) = state.limits.auth_failures.check(client, Instant::now())
+    {
+        return too_many_requests(
+            JSON,
+            retry_after,
+            "too many failed authentications from this address",
+        );
+    }
+    let principal = match credential(presented) {
+        Ok(credential) => authenticate(&state.app, credential).await,
+        Err(error) => Err(error),
     };
-    let principal = match authenticate(&state.app, credential).await {
+    let principal = match principal {
         Ok(principal) => principal,
         Err(error @ (AuthError::Malformed | AuthError::UnknownKey)) => {
-            return unauthenticated(&error.to_string());
+            state
+                .limits
+                .auth_failures
+                .record_failure(client, Instant::now());
+            let mut response = coded_error(
+                JSON,
+                StatusCode::UNAUTHORIZED,
+                ErrorCode::Unauthenticated,
+                &error.to_string(),
+            );
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return response;
         }
         Err(AuthError::Database(error)) => {
             tracing::error!(error = %error, "authenticating a request failed");
@@ -79,7 +108,30 @@ async fn respond(
         }
     };
     let results = match request {
-        Ok(request) => {
+        Ok(mut request) => {
+            // GET must not change anything. Its text is measured before it is parsed
+            // here; the schema measures every request again before running it.
+            let budget = match principal {
+                Some(_) => QueryBudget::AUTHENTICATED,
+                None => QueryBudget::ANONYMOUS,
+            };
+            if from_get && cost::check_text(&request.query, &budget).is_ok() {
+                let operation_name = request.operation_name.clone();
+                if let Ok(document) = request.parsed_query()
+                    && selected_operation(document, operation_name.as_deref())
+                        == Some(OperationType::Mutation)
+                {
+                    let mut response = (
+                        StatusCode::METHOD_NOT_ALLOWED,
+                        "mutations must be sent with POST",
+                    )
+                        .into_response();
+                    response
+                        .headers_mut()
+                        .insert(header::ALLOW, HeaderValue::from_static("POST"));
+                    return response;
+                }
+            }
             let request = match principal {
                 Some(principal) => request.data(principal),
                 None => request,
@@ -112,14 +164,4 @@ fn events(
         .chain(stream::once(async {
             Ok(Event::default().event("complete").data(""))
         }))
-}
-
-fn unauthenticated(message: &str) -> Response {
-    let body = json!({"errors": [{"message": message, "extensions": {"code": ErrorCode::Unauthenticated.as_str()}}]});
-    (
-        StatusCode::UNAUTHORIZED,
-        [(header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
-    )
-        .into_response()
 }
