@@ -52,6 +52,7 @@ pub fn build_schema(app: App) -> AppSchema {
     )
     .extension(loaders::PerRequestLoaders::new(app.db.clone()))
     .extension(cost::CostLimits)
+    .data(types::PayloadGate::default())
     .data(app)
     .limit_depth(MAX_DEPTH)
     .limit_complexity(MAX_COMPLEXITY)

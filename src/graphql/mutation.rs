@@ -179,7 +179,7 @@ impl JobMutation {
             service::create_job(&app.db, &app.bus, &app.providers, tenant_id, new).await?;
         Ok(CreateJobPayload {
             replayed: created.replayed,
-            job: Job(created.job),
+            job: created.job.into(),
         })
     }
 
@@ -188,9 +188,9 @@ impl JobMutation {
     async fn cancel_job(&self, context: &Context<'_>, id: Uuid) -> async_graphql::Result<Job> {
         let tenant_id = principal(context)?.tenant_id()?;
         let app = app(context);
-        Ok(Job(
-            service::cancel_job(&app.db, &app.bus, tenant_id, id).await?
-        ))
+        Ok(service::cancel_job(&app.db, &app.bus, tenant_id, id)
+            .await?
+            .into())
     }
 
     /// Admin: creates a tenant and its first API key.

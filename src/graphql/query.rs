@@ -19,9 +19,9 @@ impl JobQuery {
     /// One of the caller's jobs.
     async fn job(&self, context: &Context<'_>, id: Uuid) -> async_graphql::Result<Job> {
         let tenant_id = principal(context)?.tenant_id()?;
-        Ok(Job(
-            service::find_job(&app(context).db, tenant_id, id).await?
-        ))
+        Ok(service::find_job(&app(context).db, tenant_id, id)
+            .await?
+            .into())
     }
 
     /// The caller's jobs, newest first, `first` at a time (at most 100).
@@ -60,7 +60,7 @@ impl JobQuery {
             .into_iter()
             .map(|job| JobEdge {
                 cursor: job.id.to_string(),
-                node: Job(job),
+                node: Job::without_payloads(job),
             })
             .collect();
         Ok(JobConnection {

@@ -75,8 +75,62 @@ pub enum EventKind {
     OutputDelta,
 }
 
-/// A durable LLM job.
-pub struct Job(pub jobs::Model);
+/// A durable LLM job. Read one at a time it comes with its payloads (input and
+/// result); read in a page it comes without them, and they load when asked for.
+pub struct Job(pub jobs::Model, Payloads);
+
+/// A job's input and result, as read with it or left to load.
+enum Payloads {
+    Read,
+    /// Loaded once, when a field asks, under the schema's [`PayloadGate`].
+    Deferred(tokio::sync::OnceCell<crate::jobs::service::JobPayloads>),
+}
+
+impl From<jobs::Model> for Job {
+    fn from(row: jobs::Model) -> Self {
+        Self(row, Payloads::Read)
+    }
+}
+
+/// Bounds how many job payloads (each up to megabytes) the whole process loads at once
+/// for pages of jobs: with the response limit, which stops resolving once reached,
+/// this bounds the memory a page of large jobs takes, whoever asks.
+pub struct PayloadGate(tokio::sync::Semaphore);
+
+/// Payloads one process loads at once for pages of jobs.
+const CONCURRENT_PAYLOAD_LOADS: usize = 4;
+
+impl Default for PayloadGate {
+    fn default() -> Self {
+        Self(tokio::sync::Semaphore::new(CONCURRENT_PAYLOAD_LOADS))
+    }
+}
+
+impl Job {
+    /// A job read in a page, without its payloads.
+    pub fn without_payloads(row: jobs::Model) -> Self {
+        Self(row, Payloads::Deferred(tokio::sync::OnceCell::new()))
+    }
+
+    async fn payloads(
+        &self,
+        context: &Context<'_>,
+    ) -> async_graphql::Result<(entity::JsonText, Option<entity::JsonText>)> {
+        let cell = match &self.1 {
+            Payloads::Read => return Ok((self.0.input.clone(), self.0.result.clone())),
+            Payloads::Deferred(cell) => cell,
+        };
+        let loaded = cell
+            .get_or_try_init(|| async {
+                let gate = context.data_unchecked::<PayloadGate>();
+                let _permit = gate.0.acquire().await.expect("the gate is never closed");
+                let db = &context.data_unchecked::<crate::startup::App>().db;
+                crate::jobs::service::job_payloads(db, self.0.tenant_id, self.0.id).await
+            })
+            .await?;
+        Ok((loaded.input.clone(), loaded.result.clone()))
+    }
+}
 
 /// Why a job failed.
 #[derive(SimpleObject)]
@@ -110,14 +164,17 @@ impl Job {
 
     /// The messages, limits, response schema and metadata the job was created with.
     #[graphql(complexity = "super::cost::DOCUMENT_FIELD_COMPLEXITY")]
-    async fn input(&self) -> Json<serde_json::Value> {
-        Json(self.0.input.0.clone())
+    async fn input(&self, context: &Context<'_>) -> async_graphql::Result<Json<serde_json::Value>> {
+        Ok(Json(self.payloads(context).await?.0.0))
     }
 
     /// The accepted reply: parsed JSON when the job has a response schema, else text.
     #[graphql(complexity = "super::cost::DOCUMENT_FIELD_COMPLEXITY")]
-    async fn result(&self) -> Option<Json<serde_json::Value>> {
-        self.0.result.clone().map(|result| Json(result.0))
+    async fn result(
+        &self,
+        context: &Context<'_>,
+    ) -> async_graphql::Result<Option<Json<serde_json::Value>>> {
+        Ok(self.payloads(context).await?.1.map(|result| Json(result.0)))
     }
 
     async fn error(&self) -> Option<JobError> {

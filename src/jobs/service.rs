@@ -11,8 +11,8 @@ use crate::llm::ProviderRegistry;
 use entity::{EventKind, JobStatus, JsonText, Timestamp, attempts, job_events, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait, QueryFilter,
-    QueryOrder, QuerySelect,
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait,
+    FromQueryResult, Iterable, QueryFilter, QueryOrder, QuerySelect,
 };
 use uuid::Uuid;
 
@@ -175,7 +175,19 @@ pub async fn list_jobs(
     after: Option<Uuid>,
     status: Option<JobStatus>,
 ) -> Result<JobPage, ServiceError> {
-    let mut query = jobs::Entity::find().filter(jobs::Column::TenantId.eq(tenant_id));
+    // The payloads stay in the database: a page of 100 jobs with inputs of megabytes
+    // each would otherwise sit in memory whatever the client asked for. Their columns
+    // read as a JSON `null` input and no result; `job_payloads` reads them one job at a
+    // time.
+    let mut query = jobs::Entity::find()
+        .select_only()
+        .columns(
+            jobs::Column::iter()
+                .filter(|column| !matches!(column, jobs::Column::Input | jobs::Column::Result)),
+        )
+        .column_as(Expr::cust("CAST('null' AS TEXT)"), "input")
+        .column_as(Expr::cust("CAST(NULL AS TEXT)"), "result")
+        .filter(jobs::Column::TenantId.eq(tenant_id));
     if let Some(after) = after {
         // Ids are version-7 UUIDs: ordering by id is ordering by creation.
         query = query.filter(jobs::Column::Id.lt(after));
@@ -194,6 +206,29 @@ pub async fn list_jobs(
         jobs,
         has_next_page,
     })
+}
+
+/// A job's input and result, which `list_jobs` leaves out.
+pub async fn job_payloads(
+    db: &impl ConnectionTrait,
+    tenant_id: Uuid,
+    job_id: Uuid,
+) -> Result<JobPayloads, ServiceError> {
+    jobs::Entity::find_by_id(job_id)
+        .filter(jobs::Column::TenantId.eq(tenant_id))
+        .select_only()
+        .columns([jobs::Column::Input, jobs::Column::Result])
+        .into_model::<JobPayloads>()
+        .one(db)
+        .await?
+        .ok_or(ServiceError::NotFound)
+}
+
+/// The large columns of a job.
+#[derive(Clone, Debug, FromQueryResult)]
+pub struct JobPayloads {
+    pub input: JsonText,
+    pub result: Option<JsonText>,
 }
 
 /// The attempts of a tenant's jobs among `job_ids`, each job's in order of number. The

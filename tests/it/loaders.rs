@@ -168,3 +168,77 @@ async fn a_page_of_100_jobs_costs_the_statements_of_a_page_of_10(backend: Backen
         }
     }
 }
+
+on_both_backends!(a_page_reads_payloads_only_when_asked_and_one_job_at_a_time);
+
+/// A page of jobs leaves their payloads (input and result, up to megabytes each) in
+/// the database unless the client asks for them; asked for, each job's are read on
+/// their own, so a page of large jobs is never held in memory at once — and they are
+/// each job's own.
+async fn a_page_reads_payloads_only_when_asked_and_one_job_at_a_time(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let tenant = app.funded_tenant("acme", "50").await;
+    let mut ids = Vec::new();
+    for index in 0..3 {
+        let id = app
+            .create_job_ok(
+                &tenant,
+                job_input(&format!("payload-{index}"), &format!("text number {index}")),
+            )
+            .await;
+        ids.push(id);
+    }
+    for id in &ids {
+        app.wait_until_finished(&tenant, *id, Duration::from_secs(20))
+            .await;
+    }
+    let reads = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let mut db = app.app.db.clone();
+    let log = reads.clone();
+    db.set_metric_callback(move |info| {
+        log.lock().unwrap().push(info.statement.sql.clone());
+    });
+    let schema = build_schema(App {
+        db,
+        ..app.app.clone()
+    });
+    let run = async |query: &str| {
+        reads.lock().unwrap().clear();
+        let response = schema
+            .execute(Request::new(query).data(Principal::Tenant {
+                tenant_id: tenant.id,
+            }))
+            .await;
+        assert!(response.errors.is_empty(), "{:?}", response.errors);
+        let statements = reads.lock().unwrap().clone();
+        (response.data.into_json().unwrap(), statements)
+    };
+    let reads_payloads = |sql: &String| sql.contains(r#""jobs"."input""#);
+
+    let (_, statements) = run("{ jobs(first: 10) { edges { node { id status } } } }").await;
+    assert!(
+        !statements.iter().any(reads_payloads),
+        "a page without payloads never reads them: {statements:?}"
+    );
+
+    let (page, statements) =
+        run("{ jobs(first: 10) { edges { node { id input result } } } }").await;
+    assert_eq!(
+        statements.iter().filter(|sql| reads_payloads(sql)).count(),
+        ids.len(),
+        "one read per job: {statements:?}"
+    );
+    for edge in page["jobs"]["edges"].as_array().unwrap() {
+        let id: uuid::Uuid = edge["node"]["id"].as_str().unwrap().parse().unwrap();
+        let one = &app
+            .graphql(
+                Some(&tenant.key),
+                "query($id: UUID!) { job(id: $id) { input result } }",
+                json!({"id": id}),
+            )
+            .await["data"]["job"];
+        assert_eq!(edge["node"]["input"], one["input"], "{id}");
+        assert_eq!(edge["node"]["result"], one["result"], "{id}");
+        assert!(edge["node"]["result"].is_string(), "{edge}");
+    }
+}
