@@ -94,3 +94,165 @@ async fn concurrent_migrations_of_a_fresh_database_all_succeed(backend: Backend)
         .expect("nothing is left to apply");
     assert_billing_invariants(&db).await;
 }
+
+/// A `jobledger serve` child process on `url`, killed when dropped.
+struct ServeProcess {
+    address: std::net::SocketAddr,
+    _child: tokio::process::Child,
+}
+
+impl ServeProcess {
+    async fn start(url: &str) -> Self {
+        let address = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobledger"))
+            .args([
+                "serve",
+                "--listen",
+                &address.to_string(),
+                "--database-url",
+                url,
+            ])
+            .env("JOBLEDGER_ADMIN_TOKEN", crate::helpers::ADMIN_TOKEN)
+            .env("RUST_LOG", "warn")
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the binary runs");
+        let client = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !client
+            .get(format!("http://{address}/healthz"))
+            .send()
+            .await
+            .is_ok_and(|response| response.status().is_success())
+        {
+            assert!(Instant::now() < deadline, "serve did not start");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Self {
+            address,
+            _child: child,
+        }
+    }
+
+    async fn graphql(
+        &self,
+        key: &str,
+        query: &str,
+        variables: serde_json::Value,
+    ) -> serde_json::Value {
+        reqwest::Client::new()
+            .post(format!("http://{}/graphql", self.address))
+            .bearer_auth(key)
+            .json(&json!({"query": query, "variables": variables}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+}
+
+/// Two `serve` processes on one PostgreSQL database: a subscriber of one sees every
+/// event of a job the other created and ran, and a key revoked through one closes its
+/// connection on the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_updates_and_revocations_cross_two_serve_processes() {
+    use crate::socket::{GraphqlSocket, Received};
+    let Some(backend @ Backend::Postgres(_)) = Backend::postgres() else {
+        return;
+    };
+    let database = crate::helpers::TestDatabase::create(&backend).await;
+    // One at a time: the second finds the migrations applied.
+    let first = ServeProcess::start(&database.url).await;
+    let second = ServeProcess::start(&database.url).await;
+    let admin = crate::helpers::ADMIN_TOKEN;
+    let created = first
+        .graphql(
+            admin,
+            "mutation { createTenant(name: \"acme\") { tenant { id } apiKey } }",
+            json!({}),
+        )
+        .await;
+    let tenant_id = created["data"]["createTenant"]["tenant"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let key = created["data"]["createTenant"]["apiKey"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let granted = first
+        .graphql(
+            admin,
+            "mutation($input: GrantCreditsInput!) { grantCredits(input: $input) { id } }",
+            json!({"input": {"tenantId": tenant_id, "amount": "5", "idempotencyKey": "g"}}),
+        )
+        .await;
+    assert!(granted["errors"].is_null(), "{granted}");
+    let extra = second
+        .graphql(
+            &key,
+            "mutation { createApiKey(name: \"live\") { apiKey key { id } } }",
+            json!({}),
+        )
+        .await;
+    let live_key = extra["data"]["createApiKey"]["apiKey"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let live_key_id = extra["data"]["createApiKey"]["key"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let mut socket = GraphqlSocket::connect(second.address).await;
+    socket.init_ok(&live_key).await;
+    socket
+        .subscribe(
+            "all",
+            &crate::contract::operation("AccountJobUpdates"),
+            json!({}),
+        )
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let job = first
+        .graphql(
+            &key,
+            "mutation($input: CreateJobInput!) { createJob(input: $input) { job { id } } }",
+            json!({"input": job_input("two-processes", "hello [mock:delay_ms=200]")}),
+        )
+        .await;
+    let job_id = job["data"]["createJob"]["job"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut kinds = Vec::new();
+    while kinds.last().is_none_or(|kind| kind != "SUCCEEDED") {
+        match socket.next(Duration::from_secs(20)).await {
+            Received::Message(message) => {
+                let event = &message["payload"]["data"]["accountJobUpdates"];
+                assert_eq!(event["jobId"], job_id.as_str(), "{message}");
+                kinds.push(event["kind"].as_str().unwrap().to_owned());
+            }
+            other => panic!("the connection ended: {other:?}"),
+        }
+    }
+    assert_eq!(kinds, ["CREATED", "ATTEMPT_STARTED", "SUCCEEDED"]);
+
+    let revoked = first
+        .graphql(
+            &key,
+            "mutation($id: UUID!) { revokeApiKey(id: $id) { revokedAt } }",
+            json!({"id": live_key_id}),
+        )
+        .await;
+    assert!(revoked["errors"].is_null(), "{revoked}");
+    assert_eq!(socket.closed_code(Duration::from_secs(5)).await, 4403);
+    drop((first, second));
+    let db = jobledger::db::connect(&database.url).await.unwrap();
+    assert_billing_invariants(&db).await;
+}
