@@ -182,6 +182,30 @@ async fn admit(
     media_type: &'static str,
 ) -> Result<Admitted, Response> {
     let client = ClientAddress::from(peer.ip());
+    let principal = authenticate_client(state, client, headers, media_type).await?;
+    let owner = RequestOwner::of(principal, client);
+    let Some(slot) = state.limits.slots.acquire(owner, SLOT_WAIT).await else {
+        return Err(too_many_requests(
+            media_type,
+            Duration::from_secs(1),
+            "too many requests in flight for this client",
+        ));
+    };
+    Ok(Admitted {
+        principal,
+        _slot: slot,
+    })
+}
+
+/// Who the request's `Authorization` stands for (`None`: no key), unless the address
+/// has failed too often lately (429, decided without the database) or the credential is
+/// refused (401, counted against the address).
+pub(super) async fn authenticate_client(
+    state: &HttpState,
+    client: ClientAddress,
+    headers: &HeaderMap,
+    media_type: &'static str,
+) -> Result<Option<Principal>, Response> {
     let presented = headers.get(header::AUTHORIZATION);
     if presented.is_some()
         && let Err(retry_after) = state.limits.auth_failures.check(client, Instant::now())
@@ -196,8 +220,8 @@ async fn admit(
         Ok(credential) => authenticate(&state.app, credential).await,
         Err(error) => Err(error),
     };
-    let principal = match principal {
-        Ok(principal) => principal,
+    match principal {
+        Ok(principal) => Ok(principal),
         Err(error @ (AuthError::Malformed | AuthError::UnknownKey)) => {
             state
                 .limits
@@ -212,30 +236,18 @@ async fn admit(
             response
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            return Err(response);
+            Err(response)
         }
         Err(AuthError::Database(error)) => {
             tracing::error!(error = %error, "authenticating a request failed");
-            return Err(coded_error(
+            Err(coded_error(
                 media_type,
                 StatusCode::INTERNAL_SERVER_ERROR,
                 ErrorCode::Internal,
                 "internal error",
-            ));
+            ))
         }
-    };
-    let owner = RequestOwner::of(principal, client);
-    let Some(slot) = state.limits.slots.acquire(owner, SLOT_WAIT).await else {
-        return Err(too_many_requests(
-            media_type,
-            Duration::from_secs(1),
-            "too many requests in flight for this client",
-        ));
-    };
-    Ok(Admitted {
-        principal,
-        _slot: slot,
-    })
+    }
 }
 
 /// The body, refused when it passes `MAX_REQUEST_BYTES` or takes longer than
@@ -473,7 +485,7 @@ fn request_error(media_type: &'static str, status: StatusCode, message: &str) ->
     graphql_response(media_type, status, body.to_string())
 }
 
-pub(super) fn coded_error(
+fn coded_error(
     media_type: &'static str,
     status: StatusCode,
     code: ErrorCode,
@@ -483,11 +495,7 @@ pub(super) fn coded_error(
     graphql_response(media_type, status, body.to_string())
 }
 
-pub(super) fn too_many_requests(
-    media_type: &'static str,
-    retry_after: Duration,
-    message: &str,
-) -> Response {
+fn too_many_requests(media_type: &'static str, retry_after: Duration, message: &str) -> Response {
     let mut response = coded_error(
         media_type,
         StatusCode::TOO_MANY_REQUESTS,

@@ -10,12 +10,8 @@
 //! when the client closes the connection or the stream completes.
 
 use super::HttpState;
-use super::auth::{AuthError, authenticate, credential};
-use super::graphql::{
-    JSON, check_content_type, coded_error, selected_operation, too_many_requests,
-};
+use super::graphql::{JSON, authenticate_client, check_content_type, selected_operation};
 use super::limits::ClientAddress;
-use crate::graphql::ErrorCode;
 use crate::graphql::cost::{self, QueryBudget};
 use async_graphql::parser::types::OperationType;
 use axum::body::Bytes;
@@ -27,7 +23,7 @@ use futures_util::{Stream, StreamExt, stream};
 use serde_json::json;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How often an idle stream sends a comment, so that proxies keep it open and a
 /// vanished client is noticed.
@@ -70,42 +66,9 @@ async fn respond(
     // The same gate as /graphql: an address that keeps presenting bad keys is turned
     // away without a database query.
     let client = ClientAddress::from(peer.ip());
-    let presented = headers.get(header::AUTHORIZATION);
-    if presented.is_some()
-        && let Err(retry_after) = state.limits.auth_failures.check(client, Instant::now())
-    {
-        return too_many_requests(
-            JSON,
-            retry_after,
-            "too many failed authentications from this address",
-        );
-    }
-    let principal = match credential(presented) {
-        Ok(credential) => authenticate(&state.app, credential).await,
-        Err(error) => Err(error),
-    };
-    let principal = match principal {
+    let principal = match authenticate_client(state, client, headers, JSON).await {
         Ok(principal) => principal,
-        Err(error @ (AuthError::Malformed | AuthError::UnknownKey)) => {
-            state
-                .limits
-                .auth_failures
-                .record_failure(client, Instant::now());
-            let mut response = coded_error(
-                JSON,
-                StatusCode::UNAUTHORIZED,
-                ErrorCode::Unauthenticated,
-                &error.to_string(),
-            );
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            return response;
-        }
-        Err(AuthError::Database(error)) => {
-            tracing::error!(error = %error, "authenticating a request failed");
-            return (StatusCode::INTERNAL_SERVER_ERROR, "internal error").into_response();
-        }
+        Err(refusal) => return refusal,
     };
     let results = match request {
         Ok(mut request) => {

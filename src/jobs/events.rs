@@ -157,6 +157,9 @@ pub fn account_updates(
                         .plus(-chrono::Duration::from_std(CLOCK_SKEW_MARGIN).expect("a small duration"));
                     let now = Timestamp::now();
                     let events = tenant_events_since(&db, tenant_id, reread_from.max(since)).await?;
+                    if events.len() as u64 == MAX_REREAD {
+                        tracing::warn!(tenant.id = %tenant_id, "an account stream fell so far behind that it re-read only the first {MAX_REREAD} missed events");
+                    }
                     caught_up_at = now;
                     events
                 }

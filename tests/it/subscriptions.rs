@@ -519,6 +519,20 @@ async fn sse_reports_request_errors_as_events_and_refuses_bad_keys(backend: Back
         .await
         .unwrap();
     assert_eq!(refused.status(), 401);
+    // An address that keeps presenting bad keys is turned away, as on /graphql.
+    let mut statuses = Vec::new();
+    for _ in 0..10 {
+        let response = app
+            .http
+            .post(format!("http://{}/graphql/sse", app.address))
+            .bearer_auth("jl_not-a-key")
+            .json(&json!({"query": "{ account { id } }"}))
+            .send()
+            .await
+            .unwrap();
+        statuses.push(response.status().as_u16());
+    }
+    assert_eq!(statuses.last(), Some(&429), "{statuses:?}");
     let plain = app
         .http
         .post(format!("http://{}/graphql/sse", app.address))
