@@ -10,7 +10,7 @@ use entity::{EventKind, JsonText, Timestamp, job_events, jobs};
 use futures_util::Stream;
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait,
-    QueryFilter, QueryOrder, QuerySelect,
+    QueryFilter, QueryOrder, QuerySelect, QueryTrait,
 };
 use serde_json::Value;
 use std::collections::HashMap;
@@ -44,7 +44,6 @@ pub async fn append(
         at: Set(job.updated_at),
         data: Set(data.map(JsonText)),
     };
-    job_events::Entity::insert(row).exec(db).await?;
     let notice = EventNotice {
         job_id: job.id,
         tenant_id: job.tenant_id,
@@ -54,7 +53,8 @@ pub async fn append(
         delta: None,
         origin: None,
     };
-    super::relay::notify(db, &notice).await?;
+    let insert = job_events::Entity::insert(row).into_query();
+    super::relay::store_and_notify(db, insert, &notice).await?;
     Ok(notice)
 }
 
