@@ -24,7 +24,7 @@ use async_graphql::extensions::{
     ResolveInfo,
 };
 use async_graphql::parser::types::{
-    DocumentOperations, ExecutableDocument, Selection, SelectionSet,
+    DocumentOperations, ExecutableDocument, OperationType, Selection, SelectionSet,
 };
 use async_graphql::{Name, Response, ServerError, ServerResult, Value, Variables};
 use std::collections::HashMap;
@@ -50,10 +50,10 @@ pub struct QueryBudget {
 
 impl QueryBudget {
     /// For a request with a valid API key. Room for every contract operation and for
-    /// introspection many times over; a job's messages may even be written inline
-    /// (a string literal is one token), up to 8 MiB.
+    /// introspection many times over. Large values (a job's messages) travel as
+    /// variables: parsing a literal of megabytes takes the parser seconds of CPU.
     pub const AUTHENTICATED: Self = Self {
-        bytes: 8 * 1024 * 1024,
+        bytes: 256 * 1024,
         tokens: 20_000,
         // Literal JSON values nest too: a job's metadata may nest 32 levels inside the
         // mutation, and deeper ones are refused by its validation, naming the field.
@@ -491,6 +491,12 @@ impl ResponseMeter {
 /// layer replaces it with the error without serializing it.
 pub struct CostLimits;
 
+/// Marks a request that arrived over WebSocket or SSE, where only subscriptions run:
+/// queries and mutations go to `/graphql`, whose response limit, request slots and
+/// body limits they would otherwise escape.
+#[derive(Clone, Copy, Debug)]
+pub struct StreamingTransport;
+
 impl ExtensionFactory for CostLimits {
     fn create(&self) -> Arc<dyn Extension> {
         Arc::new(CostLimits)
@@ -518,6 +524,16 @@ impl Extension for CostLimits {
         // bomb turns exponential. The text check bounds this extra parse.
         let document = async_graphql::parser::parse_query(query).map_err(ServerError::from)?;
         check_document(&document, &budget).map_err(too_complex)?;
+        if ctx.data_opt::<StreamingTransport>().is_some()
+            && document
+                .operations
+                .iter()
+                .any(|(_, operation)| operation.node.ty != OperationType::Subscription)
+        {
+            return Err(ErrorCode::Validation.request_error(
+                "only subscriptions run over WebSocket and SSE; send queries and mutations to /graphql",
+            ));
+        }
         next.run(ctx, query, variables).await
     }
 

@@ -1,7 +1,7 @@
 //! Turning a presented API key into a principal.
 
+use crate::accounts::ApiKey;
 use crate::accounts::api_keys::{self, Identity};
-use crate::accounts::{ApiKey, Principal};
 use crate::startup::App;
 use axum::http::HeaderValue;
 
@@ -24,19 +24,9 @@ pub fn credential(presented: Option<&HeaderValue>) -> Result<Option<&str>, AuthE
         .transpose()
 }
 
-/// The principal behind an `Authorization` value (`Bearer <key>`); `Ok(None)` when no
-/// credential was presented at all.
-pub async fn authenticate(
-    app: &App,
-    credential: Option<&str>,
-) -> Result<Option<Principal>, AuthError> {
-    Ok(identify(app, credential)
-        .await?
-        .map(|identity| identity.principal))
-}
-
-/// Like [`authenticate`], also naming the stored key, for connections that must
-/// close when it is revoked.
+/// Who an `Authorization` value (`Bearer <key>`) stands for, with the stored key
+/// (for connections that must end when it is revoked); `Ok(None)` when no credential
+/// was presented at all.
 pub async fn identify(app: &App, credential: Option<&str>) -> Result<Option<Identity>, AuthError> {
     let Some(credential) = credential.map(str::trim).filter(|text| !text.is_empty()) else {
         return Ok(None);

@@ -11,9 +11,10 @@
 //! resolves and refused past `MAX_RESPONSE_BYTES`.
 
 use super::HttpState;
-use super::auth::{AuthError, authenticate, credential};
+use super::auth::{AuthError, credential, identify};
 use super::limits::{ClientAddress, RequestOwner, RequestSlot, SLOT_WAIT};
 use crate::accounts::Principal;
+use crate::accounts::api_keys::Identity;
 use crate::graphql::ErrorCode;
 use crate::graphql::cost::{self, CostError, MAX_RESPONSE_BYTES, QueryBudget, ResponseMeter};
 use async_graphql::http::GraphiQLSource;
@@ -39,6 +40,37 @@ pub const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
 /// How long a client may take to send its whole request body: 16 MiB at about
 /// 4.5 Mbit/s. A client that trickles its body ties up one of its slots only this long.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a body may hold, by who sends it. Besides bytes, the JSON values outside
+/// strings are counted before the body is parsed: a body of tiny objects costs
+/// about 60 times its size once parsed (15 MiB of `{"a":1},` took 931 MB), while a
+/// job's text is one value however long.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct BodyLimit {
+    bytes: usize,
+    values: usize,
+}
+
+impl BodyLimit {
+    /// With an API key: the largest job input, and far more values than a job's
+    /// 1,000 messages and 64 KiB of metadata hold.
+    pub(super) const AUTHENTICATED: Self = Self {
+        bytes: MAX_REQUEST_BYTES,
+        values: 200_000,
+    };
+    /// Without one: only the schema can be read.
+    pub(super) const ANONYMOUS: Self = Self {
+        bytes: 64 * 1024,
+        values: 2_000,
+    };
+
+    pub(super) fn of(principal: Option<Principal>) -> Self {
+        match principal {
+            Some(_) => Self::AUTHENTICATED,
+            None => Self::ANONYMOUS,
+        }
+    }
+}
 
 /// A request's body as the GraphQL-over-HTTP specification defines it.
 #[derive(Deserialize)]
@@ -84,7 +116,7 @@ pub async fn post(
         Ok(admitted) => admitted,
         Err(response) => return response,
     };
-    let body = match read_body(&headers, body).await {
+    let body = match read_body(&headers, body, BodyLimit::of(admitted.principal)).await {
         Ok(body) => body,
         Err((status, message)) => return request_error(media_type, status, &message),
     };
@@ -182,7 +214,9 @@ async fn admit(
     media_type: &'static str,
 ) -> Result<Admitted, Response> {
     let client = ClientAddress::from(peer.ip());
-    let principal = authenticate_client(state, client, headers, media_type).await?;
+    let principal = authenticate_client(state, client, headers, media_type)
+        .await?
+        .map(|identity| identity.principal);
     let owner = RequestOwner::of(principal, client);
     let Some(slot) = state.limits.slots.acquire(owner, SLOT_WAIT).await else {
         return Err(too_many_requests(
@@ -205,7 +239,7 @@ pub(super) async fn authenticate_client(
     client: ClientAddress,
     headers: &HeaderMap,
     media_type: &'static str,
-) -> Result<Option<Principal>, Response> {
+) -> Result<Option<Identity>, Response> {
     let presented = headers.get(header::AUTHORIZATION);
     if presented.is_some()
         && let Err(retry_after) = state.limits.auth_failures.check(client, Instant::now())
@@ -217,7 +251,7 @@ pub(super) async fn authenticate_client(
         ));
     }
     let principal = match credential(presented) {
-        Ok(credential) => authenticate(&state.app, credential).await,
+        Ok(credential) => identify(&state.app, credential).await,
         Err(error) => Err(error),
     };
     match principal {
@@ -250,20 +284,47 @@ pub(super) async fn authenticate_client(
     }
 }
 
-/// The body, refused when it passes `MAX_REQUEST_BYTES` or takes longer than
-/// `BODY_READ_TIMEOUT` to arrive.
-async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, (StatusCode, String)> {
+/// About how many JSON values `body` holds: the separators and openings outside
+/// strings. Exact enough to bound what parsing it costs, and linear in its size.
+fn json_values(body: &[u8]) -> usize {
+    let (mut values, mut in_string, mut escaped) = (0, false, false);
+    for &byte in body {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+        } else {
+            match byte {
+                b'"' => in_string = true,
+                b'{' | b'[' | b',' | b':' => values += 1,
+                _ => {}
+            }
+        }
+    }
+    values
+}
+
+/// The body, refused when it passes `limit` or takes longer than `BODY_READ_TIMEOUT`
+/// to arrive.
+pub(super) async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: BodyLimit,
+) -> Result<Bytes, (StatusCode, String)> {
     let too_large = || {
         (
             StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the body is larger than {MAX_REQUEST_BYTES} bytes"),
+            format!("the body is larger than {} bytes", limit.bytes),
         )
     };
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > MAX_REQUEST_BYTES as u64) {
+    if declared.is_some_and(|length| length > limit.bytes as u64) {
         return Err(too_large());
     }
     let read = async {
@@ -276,10 +337,19 @@ async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, (StatusCode
                     format!("the body could not be read: {error}"),
                 )
             })?;
-            if collected.len() + chunk.len() > MAX_REQUEST_BYTES {
+            if collected.len() + chunk.len() > limit.bytes {
                 return Err(too_large());
             }
             collected.extend_from_slice(&chunk);
+        }
+        if json_values(&collected) > limit.values {
+            return Err((
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the body holds more than {} JSON values; send large texts as strings",
+                    limit.values
+                ),
+            ));
         }
         Ok(Bytes::from(collected))
     };

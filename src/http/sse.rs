@@ -1,20 +1,27 @@
 //! GraphQL over Server-Sent Events, "distinct connections" mode of the graphql-sse
-//! protocol: one operation per request, its results as `next` events, then
+//! protocol: one subscription per request, its results as `next` events, then
 //! `complete`. Made for clients that cannot or will not hold a WebSocket (proxies
 //! that only pass HTTP, serverless front ends, `curl`).
 //!
 //! The request is a GraphQL-over-HTTP request (POST with a JSON body, or GET with the
-//! query in the URL) with the key in `Authorization`. Errors found before execution
-//! arrive as a `next` event holding them, as the protocol asks, since a client's
-//! event source would otherwise see only a failed connection. A subscription ends
-//! when the client closes the connection or the stream completes.
+//! query in the URL) with the key in `Authorization`, passing the same gate and body
+//! limits as `/graphql`. Only subscriptions run here (queries and mutations go to
+//! `/graphql`, with its response limit). Errors found before execution arrive as a
+//! `next` event holding them, as the protocol asks, since a client's event source
+//! would otherwise see only a failed connection. A stream ends when the client closes
+//! it, when it completes, or when its key is revoked.
 
 use super::HttpState;
-use super::graphql::{JSON, authenticate_client, check_content_type, selected_operation};
+use super::graphql::{
+    BodyLimit, JSON, authenticate_client, check_content_type, read_body, selected_operation,
+};
 use super::limits::ClientAddress;
-use crate::graphql::cost::{self, QueryBudget};
+use crate::accounts::api_keys::{self, Identity};
+use crate::graphql::ErrorCode;
+use crate::graphql::cost::{self, QueryBudget, StreamingTransport};
+use crate::startup::App;
 use async_graphql::parser::types::OperationType;
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::{ConnectInfo, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -24,6 +31,7 @@ use serde_json::json;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::Duration;
+use uuid::Uuid;
 
 /// How often an idle stream sends a comment, so that proxies keep it open and a
 /// vanished client is noticed.
@@ -34,14 +42,23 @@ pub async fn post(
     State(state): State<HttpState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Response {
     if let Err(refusal) = check_content_type(&headers) {
         return (StatusCode::UNSUPPORTED_MEDIA_TYPE, refusal).into_response();
     }
+    let identity = match gate(&state, peer, &headers).await {
+        Ok(identity) => identity,
+        Err(refusal) => return refusal,
+    };
+    let limit = BodyLimit::of(identity.map(|identity| identity.principal));
+    let body = match read_body(&headers, body, limit).await {
+        Ok(body) => body,
+        Err((status, message)) => return (status, message).into_response(),
+    };
     let request = serde_json::from_slice::<async_graphql::Request>(&body)
         .map_err(|error| format!("the body is not a GraphQL request: {error}"));
-    respond(&state, peer, &headers, request, false).await
+    respond(&state, identity, request, false)
 }
 
 /// GET /graphql/sse: the request in the URL, as for GET /graphql; no mutations.
@@ -51,25 +68,32 @@ pub async fn get(
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
+    let identity = match gate(&state, peer, &headers).await {
+        Ok(identity) => identity,
+        Err(refusal) => return refusal,
+    };
     let request = async_graphql::http::parse_query_string(&query.unwrap_or_default())
         .map_err(|error| format!("the URL holds no GraphQL request: {error}"));
-    respond(&state, peer, &headers, request, true).await
+    respond(&state, identity, request, true)
 }
 
-async fn respond(
+/// The same gate as /graphql: an address that keeps presenting bad keys is turned
+/// away without a database query.
+async fn gate(
     state: &HttpState,
     peer: SocketAddr,
     headers: &HeaderMap,
+) -> Result<Option<Identity>, Response> {
+    authenticate_client(state, ClientAddress::from(peer.ip()), headers, JSON).await
+}
+
+fn respond(
+    state: &HttpState,
+    identity: Option<Identity>,
     request: Result<async_graphql::Request, String>,
     from_get: bool,
 ) -> Response {
-    // The same gate as /graphql: an address that keeps presenting bad keys is turned
-    // away without a database query.
-    let client = ClientAddress::from(peer.ip());
-    let principal = match authenticate_client(state, client, headers, JSON).await {
-        Ok(principal) => principal,
-        Err(refusal) => return refusal,
-    };
+    let principal = identity.map(|identity| identity.principal);
     let results = match request {
         Ok(mut request) => {
             // GET must not change anything. Its text is measured before it is parsed
@@ -98,7 +122,8 @@ async fn respond(
             let request = match principal {
                 Some(principal) => request.data(principal),
                 None => request,
-            };
+            }
+            .data(StreamingTransport);
             state
                 .schema
                 .execute_stream(request)
@@ -110,9 +135,53 @@ async fn respond(
         })
         .boxed(),
     };
+    let key_id = identity.and_then(|identity| identity.key_id);
+    let results = until_revoked(state.app.clone(), key_id, results);
     Sse::new(events(results))
         .keep_alive(KeepAlive::new().interval(KEEPALIVE))
         .into_response()
+}
+
+/// `results` until the key they were asked with is revoked; then one last result
+/// saying so.
+fn until_revoked(
+    app: App,
+    key_id: Option<Uuid>,
+    mut results: impl Stream<Item = serde_json::Result<String>> + Send + Unpin + 'static,
+) -> impl Stream<Item = serde_json::Result<String>> + Send + 'static {
+    async_stream::stream! {
+        let revoked = async {
+            let Some(key_id) = key_id else {
+                return std::future::pending().await;
+            };
+            let mut revocations = app.bus.watch_revocations();
+            loop {
+                revocations.revoked_or_missed(key_id).await;
+                match api_keys::is_active(&app.db, key_id).await {
+                    Ok(false) => return,
+                    Ok(true) => {}
+                    // Checked again at the next announcement.
+                    Err(error) => tracing::warn!(key.id = %key_id, error = %error, "could not re-check a stream's key"),
+                }
+            }
+        };
+        tokio::pin!(revoked);
+        loop {
+            tokio::select! {
+                result = results.next() => match result {
+                    Some(result) => yield result,
+                    None => return,
+                },
+                () = &mut revoked => {
+                    yield serde_json::to_string(&json!({"errors": [{
+                        "message": "the API key was revoked",
+                        "extensions": {"code": ErrorCode::Unauthenticated.as_str()},
+                    }]}));
+                    return;
+                }
+            }
+        }
+    }
 }
 
 /// Each result as a `next` event, then `complete`.

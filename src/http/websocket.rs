@@ -9,6 +9,7 @@ use super::HttpState;
 use super::auth::identify;
 use crate::accounts::api_keys;
 use crate::graphql::ConnectionSubscriptions;
+use crate::graphql::cost::StreamingTransport;
 use async_graphql::Data;
 use async_graphql::http::{ALL_WEBSOCKET_PROTOCOLS, WebSocketProtocols, WsMessage};
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
@@ -116,6 +117,7 @@ async fn serve(state: HttpState, protocol: WebSocketProtocols, socket: WebSocket
         });
     let mut connection_data = Data::default();
     connection_data.insert(ConnectionSubscriptions::default());
+    connection_data.insert(StreamingTransport);
     let app = state.app.clone();
     let established = handshake.clone();
     let mut graphql = async_graphql::http::WebSocket::new(state.schema.clone(), input, protocol)

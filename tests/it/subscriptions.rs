@@ -543,3 +543,80 @@ async fn sse_reports_request_errors_as_events_and_refuses_bad_keys(backend: Back
         .unwrap();
     assert_eq!(plain.status(), 415);
 }
+
+on_both_backends!(
+    only_subscriptions_run_over_websocket_and_sse,
+    a_revoked_key_ends_its_sse_streams,
+);
+
+/// Queries and mutations over WebSocket or SSE would escape `/graphql`'s response
+/// limit and request slots: they are refused there.
+async fn only_subscriptions_run_over_websocket_and_sse(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let events = sse_events(
+        &app,
+        Some(&tenant.key),
+        json!({"query": "{ account { id } }"}),
+    )
+    .await;
+    let result: Value = serde_json::from_str(&events[0].1).unwrap();
+    assert_eq!(
+        result["errors"][0]["extensions"]["code"], "VALIDATION",
+        "{result}"
+    );
+    assert!(result["data"].is_null(), "{result}");
+
+    let mut socket = GraphqlSocket::connect(app.address).await;
+    socket.init_ok(&tenant.key).await;
+    socket.subscribe("q", "{ account { id } }", json!({})).await;
+    let refused = message_for(&mut socket, "q").await;
+    assert_eq!(
+        refused["payload"]["errors"][0]["extensions"]["code"], "VALIDATION",
+        "{refused}"
+    );
+    assert!(refused["payload"]["data"].is_null(), "{refused}");
+}
+
+/// A stream over SSE ends, with an error saying why, once its key is revoked.
+async fn a_revoked_key_ends_its_sse_streams(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let created = app
+        .operation(Some(&tenant.key), "CreateApiKey", json!({"name": "stream"}))
+        .await;
+    let key = created["data"]["createApiKey"]["apiKey"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let key_id = created["data"]["createApiKey"]["key"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let streaming = {
+        let app_address = app.address;
+        let http = app.http.clone();
+        let key = key.clone();
+        tokio::spawn(async move {
+            let response = http
+                .post(format!("http://{app_address}/graphql/sse"))
+                .bearer_auth(&key)
+                .json(&json!({"query": operation("AccountJobUpdates")}))
+                .send()
+                .await
+                .unwrap();
+            response.text().await.unwrap()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let revoked = app
+        .operation(Some(&tenant.key), "RevokeApiKey", json!({"id": key_id}))
+        .await;
+    assert!(revoked["errors"].is_null(), "{revoked}");
+    let body = tokio::time::timeout(Duration::from_secs(5), streaming)
+        .await
+        .expect("the stream ended within 5 s of the revocation")
+        .unwrap();
+    assert!(body.contains("the API key was revoked"), "{body}");
+    assert!(body.contains("event: complete"), "{body}");
+}
