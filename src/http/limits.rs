@@ -226,6 +226,52 @@ impl Drop for RequestSlot {
     }
 }
 
+/// WebSocket connections one client address may hold open at once: each costs about
+/// 150 KB and a file descriptor, however little it does.
+pub const MAX_SOCKETS_PER_ADDRESS: usize = 256;
+
+/// Counts the open WebSocket connections of each client address.
+#[derive(Debug, Default)]
+pub struct SocketCounts {
+    open: Arc<Mutex<HashMap<ClientAddress, usize>>>,
+}
+
+impl SocketCounts {
+    /// One more connection of `client`, or `None` when it holds
+    /// [`MAX_SOCKETS_PER_ADDRESS`] already. The count drops with the returned place.
+    pub fn admit(&self, client: ClientAddress) -> Option<SocketPlace> {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = open.entry(client).or_default();
+        if *count >= MAX_SOCKETS_PER_ADDRESS {
+            return None;
+        }
+        *count += 1;
+        Some(SocketPlace {
+            open: self.open.clone(),
+            client,
+        })
+    }
+}
+
+/// One open WebSocket connection, counted against its address.
+#[derive(Debug)]
+pub struct SocketPlace {
+    open: Arc<Mutex<HashMap<ClientAddress, usize>>>,
+    client: ClientAddress,
+}
+
+impl Drop for SocketPlace {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Entry::Occupied(mut count) = open.entry(self.client) {
+            *count.get_mut() -= 1;
+            if *count.get() == 0 {
+                count.remove();
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,6 +18,7 @@ use limits::{AuthThrottle, RequestSlots};
 use std::sync::Arc;
 use tower_http::trace::TraceLayer;
 
+pub use limits::MAX_SOCKETS_PER_ADDRESS;
 pub use serve::serve;
 
 /// What every handler shares.
@@ -33,6 +34,7 @@ pub struct HttpState {
 struct ClientLimits {
     auth_failures: AuthThrottle,
     slots: RequestSlots,
+    sockets: limits::SocketCounts,
 }
 
 impl HttpState {

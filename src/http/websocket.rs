@@ -6,19 +6,21 @@
 //! with 4403 when its key is refused or revoked.
 
 use super::HttpState;
-use super::auth::identify;
+use super::auth::{AuthError, identify};
+use super::limits::{ClientAddress, MAX_SOCKETS_PER_ADDRESS};
 use crate::accounts::api_keys;
 use crate::graphql::ConnectionSubscriptions;
 use crate::graphql::cost::StreamingTransport;
 use async_graphql::Data;
 use async_graphql::http::{ALL_WEBSOCKET_PROTOCOLS, WebSocketProtocols, WsMessage};
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
-use axum::extract::{State, WebSocketUpgrade};
+use axum::extract::{ConnectInfo, State, WebSocketUpgrade};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::{SinkExt, StreamExt};
+use std::net::SocketAddr;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use uuid::Uuid;
@@ -36,6 +38,8 @@ const INIT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// graphql-transport-ws: the key was refused or revoked.
 const CLOSE_FORBIDDEN: u16 = 4403;
+/// Too many failed authentications from this address.
+const CLOSE_TOO_MANY: u16 = 4429;
 /// graphql-transport-ws: no `connection_init` in time.
 const CLOSE_INIT_TIMEOUT: u16 = 4408;
 /// The peer went silent.
@@ -48,9 +52,18 @@ const CLOSE_TOO_BIG: u16 = 1009;
 /// Accepts `graphql-transport-ws` and the legacy `graphql-ws` subprotocol.
 pub async fn upgrade(
     State(state): State<HttpState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     upgrade: WebSocketUpgrade,
 ) -> Response {
+    let client = ClientAddress::from(peer.ip());
+    let Some(place) = state.limits.sockets.admit(client) else {
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("at most {MAX_SOCKETS_PER_ADDRESS} WebSocket connections per client address"),
+        )
+            .into_response();
+    };
     let Some(protocol) = requested_protocol(&headers) else {
         return (
             StatusCode::BAD_REQUEST,
@@ -62,7 +75,10 @@ pub async fn upgrade(
         .protocols(ALL_WEBSOCKET_PROTOCOLS)
         .max_message_size(MAX_MESSAGE_BYTES)
         .max_frame_size(MAX_MESSAGE_BYTES)
-        .on_upgrade(move |socket| serve(state, protocol, socket))
+        .on_upgrade(move |socket| async move {
+            serve(state, client, protocol, socket).await;
+            drop(place);
+        })
 }
 
 fn requested_protocol(headers: &HeaderMap) -> Option<WebSocketProtocols> {
@@ -80,12 +96,18 @@ struct Handshake {
     /// The stored key the connection authenticated with, once it did (`None` inside:
     /// the admin token, which cannot be revoked).
     key: OnceLock<Option<Uuid>>,
-    refused: AtomicBool,
+    /// The close code of a refused `connection_init`.
+    refused: OnceLock<u16>,
     /// Why reading the socket failed, once it did.
     read_error: OnceLock<u16>,
 }
 
-async fn serve(state: HttpState, protocol: WebSocketProtocols, socket: WebSocket) {
+async fn serve(
+    state: HttpState,
+    client: ClientAddress,
+    protocol: WebSocketProtocols,
+    socket: WebSocket,
+) {
     let started = Instant::now();
     let heard_at_millis = Arc::new(AtomicU64::new(0));
     let handshake = Arc::new(Handshake::default());
@@ -119,6 +141,7 @@ async fn serve(state: HttpState, protocol: WebSocketProtocols, socket: WebSocket
     connection_data.insert(ConnectionSubscriptions::default());
     connection_data.insert(StreamingTransport);
     let app = state.app.clone();
+    let limits = state.limits.clone();
     let established = handshake.clone();
     let mut graphql = async_graphql::http::WebSocket::new(state.schema.clone(), input, protocol)
         .connection_data(connection_data)
@@ -128,6 +151,14 @@ async fn serve(state: HttpState, protocol: WebSocketProtocols, socket: WebSocket
                 .or_else(|| payload.get("Authorization"))
                 .and_then(|value| value.as_str());
             let mut data = Data::default();
+            // The same throttle as HTTP: an address that keeps presenting bad keys is
+            // turned away without a database query.
+            if credential.is_some() && limits.auth_failures.check(client, Instant::now()).is_err() {
+                let _ = established.refused.set(CLOSE_TOO_MANY);
+                return Err(async_graphql::Error::new(
+                    "too many failed authentications from this address",
+                ));
+            }
             match identify(&app, credential).await {
                 Ok(Some(identity)) => {
                     data.insert(identity.principal);
@@ -137,7 +168,10 @@ async fn serve(state: HttpState, protocol: WebSocketProtocols, socket: WebSocket
                     let _ = established.key.set(None);
                 }
                 Err(error) => {
-                    established.refused.store(true, Ordering::Release);
+                    if !matches!(error, AuthError::Database(_)) {
+                        limits.auth_failures.record_failure(client, Instant::now());
+                    }
+                    let _ = established.refused.set(CLOSE_FORBIDDEN);
                     return Err(async_graphql::Error::new(error.to_string()));
                 }
             }
@@ -160,7 +194,7 @@ async fn serve(state: HttpState, protocol: WebSocketProtocols, socket: WebSocket
                 }
                 Some(WsMessage::Close(code, reason)) => {
                     // async-graphql closes a refused handshake with a generic 1002.
-                    let code = if handshake.refused.load(Ordering::Acquire) { CLOSE_FORBIDDEN } else { code };
+                    let code = handshake.refused.get().copied().unwrap_or(code);
                     break Some((code, reason));
                 }
                 None => break handshake

@@ -9,6 +9,7 @@ use crate::socket::{GraphqlSocket, Received};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 use std::time::Duration;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 on_both_backends!(
     a_subscription_replays_after_a_seq_and_completes,
@@ -619,4 +620,72 @@ async fn a_revoked_key_ends_its_sse_streams(backend: Backend) {
         .unwrap();
     assert!(body.contains("the API key was revoked"), "{body}");
     assert!(body.contains("event: complete"), "{body}");
+}
+
+/// Bad keys over WebSocket count against the address as over HTTP: past the limit a
+/// `connection_init` is refused with 4429 without a database query, whatever the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_websocket_authentications_are_throttled_per_address() {
+    let app = spawn_app(Backend::Sqlite).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let mut codes = Vec::new();
+    for _ in 0..11 {
+        let mut socket = GraphqlSocket::connect(app.address).await;
+        match socket.init("jl_not-a-key").await {
+            Received::Closed(code, _) => codes.push(code),
+            other => panic!("a bad key must close the connection: {other:?}"),
+        }
+    }
+    assert_eq!(codes[..10], [4403; 10]);
+    assert_eq!(codes[10], 4429, "{codes:?}");
+    // The address is throttled for HTTP too, and for a valid key.
+    let mut socket = GraphqlSocket::connect(app.address).await;
+    match socket.init(&tenant.key).await {
+        Received::Closed(code, _) => assert_eq!(code, 4429),
+        other => panic!("a throttled address is refused: {other:?}"),
+    }
+    let http = app
+        .http
+        .post(format!("http://{}/graphql", app.address))
+        .bearer_auth(&tenant.key)
+        .json(&json!({"query": "{ account { id } }"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(http.status(), 429);
+}
+
+/// One address holds at most a bounded number of WebSocket connections, whatever it
+/// does with them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_holds_a_bounded_number_of_websockets() {
+    let app = spawn_app(Backend::Sqlite).await;
+    let cap = jobledger::http::MAX_SOCKETS_PER_ADDRESS;
+    let mut sockets = Vec::new();
+    for _ in 0..cap {
+        sockets.push(GraphqlSocket::connect(app.address).await);
+    }
+    let mut request = format!("ws://{}/graphql/ws", app.address)
+        .into_client_request()
+        .unwrap();
+    request.headers_mut().insert(
+        "sec-websocket-protocol",
+        "graphql-transport-ws".parse().unwrap(),
+    );
+    match tokio_tungstenite::connect_async(request).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status(), 429)
+        }
+        other => panic!(
+            "the connection past the cap was accepted: {:?}",
+            other.map(|_| ())
+        ),
+    }
+    // Closing one frees its place.
+    drop(sockets.pop());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut socket = GraphqlSocket::connect(app.address).await;
+    socket
+        .init_ok(&app.funded_tenant("acme", "5").await.key)
+        .await;
 }
