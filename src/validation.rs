@@ -6,14 +6,33 @@
 
 use crate::error::ServiceError;
 
-/// A name, key or identifier: no control characters at all.
+/// A name, key or identifier: no control characters at all, nor the invisible
+/// characters that would let one name pass for another in a listing (direction
+/// overrides and isolates, zero-width characters).
 pub fn single_line(field: &str, text: &str) -> Result<(), ServiceError> {
     if text.chars().any(char::is_control) {
         return Err(ServiceError::validation(format!(
             "{field} must not contain control characters"
         )));
     }
+    if text.chars().any(is_invisible_format) {
+        return Err(ServiceError::validation(format!(
+            "{field} must not contain invisible formatting characters (direction overrides, zero-width characters)"
+        )));
+    }
     Ok(())
+}
+
+/// Characters that change how text around them is shown without showing themselves.
+fn is_invisible_format(character: char) -> bool {
+    matches!(
+        character,
+        '\u{200B}'..='\u{200F}'
+            | '\u{202A}'..='\u{202E}'
+            | '\u{2060}'..='\u{2064}'
+            | '\u{2066}'..='\u{2069}'
+            | '\u{FEFF}'
+    )
 }
 
 /// Free text (a reason, a note): line breaks and tabs are fine; NUL and the other

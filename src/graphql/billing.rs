@@ -273,6 +273,7 @@ impl BillingQuery {
     ///
     /// A tenant sees its own figures (naming another `tenantId` is `FORBIDDEN`); an
     /// admin sees the named tenant's, or every tenant's when `tenantId` is omitted.
+    #[graphql(complexity = "super::cost::REPORT_COMPLEXITY + child_complexity")]
     async fn billing_summary(
         &self,
         context: &Context<'_>,

@@ -80,6 +80,14 @@ async fn a_tenant_manages_its_own_keys(backend: Backend) {
         )
         .await;
     assert_eq!(error_code(&control), "VALIDATION");
+    let spoof = app
+        .operation(
+            Some(&tenant.key),
+            "CreateApiKey",
+            json!({"name": "ci\u{202E}gnp.exe"}),
+        )
+        .await;
+    assert_eq!(error_code(&spoof), "VALIDATION");
     let long = app
         .operation(
             Some(&tenant.key),

@@ -724,3 +724,32 @@ async fn bodies_are_bounded_before_they_are_parsed() {
         .await;
     assert!(!id.is_nil());
 }
+
+/// An aggregate report weighs enough that a few fill a request: aliasing dozens of
+/// them at once would hold the database for every tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aggregate_reports_fill_a_request_quickly() {
+    let app = spawn_app_with(Backend::Sqlite, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let reports = |count: usize| {
+        let mut query = String::from("{");
+        for index in 0..count {
+            query.push_str(&format!(
+                " r{index}: billingSummary(from: \"2026-01-01T00:00:00Z\", to: \"2027-01-01T00:00:00Z\") {{ jobsCreated }}"
+            ));
+        }
+        query.push('}');
+        query
+    };
+    let few = app.graphql(Some(&tenant.key), &reports(4), json!({})).await;
+    assert!(few["errors"].is_null(), "{few}");
+    let many = app
+        .graphql(Some(&tenant.key), &reports(20), json!({}))
+        .await;
+    assert!(
+        many["errors"][0]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("too complex")),
+        "{many}"
+    );
+}
