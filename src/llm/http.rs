@@ -375,15 +375,24 @@ fn is_transient(status: u16) -> bool {
 /// A connection that was never made means the request was never sent; anything
 /// after that may have reached the provider.
 fn classify_send_error(error: reqwest::Error) -> ProviderError {
-    // Tenants read these messages on their attempts: the provider's URL stays in the
-    // logs only.
-    let connect = error.is_connect();
-    tracing::debug!(error = %error, "provider call failed");
-    let message = error.without_url().to_string();
+    // Tenants read these messages on their attempts: a fixed sentence per class, as
+    // for error answers; the transport's own text (host names, addresses) stays in
+    // the log.
+    let (connect, timeout) = (error.is_connect(), error.is_timeout());
+    tracing::warn!(error = %error.without_url(), "provider call failed");
     if connect {
-        ProviderError::NotSent { message }
+        ProviderError::NotSent {
+            message: "the provider could not be reached; nothing was sent".to_owned(),
+        }
+    } else if timeout {
+        ProviderError::OutcomeUnknown {
+            message: "the provider did not answer in time".to_owned(),
+        }
     } else {
-        ProviderError::OutcomeUnknown { message }
+        ProviderError::OutcomeUnknown {
+            message: "the connection to the provider broke before the answer was complete"
+                .to_owned(),
+        }
     }
 }
 
