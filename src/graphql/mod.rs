@@ -4,6 +4,7 @@
 mod billing;
 pub mod cost;
 mod error;
+pub mod fairness;
 mod keys;
 mod loaders;
 mod mutation;
@@ -52,6 +53,7 @@ pub fn build_schema(app: App) -> AppSchema {
     )
     .extension(loaders::PerRequestLoaders::new(app.db.clone()))
     .extension(cost::CostLimits)
+    .extension(fairness::TenantFairness::default())
     .data(types::PayloadGate::default())
     .data(app)
     .limit_depth(MAX_DEPTH)

@@ -753,3 +753,60 @@ async fn aggregate_reports_fill_a_request_quickly() {
         "{many}"
     );
 }
+
+/// One tenant's many requests of many top-level fields run a few fields at a time in
+/// the database, leaving the rest of the pool to other tenants: counted as the most
+/// statements of that tenant running at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenant_runs_a_few_top_level_fields_at_once() {
+    use jobledger::accounts::Principal;
+    use jobledger::graphql::build_schema;
+    use jobledger::startup::App;
+    use std::sync::{Arc, Mutex};
+
+    let app = spawn_app_with(Backend::Sqlite, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let spans = Arc::new(Mutex::new(Vec::<(Instant, Instant)>::new()));
+    let log = spans.clone();
+    let mut db = app.app.db.clone();
+    db.set_metric_callback(move |info| {
+        let end = Instant::now();
+        log.lock().unwrap().push((end - info.elapsed, end));
+    });
+    let schema = build_schema(App {
+        db,
+        ..app.app.clone()
+    });
+    let mut query = String::from("{");
+    for index in 0..7 {
+        query.push_str(&format!(
+            " r{index}: billingSummary(from: \"2026-01-01T00:00:00Z\", to: \"2027-01-01T00:00:00Z\") {{ jobsCreated }}"
+        ));
+    }
+    query.push('}');
+    let requests = (0..8).map(|_| {
+        let request = async_graphql::Request::new(query.clone()).data(Principal::Tenant {
+            tenant_id: tenant.id,
+        });
+        schema.execute(request)
+    });
+    for response in futures_util::future::join_all(requests).await {
+        assert!(response.errors.is_empty(), "{:?}", response.errors);
+    }
+    let spans = spans.lock().unwrap().clone();
+    assert!(spans.len() >= 56, "every field ran: {}", spans.len());
+    let most_at_once = spans
+        .iter()
+        .map(|(start, _)| {
+            spans
+                .iter()
+                .filter(|(other_start, other_end)| other_start <= start && start < other_end)
+                .count()
+        })
+        .max()
+        .unwrap();
+    assert!(
+        most_at_once <= jobledger::graphql::fairness::QUERY_FIELDS_PER_TENANT,
+        "{most_at_once} statements of one tenant ran at once"
+    );
+}
