@@ -4,7 +4,7 @@
 //! capped; a refused or revoked key closes the connection with 4403.
 
 use crate::contract::operation;
-use crate::helpers::{AppOptions, Backend, TestApp, job_input, spawn_app};
+use crate::helpers::{AppOptions, Backend, TestApp, TestTenant, job_input, spawn_app};
 use crate::socket::{GraphqlSocket, Received};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
@@ -119,6 +119,18 @@ on_both_backends!(
     a_refused_key_closes_the_connection_with_4403,
     an_oversized_message_is_refused_before_authentication,
 );
+
+/// A second key of `tenant`, named `name`: its secret and its id.
+async fn another_key(app: &TestApp, tenant: &TestTenant, name: &str) -> (String, String) {
+    let created = app
+        .operation(Some(&tenant.key), "CreateApiKey", json!({"name": name}))
+        .await;
+    let text = |value: &Value| value.as_str().unwrap().to_owned();
+    (
+        text(&created["data"]["createApiKey"]["apiKey"]),
+        text(&created["data"]["createApiKey"]["key"]["id"]),
+    )
+}
 
 /// The account stream of the contract, by operation name.
 fn account_updates() -> String {
@@ -268,21 +280,7 @@ async fn a_revoked_key_closes_its_connections_in_every_process(backend: Backend)
     };
     let listening = other.as_ref().unwrap_or(&app);
     let tenant = app.funded_tenant("acme", "5").await;
-    let created = app
-        .operation(
-            Some(&tenant.key),
-            "CreateApiKey",
-            json!({"name": "dashboard"}),
-        )
-        .await;
-    let key = created["data"]["createApiKey"]["apiKey"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let key_id = created["data"]["createApiKey"]["key"]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (key, key_id) = another_key(&app, &tenant, "dashboard").await;
 
     let mut revoked = GraphqlSocket::connect(listening.address).await;
     revoked.init_ok(&key).await;
@@ -583,17 +581,7 @@ async fn only_subscriptions_run_over_websocket_and_sse(backend: Backend) {
 async fn a_revoked_key_ends_its_sse_streams(backend: Backend) {
     let app = spawn_app(backend).await;
     let tenant = app.funded_tenant("acme", "5").await;
-    let created = app
-        .operation(Some(&tenant.key), "CreateApiKey", json!({"name": "stream"}))
-        .await;
-    let key = created["data"]["createApiKey"]["apiKey"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let key_id = created["data"]["createApiKey"]["key"]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (key, key_id) = another_key(&app, &tenant, "stream").await;
     let streaming = {
         let app_address = app.address;
         let http = app.http.clone();
