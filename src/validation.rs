@@ -23,15 +23,37 @@ pub fn single_line(field: &str, text: &str) -> Result<(), ServiceError> {
     Ok(())
 }
 
-/// Characters that change how text around them is shown without showing themselves.
+/// Characters that change how text around them is shown, or show as nothing: Unicode's
+/// format characters (direction marks and overrides, zero-width characters, soft
+/// hyphens, tags), line and paragraph separators, variation selectors, and the letters
+/// that render blank.
 fn is_invisible_format(character: char) -> bool {
     matches!(
         character,
-        '\u{200B}'..='\u{200F}'
-            | '\u{202A}'..='\u{202E}'
-            | '\u{2060}'..='\u{2064}'
-            | '\u{2066}'..='\u{2069}'
+        '\u{00AD}'
+            | '\u{034F}'
+            | '\u{0600}'..='\u{0605}'
+            | '\u{061C}'
+            | '\u{06DD}'
+            | '\u{070F}'
+            | '\u{08E2}'
+            | '\u{115F}'..='\u{1160}'
+            | '\u{17B4}'..='\u{17B5}'
+            | '\u{180B}'..='\u{180F}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{2028}'..='\u{202E}'
+            | '\u{2060}'..='\u{206F}'
+            | '\u{2800}'
+            | '\u{3164}'
+            | '\u{FE00}'..='\u{FE0F}'
             | '\u{FEFF}'
+            | '\u{FFA0}'
+            | '\u{FFF9}'..='\u{FFFB}'
+            | '\u{110BD}'
+            | '\u{110CD}'
+            | '\u{1BCA0}'..='\u{1BCA3}'
+            | '\u{1D173}'..='\u{1D17A}'
+            | '\u{E0000}'..='\u{E0FFF}'
     )
 }
 
@@ -61,5 +83,40 @@ mod tests {
         assert!(free_text("note", "first line\nsecond\tline").is_ok());
         assert!(free_text("note", "a\u{0}b").is_err());
         assert!(free_text("note", "bell\u{7}").is_err());
+    }
+
+    #[test]
+    fn names_refuse_characters_that_show_as_nothing_or_turn_text_around() {
+        for invisible in [
+            '\u{202E}',
+            '\u{200B}',
+            '\u{061C}',
+            '\u{2028}',
+            '\u{00AD}',
+            '\u{180E}',
+            '\u{034F}',
+            '\u{E0041}',
+            '\u{FE0F}',
+            '\u{180B}',
+            '\u{3164}',
+            '\u{FFA0}',
+            '\u{2800}',
+            '\u{FFF9}',
+            '\u{0600}',
+            '\u{070F}',
+            '\u{1BCA0}',
+            '\u{1D173}',
+            '\u{FEFF}',
+        ] {
+            let name = format!("acme{invisible}corp");
+            assert!(
+                single_line("name", &name).is_err(),
+                "U+{:04X}",
+                invisible as u32
+            );
+        }
+        for visible in ["Zoë's team", "株式会社", "acme 🚀", "Ωmega-1"] {
+            assert!(single_line("name", visible).is_ok(), "{visible}");
+        }
     }
 }

@@ -15,7 +15,7 @@ use super::HttpState;
 use super::graphql::{
     BodyLimit, JSON, authenticate_client, check_content_type, read_body, selected_operation,
 };
-use super::limits::ClientAddress;
+use super::limits::{ClientAddress, RequestOwner, SLOT_WAIT};
 use crate::accounts::api_keys::{self, Identity};
 use crate::graphql::ErrorCode;
 use crate::graphql::cost::{self, QueryBudget, StreamingTransport};
@@ -51,11 +51,24 @@ pub async fn post(
         Ok(identity) => identity,
         Err(refusal) => return refusal,
     };
-    let limit = BodyLimit::of(identity.map(|identity| identity.principal));
-    let body = match read_body(&headers, body, limit).await {
+    let principal = identity.map(|identity| identity.principal);
+    // A body still arriving holds one of its owner's request slots, as on /graphql:
+    // otherwise one key could pin any number of 16 MiB bodies. The stream that
+    // follows is bounded by the subscription caps instead.
+    let owner = RequestOwner::of(principal, ClientAddress::from(peer.ip()));
+    let Some(slot) = state.limits.slots.acquire(owner, SLOT_WAIT).await else {
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, "1")],
+            "too many requests in flight for this client",
+        )
+            .into_response();
+    };
+    let body = match read_body(&headers, body, BodyLimit::of(principal)).await {
         Ok(body) => body,
         Err((status, message)) => return (status, message).into_response(),
     };
+    drop(slot);
     let request = serde_json::from_slice::<async_graphql::Request>(&body)
         .map_err(|error| format!("the body is not a GraphQL request: {error}"));
     respond(&state, identity, request, false)

@@ -555,13 +555,18 @@ async fn each_tenant_has_a_few_requests_in_flight(backend: Backend) {
     let app = spawn_app_with(backend, AppOptions::no_workers()).await;
     let greedy = app.funded_tenant("greedy", "5").await;
     let other = app.funded_tenant("other", "5").await;
-    // Eight requests whose body never finishes arriving: each holds one of the
-    // tenant's slots until its body times out.
+    // Eight requests whose body never finishes arriving, half of them to the SSE
+    // endpoint: each holds one of the tenant's slots until its body times out.
     let mut held = Vec::new();
-    for _ in 0..8 {
+    for index in 0..8 {
         let mut socket = TcpStream::connect(app.address).await.unwrap();
+        let path = if index % 2 == 0 {
+            "/graphql"
+        } else {
+            "/graphql/sse"
+        };
         let head = format!(
-            "POST /graphql HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\nauthorization: Bearer {}\r\ncontent-length: 100\r\n\r\n{{\"query\":",
+            "POST {path} HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\nauthorization: Bearer {}\r\ncontent-length: 100\r\n\r\n{{\"query\":",
             greedy.key
         );
         socket.write_all(head.as_bytes()).await.unwrap();
