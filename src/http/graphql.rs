@@ -201,8 +201,8 @@ pub async fn get(
 /// A request that passed authentication and holds one of its principal's slots.
 struct Admitted {
     principal: Option<Principal>,
-    /// Held until the response is built.
-    _slot: RequestSlot,
+    /// Held until the response is sent (or the client goes away).
+    slot: RequestSlot,
 }
 
 /// The gates that need only the headers: the address's failed authentications, the
@@ -225,10 +225,7 @@ async fn admit(
             "too many requests in flight for this client",
         ));
     };
-    Ok(Admitted {
-        principal,
-        _slot: slot,
-    })
+    Ok(Admitted { principal, slot })
 }
 
 /// Who the request's `Authorization` stands for (`None`: no key), unless the address
@@ -434,7 +431,37 @@ async fn execute(
     }
     // Execution started: 200 under both media types, even when a field error left
     // `data` null.
-    graphql_response(media_type, StatusCode::OK, body)
+    let length = body.len();
+    let mut response = graphql_response(
+        media_type,
+        StatusCode::OK,
+        sent_holding(body, admitted.slot),
+    );
+    response
+        .headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    response
+}
+
+/// Bytes of a response handed to the connection at a time.
+const RESPONSE_PIECE: usize = 64 * 1024;
+
+/// `body` sent in pieces while `slot` is held: the connection takes the next piece only
+/// as the client reads, so a client that reads slowly keeps its slot — and the
+/// response its memory — counted against its owner until the last piece is taken or
+/// the connection goes away. Otherwise a tenant could pin any number of responses of
+/// up to the response limit by not reading them.
+fn sent_holding(body: Vec<u8>, slot: RequestSlot) -> Body {
+    let body = Bytes::from(body);
+    Body::from_stream(async_stream::stream! {
+        let _slot = slot;
+        let mut start = 0;
+        while start < body.len() {
+            let end = (start + RESPONSE_PIECE).min(body.len());
+            yield Ok::<_, std::convert::Infallible>(body.slice(start..end));
+            start = end;
+        }
+    })
 }
 
 /// The type of the operation the request runs: the one named, or the only one.

@@ -815,3 +815,59 @@ async fn one_tenant_runs_a_few_top_level_fields_at_once() {
         "{most_at_once} statements of one tenant ran at once"
     );
 }
+
+/// A response stays counted against its owner until the client has read it: a
+/// tenant that asks for large responses and never reads them cannot pin more than its
+/// slots' worth of memory — its next request waits, then is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_holds_its_slot_until_it_is_read() {
+    let app = spawn_app_with(Backend::Sqlite, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "50").await;
+    // About 24 MB of inputs: more than the socket buffers between client and server.
+    for index in 0..6 {
+        app.create_job_ok(
+            &tenant,
+            job_input(&format!("large-{index}"), &"x".repeat(4 * 1024 * 1024 - 64)),
+        )
+        .await;
+    }
+    let body = json!({"query": "{ jobs(first: 10) { edges { node { input } } } }"}).to_string();
+    let mut unread = Vec::new();
+    for _ in 0..8 {
+        let mut socket = TcpStream::connect(app.address).await.unwrap();
+        let request = format!(
+            "POST /graphql HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\nauthorization: Bearer {}\r\ncontent-length: {}\r\n\r\n{body}",
+            tenant.key,
+            body.len()
+        );
+        socket.write_all(request.as_bytes()).await.unwrap();
+        unread.push(socket);
+    }
+    let mut refused = None;
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (status, body) = app
+            .post_strict(Some(&tenant.key), "{ account { id } }")
+            .await;
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            refused = Some(body);
+            break;
+        }
+    }
+    let refused = refused.expect("a ninth request waits for a slot the unread responses hold");
+    assert_eq!(error_code(&refused), "TOO_MANY_REQUESTS");
+    // Once the clients go away, their slots come back.
+    drop(unread);
+    let mut served = false;
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let (status, _) = app
+            .post_strict(Some(&tenant.key), "{ account { id } }")
+            .await;
+        if status == StatusCode::OK {
+            served = true;
+            break;
+        }
+    }
+    assert!(served, "the slots came back once the clients left");
+}
