@@ -610,7 +610,15 @@ async fn each_tenant_has_a_few_requests_in_flight(backend: Backend) {
 }
 
 /// `tests/blackbox` with its dependencies installed; fails when Node.js is missing.
+/// Installed once per test run: two `npm ci` at once in one folder would trip over
+/// each other.
 async fn blackbox_folder() -> std::path::PathBuf {
+    static INSTALLED: tokio::sync::OnceCell<std::path::PathBuf> =
+        tokio::sync::OnceCell::const_new();
+    INSTALLED.get_or_init(install_blackbox).await.clone()
+}
+
+async fn install_blackbox() -> std::path::PathBuf {
     let blackbox = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/blackbox");
     match std::process::Command::new("node").arg("--version").output() {
         Ok(output) if output.status.success() => {}
