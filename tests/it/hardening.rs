@@ -111,7 +111,7 @@ async fn fragment_bombs_and_alias_floods_are_refused_before_any_work(backend: Ba
             assert_eq!(error_code(&body), "QUERY_TOO_COMPLEX", "{body}");
             assert!(body.get("data").is_none(), "{body}");
         };
-        healthz_keeps_answering(&app, Duration::from_millis(100), refused).await;
+        healthz_keeps_answering(&app, Duration::from_secs(1), refused).await;
     }
 
     // 600,000 aliases (about 12 MB): refused by its size, before it is parsed.
@@ -164,7 +164,7 @@ async fn fragment_bombs_and_alias_floods_are_refused_before_any_work(backend: Ba
             "{errors}"
         );
     };
-    healthz_keeps_answering(&app, Duration::from_millis(100), refused).await;
+    healthz_keeps_answering(&app, Duration::from_secs(1), refused).await;
 }
 
 /// graphql-js's `getIntrospectionQuery` with every option GraphiQL turns on.
@@ -347,7 +347,7 @@ async fn half_open_sockets_are_dropped_and_healthz_keeps_answering(backend: Back
             }
         }
     };
-    healthz_keeps_answering(&app, Duration::from_secs(1), async {
+    healthz_keeps_answering(&app, Duration::from_secs(5), async {
         tokio::time::timeout(Duration::from_secs(15), dropped)
             .await
             .expect("every half-open socket is dropped within 15 s");
@@ -367,9 +367,12 @@ async fn idle_connections_are_shed_when_too_many_are_open(backend: Backend) {
         socket
     }))
     .await;
+    // The point is that the server keeps answering at all (no descriptor or accept
+    // starvation), not how fast on a machine the rest of the suite shares: the bound
+    // is generous.
     healthz_keeps_answering(
         &app,
-        Duration::from_secs(1),
+        Duration::from_secs(5),
         tokio::time::sleep(Duration::from_secs(4)),
     )
     .await;
