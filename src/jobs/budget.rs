@@ -8,8 +8,8 @@
 //! sized for that many calls (`billing::CallBound::job_hold`), so the money limits
 //! only bind when prices change while a job runs.
 
-use crate::billing::ledger::{self, Resolution};
 use crate::billing::Credits;
+use crate::billing::ledger::{self, Resolution};
 use entity::{AttemptOutcome, JobStatus, ReservationStatus, attempts, credit_reservations, jobs};
 use sea_orm::{ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QueryOrder};
 use std::collections::HashMap;
@@ -93,7 +93,9 @@ impl Spent {
         Ok(job_ids
             .iter()
             .map(|job_id| {
-                let spent = by_job.get(job_id).map_or_else(Self::default, |rows| Self::of(rows));
+                let spent = by_job
+                    .get(job_id)
+                    .map_or_else(Self::default, |rows| Self::of(rows));
                 (*job_id, spent)
             })
             .collect())

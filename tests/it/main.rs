@@ -10,6 +10,7 @@ mod accounts;
 mod any_text;
 mod api_keys;
 mod audit;
+mod batching;
 mod bench;
 mod billing;
 mod charging;

@@ -10,7 +10,9 @@ use crate::jobs::bus::EventNotice;
 use crate::jobs::events;
 use entity::{AttemptOutcome, EventKind, JobStatus, Timestamp, attempts, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait};
-use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use sea_orm::{
+    ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+};
 
 /// Most expired leases handled in one sweep.
 const EXPIRY_BATCH: u64 = 100;

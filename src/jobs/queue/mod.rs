@@ -120,7 +120,11 @@ fn fenced_update_of_all<'a>(
                 Expr::col(jobs::Column::Id),
                 Expr::col(jobs::Column::RunToken),
             ])
-            .in_tuples(claims.into_iter().map(|claim| (claim.job.id, claim.run_token))),
+            .in_tuples(
+                claims
+                    .into_iter()
+                    .map(|claim| (claim.job.id, claim.run_token)),
+            ),
         )
 }
 

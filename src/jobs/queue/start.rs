@@ -80,14 +80,7 @@ pub async fn start_attempts(
             start.customer_charge_bound,
         );
         budget_spent.insert(job.id, spent_already);
-        rows.push(attempt_row(
-            claim,
-            start,
-            job,
-            &earlier,
-            spent_already,
-            now,
-        ));
+        rows.push(attempt_row(claim, start, job, &earlier, spent_already, now));
     }
     let inserted: HashMap<Uuid, attempts::Model> = attempts::Entity::insert_many(rows)
         .exec_with_returning(&transaction)
@@ -98,7 +91,11 @@ pub async fn start_attempts(
     let started_events = starts.iter().filter_map(|(claim, _)| {
         let job = *owned.get(&claim.job.id)?;
         let number = inserted.get(&job.id)?.number;
-        Some((job, EventKind::AttemptStarted, Some(json!({"attempt": number}))))
+        Some((
+            job,
+            EventKind::AttemptStarted,
+            Some(json!({"attempt": number})),
+        ))
     });
     let mut notices: HashMap<Uuid, _> = events::append_many(&transaction, started_events)
         .await?

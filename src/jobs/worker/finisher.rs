@@ -19,7 +19,7 @@ pub(super) enum Finished {
     Recorded(Option<Vec<EventNotice>>),
     /// Its group could not be written: nothing of it was, and the attempt should be
     /// recorded alone, where an error concerns only itself.
-    Alone(AttemptEnd),
+    Alone(Box<AttemptEnd>),
     /// The finisher is gone (the process is stopping abnormally); lease expiry
     /// takes the job back.
     Stopped,
@@ -45,7 +45,7 @@ impl Finisher {
     pub(super) async fn finish(&self, end: AttemptEnd) -> Finished {
         let (reply, answer) = oneshot::channel();
         if let Err(mpsc::error::SendError((end, _))) = self.requests.send((end, reply)) {
-            return Finished::Alone(end);
+            return Finished::Alone(Box::new(end));
         }
         answer.await.unwrap_or(Finished::Stopped)
     }
@@ -72,7 +72,7 @@ async fn write_groups(db: DatabaseConnection, mut queue: mpsc::UnboundedReceiver
             Err(error) => {
                 tracing::warn!(error = %error, attempts = ends.len(), "recording a group of finished attempts failed; recording them one by one");
                 for (reply, end) in replies.into_iter().zip(ends) {
-                    let _ = reply.send(Finished::Alone(end));
+                    let _ = reply.send(Finished::Alone(Box::new(end)));
                 }
             }
         }

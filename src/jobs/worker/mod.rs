@@ -288,18 +288,16 @@ impl Worker {
         };
         let price = match prices.get(&claim.job.model) {
             Some(price) => price.clone(),
-            None => {
-                match prices::price_at(&inner.db, &claim.job.model, Timestamp::now()).await {
-                    Ok(price) => {
-                        prices.insert(claim.job.model.clone(), price.clone());
-                        price
-                    }
-                    Err(error) => {
-                        tracing::error!(job.id = %claim.job.id, error = %error, "reading the model's price failed");
-                        return None;
-                    }
+            None => match prices::price_at(&inner.db, &claim.job.model, Timestamp::now()).await {
+                Ok(price) => {
+                    prices.insert(claim.job.model.clone(), price.clone());
+                    price
                 }
-            }
+                Err(error) => {
+                    tracing::error!(job.id = %claim.job.id, error = %error, "reading the model's price failed");
+                    return None;
+                }
+            },
         };
         let Some(price) = price else {
             self.abandon(&claim, format!("model {} has no price", claim.job.model))
@@ -488,6 +486,7 @@ impl Worker {
         let finished = match inner.finisher.finish(end).await {
             Finished::Recorded(finished) => finished,
             Finished::Alone(end) => {
+                let end = *end;
                 match finish_with_retries(&inner.db, end.clone()).await {
                     Err(FinishError::Refused(error)) => {
                         // Trying again cannot help, and leaving the job to lease expiry
