@@ -7,6 +7,7 @@ mod helpers;
 mod socket;
 
 mod accounts;
+mod admin_reads;
 mod any_text;
 mod api_keys;
 mod audit;
