@@ -15,6 +15,7 @@ mod bench;
 mod billing;
 mod charging;
 mod config;
+mod console;
 mod contract;
 mod crash;
 mod engine;
