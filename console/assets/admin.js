@@ -67,7 +67,7 @@ function grantForm(tenantOf, onGranted) {
     } catch (error) {
       replace(message, notice(`Could not grant: ${error.message}`, 'error'));
     }
-  } }, amountLabel, amount, reasonLabel, reason, h('button', { type: 'submit' }, 'Grant credits'), message);
+  } }, h('h3', {}, 'Grant credits'), amountLabel, amount, reasonLabel, reason, h('button', { type: 'submit' }, 'Grant credits'), message);
 }
 
 /** Every tenant with its balance, and creating a tenant. */
@@ -141,6 +141,8 @@ export function renderTenant(root, { tenantId }) {
       apiKeys.map((key) => [key.name || '(first key)', h('span', { class: 'mono' }, key.prefix), time(key.createdAt),
         time(key.lastUsedAt), time(key.revokedAt),
         key.revokedAt ? '' : h('button', { type: 'button', class: 'danger', 'aria-label': `Revoke key ${key.prefix}`, onclick: async () => {
+          // Revoking is immediate and cannot be undone: the key's connections close.
+          if (!window.confirm(`Revoke the key ${key.prefix}…? Clients using it stop at once.`)) return;
           await gql(REVOKE_KEY, { id: key.id });
           loadKeys();
         } }, 'Revoke')]), { testId: 'keys-table' }));
@@ -157,7 +159,7 @@ export function renderTenant(root, { tenantId }) {
     } catch (error) {
       replace(newKey, notice(`Could not create the key: ${error.message}`, 'error'));
     }
-  } }, keyNameLabel, keyName, h('button', { type: 'submit' }, 'Create key'), newKey);
+  } }, h('h3', {}, 'New key'), keyNameLabel, keyName, h('button', { type: 'submit' }, 'Create key'), newKey);
   const jobs = h('section', { class: 'nested' });
   replace(root,
     h('p', {}, h('a', { href: '#/admin' }, '← All tenants')),

@@ -7,7 +7,7 @@ import { approximate, credits } from './money.js';
 
 const WIDTH = 720;
 const HEIGHT = 240;
-const MARGIN = { top: 16, right: 16, bottom: 40, left: 72 };
+const MARGIN = { top: 16, right: 16, bottom: 40, left: 110 };
 
 /**
  * The pattern every chart of a page shares (hatching for the second series), to be put

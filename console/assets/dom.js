@@ -57,7 +57,8 @@ export function table(caption, headers, rows, { footer = null, testId = null } =
 /** A time as a `<time>` element, shown in UTC to the second. */
 export function time(value) {
   if (!value) return '—';
-  return h('time', { datetime: value }, value.replace('T', ' ').replace(/\.\d+/, '').replace('Z', ' UTC'));
+  const shown = new Date(value).toISOString().slice(0, 19).replace('T', ' ');
+  return h('time', { datetime: value }, `${shown} UTC`);
 }
 
 /** A status as text (the text carries the meaning; the colour only repeats it). */

@@ -49,7 +49,7 @@ function nanos(text) {
   return BigInt(whole) * 1_000_000_000n + BigInt((fraction + '000000000').slice(0, 9));
 }
 
-async function until(what, probe, limit = 20_000) {
+async function until(what, probe, limit = 40_000) {
   const deadline = Date.now() + limit;
   for (;;) {
     const value = await probe();
@@ -69,9 +69,9 @@ const SUMMARY = `query BillingSummary($from: DateTime!, $to: DateTime!) {
   billingSummary(from: $from, to: $to) { jobsCreated providerCost customerCharges margin unknownOutcomes }
 }`;
 
-function createJob(key, idempotencyKey, content) {
+function createJob(key, idempotencyKey, content, options = {}) {
   return api(key, CREATE_JOB, { input: {
-    idempotencyKey, model: 'gpt-4o-mini', maxOutputTokens: 100, messages: [{ role: 'user', content }],
+    idempotencyKey, model: 'gpt-4o-mini', maxOutputTokens: 100, messages: [{ role: 'user', content }], ...options,
   } }).then((data) => data.createJob.job.id);
 }
 
@@ -89,6 +89,8 @@ const browser = await chromium.launch({
 });
 const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
 const page = await context.newPage();
+// Generous: the suite runs this beside every other test on a shared machine.
+page.setDefaultTimeout(40_000);
 const consoleErrors = [];
 const foreignRequests = [];
 page.on('console', (message) => {
@@ -159,8 +161,8 @@ await check('a job created through the API turns SUCCEEDED in the list without a
   await page.evaluate(() => { window.notReloaded = true; });
   fastJob = await createJob(tenantKey, 'console-fast', 'Summarise the console test [mock:delay_ms=1500]');
   const row = page.getByRole('row').filter({ hasText: fastJob });
-  await row.waitFor({ timeout: 10_000 });
-  await row.getByText('SUCCEEDED').waitFor({ timeout: 20_000 });
+  await row.waitFor({ timeout: 40_000 });
+  await row.getByText('SUCCEEDED').waitFor({ timeout: 40_000 });
   assert(await page.evaluate(() => window.notReloaded === true), 'the page was reloaded');
   await shot('jobs');
 });
@@ -205,17 +207,32 @@ await check('a slow running job is cancelled from its page', async () => {
   await cancel.waitFor();
   await cancel.focus();
   await page.keyboard.press('Enter');
-  await page.locator('.facts dd .status', { hasText: 'CANCELLED' }).first().waitFor({ timeout: 20_000 });
+  await page.locator('.facts dd .status', { hasText: 'CANCELLED' }).first().waitFor({ timeout: 40_000 });
   const { job } = await api(tenantKey, JOB, { id: slow });
   assert(job.status === 'CANCELLED', `status ${job.status}`);
   assert(job.attempts.length === 1 && job.attempts[0].outcome === 'CANCELLED', JSON.stringify(job.attempts));
   await shot('job-cancelled');
 });
 
+await check('a streaming job shows its output on its page while it runs', async () => {
+  const reply = 'alpha beta gamma delta epsilon zeta eta theta iota kappa';
+  const streaming = await createJob(tenantKey, 'console-stream',
+    `Stream this [mock:reply=${reply}] [mock:chunk_delay_ms=300]`, { streamOutput: true });
+  await page.goto(`${base}/#/jobs/${streaming}`);
+  const output = page.getByTestId('live-output');
+  await until('output while the job runs', async () => {
+    const shown = await output.textContent();
+    const { job } = await api(tenantKey, JOB, { id: streaming });
+    return shown.length > 0 && reply.startsWith(shown) && job.status === 'RUNNING';
+  });
+  await page.getByTestId('result').filter({ hasText: reply }).waitFor({ timeout: 40_000 });
+  await shot('job-streaming');
+});
+
 // ---- billing ---------------------------------------------------------------------------
 async function chartTotalsMatch(key) {
   // The totals sit in the folded table under the chart.
-  await page.getByTestId('total-provider-cost').waitFor({ state: 'attached', timeout: 20_000 });
+  await page.getByTestId('total-provider-cost').waitFor({ state: 'attached', timeout: 40_000 });
   const [from, to] = await page.getByTestId('period').locator('time')
     .evaluateAll((times) => times.map((element) => element.getAttribute('datetime')));
   const { billingSummary: summary } = await api(key, SUMMARY, { from, to });
@@ -288,7 +305,7 @@ await fits('admin-billing', 768);
 // ---- GraphiQL ------------------------------------------------------------------------------
 await check('GraphiQL loads at /graphql from this server alone', async () => {
   await page.goto(`${base}/graphql`);
-  await page.locator('.graphiql-container').waitFor({ timeout: 20_000 });
+  await page.locator('.graphiql-container').waitFor({ timeout: 40_000 });
   await shot('graphiql');
 });
 

@@ -5,7 +5,7 @@
 //! page land in `target/console-screenshots`.
 
 use crate::hardening::blackbox_folder;
-use crate::helpers::ADMIN_TOKEN;
+use crate::helpers::{ADMIN_TOKEN, AppOptions, Backend, spawn_app_with};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -104,6 +104,7 @@ async fn the_console_works_in_a_real_browser() {
         "jobs",
         "job",
         "job-cancelled",
+        "job-streaming",
         "billing",
         "admin-tenants",
         "admin-tenant",
@@ -126,5 +127,79 @@ async fn the_console_works_in_a_real_browser() {
         audit.status.success(),
         "the audit found a violation:\n{}",
         String::from_utf8_lossy(&audit.stdout)
+    );
+}
+
+/// The console's files come from the binary with their media types and a policy that
+/// allows only this origin; GraphiQL's page names no other host; an unknown file is a
+/// 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_and_graphiql_are_served_from_the_binary() {
+    let app = spawn_app_with(Backend::Sqlite, AppOptions::no_workers()).await;
+    let get = |path: &str, accept: &str| {
+        app.http
+            .get(format!("http://{}{path}", app.address))
+            .header("accept", accept)
+            .send()
+    };
+    let header = |response: &reqwest::Response, name: &str| {
+        response
+            .headers()
+            .get(name)
+            .map(|value| value.to_str().unwrap().to_owned())
+            .unwrap_or_default()
+    };
+
+    let index = get("/", "text/html").await.unwrap();
+    assert_eq!(index.status(), 200);
+    assert_eq!(header(&index, "content-type"), "text/html; charset=utf-8");
+    let policy = header(&index, "content-security-policy");
+    assert!(policy.contains("default-src 'none'"), "{policy}");
+    assert!(policy.contains("script-src 'self';"), "{policy}");
+    assert!(!policy.contains("unsafe"), "{policy}");
+    assert_eq!(header(&index, "x-content-type-options"), "nosniff");
+    let page = index.text().await.unwrap();
+    assert!(page.contains(r#"<script type="module" src="/assets/app.js">"#));
+
+    let script = get("/assets/app.js", "*/*").await.unwrap();
+    assert_eq!(script.status(), 200);
+    assert_eq!(
+        header(&script, "content-type"),
+        "text/javascript; charset=utf-8"
+    );
+    let style = get("/assets/style.css", "*/*").await.unwrap();
+    assert_eq!(header(&style, "content-type"), "text/css; charset=utf-8");
+    let missing = get("/assets/nothing-here.js", "*/*").await.unwrap();
+    assert_eq!(missing.status(), 404);
+
+    let graphiql = get("/graphql", "text/html,application/xhtml+xml")
+        .await
+        .unwrap();
+    assert_eq!(graphiql.status(), 200);
+    let policy = header(&graphiql, "content-security-policy");
+    assert!(policy.contains("script-src 'self';"), "{policy}");
+    let page = graphiql.text().await.unwrap();
+    assert!(page.contains("/assets/vendor/graphiql/graphiql.min.js"));
+    assert!(
+        !page.contains("//unpkg.com") && !page.contains("https://"),
+        "{page}"
+    );
+    for vendored in [
+        "/assets/vendor/graphiql/graphiql.min.js",
+        "/assets/vendor/graphiql/graphiql.min.css",
+        "/assets/vendor/react/react.production.min.js",
+        "/assets/vendor/react-dom/react-dom.production.min.js",
+    ] {
+        let file = get(vendored, "*/*").await.unwrap();
+        assert_eq!(file.status(), 200, "{vendored}");
+    }
+    // A query still runs over GET.
+    let answer = get("/graphql?query=%7B__typename%7D", "application/json")
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(
+        answer.json::<serde_json::Value>().await.unwrap()["data"]["__typename"],
+        "QueryRoot"
     );
 }
