@@ -5,6 +5,7 @@ import { gql } from './api.js';
 import { h, notice, replace, table, time } from './dom.js';
 import { balanceCards, ledger, periodReport } from './billing.js';
 import { renderJobList } from './jobs.js';
+import { renderTenantLimits } from './limits.js';
 import { credits } from './money.js';
 
 const TENANTS = `query ConsoleTenants($first: Int, $after: String) {
@@ -108,9 +109,7 @@ export function renderTenants(root) {
     }
   } }, nameLabel, name, h('button', { type: 'submit' }, 'Create tenant'), created);
   replace(root, h('h1', {}, 'Tenants'), list,
-    h('section', { 'aria-labelledby': 'new-tenant-title' }, h('h2', { id: 'new-tenant-title' }, 'New tenant'), form),
-    h('section', { 'aria-labelledby': 'limits-title' }, h('h2', { id: 'limits-title' }, 'Limits'),
-      notice('Setting tenant limits (setTenantLimits) is not in this console yet.')));
+    h('section', { 'aria-labelledby': 'new-tenant-title' }, h('h2', { id: 'new-tenant-title' }, 'New tenant'), form));
   load();
 }
 
@@ -167,6 +166,7 @@ export function renderTenant(root, { tenantId }) {
     h('section', { 'aria-labelledby': 'balance-title' }, h('h2', { id: 'balance-title' }, 'Balance'), balance,
       grantForm(() => tenantId, () => loadTenant())),
     h('section', { 'aria-labelledby': 'keys-title' }, h('h2', { id: 'keys-title' }, 'API keys'), keys, keyForm),
+    renderTenantLimits(tenantId),
     jobs,
     ledger(tenantId));
   const stopJobs = renderJobList(jobs, { tenantId, state: { status: '', cursors: [null] } });

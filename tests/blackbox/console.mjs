@@ -229,6 +229,15 @@ await check('a streaming job shows its output on its page while it runs', async 
   await shot('job-streaming');
 });
 
+// Spending limits are shown once the server serves them (account { limits spend }).
+const { __type: accountType } = await api(tenantKey, '{ __type(name: "Account") { fields { name } } }');
+const limitsServed = accountType.fields.some((field) => field.name === 'limits');
+console.log(`# spending limits ${limitsServed ? 'are' : 'are not'} served`);
+if (limitsServed) {
+  await api(adminToken, 'mutation($i: TenantLimitsInput!) { setTenantLimits(input: $i) { tenantId } }',
+    { i: { tenantId, dailySpendLimit: '50' } });
+}
+
 // ---- billing ---------------------------------------------------------------------------
 async function chartTotalsMatch(key) {
   // The totals sit in the folded table under the chart.
@@ -262,7 +271,11 @@ await check('the billing charts show the same totals as billingSummary', async (
   await chartTotalsMatch(tenantKey);
   const ledgerRows = await page.getByTestId('ledger').locator('tbody tr').count();
   assert(ledgerRows >= 4, `ledger rows: ${ledgerRows}`);
-  await page.getByTestId('limits').locator('.notice').waitFor();
+  if (limitsServed) {
+    await page.getByTestId('limits').getByText('of 50 cr').waitFor();
+  } else {
+    await page.getByTestId('limits').getByText('does not serve').waitFor();
+  }
   await shot('billing');
 });
 await accessible('billing');
@@ -286,6 +299,16 @@ await check('the admin grants credits and reads the tenant’s jobs and keys', a
   await page.locator('#grant-amount').press('Enter');
   await page.getByText('Granted 5.5 cr.').waitFor();
   await page.getByTestId('balance-granted').filter({ hasText: '105.5 cr' }).waitFor();
+  if (limitsServed) {
+    await page.locator('#limit-monthlySpendLimit').fill('80');
+    await page.locator('#limit-monthlySpendLimit').press('Enter');
+    const limits = page.getByTestId('tenant-limits');
+    await limits.waitFor();
+    const shown = await limits.innerText();
+    assert(shown.includes('80 cr') && shown.includes('50 cr'), `limits after saving: ${shown}`);
+  } else {
+    await page.getByTestId('limits').getByText('does not serve').waitFor();
+  }
   await shot('admin-tenant');
 });
 await accessible('admin-tenant');
