@@ -229,6 +229,17 @@ await check('a streaming job shows its output on its page while it runs', async 
   await shot('job-streaming');
 });
 
+await check('a job created from the console opens on its page and succeeds there', async () => {
+  await page.getByRole('link', { name: 'Jobs', exact: true }).click();
+  await page.getByText('New job').click();
+  await page.locator('#job-prompt').fill('Written in the console [mock:delay_ms=500]');
+  await page.getByRole('button', { name: 'Create job' }).click();
+  await page.getByTestId('result').waitFor();
+  const id = page.url().split('/').pop();
+  const { job } = await api(tenantKey, JOB, { id });
+  assert(job.status === 'SUCCEEDED', `status ${job.status}`);
+});
+
 // Spending limits are shown once the server serves them (account { limits spend }).
 const { __type: accountType } = await api(tenantKey, '{ __type(name: "Account") { fields { name } } }');
 const limitsServed = accountType.fields.some((field) => field.name === 'limits');
