@@ -32,12 +32,25 @@ const DAY = 86_400_000;
 /** Requests in flight at once for the per-day figures (a tenant runs four at a time). */
 const PARALLEL = 4;
 
-/** The UTC days of the period ending today: [{ date, from, to }]. */
-function periodDays(count) {
+/** Most days a chosen period may span (one request per day). */
+const MAX_DAYS = 92;
+
+/** Midnight UTC today. */
+function midnight() {
   const today = new Date();
-  const midnight = Date.UTC(today.getUTCFullYear(), today.getUTCMonth(), today.getUTCDate());
+  return Date.UTC(today.getUTCFullYear(), today.getUTCMonth(), today.getUTCDate());
+}
+
+/** Midnight UTC of a date input's value ("YYYY-MM-DD"); NaN when it holds none. */
+function dayStart(value) {
+  return value ? Date.parse(`${value}T00:00:00Z`) : NaN;
+}
+
+/** The UTC days from `first` to `last` (midnights), both included: [{ date, from, to }]. */
+function daysBetween(first, last) {
+  const count = Math.round((last - first) / DAY) + 1;
   return Array.from({ length: count }, (_, index) => {
-    const start = midnight - (count - 1 - index) * DAY;
+    const start = first + index * DAY;
     return {
       date: new Date(start).toISOString().slice(0, 10),
       from: new Date(start).toISOString(),
@@ -70,10 +83,30 @@ export function balanceCards(balance) {
  * admin across every tenant (`tenantId` null) or for one.
  */
 export function periodReport(tenantId = null) {
-  const choice = h('select', { id: 'period' }, PERIODS.map((days) => h('option', { value: days, selected: days === 7 }, `Last ${days} days`)));
+  const choice = h('select', { id: 'period' },
+    PERIODS.map((days) => h('option', { value: days, selected: days === 7 }, `Last ${days} days`)),
+    h('option', { value: 'custom' }, 'Chosen days…'));
+  const today = new Date(midnight()).toISOString().slice(0, 10);
+  const firstDay = h('input', { id: 'period-from', type: 'date', max: today, value: today });
+  const lastDay = h('input', { id: 'period-to', type: 'date', max: today, value: today });
+  const custom = h('div', { class: 'toolbar', hidden: true },
+    h('label', { for: 'period-from' }, 'First day (UTC)'), firstDay,
+    h('label', { for: 'period-to' }, 'Last day'), lastDay,
+    h('button', { type: 'button', onclick: () => load() }, 'Show'));
   const content = h('div', { 'aria-busy': 'true' });
   async function load() {
-    const days = periodDays(Number(choice.value));
+    custom.hidden = choice.value !== 'custom';
+    let days;
+    if (choice.value === 'custom') {
+      const [first, last] = [dayStart(firstDay.value), dayStart(lastDay.value)];
+      if (Number.isNaN(first) || Number.isNaN(last) || last < first || (last - first) / DAY >= MAX_DAYS) {
+        replace(content, notice(`Choose a first day on or before the last, at most ${MAX_DAYS} days apart.`, 'error'));
+        return;
+      }
+      days = daysBetween(first, last);
+    } else {
+      days = daysBetween(midnight() - (Number(choice.value) - 1) * DAY, midnight());
+    }
     const from = days[0].from;
     const to = days[days.length - 1].to;
     content.setAttribute('aria-busy', 'true');
@@ -121,6 +154,7 @@ export function periodReport(tenantId = null) {
   return h('section', { 'aria-labelledby': 'period-title' },
     h('h2', { id: 'period-title' }, 'Over a period'),
     h('div', { class: 'toolbar' }, h('label', { for: 'period' }, 'Period'), choice),
+    custom,
     content);
 }
 

@@ -280,6 +280,15 @@ await check('the billing charts show the same totals as billingSummary', async (
   await page.getByRole('link', { name: 'Billing' }).click();
   await page.getByTestId('balance-available').waitFor();
   await chartTotalsMatch(tenantKey);
+  // A chosen period: the last three days.
+  await page.locator('#period').selectOption('custom');
+  const day = (offset) => new Date(Date.now() - offset * 86_400_000).toISOString().slice(0, 10);
+  await page.locator('#period-from').fill(day(2));
+  await page.locator('#period-to').fill(day(0));
+  await page.getByRole('button', { name: 'Show' }).click();
+  await page.getByTestId('cost-per-day').locator('tbody tr').nth(2).waitFor({ state: 'attached' });
+  assert(await page.getByTestId('cost-per-day').locator('tbody tr').count() === 3, 'one row per chosen day');
+  await chartTotalsMatch(tenantKey);
   const ledgerRows = await page.getByTestId('ledger').locator('tbody tr').count();
   assert(ledgerRows >= 4, `ledger rows: ${ledgerRows}`);
   if (limitsServed) {
