@@ -173,6 +173,11 @@ impl Cli {
                         "admin token (shown once; set JOBLEDGER_ADMIN_TOKEN to choose your own): {token}"
                     );
                 }
+                if let Some(address) = application.address() {
+                    println!(
+                        "web console: http://{address}/ (sign in with a tenant API key or the admin token)"
+                    );
+                }
                 application.run(shutdown_on_signal()).await?;
             }
             Command::Worker(args) => {

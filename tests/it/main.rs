@@ -7,6 +7,7 @@ mod helpers;
 mod socket;
 
 mod accounts;
+mod admin_reads;
 mod any_text;
 mod api_keys;
 mod audit;
@@ -15,6 +16,7 @@ mod bench;
 mod billing;
 mod charging;
 mod config;
+mod console;
 mod contract;
 mod crash;
 mod engine;
