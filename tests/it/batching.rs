@@ -257,3 +257,34 @@ async fn a_group_finishes_each_job_by_its_own_claim(backend: Backend) {
     }
     assert_billing_invariants(db).await;
 }
+
+/// On SQLite the writers of one process take turns in the order they asked: each
+/// waits in a queue in memory rather than in SQLite's busy handler, whose sleeps and
+/// retries let late writers in first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_writers_of_one_process_take_turns_in_order() {
+    const WRITERS: usize = 8;
+    let directory = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", directory.path().join("turns.db").display());
+    let db = jobledger::db::connect(&url).await.unwrap();
+    jobledger::db::migrate(&db).await.unwrap();
+    let first = jobledger::db::begin_write(&db).await.unwrap();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut writers = Vec::new();
+    for writer in 0..WRITERS {
+        let (db, order) = (db.clone(), order.clone());
+        writers.push(tokio::spawn(async move {
+            let transaction = jobledger::db::begin_write(&db).await.unwrap();
+            order.lock().unwrap().push(writer);
+            transaction.commit().await.unwrap();
+        }));
+        // Each writer is waiting before the next one asks.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    first.commit().await.unwrap();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), (0..WRITERS).collect::<Vec<_>>());
+}
