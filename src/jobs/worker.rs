@@ -4,6 +4,7 @@
 use super::bus::{EventBus, EventNotice, Wake};
 use super::input::JobInput;
 use super::leases::LeaseKeeper;
+use super::observe;
 use super::queue::{
     self, AttemptReport, AttemptStart, Claim, ClaimRequest, ErrorCode, JobError, JobOutcome,
     Renewal, StartedAttempt, TenantCursor,
@@ -11,6 +12,7 @@ use super::queue::{
 use super::relay;
 use crate::billing::{AttemptEnding, CallBound, ChargingPolicy, ModelPrice, TokenUsage, prices};
 use crate::llm::{ChatRequest, Completion, ProviderError, ProviderRegistry};
+use crate::metrics::Metrics;
 use entity::{AttemptOutcome, EventKind, Timestamp, attempts};
 use rand::Rng;
 use sea_orm::{DatabaseConnection, DbErr};
@@ -68,19 +70,22 @@ struct Inner {
     providers: ProviderRegistry,
     settings: WorkerSettings,
     leases: LeaseKeeper,
+    metrics: Metrics,
     /// Cancelled when the grace period is over: running attempts stop waiting for the
     /// provider and hand their jobs back.
     abort: CancellationToken,
 }
 
 impl Worker {
-    /// A worker pool; `id` names it on the attempts it records.
+    /// A worker pool; `id` names it on the attempts it records, and `metrics` counts
+    /// what it does.
     pub fn new(
         id: String,
         db: DatabaseConnection,
         bus: EventBus,
         providers: ProviderRegistry,
         settings: WorkerSettings,
+        metrics: Metrics,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -90,6 +95,7 @@ impl Worker {
                 bus,
                 providers,
                 settings,
+                metrics,
                 abort: CancellationToken::new(),
             }),
         }
@@ -126,8 +132,12 @@ impl Worker {
                 lease: settings.lease,
                 tenant_limit: settings.tenant_concurrency,
             };
+            let asked = Instant::now();
             let claimed = match queue::claim_in_turn(&self.inner.db, request, &mut cursor).await {
-                Ok(claimed) => claimed,
+                Ok(claimed) => {
+                    observe::claimed(&self.inner.metrics, asked.elapsed(), &claimed);
+                    claimed
+                }
                 Err(error) => {
                     tracing::error!(error = %error, "claiming jobs failed");
                     Vec::new()
@@ -182,6 +192,7 @@ impl Worker {
 
     async fn take_back_expired_leases(&self) -> Result<(), DbErr> {
         let notices = queue::expire_leases(&self.inner.db).await?;
+        observe::leases_expired(&self.inner.metrics, &notices);
         self.inner.bus.publish(notices);
         Ok(())
     }
@@ -200,6 +211,7 @@ impl Worker {
         tracing::error!(job.id = %claim.job.id, reason = %reason, "the job cannot be run");
         let error = JobError::new(ErrorCode::NotRunnable, reason);
         if let Some(notice) = queue::abandon_claim(&self.inner.db, claim, &error).await? {
+            observe::job_ended(&self.inner.metrics, std::slice::from_ref(&notice));
             self.inner.bus.publish([notice]);
         }
         Ok(())
@@ -317,6 +329,7 @@ impl Worker {
             // The keeper renews beside the call, so that a slow database never stalls
             // the stream, the deadline or a cancel.
             let mut lease = inner.leases.hold(&claim);
+            let _in_flight = inner.metrics.provider_call();
             loop {
                 tokio::select! {
                     // An answer that is ready wins over a deadline, a cancel or an
@@ -370,6 +383,7 @@ impl Worker {
         let report_outcome = report.outcome;
         let finished = match finish_with_retries(
             &inner.db,
+            &inner.metrics,
             &claim,
             &attempt,
             &start.price,
@@ -383,8 +397,16 @@ impl Worker {
                 // lose the exact usage and run it again: record what is known.
                 tracing::error!(job.id = %claim.job.id, error = %error, "the database refused the attempt's outcome; recording the call without it");
                 let (report, outcome) = call.not_stored(report);
-                finish_with_retries(&inner.db, &claim, &attempt, &start.price, report, outcome)
-                    .await
+                finish_with_retries(
+                    &inner.db,
+                    &inner.metrics,
+                    &claim,
+                    &attempt,
+                    &start.price,
+                    report,
+                    outcome,
+                )
+                .await
             }
             other => other,
         }
@@ -432,6 +454,7 @@ impl FinishError {
 /// safe; once the lease has lapsed it matches nothing.
 async fn finish_with_retries(
     db: &DatabaseConnection,
+    metrics: &Metrics,
     claim: &Claim,
     attempt: &attempts::Model,
     price: &ModelPrice,
@@ -444,7 +467,12 @@ async fn finish_with_retries(
         match queue::finish_attempt(db, claim, attempt, price, report.clone(), outcome.clone())
             .await
         {
-            Ok(finished) => return Ok(finished),
+            Ok(finished) => {
+                if let Some(notices) = &finished {
+                    observe::attempt_finished(metrics, claim, attempt, price, &report, notices);
+                }
+                return Ok(finished);
+            }
             Err(error) if !crate::db::is_transient(&error) => {
                 return Err(FinishError::Refused(error));
             }
