@@ -51,13 +51,13 @@ struct BenchArgs {
     #[arg(long, env = "JOBLEDGER_BENCH_POSTGRES", value_name = "URL")]
     postgres: Option<String>,
     /// Skip SQLite.
-    #[arg(long)]
+    #[arg(long, env = "JOBLEDGER_BENCH_NO_SQLITE")]
     no_sqlite: bool,
     /// A few seconds with tiny counts: checks that every scenario runs, not speed.
-    #[arg(long)]
+    #[arg(long, env = "JOBLEDGER_BENCH_SMOKE")]
     smoke: bool,
     /// Also write the figures as JSON to this file.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, env = "JOBLEDGER_BENCH_JSON", value_name = "FILE")]
     json: Option<PathBuf>,
 }
 

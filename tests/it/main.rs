@@ -18,6 +18,7 @@ mod contract;
 mod crash;
 mod engine;
 mod fencing;
+mod flags;
 mod hardening;
 mod invariants;
 mod jobs;
