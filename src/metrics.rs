@@ -59,6 +59,9 @@ pub const PROVIDER_CALLS_IN_FLIGHT: &str = "jobledger_provider_calls_in_flight";
 pub const OPEN_SUBSCRIPTIONS: &str = "jobledger_open_subscriptions";
 /// Database connections checked out of this process's pools, by `pool`.
 pub const POOL_CONNECTIONS_IN_USE: &str = "jobledger_pool_connections_in_use";
+/// Tenants with less than a tenth of the credit ever granted to them left to spend
+/// (the same figure from every process: use `max`).
+pub const TENANTS_LOW_CREDIT: &str = "jobledger_tenants_low_credit";
 
 /// Every metric name this process exposes, for documentation and tests.
 pub const ALL: &[&str] = &[
@@ -81,6 +84,7 @@ pub const ALL: &[&str] = &[
     PROVIDER_CALLS_IN_FLIGHT,
     OPEN_SUBSCRIPTIONS,
     POOL_CONNECTIONS_IN_USE,
+    TENANTS_LOW_CREDIT,
 ];
 
 /// Histogram buckets, in seconds: from a fast database query to a long model call.
@@ -212,6 +216,10 @@ impl Metrics {
                 "Live GraphQL subscriptions of this process",
             ),
             (POOL_CONNECTIONS_IN_USE, "Database connections checked out"),
+            (
+                TENANTS_LOW_CREDIT,
+                "Tenants with under a tenth of their granted credit left",
+            ),
         ] {
             recorder.describe_gauge(name.into(), None, SharedString::const_str(help));
         }
@@ -337,6 +345,8 @@ impl Metrics {
         self.gauge(JOBS_RUNNING, &[]).set(state.running as f64);
         self.gauge(OPEN_SUBSCRIPTIONS, &[])
             .set(state.open_subscriptions as f64);
+        self.gauge(TENANTS_LOW_CREDIT, &[])
+            .set(state.tenants_low_credit as f64);
         for (pool, in_use) in &state.pools_in_use {
             self.gauge(POOL_CONNECTIONS_IN_USE, &[("pool", pool)])
                 .set(*in_use as f64);
@@ -393,6 +403,7 @@ pub struct State {
     pub queued: u64,
     pub running: u64,
     pub open_subscriptions: usize,
+    pub tenants_low_credit: u64,
     /// Connections in use, by pool name (`api`, `worker`).
     pub pools_in_use: Vec<(&'static str, u32)>,
 }

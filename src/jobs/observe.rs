@@ -6,7 +6,8 @@ use super::bus::{EventBus, EventNotice};
 use super::queue::{AttemptReport, Claim, ErrorCode};
 use crate::billing::{Credits, ModelPrice};
 use crate::metrics::{AttemptFinished, Metrics, State};
-use entity::{AttemptOutcome, EventKind, JobStatus, Timestamp, attempts, jobs};
+use entity::{AttemptOutcome, EventKind, JobStatus, Timestamp, attempts, jobs, tenants};
+use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, PaginatorTrait, QueryFilter};
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ pub fn claimed(metrics: &Metrics, latency: Duration, claims: &[Claim]) {
     let now = Timestamp::now();
     for claim in claims.iter().filter(|claim| claim.job.attempt_count == 1) {
         let due = claim.job.run_at.map_or(claim.job.created_at, |run_at| {
-            run_at.max(claim.job.created_at)
+            Ord::max(run_at, claim.job.created_at)
         });
         metrics.first_claim(elapsed(due, now));
     }
@@ -90,7 +91,8 @@ fn job_events(
 }
 
 /// Reads the gauges a scrape shows: jobs queued and running (two counts on the
-/// partial indexes the claim uses), subscriptions, and pool connections in use.
+/// partial indexes the claim uses), tenants low on credit, subscriptions, and pool
+/// connections in use.
 pub async fn state(
     db: &DatabaseConnection,
     bus: &EventBus,
@@ -105,6 +107,17 @@ pub async fn state(
         queued: count(JobStatus::Queued).await?,
         running: count(JobStatus::Running).await?,
         open_subscriptions: bus.open_subscriptions(),
+        tenants_low_credit: tenants::Entity::find()
+            .filter(tenants::Column::GrantedNanos.gt(0))
+            .filter(
+                Expr::col(tenants::Column::GrantedNanos)
+                    .sub(Expr::col(tenants::Column::HeldNanos))
+                    .sub(Expr::col(tenants::Column::ChargedNanos))
+                    .mul(10)
+                    .lt(Expr::col(tenants::Column::GrantedNanos)),
+            )
+            .count(db)
+            .await?,
         pools_in_use: pools
             .iter()
             .map(|(name, pool)| (*name, connections_in_use(pool)))

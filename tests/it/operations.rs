@@ -202,6 +202,7 @@ async fn metrics_count_exactly_what_jobs_did(backend: Backend) {
         ("jobledger_jobs_running", 0),
         ("jobledger_provider_calls_in_flight", 0),
         ("jobledger_webhook_deliveries_total{result=\"success\"}", 0),
+        ("jobledger_tenants_low_credit", 0),
     ] {
         assert_eq!(value(&worker_text, series), expected.into(), "{series}");
     }
@@ -248,11 +249,17 @@ async fn metrics_count_exactly_what_jobs_did(backend: Backend) {
     // A queued job shows in every process's gauge.
     let mut later = job_input("later", "later");
     later["runAt"] = json!((chrono::Utc::now() + chrono::Duration::days(30)).to_rfc3339());
-    api.create_job_ok(&tenant, later).await;
-    assert_eq!(
-        value(&scrape(worker.metrics).await, "jobledger_jobs_queued"),
-        1.into()
-    );
+    let held = api.create_job_ok(&tenant, later.clone()).await;
+    let text = scrape(worker.metrics).await;
+    assert_eq!(value(&text, "jobledger_jobs_queued"), 1.into());
+    assert_eq!(value(&text, "jobledger_tenants_low_credit"), 0.into());
+    // A tenant granted exactly one such job's hold has nothing left once it is taken.
+    let hold = api.job(&tenant, held).await["reservation"]["amount"].clone();
+    let frugal = api.funded_tenant("frugal", hold.as_str().unwrap()).await;
+    api.create_job_ok(&frugal, later).await;
+    let text = scrape(api.address).await;
+    assert_eq!(value(&text, "jobledger_jobs_queued"), 2.into());
+    assert_eq!(value(&text, "jobledger_tenants_low_credit"), 1.into());
 
     // The worker's listener has the probes too.
     let probe = |path: &str| format!("http://{}/{path}", worker.metrics);
