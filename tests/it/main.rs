@@ -16,6 +16,7 @@ mod charging;
 mod config;
 mod contract;
 mod crash;
+mod deploy;
 mod engine;
 mod fencing;
 mod flags;
