@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// First retry delay; each further retry doubles it.
 const BACKOFF_BASE: Duration = Duration::from_secs(2);
@@ -199,7 +200,17 @@ impl Worker {
 
     async fn run_attempt(&self, claim: Claim) {
         let job_id = claim.job.id;
-        if let Err(error) = self.try_run_attempt(claim).await {
+        let span = tracing::info_span!(
+            "attempt",
+            job.id = %job_id,
+            tenant.id = %claim.job.tenant_id,
+            model = %claim.job.model,
+            attempt.number = tracing::field::Empty,
+            provider = tracing::field::Empty,
+            trace_id = tracing::field::Empty,
+        );
+        crate::telemetry::record_trace_id(&span);
+        if let Err(error) = self.try_run_attempt(claim).instrument(span).await {
             // The job keeps its lease until it lapses; then it is taken back and retried.
             tracing::error!(job.id = %job_id, error = %error, "attempt failed to record its outcome");
         }
@@ -282,6 +293,9 @@ impl Worker {
             return Ok(());
         };
         inner.bus.publish([started.clone()]);
+        tracing::Span::current()
+            .record("attempt.number", attempt.number)
+            .record("provider", attempt.provider.as_str());
         tracing::info!(
             job.id = %claim.job.id, attempt = attempt.number, provider = %attempt.provider,
             model = %claim.job.model, "attempt started"
@@ -317,12 +331,18 @@ impl Worker {
         } else if budget_spent {
             CallEnd::BudgetSpent
         } else if let Some(provider) = provider {
+            let call_span = tracing::info_span!(
+                "provider call",
+                provider = %provider.name(),
+                provider.request_id = tracing::field::Empty,
+            );
             let call = async {
                 match &deltas {
                     Some(sender) => provider.stream(&request, sender).await,
                     None => provider.complete(&request).await,
                 }
-            };
+            }
+            .instrument(call_span.clone());
             tokio::pin!(call);
             let deadline = tokio::time::sleep(inner.settings.attempt_timeout);
             tokio::pin!(deadline);
@@ -335,7 +355,14 @@ impl Worker {
                     // An answer that is ready wins over a deadline, a cancel or an
                     // abort that became ready at the same moment: it is paid for.
                     biased;
-                    answer = &mut call => break CallEnd::Answered(answer),
+                    answer = &mut call => {
+                        let request_id = match &answer {
+                            Ok(completion) => completion.request_id.as_deref(),
+                            Err(error) => error.request_id(),
+                        };
+                        call_span.record("provider.request_id", request_id);
+                        break CallEnd::Answered(answer);
+                    }
                     renewal = lease.next() => match renewal {
                         Renewal::Renewed { cancel_requested: true } => break CallEnd::Cancelled,
                         Renewal::Renewed { cancel_requested: false } => {}

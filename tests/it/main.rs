@@ -36,3 +36,4 @@ mod simulator;
 mod streaming;
 mod structured;
 mod subscriptions;
+mod traces;
