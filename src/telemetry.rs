@@ -47,13 +47,13 @@ pub fn init() -> Option<SdkTracerProvider> {
 
 /// What is logged and traced without `RUST_LOG`: `info` and up, but only warnings
 /// from the database drivers, whose per-statement spans would drown the rest.
-pub fn default_filter() -> EnvFilter {
+fn default_filter() -> EnvFilter {
     EnvFilter::new("info,sqlx=warn,sea_orm=warn")
 }
 
 /// A provider exporting spans in batches to the collector at `endpoint` (its base URL;
 /// spans go to `/v1/traces`) as OTLP/HTTP protobuf.
-pub fn tracer_provider(endpoint: &str) -> Result<SdkTracerProvider, Box<dyn std::error::Error>> {
+fn tracer_provider(endpoint: &str) -> Result<SdkTracerProvider, Box<dyn std::error::Error>> {
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_protocol(Protocol::HttpBinary)
@@ -66,7 +66,7 @@ pub fn tracer_provider(endpoint: &str) -> Result<SdkTracerProvider, Box<dyn std:
 }
 
 /// The layer that turns `tracing` spans into OpenTelemetry spans of `provider`.
-pub fn traces_layer<S>(provider: &SdkTracerProvider) -> impl Layer<S> + use<S>
+fn traces_layer<S>(provider: &SdkTracerProvider) -> impl Layer<S> + use<S>
 where
     S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
 {

@@ -3,10 +3,10 @@
 //! committed events), so that recording costs the hot path no query.
 
 use super::bus::{EventBus, EventNotice};
-use super::queue::{AttemptReport, Claim, ErrorCode};
-use crate::billing::{Credits, ModelPrice};
+use super::queue::{AttemptEnd, Claim, ErrorCode};
+use crate::billing::Credits;
 use crate::metrics::{AttemptFinished, Metrics, State};
-use entity::{AttemptOutcome, EventKind, JobStatus, Timestamp, attempts, jobs, tenants};
+use entity::{AttemptOutcome, EventKind, JobStatus, Timestamp, jobs, tenants};
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, PaginatorTrait, QueryFilter};
 use std::time::Duration;
@@ -24,40 +24,66 @@ pub fn claimed(metrics: &Metrics, latency: Duration, claims: &[Claim]) {
     }
 }
 
-/// An attempt was recorded with `report`, and its job's new state committed with
-/// `notices`. A retry is classed by the attempt's error code, as the API shows it.
-pub fn attempt_finished(
-    metrics: &Metrics,
-    claim: &Claim,
-    attempt: &attempts::Model,
-    price: &ModelPrice,
-    report: &AttemptReport,
-    notices: &[EventNotice],
-) {
-    // The cost as the attempt row records it: exact with usage, zero when nothing can
-    // have been billed, the bound fixed at the start otherwise.
-    let provider_cost = match (&report.usage, report.not_billed) {
-        (Some(usage), _) => price.provider_cost(usage),
-        (None, true) => Credits::ZERO,
-        (None, false) => {
-            Credits::from_nanos(attempt.provider_cost_upper_bound_nanos.unwrap_or_default())
+/// What the metrics need of a finished attempt, taken before the attempt is handed
+/// over to be recorded.
+#[derive(Clone, Debug)]
+pub struct AttemptTally {
+    outcome: AttemptOutcome,
+    model: String,
+    provider: String,
+    duration: Duration,
+    provider_cost: Credits,
+    customer_charge: Credits,
+    /// The error code a retry is classed by, as the API shows it.
+    retry_class: String,
+    created_at: Timestamp,
+}
+
+impl AttemptTally {
+    /// The facts of `end`. The cost is the one the attempt row records: exact with
+    /// usage, zero when nothing can have been billed, the bound fixed at the start
+    /// otherwise.
+    pub fn of(end: &AttemptEnd) -> Self {
+        let report = &end.report;
+        let provider_cost = match (&report.usage, report.not_billed) {
+            (Some(usage), _) => end.price.provider_cost(usage),
+            (None, true) => Credits::ZERO,
+            (None, false) => Credits::from_nanos(
+                end.attempt
+                    .provider_cost_upper_bound_nanos
+                    .unwrap_or_default(),
+            ),
+        };
+        Self {
+            outcome: report.outcome,
+            model: end.claim.job.model.clone(),
+            provider: end.attempt.provider.clone(),
+            duration: report.latency,
+            provider_cost,
+            customer_charge: report.customer_charge,
+            retry_class: report
+                .error
+                .as_ref()
+                .map_or_else(|| "UNSPECIFIED".to_owned(), |error| error.code.clone()),
+            created_at: end.claim.job.created_at,
         }
-    };
+    }
+}
+
+/// An attempt was recorded as `tally` says, and its job's new state committed with
+/// `notices`.
+pub fn attempt_finished(metrics: &Metrics, tally: &AttemptTally, notices: &[EventNotice]) {
     metrics.attempt_finished(&AttemptFinished {
-        outcome: outcome_label(report.outcome),
-        model: &claim.job.model,
-        provider: &attempt.provider,
-        duration: report.latency,
-        provider_cost,
-        customer_charge: report.customer_charge,
-        unknown: report.outcome == AttemptOutcome::Unknown,
+        outcome: outcome_label(tally.outcome),
+        model: &tally.model,
+        provider: &tally.provider,
+        duration: tally.duration,
+        provider_cost: tally.provider_cost,
+        customer_charge: tally.customer_charge,
+        unknown: tally.outcome == AttemptOutcome::Unknown,
     });
-    let class = report
-        .error
-        .as_ref()
-        .map_or("UNSPECIFIED", |error| error.code.as_str());
-    let end_to_end = elapsed(claim.job.created_at, Timestamp::now());
-    job_events(metrics, notices, class, Some(end_to_end));
+    let end_to_end = elapsed(tally.created_at, Timestamp::now());
+    job_events(metrics, notices, &tally.retry_class, Some(end_to_end));
 }
 
 /// A sweep took back the jobs of `notices` after their leases lapsed.
