@@ -5,7 +5,7 @@
 //! ledger always equals the cached balance. Callers pass the transaction in.
 
 use super::Credits;
-use crate::db::begin_write;
+use crate::db::{Parameters, WriteTransaction, begin_write};
 use crate::error::ServiceError;
 use entity::{
     LedgerEntryKind, ReservationStatus, Timestamp, charges, credit_grants, credit_reservations,
@@ -13,10 +13,10 @@ use entity::{
 };
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr,
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr,
     EntityTrait, FromQueryResult, QueryFilter, QuerySelect,
 };
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use uuid::Uuid;
 
 /// A tenant's credits. `available = granted − charged − held`, never below zero.
@@ -156,7 +156,7 @@ pub async fn grant_credits(
 /// can never take the balance below zero: on PostgreSQL the row lock makes the second
 /// UPDATE re-evaluate its condition after the first commits.
 pub async fn hold(
-    transaction: &DatabaseTransaction,
+    transaction: &WriteTransaction,
     tenant_id: Uuid,
     job_id: Uuid,
     amount: Credits,
@@ -271,47 +271,41 @@ pub async fn resolve_holds(
             .map(|reservation| (reservation.job_id, reservation))
             .collect();
     let now = Timestamp::now();
-    let mut settlements = Vec::with_capacity(resolutions.len());
-    let mut charge_rows = Vec::new();
-    let mut entry_rows = Vec::new();
-    // Per tenant: credits no longer held, and credits charged.
-    let mut tenant_moves: BTreeMap<Uuid, (Credits, Credits)> = BTreeMap::new();
+    // What each hold becomes, decided on the reservation as read.
+    let mut planned = Vec::with_capacity(resolutions.len());
     for resolution in resolutions {
         let Some(reservation) = reservations.remove(&resolution.job_id) else {
-            settlements.push(None);
+            planned.push(None);
             continue;
         };
         let held = Credits::from_nanos(reservation.amount_nanos);
         let charged = resolution
             .charge
             .map_or(Credits::ZERO, |(_, amount)| amount.min(held));
-        let released = held - charged;
-        let status = if resolution.charge.is_some() {
-            ReservationStatus::Settled
-        } else {
-            ReservationStatus::Released
-        };
+        planned.push(Some((
+            reservation,
+            Settlement {
+                charged,
+                released: held - charged,
+            },
+        )));
+    }
+    let resolved = mark_resolved(db, &planned, resolutions, now).await?;
+    let mut settlements = Vec::with_capacity(resolutions.len());
+    let mut charge_rows = Vec::new();
+    let mut entry_rows = Vec::new();
+    // Per tenant: credits no longer held, and credits charged.
+    let mut tenant_moves: BTreeMap<Uuid, (Credits, Credits)> = BTreeMap::new();
+    for (resolution, plan) in resolutions.iter().zip(planned) {
         // The status condition makes resolution happen once even if two callers
         // raced past the read above.
-        let updated = credit_reservations::Entity::update_many()
-            .col_expr(credit_reservations::Column::Status, Expr::value(status))
-            .col_expr(
-                credit_reservations::Column::SettledAmountNanos,
-                Expr::value(charged.nanos()),
-            )
-            .col_expr(
-                credit_reservations::Column::ReleasedAmountNanos,
-                Expr::value(released.nanos()),
-            )
-            .col_expr(credit_reservations::Column::ResolvedAt, Expr::value(now))
-            .filter(credit_reservations::Column::Id.eq(reservation.id))
-            .filter(credit_reservations::Column::Status.eq(ReservationStatus::Held))
-            .exec(db)
-            .await?;
-        if updated.rows_affected == 0 {
+        let Some((reservation, settlement)) =
+            plan.filter(|(reservation, _)| resolved.contains(&reservation.id))
+        else {
             settlements.push(None);
             continue;
-        }
+        };
+        let Settlement { charged, released } = settlement;
         let job = (Some(resolution.job_id), None);
         if let Some((attempt_id, _)) = resolution.charge {
             charge_rows.push(charges::ActiveModel {
@@ -342,8 +336,8 @@ pub async fn resolve_holds(
         let moves = tenant_moves
             .entry(reservation.tenant_id)
             .or_insert((Credits::ZERO, Credits::ZERO));
-        *moves = (moves.0 + held, moves.1 + charged);
-        settlements.push(Some(Settlement { charged, released }));
+        *moves = (moves.0 + charged + released, moves.1 + charged);
+        settlements.push(Some(settlement));
     }
     for chunk in charge_rows.chunks(INSERT_CHUNK) {
         charges::Entity::insert_many(chunk.to_vec())
@@ -372,6 +366,61 @@ pub async fn resolve_holds(
             .await?;
     }
     Ok(settlements)
+}
+
+/// Marks the planned holds settled or released in one statement, only where each is
+/// still held; returns the reservations it marked.
+async fn mark_resolved(
+    db: &impl ConnectionTrait,
+    planned: &[Option<(credit_reservations::Model, Settlement)>],
+    resolutions: &[Resolution],
+    now: Timestamp,
+) -> Result<HashSet<Uuid>, DbErr> {
+    let backend = db.get_database_backend();
+    let mut parameters = Parameters::new(backend);
+    let at = parameters.bind(now);
+    let rows: Vec<String> = planned
+        .iter()
+        .zip(resolutions)
+        .filter_map(|(plan, resolution)| {
+            let (reservation, settlement) = plan.as_ref()?;
+            let status = if resolution.charge.is_some() {
+                ReservationStatus::Settled
+            } else {
+                ReservationStatus::Released
+            };
+            Some(parameters.row([
+                reservation.id.into(),
+                status.into(),
+                settlement.charged.nanos().into(),
+                settlement.released.nanos().into(),
+            ]))
+        })
+        .collect();
+    if rows.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let returning = if backend == DbBackend::Postgres {
+        "credit_reservations.id"
+    } else {
+        "id"
+    };
+    let sql = format!(
+        "UPDATE credit_reservations SET
+            status = v.column2,
+            settled_amount_nanos = v.column3,
+            released_amount_nanos = v.column4,
+            resolved_at = {at}
+        FROM (VALUES {rows}) AS v
+        WHERE credit_reservations.id = v.column1 AND credit_reservations.status = 'held'
+        RETURNING {returning}",
+        rows = rows.join(", "),
+    );
+    let mut marked = HashSet::new();
+    for row in db.query_all_raw(parameters.statement(sql)).await? {
+        marked.insert(row.try_get_by_index::<Uuid>(0)?);
+    }
+    Ok(marked)
 }
 
 /// Most rows one multi-row insert carries: far below SQLite's bound on parameters.

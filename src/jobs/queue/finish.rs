@@ -10,13 +10,13 @@ use super::{
     with_error,
 };
 use crate::billing::{Credits, ModelPrice, ledger};
-use crate::db::begin_write;
+use crate::db::{Parameters, begin_write};
 use crate::jobs::budget::{self, Spent};
 use crate::jobs::bus::EventNotice;
 use crate::jobs::events;
 use entity::{AttemptOutcome, EventKind, JobStatus, JsonText, Timestamp, attempts, jobs};
-use sea_orm::sea_query::{Expr, ExprTrait};
-use sea_orm::{ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter};
+use sea_orm::sea_query::Expr;
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait};
 use serde_json::json;
 use std::collections::HashMap;
 use uuid::Uuid;
@@ -89,22 +89,39 @@ pub async fn finish_attempts(
         transaction.rollback().await?;
         return Ok(ends.iter().map(|_| None).collect());
     }
-    for (index, _) in &owned {
-        let end = &ends[*index];
-        record_attempt(&transaction, &end.attempt, &end.price, &end.report, now).await?;
-    }
+    record_attempts(
+        &transaction,
+        owned.iter().map(|(index, _)| &ends[*index]),
+        now,
+    )
+    .await?;
     let job_ids: Vec<Uuid> = owned.iter().map(|(_, current)| current.id).collect();
     let spent = Spent::load_many(&transaction, &job_ids).await?;
-    let mut finished = Vec::with_capacity(owned.len());
+    let changes: Vec<(usize, JobChange, Spent)> = owned
+        .iter()
+        .map(|(index, current)| {
+            let spent = spent.get(&current.id).cloned().unwrap_or_default();
+            (*index, decide(&ends[*index], current, &spent, now), spent)
+        })
+        .collect();
+    let mut written = write_jobs(&transaction, &changes, ends, now).await?;
+    let mut finished = Vec::with_capacity(changes.len());
     let mut resolutions = Vec::new();
-    for (index, current) in owned {
+    for (index, change, spent) in changes {
         let end = &ends[index];
-        let spent = spent.get(&current.id).cloned().unwrap_or_default();
-        let (job, kind, data) = finish_job(&transaction, end, current, &spent, now).await?;
+        // Each row is locked by this transaction and was owned a moment ago, so the
+        // fenced update matched it; if it did not, the group is rolled back rather
+        // than half-written.
+        let job = written.remove(&end.claim.job.id).ok_or_else(|| {
+            DbErr::Custom(format!(
+                "job {} left its claim mid-finish",
+                end.claim.job.id
+            ))
+        })?;
         if job.status.is_terminal() {
             resolutions.push(budget::resolution(&job, Some(end.attempt.id), &spent));
         }
-        finished.push((index, job, kind, data));
+        finished.push((index, job, change.kind, change.data));
     }
     let notices = events::append_many(
         &transaction,
@@ -123,15 +140,21 @@ pub async fn finish_attempts(
     Ok(answers)
 }
 
-/// Writes the job's state after its attempt, decided on the locked row with this
-/// attempt counted; returns the job as written and its event.
-async fn finish_job(
-    transaction: &impl ConnectionTrait,
-    end: &AttemptEnd,
-    current: &jobs::Model,
-    spent: &Spent,
-    now: Timestamp,
-) -> Result<(jobs::Model, EventKind, serde_json::Value), DbErr> {
+/// A job's state after its attempt, decided on its locked row.
+struct JobChange {
+    status: JobStatus,
+    kind: EventKind,
+    result: Option<serde_json::Value>,
+    error: Option<JobError>,
+    next_run_at: Option<Timestamp>,
+    /// A hand-back gives its attempt back: it does not count against `maxAttempts`.
+    hand_back: bool,
+    /// The event's data.
+    data: serde_json::Value,
+}
+
+/// Decides what becomes of the job, on its locked row with this attempt counted.
+fn decide(end: &AttemptEnd, current: &jobs::Model, spent: &Spent, now: Timestamp) -> JobChange {
     let report = &end.report;
     let outcome = match end.outcome.clone() {
         // A cancel that landed while the call ran wins over going round again: a job
@@ -156,45 +179,104 @@ async fn finish_job(
         }
         other => other,
     };
-    let (status, kind) = match &outcome {
-        JobOutcome::Succeeded { .. } => (JobStatus::Succeeded, EventKind::Succeeded),
-        JobOutcome::Retry { .. } => (JobStatus::Queued, EventKind::RetryScheduled),
-        JobOutcome::Failed(_) => (JobStatus::Failed, EventKind::Failed),
-        JobOutcome::Cancelled => (JobStatus::Cancelled, EventKind::Cancelled),
-        JobOutcome::HandBack => (JobStatus::Queued, EventKind::RetryScheduled),
-    };
-    let update =
-        releasing_update(&end.claim, now).col_expr(jobs::Column::Status, Expr::value(status));
-    let update = match &outcome {
-        JobOutcome::Succeeded { result } => update
-            .col_expr(jobs::Column::Result, Expr::value(JsonText(result.clone())))
-            .col_expr(jobs::Column::FinishedAt, Expr::value(now)),
-        JobOutcome::Retry { at } => update.col_expr(jobs::Column::NextRunAt, Expr::value(*at)),
-        JobOutcome::Failed(error) => {
-            with_error(update, error).col_expr(jobs::Column::FinishedAt, Expr::value(now))
-        }
-        JobOutcome::Cancelled => update.col_expr(jobs::Column::FinishedAt, Expr::value(now)),
-        JobOutcome::HandBack => update
-            .col_expr(jobs::Column::NextRunAt, Expr::value(now))
-            .col_expr(
-                jobs::Column::AttemptCount,
-                Expr::col(jobs::Column::AttemptCount).sub(1),
-            ),
-    };
-    // The row is locked by this transaction and was owned a moment ago, so the fenced
-    // update matches; if it did not, the batch is rolled back rather than half-written.
-    let job = update
-        .exec_with_returning(transaction)
-        .await?
-        .into_iter()
-        .next()
-        .ok_or_else(|| DbErr::Custom(format!("job {} left its claim mid-finish", current.id)))?;
     let error = match &outcome {
         JobOutcome::Failed(error) => Some(error),
         _ => report.error.as_ref(),
     };
     let data = attempt_event_data(Some(end.attempt.number), report.outcome, error);
-    Ok((job, kind, data))
+    let (status, kind) = match &outcome {
+        JobOutcome::Succeeded { .. } => (JobStatus::Succeeded, EventKind::Succeeded),
+        JobOutcome::Retry { .. } | JobOutcome::HandBack => {
+            (JobStatus::Queued, EventKind::RetryScheduled)
+        }
+        JobOutcome::Failed(_) => (JobStatus::Failed, EventKind::Failed),
+        JobOutcome::Cancelled => (JobStatus::Cancelled, EventKind::Cancelled),
+    };
+    JobChange {
+        status,
+        kind,
+        next_run_at: match &outcome {
+            JobOutcome::Retry { at } => Some(*at),
+            JobOutcome::HandBack => Some(now),
+            _ => None,
+        },
+        hand_back: matches!(outcome, JobOutcome::HandBack),
+        error: match &outcome {
+            JobOutcome::Failed(error) => Some(error.clone()),
+            _ => None,
+        },
+        result: match outcome {
+            JobOutcome::Succeeded { result } => Some(result),
+            _ => None,
+        },
+        data,
+    }
+}
+
+/// Writes every job's change in one statement, each fenced by its own run token and
+/// ending its claim; returns the jobs as written.
+async fn write_jobs(
+    transaction: &impl ConnectionTrait,
+    changes: &[(usize, JobChange, Spent)],
+    ends: &[AttemptEnd],
+    now: Timestamp,
+) -> Result<HashMap<Uuid, jobs::Model>, DbErr> {
+    let backend = transaction.get_database_backend();
+    let mut parameters = Parameters::new(backend);
+    let at = parameters.bind(now);
+    let rows: Vec<String> = changes
+        .iter()
+        .map(|(index, change, _)| {
+            let claim = &ends[*index].claim;
+            parameters.row([
+                claim.job.id.into(),
+                claim.run_token.into(),
+                change.status.into(),
+                change.result.clone().map(JsonText).into(),
+                change.error.as_ref().map(|error| error.code.clone()).into(),
+                change
+                    .error
+                    .as_ref()
+                    .map(|error| error.message.clone())
+                    .into(),
+                change.next_run_at.into(),
+                change.status.is_terminal().then_some(now).into(),
+                i32::from(change.hand_back).into(),
+            ])
+        })
+        .collect();
+    // An error, a result or a finish time is only ever set, never cleared, as the
+    // job's earlier attempts left it.
+    let returning = if backend == DbBackend::Postgres {
+        "jobs.*"
+    } else {
+        "*"
+    };
+    let sql = format!(
+        "UPDATE jobs SET
+            status = v.column3,
+            result = COALESCE(v.column4, jobs.result),
+            error_code = COALESCE(v.column5, jobs.error_code),
+            error_message = COALESCE(v.column6, jobs.error_message),
+            next_run_at = COALESCE(v.column7, jobs.next_run_at),
+            finished_at = COALESCE(v.column8, jobs.finished_at),
+            attempt_count = jobs.attempt_count - v.column9,
+            last_event_seq = jobs.last_event_seq + 1,
+            run_token = NULL,
+            lease_until = NULL,
+            updated_at = {at}
+        FROM (VALUES {rows}) AS v
+        WHERE jobs.id = v.column1 AND jobs.run_token = v.column2 AND jobs.status = 'running'
+        RETURNING {returning}",
+        rows = rows.join(", "),
+    );
+    Ok(jobs::Entity::find()
+        .from_raw_sql(parameters.statement(sql))
+        .all(transaction)
+        .await?
+        .into_iter()
+        .map(|job| (job.id, job))
+        .collect())
 }
 
 /// Ends a claimed job that cannot be run at all — its stored input is unreadable, its
@@ -228,78 +310,72 @@ pub async fn abandon_claim(
     Ok(Some(notice))
 }
 
-async fn record_attempt(
-    db: &impl ConnectionTrait,
-    attempt: &attempts::Model,
-    price: &ModelPrice,
-    report: &AttemptReport,
+/// Records each attempt's outcome, usage, cost and customer charge in one statement,
+/// each fenced by its run token.
+async fn record_attempts<'a>(
+    transaction: &impl ConnectionTrait,
+    ends: impl IntoIterator<Item = &'a AttemptEnd>,
     now: Timestamp,
 ) -> Result<(), DbErr> {
-    // Exact cost when usage is known or nothing can have been billed; otherwise the
-    // bound stored at the start stands.
-    let exact_cost = match (&report.usage, report.not_billed) {
-        (Some(usage), _) => Some(price.provider_cost(usage)),
-        (None, true) => Some(Credits::ZERO),
-        (None, false) => None,
-    };
-    let mut update = attempts::Entity::update_many()
-        .col_expr(attempts::Column::Outcome, Expr::value(report.outcome))
-        .col_expr(attempts::Column::FinishedAt, Expr::value(now))
-        .col_expr(
-            attempts::Column::LatencyMs,
-            Expr::value(i64::try_from(report.latency.as_millis()).unwrap_or(i64::MAX)),
-        )
-        .col_expr(
-            attempts::Column::ProviderRequestId,
-            Expr::value(report.provider_request_id.clone().map(storable_text)),
-        )
-        .col_expr(
-            attempts::Column::CustomerChargeNanos,
-            Expr::value(report.customer_charge.nanos()),
-        )
-        .col_expr(
-            attempts::Column::DeliveredOutputTokens,
-            Expr::value(report.delivered_output_tokens.map(tokens)),
-        )
-        .col_expr(
-            attempts::Column::ErrorCode,
-            Expr::value(report.error.as_ref().map(|error| error.code.clone())),
-        )
-        .col_expr(
-            attempts::Column::ErrorMessage,
-            Expr::value(report.error.as_ref().map(|error| error.message.clone())),
-        );
-    if let Some(usage) = &report.usage {
-        update = update
-            .col_expr(
-                attempts::Column::InputTokens,
-                Expr::value(tokens(usage.input_tokens)),
-            )
-            .col_expr(
-                attempts::Column::CachedInputTokens,
-                Expr::value(tokens(usage.cached_input_tokens)),
-            )
-            .col_expr(
-                attempts::Column::OutputTokens,
-                Expr::value(tokens(usage.output_tokens)),
-            );
-    }
-    if let Some(cost) = exact_cost {
-        update = update
-            .col_expr(
-                attempts::Column::ProviderCostNanos,
-                Expr::value(cost.nanos()),
-            )
-            .col_expr(
-                attempts::Column::ProviderCostUpperBoundNanos,
-                Expr::value(Option::<i64>::None),
-            );
-    }
-    update
-        .filter(attempts::Column::Id.eq(attempt.id))
-        .filter(attempts::Column::RunToken.eq(attempt.run_token))
-        .exec(db)
-        .await?;
+    let backend = transaction.get_database_backend();
+    let mut parameters = Parameters::new(backend);
+    let at = parameters.bind(now);
+    let rows: Vec<String> = ends
+        .into_iter()
+        .map(|end| {
+            let report = &end.report;
+            // Exact cost when usage is known or nothing can have been billed;
+            // otherwise the bound stored at the start stands.
+            let exact_cost = match (&report.usage, report.not_billed) {
+                (Some(usage), _) => Some(end.price.provider_cost(usage)),
+                (None, true) => Some(Credits::ZERO),
+                (None, false) => None,
+            };
+            let usage = report.usage.as_ref();
+            parameters.row([
+                end.attempt.id.into(),
+                end.attempt.run_token.into(),
+                report.outcome.into(),
+                i64::try_from(report.latency.as_millis())
+                    .unwrap_or(i64::MAX)
+                    .into(),
+                report.provider_request_id.clone().map(storable_text).into(),
+                report.customer_charge.nanos().into(),
+                report.delivered_output_tokens.map(tokens).into(),
+                report.error.as_ref().map(|error| error.code.clone()).into(),
+                report
+                    .error
+                    .as_ref()
+                    .map(|error| error.message.clone())
+                    .into(),
+                usage.map(|usage| tokens(usage.input_tokens)).into(),
+                usage.map(|usage| tokens(usage.cached_input_tokens)).into(),
+                usage.map(|usage| tokens(usage.output_tokens)).into(),
+                exact_cost.map(Credits::nanos).into(),
+            ])
+        })
+        .collect();
+    let sql = format!(
+        "UPDATE attempts SET
+            outcome = v.column3,
+            finished_at = {at},
+            latency_ms = v.column4,
+            provider_request_id = v.column5,
+            customer_charge_nanos = v.column6,
+            delivered_output_tokens = v.column7,
+            error_code = v.column8,
+            error_message = v.column9,
+            input_tokens = COALESCE(v.column10, attempts.input_tokens),
+            cached_input_tokens = COALESCE(v.column11, attempts.cached_input_tokens),
+            output_tokens = COALESCE(v.column12, attempts.output_tokens),
+            provider_cost_nanos = COALESCE(v.column13, attempts.provider_cost_nanos),
+            provider_cost_upper_bound_nanos = CASE WHEN v.column13 IS NULL
+                THEN attempts.provider_cost_upper_bound_nanos END
+        FROM (VALUES {rows}) AS v
+        WHERE attempts.id = v.column1 AND attempts.run_token = v.column2",
+        rows = rows.join(", "),
+    );
+    transaction.execute_raw(parameters.statement(sql)).await?;
     Ok(())
 }
 
