@@ -1,7 +1,9 @@
 //! The `jobledger` command line: `serve`, `worker`, `migrate` and `mock-llm`.
 
 use crate::billing::ChargingPolicy;
-use crate::config::{AdminTokenError, DEFAULT_DATABASE_URL, ProviderSettings, Settings};
+use crate::config::{
+    AdminTokenError, DEFAULT_DATABASE_URL, OperationsSettings, ProviderSettings, Settings,
+};
 use crate::jobs::worker::WorkerSettings;
 use crate::llm::Timeouts;
 use crate::llm::simulator::Simulator;
@@ -49,16 +51,23 @@ struct BenchArgs {
     #[arg(long, env = "JOBLEDGER_BENCH_POSTGRES", value_name = "URL")]
     postgres: Option<String>,
     /// Skip SQLite.
-    #[arg(long)]
+    #[arg(long, env = "JOBLEDGER_BENCH_NO_SQLITE")]
     no_sqlite: bool,
     /// A few seconds with tiny counts: checks that every scenario runs, not speed.
-    #[arg(long)]
+    #[arg(long, env = "JOBLEDGER_BENCH_SMOKE")]
     smoke: bool,
     /// Also write the figures as JSON to this file.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, env = "JOBLEDGER_BENCH_JSON", value_name = "FILE")]
     json: Option<PathBuf>,
-    /// Run only these scenarios (repeatable); all of them when none is named.
-    #[arg(long = "scenario", value_enum, value_name = "SCENARIO")]
+    /// Run only these scenarios (repeatable, or comma-separated in the environment);
+    /// all of them when none is named.
+    #[arg(
+        long = "scenario",
+        env = "JOBLEDGER_BENCH_SCENARIOS",
+        value_delimiter = ',',
+        value_enum,
+        value_name = "SCENARIO"
+    )]
     scenarios: Vec<crate::bench::Scenario>,
 }
 
@@ -100,6 +109,14 @@ struct WorkerArgs {
     /// TOML file of providers, model routes and prices (see jobledger.example.toml).
     #[arg(long, env = "JOBLEDGER_CONFIG", value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Where to serve /metrics, /healthz and /readyz besides the API (for `worker`,
+    /// which has no API port); unset: nowhere.
+    #[arg(long, env = "JOBLEDGER_METRICS_LISTEN", value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
+    /// Prune the events and payloads (input, result) of jobs finished more than D days
+    /// ago; ledger rows, attempts' usage and costs are kept. Unset: keep everything.
+    #[arg(long, env = "JOBLEDGER_RETENTION_DAYS", value_name = "D")]
+    retention_days: Option<u32>,
 }
 
 #[derive(Debug, Args)]
@@ -155,6 +172,12 @@ impl WorkerArgs {
             )
             .expect("the default markup is a decimal"),
             config_file: self.config,
+            operations: OperationsSettings {
+                metrics_listen: self.metrics_listen,
+                retention: self
+                    .retention_days
+                    .map(|days| Duration::from_secs(u64::from(days) * 24 * 60 * 60)),
+            },
         })
     }
 }

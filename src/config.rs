@@ -37,6 +37,17 @@ pub struct Settings {
     /// The TOML file of providers, routes and prices (`--config`, `JOBLEDGER_CONFIG`),
     /// read and validated when the application is built.
     pub config_file: Option<PathBuf>,
+    /// The metrics listener and retention.
+    pub operations: OperationsSettings,
+}
+
+/// What keeps a long-running deployment observable and small.
+#[derive(Clone, Debug, Default)]
+pub struct OperationsSettings {
+    /// Where a process without the API serves `/metrics`, `/healthz` and `/readyz`.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Jobs finished longer ago lose their events and payloads; `None` keeps all.
+    pub retention: Option<std::time::Duration>,
 }
 
 /// Where each provider family is reached.

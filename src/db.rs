@@ -66,6 +66,11 @@ pub async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
     transaction.commit().await
 }
 
+/// How many migrations this binary knows that the database has not applied.
+pub async fn pending_migrations(db: &DatabaseConnection) -> Result<usize, DbErr> {
+    Ok(Migrator::get_pending_migrations(db).await?.len())
+}
+
 /// Whether the database refused a statement because of a conflict on a unique index.
 pub fn is_unique_violation(error: &DbErr) -> bool {
     matches!(error.sql_err(), Some(SqlErr::UniqueConstraintViolation(_)))

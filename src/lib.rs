@@ -15,6 +15,7 @@ pub mod graphql;
 pub mod http;
 pub mod jobs;
 pub mod llm;
+pub mod metrics;
 pub mod startup;
 pub mod telemetry;
 pub mod validation;

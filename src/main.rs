@@ -3,13 +3,18 @@ use jobledger::cli::Cli;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    jobledger::telemetry::init();
-    match Cli::parse().run().await {
+    let traces = jobledger::telemetry::init();
+    let code = match Cli::parse().run().await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!(error = %error, "jobledger stopped with an error");
             eprintln!("error: {error}");
             std::process::ExitCode::FAILURE
         }
+    };
+    // Sends the spans still batched; on its own thread, as the exporter blocks.
+    if let Some(traces) = traces {
+        let _ = std::thread::spawn(move || traces.shutdown()).join();
     }
+    code
 }

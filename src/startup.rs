@@ -15,6 +15,7 @@ use crate::llm::anthropic::AnthropicClient;
 use crate::llm::openai::OpenAiClient;
 use crate::llm::routing::ModelFamily;
 use crate::llm::simulator::Simulator;
+use crate::metrics::Metrics;
 use sea_orm::{DatabaseConnection, DbErr};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -30,6 +31,10 @@ pub struct App {
     pub bus: EventBus,
     pub admin_token: AdminToken,
     pub providers: ProviderRegistry,
+    /// This process's metrics, served on `/metrics`.
+    pub metrics: Metrics,
+    /// The workers' own pool, when they have one, for the pool gauge.
+    pub worker_db: Option<DatabaseConnection>,
 }
 
 /// Why the application could not start.
@@ -47,6 +52,9 @@ pub enum StartupError {
 pub struct Application {
     app: App,
     listener: Option<TcpListener>,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served besides the API.
+    metrics_listener: Option<TcpListener>,
+    retention: Option<std::time::Duration>,
     worker: Option<Worker>,
     simulator: Option<BuiltInSimulator>,
     relay: NotificationRelay,
@@ -94,17 +102,21 @@ impl Application {
             }
         };
         let providers = provider_registry(&settings, config.as_ref(), &simulator_url);
+        // Workers get a pool of their own when the API shares the process: no burst of
+        // API requests can then delay a lease renewal or an attempt's settlement.
+        let own_worker_db = match (&settings.worker, &settings.listen) {
+            (Some(_), Some(_)) => Some(crate::db::connect(&settings.database_url).await?),
+            _ => None,
+        };
+        let worker_db = own_worker_db.clone().unwrap_or_else(|| db.clone());
+        let metrics = Metrics::default();
         let app = App {
             db: db.clone(),
             bus: bus.clone(),
             admin_token,
             providers: providers.clone(),
-        };
-        // Workers get a pool of their own when the API shares the process: no burst of
-        // API requests can then delay a lease renewal or an attempt's settlement.
-        let worker_db = match (&settings.worker, &settings.listen) {
-            (Some(_), Some(_)) => crate::db::connect(&settings.database_url).await?,
-            _ => db.clone(),
+            metrics: metrics.clone(),
+            worker_db: own_worker_db,
         };
         let worker = settings.worker.clone().map(|mut worker_settings| {
             if let Some(config) = &config {
@@ -121,15 +133,22 @@ impl Application {
                 bus.clone(),
                 providers.clone(),
                 worker_settings,
+                metrics.clone(),
             )
         });
         let listener = match settings.listen {
             Some(address) => Some(TcpListener::bind(address).await?),
             None => None,
         };
+        let metrics_listener = match settings.operations.metrics_listen {
+            Some(address) => Some(TcpListener::bind(address).await?),
+            None => None,
+        };
         Ok(Self {
             app,
             listener,
+            metrics_listener,
+            retention: settings.operations.retention,
             worker,
             simulator,
             relay,
@@ -147,6 +166,13 @@ impl Application {
     /// The admin token, and whether it was generated for this run (to be shown once).
     pub fn admin_token(&self) -> (&str, bool) {
         (self.app.admin_token.expose(), self.admin_token_generated)
+    }
+
+    /// The address of the metrics listener, once bound.
+    pub fn metrics_address(&self) -> Option<SocketAddr> {
+        self.metrics_listener
+            .as_ref()
+            .and_then(|listener| listener.local_addr().ok())
     }
 
     /// The shared state, for tests and tools that call services directly.
@@ -169,6 +195,26 @@ impl Application {
         let worker = self
             .worker
             .map(|worker| tokio::spawn(worker.run(shutdown.child_token())));
+        let retention = self.retention.map(|retention| {
+            tokio::spawn(crate::jobs::retention::run(
+                self.app.db.clone(),
+                retention,
+                shutdown.child_token(),
+            ))
+        });
+        let operations = match self.metrics_listener {
+            Some(listener) => {
+                let address = listener.local_addr()?;
+                tracing::info!(address = %address, "serving http://{address}/metrics, /healthz and /readyz");
+                let router = http::operations_router(self.app.clone());
+                Some(tokio::spawn(http::serve(
+                    listener,
+                    router,
+                    shutdown.clone(),
+                )))
+            }
+            None => None,
+        };
         if let Some(listener) = self.listener {
             let address = listener.local_addr()?;
             let schema = graphql::build_schema(self.app.clone());
@@ -182,6 +228,14 @@ impl Application {
             && let Err(error) = worker.await
         {
             tracing::error!(error = %error, "the worker task ended abnormally");
+        }
+        if let Some(retention) = retention
+            && let Err(error) = retention.await
+        {
+            tracing::error!(error = %error, "the retention sweep ended abnormally");
+        }
+        if let Some(operations) = operations {
+            operations.await.map_err(std::io::Error::other)??;
         }
         relay_stop.cancel();
         if let Err(error) = relay.await {

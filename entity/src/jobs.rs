@@ -42,6 +42,9 @@ pub struct Model {
     pub updated_at: Timestamp,
     pub started_at: Option<Timestamp>,
     pub finished_at: Option<Timestamp>,
+    /// When retention replaced the input and result with nothing and deleted the
+    /// events before the terminal one; `None` while they are kept.
+    pub payloads_pruned_at: Option<Timestamp>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -11,6 +11,7 @@ mod loaders;
 mod mutation;
 mod query;
 mod scalars;
+mod spans;
 mod subscription;
 mod types;
 
@@ -61,6 +62,7 @@ pub fn build_schema(app: App) -> AppSchema {
     .extension(loaders::PerRequestLoaders::new(app.db.clone()))
     .extension(cost::CostLimits)
     .extension(fairness::TenantFairness::default())
+    .extension(spans::OperationSpans)
     .data(types::PayloadGate::default())
     .data(app)
     .limit_depth(MAX_DEPTH)

@@ -156,6 +156,7 @@ impl JobMutation {
         context: &Context<'_>,
         input: CreateJobInput,
     ) -> async_graphql::Result<CreateJobPayload> {
+        let began = std::time::Instant::now();
         let tenant_id = principal(context)?.tenant_id()?;
         let new = NewJob::parse(JobRequest {
             idempotency_key: input.idempotency_key,
@@ -177,6 +178,8 @@ impl JobMutation {
         let app = app(context);
         let created =
             service::create_job(&app.db, &app.bus, &app.providers, tenant_id, new).await?;
+        app.metrics
+            .create_job_handled(began.elapsed(), !created.replayed);
         Ok(CreateJobPayload {
             replayed: created.replayed,
             job: created.job.into(),
@@ -188,9 +191,11 @@ impl JobMutation {
     async fn cancel_job(&self, context: &Context<'_>, id: Uuid) -> async_graphql::Result<Job> {
         let tenant_id = principal(context)?.tenant_id()?;
         let app = app(context);
-        Ok(service::cancel_job(&app.db, &app.bus, tenant_id, id)
-            .await?
-            .into())
+        Ok(
+            service::cancel_job(&app.db, &app.bus, &app.metrics, tenant_id, id)
+                .await?
+                .into(),
+        )
     }
 
     /// Admin: creates a tenant and its first API key.

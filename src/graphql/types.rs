@@ -162,13 +162,15 @@ impl Job {
         &self.0.model
     }
 
-    /// The messages, limits, response schema and metadata the job was created with.
+    /// The messages, limits, response schema and metadata the job was created with;
+    /// `{}` once retention pruned it (see `payloadsPrunedAt`).
     #[graphql(complexity = "super::cost::DOCUMENT_FIELD_COMPLEXITY")]
     async fn input(&self, context: &Context<'_>) -> async_graphql::Result<Json<serde_json::Value>> {
         Ok(Json(self.payloads(context).await?.0.0))
     }
 
-    /// The accepted reply: parsed JSON when the job has a response schema, else text.
+    /// The accepted reply: parsed JSON when the job has a response schema, else text;
+    /// null once retention pruned it (see `payloadsPrunedAt`).
     #[graphql(complexity = "super::cost::DOCUMENT_FIELD_COMPLEXITY")]
     async fn result(
         &self,
@@ -217,6 +219,13 @@ impl Job {
 
     async fn finished_at(&self) -> Option<DateTime<Utc>> {
         self.0.finished_at.map(time)
+    }
+
+    /// When retention pruned the job: its `input` is then `{}`, its `result` null, and
+    /// of its events only the terminal one is left. Its attempts, usage, costs and
+    /// charges are kept. Null while everything is kept.
+    async fn payloads_pruned_at(&self) -> Option<DateTime<Utc>> {
+        self.0.payloads_pruned_at.map(time)
     }
 
     /// Every attempt, oldest first, failures included.

@@ -1,21 +1,58 @@
-//! Liveness and readiness probes.
+//! Liveness and readiness probes, and the Prometheus scrape.
 
-use super::HttpState;
+use crate::jobs::observe;
+use crate::startup::App;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use std::time::Duration;
+
+/// How long the database may take to answer a readiness probe.
+const READY_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The process is up.
 pub async fn healthz() -> &'static str {
     "ok"
 }
 
-/// The database answers.
-pub async fn readyz(State(state): State<HttpState>) -> (StatusCode, &'static str) {
-    match state.app.db.ping().await {
-        Ok(()) => (StatusCode::OK, "ready"),
-        Err(error) => {
+/// The database answers within a second and has every migration this binary knows:
+/// 200 `ready`, or 503 with the reason.
+pub async fn readyz(State(app): State<App>) -> (StatusCode, String) {
+    let check = async {
+        app.db.ping().await.map_err(|error| {
             tracing::warn!(error = %error, "readiness check failed");
-            (StatusCode::SERVICE_UNAVAILABLE, "database unreachable")
+            "database unreachable".to_owned()
+        })?;
+        match crate::db::pending_migrations(&app.db).await {
+            Ok(0) => Ok(()),
+            Ok(pending) => Err(format!("{pending} migrations not applied")),
+            Err(error) => {
+                tracing::warn!(error = %error, "reading the applied migrations failed");
+                Err("migrations unreadable".to_owned())
+            }
         }
+    };
+    match tokio::time::timeout(READY_TIMEOUT, check).await {
+        Ok(Ok(())) => (StatusCode::OK, "ready".to_owned()),
+        Ok(Err(reason)) => (StatusCode::SERVICE_UNAVAILABLE, reason),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database did not answer within 1 s".to_owned(),
+        ),
     }
+}
+
+/// This process's metrics in the Prometheus text format, with the gauges read now.
+pub async fn metrics(State(app): State<App>) -> impl IntoResponse {
+    let mut pools = vec![("api", app.db.clone())];
+    pools.extend(app.worker_db.clone().map(|db| ("worker", db)));
+    match observe::state(&app.db, &app.bus, &pools).await {
+        Ok(state) => app.metrics.set_state(&state),
+        // The counters are still worth serving; the gauges keep their last values.
+        Err(error) => tracing::warn!(error = %error, "reading the queue gauges failed"),
+    }
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        app.metrics.render(),
+    )
 }

@@ -13,7 +13,7 @@ mod websocket;
 use crate::graphql::AppSchema;
 use crate::startup::App;
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, FromRef};
 use axum::routing::get;
 use limits::{AuthThrottle, RequestSlots};
 use std::sync::Arc;
@@ -49,6 +49,12 @@ impl HttpState {
     }
 }
 
+impl FromRef<HttpState> for App {
+    fn from_ref(state: &HttpState) -> Self {
+        state.app.clone()
+    }
+}
+
 /// Every route of the API.
 pub fn router(state: HttpState) -> Router {
     Router::new()
@@ -64,6 +70,17 @@ pub fn router(state: HttpState) -> Router {
         )
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
+        .route("/metrics", get(health::metrics))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
+}
+
+/// The routes of a worker's metrics listener: `/metrics`, `/healthz` and `/readyz`.
+pub fn operations_router(app: App) -> Router {
+    Router::new()
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .route("/metrics", get(health::metrics))
+        .layer(TraceLayer::new_for_http())
+        .with_state(app)
 }

@@ -185,6 +185,11 @@ impl EventBus {
         })
     }
 
+    /// Live subscriptions of every tenant in this process.
+    pub fn open_subscriptions(&self) -> usize {
+        self.hub.subscriptions().values().sum()
+    }
+
     /// How many topics have receivers: a leak shows here first.
     pub fn watched_topics(&self) -> usize {
         self.hub.topics().len()

@@ -6,8 +6,10 @@ pub mod bus;
 pub mod events;
 pub mod input;
 pub mod leases;
+pub mod observe;
 pub mod queue;
 pub mod relay;
+pub mod retention;
 pub mod service;
 pub mod worker;
 

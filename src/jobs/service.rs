@@ -8,6 +8,7 @@ use crate::billing::{ledger, prices};
 use crate::db::begin_write;
 use crate::error::ServiceError;
 use crate::llm::ProviderRegistry;
+use crate::metrics::Metrics;
 use entity::{EventKind, JobStatus, JsonText, Timestamp, attempts, job_events, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait, OnConflict};
 use sea_orm::{
@@ -82,6 +83,7 @@ pub async fn create_job(
         updated_at: Set(now),
         started_at: Set(None),
         finished_at: Set(None),
+        payloads_pruned_at: Set(None),
     };
     // A key used before inserts nothing; on PostgreSQL an insert racing with another
     // one of the same key waits for it to commit, so the job it made is there to read.
@@ -270,6 +272,7 @@ pub async fn events_of_jobs(
 pub async fn cancel_job(
     db: &DatabaseConnection,
     bus: &EventBus,
+    metrics: &Metrics,
     tenant_id: Uuid,
     job_id: Uuid,
 ) -> Result<jobs::Model, ServiceError> {
@@ -328,6 +331,7 @@ pub async fn cancel_job(
     if !notices.is_empty() {
         tracing::info!(job.id = %job.id, status = ?job.status, "job cancel recorded");
     }
+    super::observe::job_ended(metrics, &notices);
     bus.publish(notices);
     Ok(job)
 }

@@ -120,6 +120,8 @@ async fn every_contract_operation_is_served_or_listed_as_pending() {
         bus: EventBus::default(),
         admin_token: AdminToken::new("admin"),
         providers: crate::helpers::simulated_models(),
+        metrics: Default::default(),
+        worker_db: None,
     });
     let names = operation_names();
     assert!(names.len() >= 12, "the contract lost operations: {names:?}");

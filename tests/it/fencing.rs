@@ -387,6 +387,7 @@ async fn a_worker_renews_all_its_leases_in_one_statement_a_round(backend: Backen
             lease,
             ..test_worker_settings()
         },
+        app.app.metrics.clone(),
     );
     let stop = CancellationToken::new();
     let running = tokio::spawn(worker.run(stop.clone()));

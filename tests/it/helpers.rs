@@ -3,7 +3,7 @@
 
 use futures_util::{SinkExt, StreamExt};
 use jobledger::billing::ChargingPolicy;
-use jobledger::config::{ProviderSettings, Settings};
+use jobledger::config::{OperationsSettings, ProviderSettings, Settings};
 use jobledger::jobs::worker::WorkerSettings;
 use jobledger::llm::ProviderRegistry;
 use jobledger::llm::openai::OpenAiClient;
@@ -170,6 +170,8 @@ pub struct AppOptions {
     /// A config file (`--config`); providers of `kind = "simulator"` in it reach the
     /// test's simulator.
     pub config_file: Option<std::path::PathBuf>,
+    /// The metrics listener and retention.
+    pub operations: OperationsSettings,
 }
 
 impl Default for AppOptions {
@@ -177,6 +179,7 @@ impl Default for AppOptions {
         Self {
             worker: Some(test_worker_settings()),
             config_file: None,
+            operations: OperationsSettings::default(),
         }
     }
 }
@@ -317,6 +320,7 @@ async fn spawn_app_at(
         },
         customer_markup: Decimal::from_str("1.25").unwrap(),
         config_file: options.config_file,
+        operations: options.operations,
     };
     let application = Application::build(settings).await.expect("the app builds");
     let address = application.address().unwrap();
@@ -370,6 +374,12 @@ impl TestApp {
             stop: CancellationToken::new(),
         };
         spawn_app_at(url, None, simulator, options).await
+    }
+
+    /// The base URL of the app's simulator (`http://…/v1`), for processes a test
+    /// starts itself.
+    pub fn simulator_url(&self) -> String {
+        format!("http://{}/v1", self.simulator_address)
     }
 
     /// The URL of the app's database, for connections of a test's own.

@@ -993,9 +993,10 @@ impl Sequence {
     async fn cancel(&mut self, index: usize) {
         let job = &self.jobs[index];
         let tenant_id = self.tenants[job.tenant].id;
-        let returned = service::cancel_job(&self.db, &self.bus, tenant_id, job.id)
-            .await
-            .unwrap_or_else(|error| panic!("{}: cancel failed: {error}", self.at));
+        let returned =
+            service::cancel_job(&self.db, &self.bus, &Default::default(), tenant_id, job.id)
+                .await
+                .unwrap_or_else(|error| panic!("{}: cancel failed: {error}", self.at));
         let job = &mut self.jobs[index];
         match job.status {
             JobStatus::Queued => {
@@ -1528,9 +1529,15 @@ impl Task {
         let held = self.held.swap_remove(index);
         let claim = &held.claim;
         if matches!(how, Finish::Cancel) {
-            service::cancel_job(&env.db, &env.bus, claim.job.tenant_id, claim.job.id)
-                .await
-                .unwrap_or_else(|error| panic!("{at}: cancel failed: {error}"));
+            service::cancel_job(
+                &env.db,
+                &env.bus,
+                &Default::default(),
+                claim.job.tenant_id,
+                claim.job.id,
+            )
+            .await
+            .unwrap_or_else(|error| panic!("{at}: cancel failed: {error}"));
         }
         let price = price_of(&env.price_list, &claim.job);
         let (report, outcome, effect, _) = plan(how, &claim.job, price);
@@ -1566,7 +1573,7 @@ impl Task {
             return;
         }
         let (job_id, tenant_id) = jobs[self.rng.random_range(0..jobs.len())];
-        let job = service::cancel_job(&env.db, &env.bus, tenant_id, job_id)
+        let job = service::cancel_job(&env.db, &env.bus, &Default::default(), tenant_id, job_id)
             .await
             .unwrap_or_else(|error| panic!("{at}: cancel failed: {error}"));
         assert_eq!(job.id, job_id);
@@ -1751,9 +1758,15 @@ async fn concurrent_random_operations_keep_the_books_on_postgres() {
                     let_lease_pass(&env.db, job.id, run_token).await;
                 }
                 _ => {
-                    service::cancel_job(&env.db, &env.bus, job.tenant_id, job.id)
-                        .await
-                        .unwrap();
+                    service::cancel_job(
+                        &env.db,
+                        &env.bus,
+                        &Default::default(),
+                        job.tenant_id,
+                        job.id,
+                    )
+                    .await
+                    .unwrap();
                 }
             }
         }

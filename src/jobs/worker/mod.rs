@@ -12,12 +12,14 @@ mod judge;
 use super::bus::{EventBus, TopicReceiver, Wake};
 use super::input::JobInput;
 use super::leases::LeaseKeeper;
+use super::observe;
 use super::queue::{
     self, AttemptEnd, AttemptStart, Claim, ClaimRequest, ErrorCode, JobError, Renewal,
     StartedAttempt, TenantCursor,
 };
 use crate::billing::{AttemptEnding, ChargingPolicy, ModelPrice, prices};
 use crate::llm::{ChatRequest, Provider, ProviderRegistry};
+use crate::metrics::Metrics;
 use entity::{EventKind, Timestamp};
 use finisher::{Finished, Finisher};
 use judge::{CallContext, CallEnd};
@@ -28,6 +30,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// Most jobs one claim takes, so one worker does not hoard a burst.
 const CLAIM_BATCH: usize = 16;
@@ -70,6 +73,7 @@ struct Inner {
     settings: WorkerSettings,
     leases: LeaseKeeper,
     finisher: Finisher,
+    metrics: Metrics,
     /// Cancelled when the grace period is over: running attempts stop waiting for the
     /// provider and hand their jobs back.
     abort: CancellationToken,
@@ -92,14 +96,16 @@ struct Ready {
 }
 
 impl Worker {
-    /// A worker pool; `id` names it on the attempts it records. Must be called inside
-    /// a Tokio runtime: it starts the task that records finished attempts.
+    /// A worker pool; `id` names it on the attempts it records, and `metrics` counts
+    /// what it does. Must be called inside a Tokio runtime: it starts the task that
+    /// records finished attempts.
     pub fn new(
         id: String,
         db: DatabaseConnection,
         bus: EventBus,
         providers: ProviderRegistry,
         settings: WorkerSettings,
+        metrics: Metrics,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -110,6 +116,7 @@ impl Worker {
                 bus,
                 providers,
                 settings,
+                metrics,
                 abort: CancellationToken::new(),
             }),
         }
@@ -146,8 +153,12 @@ impl Worker {
                 lease: settings.lease,
                 tenant_limit: settings.tenant_concurrency,
             };
+            let asked = Instant::now();
             let claimed = match queue::claim_in_turn(&self.inner.db, request, &mut cursor).await {
-                Ok(claimed) => claimed,
+                Ok(claimed) => {
+                    observe::claimed(&self.inner.metrics, asked.elapsed(), &claimed);
+                    claimed
+                }
                 Err(error) => {
                     tracing::error!(error = %error, "claiming jobs failed");
                     Vec::new()
@@ -202,6 +213,7 @@ impl Worker {
 
     async fn take_back_expired_leases(&self) -> Result<(), DbErr> {
         let notices = queue::expire_leases(&self.inner.db).await?;
+        observe::leases_expired(&self.inner.metrics, &notices);
         self.inner.bus.publish(notices);
         Ok(())
     }
@@ -212,7 +224,10 @@ impl Worker {
         tracing::error!(job.id = %claim.job.id, reason = %reason, "the job cannot be run");
         let error = JobError::new(ErrorCode::NotRunnable, reason);
         match queue::abandon_claim(&self.inner.db, claim, &error).await {
-            Ok(Some(notice)) => self.inner.bus.publish([notice]),
+            Ok(Some(notice)) => {
+                observe::job_ended(&self.inner.metrics, std::slice::from_ref(&notice));
+                self.inner.bus.publish([notice]);
+            }
             Ok(None) => {}
             // The job keeps its lease until it lapses; then it is taken back.
             Err(error) => {
@@ -362,7 +377,17 @@ impl Worker {
 
     async fn run_attempt(&self, ready: Ready) {
         let job_id = ready.prepared.claim.job.id;
-        if let Err(error) = self.try_run_attempt(ready).await {
+        let span = tracing::info_span!(
+            "attempt",
+            job.id = %job_id,
+            tenant.id = %ready.prepared.claim.job.tenant_id,
+            model = %ready.prepared.claim.job.model,
+            attempt.number = ready.started.attempt.number,
+            provider = %ready.started.attempt.provider,
+            trace_id = tracing::field::Empty,
+        );
+        crate::telemetry::record_trace_id(&span);
+        if let Err(error) = self.try_run_attempt(ready).instrument(span).await {
             // The job keeps its lease until it lapses; then it is taken back and retried.
             tracing::error!(job.id = %job_id, error = %error, "attempt failed to record its outcome");
         }
@@ -417,24 +442,38 @@ impl Worker {
         } else if budget_spent {
             CallEnd::BudgetSpent
         } else if let Some(provider) = provider {
+            let call_span = tracing::info_span!(
+                "provider call",
+                provider = %provider.name(),
+                provider.request_id = tracing::field::Empty,
+            );
             let call = async {
                 match &deltas {
                     Some(sender) => provider.stream(&request, sender).await,
                     None => provider.complete(&request).await,
                 }
-            };
+            }
+            .instrument(call_span.clone());
             tokio::pin!(call);
             let deadline = tokio::time::sleep(inner.settings.attempt_timeout);
             tokio::pin!(deadline);
             // The keeper renews beside the call, so that a slow database never stalls
             // the stream, the deadline or a cancel.
             let mut lease = inner.leases.hold(&claim);
+            let _in_flight = inner.metrics.provider_call();
             loop {
                 tokio::select! {
                     // An answer that is ready wins over a deadline, a cancel or an
                     // abort that became ready at the same moment: it is paid for.
                     biased;
-                    answer = &mut call => break CallEnd::Answered(answer),
+                    answer = &mut call => {
+                        let request_id = match &answer {
+                            Ok(completion) => completion.request_id.as_deref(),
+                            Err(error) => error.request_id(),
+                        };
+                        call_span.record("provider.request_id", request_id);
+                        break CallEnd::Answered(answer);
+                    }
                     renewal = lease.next() => match renewal {
                         Renewal::Renewed { cancel_requested: true } => break CallEnd::Cancelled,
                         Renewal::Renewed { cancel_requested: false } => {}
@@ -483,6 +522,7 @@ impl Worker {
             report,
             outcome,
         };
+        let tally = observe::AttemptTally::of(&end);
         let finished = match inner.finisher.finish(end).await {
             Finished::Recorded(finished) => finished,
             Finished::Alone(end) => {
@@ -522,6 +562,7 @@ impl Worker {
                     job.id = %job_id, attempt = number, outcome = ?report_outcome,
                     duration_ms = latency.as_millis() as u64, "attempt finished"
                 );
+                observe::attempt_finished(&inner.metrics, &tally, &notices);
                 inner.bus.publish(notices);
             }
             None => {

@@ -1,0 +1,192 @@
+//! What the queue and the workers tell the metrics: each function takes what the
+//! caller already knows at that point (a claim, a recorded attempt, the notices of
+//! committed events), so that recording costs the hot path no query.
+
+use super::bus::{EventBus, EventNotice};
+use super::queue::{AttemptEnd, Claim, ErrorCode};
+use crate::billing::Credits;
+use crate::metrics::{AttemptFinished, Metrics, State};
+use entity::{AttemptOutcome, EventKind, JobStatus, Timestamp, jobs, tenants};
+use sea_orm::sea_query::{Expr, ExprTrait};
+use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, PaginatorTrait, QueryFilter};
+use std::time::Duration;
+
+/// A claim query took `latency` and returned `claims`: jobs claimed for the first
+/// time report how long they waited since they were due.
+pub fn claimed(metrics: &Metrics, latency: Duration, claims: &[Claim]) {
+    metrics.claimed(latency);
+    let now = Timestamp::now();
+    for claim in claims.iter().filter(|claim| claim.job.attempt_count == 1) {
+        let due = claim.job.run_at.map_or(claim.job.created_at, |run_at| {
+            Ord::max(run_at, claim.job.created_at)
+        });
+        metrics.first_claim(elapsed(due, now));
+    }
+}
+
+/// What the metrics need of a finished attempt, taken before the attempt is handed
+/// over to be recorded.
+#[derive(Clone, Debug)]
+pub struct AttemptTally {
+    outcome: AttemptOutcome,
+    model: String,
+    provider: String,
+    duration: Duration,
+    provider_cost: Credits,
+    customer_charge: Credits,
+    /// The error code a retry is classed by, as the API shows it.
+    retry_class: String,
+    created_at: Timestamp,
+}
+
+impl AttemptTally {
+    /// The facts of `end`. The cost is the one the attempt row records: exact with
+    /// usage, zero when nothing can have been billed, the bound fixed at the start
+    /// otherwise.
+    pub fn of(end: &AttemptEnd) -> Self {
+        let report = &end.report;
+        let provider_cost = match (&report.usage, report.not_billed) {
+            (Some(usage), _) => end.price.provider_cost(usage),
+            (None, true) => Credits::ZERO,
+            (None, false) => Credits::from_nanos(
+                end.attempt
+                    .provider_cost_upper_bound_nanos
+                    .unwrap_or_default(),
+            ),
+        };
+        Self {
+            outcome: report.outcome,
+            model: end.claim.job.model.clone(),
+            provider: end.attempt.provider.clone(),
+            duration: report.latency,
+            provider_cost,
+            customer_charge: report.customer_charge,
+            retry_class: report
+                .error
+                .as_ref()
+                .map_or_else(|| "UNSPECIFIED".to_owned(), |error| error.code.clone()),
+            created_at: end.claim.job.created_at,
+        }
+    }
+}
+
+/// An attempt was recorded as `tally` says, and its job's new state committed with
+/// `notices`.
+pub fn attempt_finished(metrics: &Metrics, tally: &AttemptTally, notices: &[EventNotice]) {
+    metrics.attempt_finished(&AttemptFinished {
+        outcome: outcome_label(tally.outcome),
+        model: &tally.model,
+        provider: &tally.provider,
+        duration: tally.duration,
+        provider_cost: tally.provider_cost,
+        customer_charge: tally.customer_charge,
+        unknown: tally.outcome == AttemptOutcome::Unknown,
+    });
+    let end_to_end = elapsed(tally.created_at, Timestamp::now());
+    job_events(metrics, notices, &tally.retry_class, Some(end_to_end));
+}
+
+/// A sweep took back the jobs of `notices` after their leases lapsed.
+pub fn leases_expired(metrics: &Metrics, notices: &[EventNotice]) {
+    for _ in notices {
+        metrics.lease_expired();
+    }
+    job_events(metrics, notices, ErrorCode::LeaseExpired.as_str(), None);
+}
+
+/// A job ended outside an attempt (abandoned by its worker, cancelled while queued).
+pub fn job_ended(metrics: &Metrics, notices: &[EventNotice]) {
+    job_events(metrics, notices, "UNSPECIFIED", None);
+}
+
+fn job_events(
+    metrics: &Metrics,
+    notices: &[EventNotice],
+    retry_class: &str,
+    end_to_end: Option<Duration>,
+) {
+    for notice in notices {
+        match notice.kind {
+            EventKind::RetryScheduled => metrics.job_retried(retry_class),
+            kind if kind.is_terminal() => {
+                metrics.job_finished(status_label(notice.status), end_to_end)
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Reads the gauges a scrape shows: jobs queued and running (two counts on the
+/// partial indexes the claim uses), tenants low on credit, subscriptions, and pool
+/// connections in use.
+pub async fn state(
+    db: &DatabaseConnection,
+    bus: &EventBus,
+    pools: &[(&'static str, DatabaseConnection)],
+) -> Result<State, DbErr> {
+    let count = |status: JobStatus| {
+        jobs::Entity::find()
+            .filter(jobs::Column::Status.eq(status))
+            .count(db)
+    };
+    Ok(State {
+        queued: count(JobStatus::Queued).await?,
+        running: count(JobStatus::Running).await?,
+        open_subscriptions: bus.open_subscriptions(),
+        tenants_low_credit: tenants::Entity::find()
+            .filter(tenants::Column::GrantedNanos.gt(0))
+            .filter(
+                Expr::col(tenants::Column::GrantedNanos)
+                    .sub(Expr::col(tenants::Column::HeldNanos))
+                    .sub(Expr::col(tenants::Column::ChargedNanos))
+                    .mul(10)
+                    .lt(Expr::col(tenants::Column::GrantedNanos)),
+            )
+            .count(db)
+            .await?,
+        pools_in_use: pools
+            .iter()
+            .map(|(name, pool)| (*name, connections_in_use(pool)))
+            .collect(),
+    })
+}
+
+fn connections_in_use(db: &DatabaseConnection) -> u32 {
+    match db.get_database_backend() {
+        sea_orm::DbBackend::Postgres => {
+            let pool = db.get_postgres_connection_pool();
+            pool.size().saturating_sub(pool.num_idle() as u32)
+        }
+        _ => {
+            let pool = db.get_sqlite_connection_pool();
+            pool.size().saturating_sub(pool.num_idle() as u32)
+        }
+    }
+}
+
+fn elapsed(from: Timestamp, to: Timestamp) -> Duration {
+    Duration::from_micros(u64::try_from(to.micros() - from.micros()).unwrap_or(0))
+}
+
+fn outcome_label(outcome: AttemptOutcome) -> &'static str {
+    match outcome {
+        AttemptOutcome::Running => "running",
+        AttemptOutcome::Succeeded => "succeeded",
+        AttemptOutcome::RetryableError => "retryable_error",
+        AttemptOutcome::PermanentError => "permanent_error",
+        AttemptOutcome::InvalidOutput => "invalid_output",
+        AttemptOutcome::Unknown => "unknown",
+        AttemptOutcome::Cancelled => "cancelled",
+        AttemptOutcome::LeaseExpired => "lease_expired",
+    }
+}
+
+fn status_label(status: JobStatus) -> &'static str {
+    match status {
+        JobStatus::Succeeded => "succeeded",
+        JobStatus::Failed => "failed",
+        JobStatus::Cancelled => "cancelled",
+        JobStatus::Queued => "queued",
+        JobStatus::Running => "running",
+    }
+}

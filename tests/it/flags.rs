@@ -1,0 +1,100 @@
+//! Every command-line flag has an environment twin and a `--help` line, and a bad
+//! config file stops the start naming the file and the key.
+
+use clap::CommandFactory;
+use jobledger::cli::Cli;
+use jobledger::config::{OperationsSettings, ProviderSettings, Settings};
+use jobledger::startup::{Application, StartupError};
+use rust_decimal::Decimal;
+
+#[test]
+fn every_flag_has_an_environment_twin_and_a_help_line() {
+    let cli = Cli::command();
+    let mut checked = Vec::new();
+    for command in cli.get_subcommands() {
+        for argument in command.get_arguments() {
+            let id = argument.get_id().as_str();
+            if ["help", "version"].contains(&id) {
+                continue;
+            }
+            let name = format!("{} --{id}", command.get_name());
+            assert!(argument.get_env().is_some(), "{name} has no env twin");
+            assert!(
+                argument
+                    .get_help()
+                    .is_some_and(|help| !help.to_string().trim().is_empty()),
+                "{name} has no help line"
+            );
+            checked.push(name);
+        }
+    }
+    for expected in [
+        "serve metrics_listen",
+        "worker metrics_listen",
+        "serve retention_days",
+        "worker retention_days",
+    ] {
+        let expected = expected.replace(' ', " --");
+        assert!(
+            checked.contains(&expected),
+            "{expected} missing: {checked:?}"
+        );
+    }
+    let mut help = Vec::new();
+    cli.find_subcommand("worker")
+        .unwrap()
+        .clone()
+        .write_long_help(&mut help)
+        .unwrap();
+    let help = String::from_utf8(help).unwrap();
+    for twin in ["JOBLEDGER_METRICS_LISTEN", "JOBLEDGER_RETENTION_DAYS"] {
+        assert!(help.contains(twin), "{twin} not in --help:\n{help}");
+    }
+}
+
+/// Settings whose database would be created if the start got that far.
+fn settings(folder: &std::path::Path, config: std::path::PathBuf) -> Settings {
+    Settings {
+        listen: None,
+        database_url: format!("sqlite:{}", folder.join("never.db").display()),
+        admin_token: None,
+        worker: None,
+        providers: ProviderSettings::default(),
+        customer_markup: Decimal::ONE,
+        config_file: Some(config),
+        operations: OperationsSettings::default(),
+    }
+}
+
+#[tokio::test]
+async fn a_bad_config_file_is_refused_at_start_naming_the_file_and_the_key() {
+    // The file is read before the database is touched, so one backend is enough.
+    let folder = tempfile::tempdir().unwrap();
+    for (text, key) in [
+        ("retention_dayz = 3\n", "retention_dayz"),
+        (
+            "[models.m]\nprice = { input = \"cheap\", output = \"1\" }\nsource = \"x\"\n",
+            "models.m.price.input",
+        ),
+        (
+            "[providers.local]\nkind = \"openai\"\nbase_url = \"ftp://example.com\"\n",
+            "providers.local.base_url",
+        ),
+    ] {
+        let path = folder.path().join("bad.toml");
+        std::fs::write(&path, text).unwrap();
+        let Err(error) = Application::build(settings(folder.path(), path.clone())).await else {
+            panic!("the application started with {text:?}");
+        };
+        assert!(matches!(error, StartupError::Config(_)), "{error:?}");
+        let message = error.to_string();
+        assert!(
+            message.contains(&path.display().to_string()) && message.contains(key),
+            "{key} or the file not named: {message}"
+        );
+        assert!(
+            !folder.path().join("never.db").exists(),
+            "the database was touched"
+        );
+    }
+}
