@@ -13,6 +13,7 @@ mod m20261130_000005_attempt_customer_charges;
 mod m20261130_000006_claimable_jobs;
 mod m20261130_000007_simulated_jobs;
 mod m20261130_000008_api_key_names;
+mod m20261130_000009_tenant_limits;
 
 /// Applies jobledger's migrations in order.
 pub struct Migrator;
@@ -29,6 +30,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000006_claimable_jobs::Migration),
             Box::new(m20261130_000007_simulated_jobs::Migration),
             Box::new(m20261130_000008_api_key_names::Migration),
+            Box::new(m20261130_000009_tenant_limits::Migration),
         ]
     }
 }

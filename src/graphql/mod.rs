@@ -6,6 +6,7 @@ pub mod cost;
 mod error;
 pub mod fairness;
 mod keys;
+mod limits;
 mod loaders;
 mod mutation;
 mod query;
@@ -28,7 +29,11 @@ pub struct QueryRoot(query::JobQuery, billing::BillingQuery, keys::KeyQuery);
 
 /// The root of every change: jobs, tenants and credits, and API keys.
 #[derive(MergedObject, Default)]
-pub struct MutationRoot(mutation::JobMutation, keys::KeyMutation);
+pub struct MutationRoot(
+    mutation::JobMutation,
+    keys::KeyMutation,
+    limits::LimitsMutation,
+);
 
 /// The schema with its resolvers.
 pub type AppSchema = Schema<QueryRoot, MutationRoot, SubscriptionRoot>;

@@ -8,7 +8,7 @@
 //! sized for that many calls (`billing::CallBound::job_hold`), so the money limits
 //! only bind when prices change while a job runs.
 
-use crate::billing::{Credits, ledger};
+use crate::billing::{Credits, ledger, limits};
 use entity::{AttemptOutcome, JobStatus, ReservationStatus, attempts, credit_reservations, jobs};
 use sea_orm::{ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QueryOrder};
 use uuid::Uuid;
@@ -110,13 +110,20 @@ pub async fn resolve_hold(
         _ if spent.customer_charges.is_positive() => spent.last_charged_attempt,
         _ => None,
     };
-    match charged_attempt {
+    let settlement = match charged_attempt {
         Some(attempt_id) => {
-            ledger::settle(transaction, job.id, attempt_id, spent.customer_charges).await?;
+            ledger::settle(transaction, job.id, attempt_id, spent.customer_charges).await?
         }
-        None => {
-            ledger::release(transaction, job.id).await?;
-        }
+        None => ledger::release(transaction, job.id).await?,
+    };
+    if let Some(settlement) = settlement {
+        limits::release_spend(
+            transaction,
+            job.tenant_id,
+            job.created_at,
+            settlement.released,
+        )
+        .await?;
     }
     Ok(())
 }

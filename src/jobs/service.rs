@@ -4,7 +4,7 @@ use super::budget::{self, Spent};
 use super::bus::{EventBus, EventNotice};
 use super::events;
 use super::input::NewJob;
-use crate::billing::{ledger, prices};
+use crate::billing::{ledger, limits, prices};
 use crate::db::begin_write;
 use crate::error::ServiceError;
 use crate::llm::ProviderRegistry;
@@ -37,6 +37,20 @@ pub async fn create_job(
     tenant_id: Uuid,
     new: NewJob,
 ) -> Result<CreatedJob, ServiceError> {
+    create_job_at(db, bus, providers, tenant_id, new, Timestamp::now()).await
+}
+
+/// [`create_job`] as if it were `now`: the instant prices the job, stamps it, and
+/// decides which UTC day and month its hold counts against — so a test can create jobs
+/// on either side of a period boundary.
+pub async fn create_job_at(
+    db: &DatabaseConnection,
+    bus: &EventBus,
+    providers: &ProviderRegistry,
+    tenant_id: Uuid,
+    new: NewJob,
+    now: Timestamp,
+) -> Result<CreatedJob, ServiceError> {
     let fingerprint = new.fingerprint();
     if !providers.serves(&new.model) {
         return Err(ServiceError::validation(format!(
@@ -44,7 +58,7 @@ pub async fn create_job(
             new.model
         )));
     }
-    let price = prices::price_at(db, &new.model, Timestamp::now())
+    let price = prices::price_at(db, &new.model, now)
         .await?
         .ok_or_else(|| {
             ServiceError::validation(format!(
@@ -60,7 +74,6 @@ pub async fn create_job(
             transaction.rollback().await?;
             return replay(existing, &fingerprint);
         }
-        let now = Timestamp::now();
         let row = jobs::ActiveModel {
             id: Set(Uuid::now_v7()),
             tenant_id: Set(tenant_id),
@@ -106,6 +119,7 @@ pub async fn create_job(
         // so it is held for one statement and the commit. A refusal rolls everything
         // back as the transaction drops.
         ledger::hold(&transaction, tenant_id, job.id, hold).await?;
+        limits::admit_spend(&transaction, tenant_id, hold, now).await?;
         transaction.commit().await?;
         tracing::info!(job.id = %job.id, tenant.id = %tenant_id, model = %job.model, hold = %hold, "job created");
         bus.publish([created]);

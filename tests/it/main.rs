@@ -21,6 +21,7 @@ mod fencing;
 mod hardening;
 mod invariants;
 mod jobs;
+mod limits;
 mod loaders;
 mod processes;
 mod properties;
