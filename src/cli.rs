@@ -97,6 +97,10 @@ struct WorkerArgs {
     /// TOML file of providers, model routes and prices (see jobledger.example.toml).
     #[arg(long, env = "JOBLEDGER_CONFIG", value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Let webhooks reach loopback, private and link-local addresses (development and
+    /// tests); off, createWebhook refuses them and every delivery re-checks.
+    #[arg(long, env = "JOBLEDGER_ALLOW_PRIVATE_WEBHOOKS")]
+    allow_private_webhooks: bool,
 }
 
 #[derive(Debug, Args)]
@@ -152,6 +156,7 @@ impl WorkerArgs {
             )
             .expect("the default markup is a decimal"),
             config_file: self.config,
+            allow_private_webhooks: self.allow_private_webhooks,
         })
     }
 }

@@ -37,6 +37,9 @@ pub struct Settings {
     /// The TOML file of providers, routes and prices (`--config`, `JOBLEDGER_CONFIG`),
     /// read and validated when the application is built.
     pub config_file: Option<PathBuf>,
+    /// Whether webhooks may reach loopback, private and link-local addresses
+    /// (`--allow-private-webhooks`; development and tests).
+    pub allow_private_webhooks: bool,
 }
 
 /// Where each provider family is reached.

@@ -18,3 +18,4 @@ pub mod llm;
 pub mod startup;
 pub mod telemetry;
 pub mod validation;
+pub mod webhooks;

@@ -15,6 +15,7 @@ use crate::llm::anthropic::AnthropicClient;
 use crate::llm::openai::OpenAiClient;
 use crate::llm::routing::ModelFamily;
 use crate::llm::simulator::Simulator;
+use crate::webhooks::dispatch::Dispatcher;
 use sea_orm::{DatabaseConnection, DbErr};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -30,6 +31,8 @@ pub struct App {
     pub bus: EventBus,
     pub admin_token: AdminToken,
     pub providers: ProviderRegistry,
+    /// Whether webhooks may reach loopback and private addresses.
+    pub allow_private_webhooks: bool,
 }
 
 /// Why the application could not start.
@@ -99,6 +102,7 @@ impl Application {
             bus: bus.clone(),
             admin_token,
             providers: providers.clone(),
+            allow_private_webhooks: settings.allow_private_webhooks,
         };
         // Workers get a pool of their own when the API shares the process: no burst of
         // API requests can then delay a lease renewal or an attempt's settlement.
@@ -169,6 +173,10 @@ impl Application {
         let worker = self
             .worker
             .map(|worker| tokio::spawn(worker.run(shutdown.child_token())));
+        let dispatcher = tokio::spawn(
+            Dispatcher::new(self.app.db.clone(), self.app.allow_private_webhooks)
+                .run(shutdown.child_token()),
+        );
         if let Some(listener) = self.listener {
             let address = listener.local_addr()?;
             let schema = graphql::build_schema(self.app.clone());
@@ -182,6 +190,9 @@ impl Application {
             && let Err(error) = worker.await
         {
             tracing::error!(error = %error, "the worker task ended abnormally");
+        }
+        if let Err(error) = dispatcher.await {
+            tracing::error!(error = %error, "the webhook dispatcher ended abnormally");
         }
         relay_stop.cancel();
         if let Err(error) = relay.await {

@@ -22,9 +22,12 @@ pub mod tenant_limits;
 pub mod tenants;
 mod timestamp;
 mod values;
+pub mod webhook_deliveries;
+pub mod webhooks;
 
 pub use json_text::JsonText;
 pub use timestamp::Timestamp;
 pub use values::{
     ApiKeyRole, AttemptOutcome, EventKind, JobStatus, LedgerEntryKind, ReservationStatus,
+    WebhookDeliveryStatus,
 };

@@ -14,6 +14,7 @@ mod m20261130_000006_claimable_jobs;
 mod m20261130_000007_simulated_jobs;
 mod m20261130_000008_api_key_names;
 mod m20261130_000009_tenant_limits;
+mod m20261130_000010_webhooks;
 
 /// Applies jobledger's migrations in order.
 pub struct Migrator;
@@ -31,6 +32,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000007_simulated_jobs::Migration),
             Box::new(m20261130_000008_api_key_names::Migration),
             Box::new(m20261130_000009_tenant_limits::Migration),
+            Box::new(m20261130_000010_webhooks::Migration),
         ]
     }
 }

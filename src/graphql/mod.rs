@@ -13,6 +13,7 @@ mod query;
 mod scalars;
 mod subscription;
 mod types;
+mod webhooks;
 
 use crate::accounts::Principal;
 use crate::startup::App;
@@ -25,7 +26,12 @@ pub use subscription::{
 
 /// The root of every query: jobs and accounts, and the billing dashboards.
 #[derive(MergedObject, Default)]
-pub struct QueryRoot(query::JobQuery, billing::BillingQuery, keys::KeyQuery);
+pub struct QueryRoot(
+    query::JobQuery,
+    billing::BillingQuery,
+    keys::KeyQuery,
+    webhooks::WebhookQuery,
+);
 
 /// The root of every change: jobs, tenants and credits, and API keys.
 #[derive(MergedObject, Default)]
@@ -33,6 +39,7 @@ pub struct MutationRoot(
     mutation::JobMutation,
     keys::KeyMutation,
     limits::LimitsMutation,
+    webhooks::WebhookMutation,
 );
 
 /// The schema with its resolvers.

@@ -116,7 +116,7 @@ pub async fn resolve_hold(
         }
         None => ledger::release(transaction, job.id).await?,
     };
-    if let Some(settlement) = settlement {
+    if let Some(settlement) = &settlement {
         limits::release_spend(
             transaction,
             job.tenant_id,
@@ -125,6 +125,10 @@ pub async fn resolve_hold(
         )
         .await?;
     }
+    // Every terminal transition resolves the hold here, in its own transaction: the
+    // webhook outbox row commits with it, or not at all.
+    let charged = settlement.map_or(Credits::ZERO, |settlement| settlement.charged);
+    crate::webhooks::outbox::enqueue_job_finished(transaction, job, charged).await?;
     Ok(())
 }
 

@@ -252,6 +252,7 @@ async fn the_call_bound_policy_passes_an_unknown_outcome_on(backend: Backend) {
     let options = AppOptions {
         worker: Some(impatient_worker()),
         config_file: Some(config),
+        ..AppOptions::default()
     };
     let app = spawn_app_with(backend, options).await;
     let tenant = app.funded_tenant("pays-for-risk", "5").await;

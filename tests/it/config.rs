@@ -559,6 +559,7 @@ fn settings_without_database() -> Settings {
         providers: ProviderSettings::default(),
         customer_markup: Decimal::from_str("1.25").unwrap(),
         config_file: None,
+        allow_private_webhooks: false,
     }
 }
 

@@ -170,6 +170,8 @@ pub struct AppOptions {
     /// A config file (`--config`); providers of `kind = "simulator"` in it reach the
     /// test's simulator.
     pub config_file: Option<std::path::PathBuf>,
+    /// `--allow-private-webhooks`: on, so that webhooks reach the tests' own servers.
+    pub allow_private_webhooks: bool,
 }
 
 impl Default for AppOptions {
@@ -177,6 +179,7 @@ impl Default for AppOptions {
         Self {
             worker: Some(test_worker_settings()),
             config_file: None,
+            allow_private_webhooks: true,
         }
     }
 }
@@ -317,6 +320,7 @@ async fn spawn_app_at(
         },
         customer_markup: Decimal::from_str("1.25").unwrap(),
         config_file: options.config_file,
+        allow_private_webhooks: options.allow_private_webhooks,
     };
     let application = Application::build(settings).await.expect("the app builds");
     let address = application.address().unwrap();

@@ -33,3 +33,4 @@ mod simulator;
 mod streaming;
 mod structured;
 mod subscriptions;
+mod webhooks;
