@@ -19,6 +19,13 @@ pub struct Model {
     /// Below this available balance the tenant is alerted (`balance.low`).
     pub low_balance_threshold_nanos: Option<i64>,
     pub updated_at: Timestamp,
+    /// The tenant's granted total when `balance.low` last fired; `None` while the
+    /// alert is armed. A grant since then re-arms it once the balance is back above.
+    pub low_balance_alerted_granted_nanos: Option<i64>,
+    /// The UTC day for which `spend_limit.reached` was sent (once per period).
+    pub spend_limit_reached_day: Option<Timestamp>,
+    /// The UTC month for which `spend_limit.reached` was sent.
+    pub spend_limit_reached_month: Option<Timestamp>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

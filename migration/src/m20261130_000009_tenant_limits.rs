@@ -24,6 +24,11 @@ impl MigrationTrait for Migration {
                     .col(integer_null(TenantLimits::TokensPerMinute))
                     .col(big_integer_null(TenantLimits::LowBalanceThresholdNanos))
                     .col(big_integer(TenantLimits::UpdatedAt))
+                    .col(big_integer_null(
+                        TenantLimits::LowBalanceAlertedGrantedNanos,
+                    ))
+                    .col(big_integer_null(TenantLimits::SpendLimitReachedDay))
+                    .col(big_integer_null(TenantLimits::SpendLimitReachedMonth))
                     .foreign_key(
                         ForeignKey::create()
                             .from(TenantLimits::Table, TenantLimits::TenantId)
@@ -83,6 +88,9 @@ enum TenantLimits {
     TokensPerMinute,
     LowBalanceThresholdNanos,
     UpdatedAt,
+    LowBalanceAlertedGrantedNanos,
+    SpendLimitReachedDay,
+    SpendLimitReachedMonth,
 }
 
 #[derive(DeriveIden)]

@@ -158,6 +158,7 @@ pub async fn set_limits(
         tokens_per_minute: Set(rate(limits.tokens_per_minute)),
         low_balance_threshold_nanos: Set(limits.low_balance_threshold.map(Credits::nanos)),
         updated_at: Set(Timestamp::now()),
+        ..Default::default()
     };
     tenant_limits::Entity::insert(row)
         .on_conflict(

@@ -8,6 +8,7 @@ use crate::billing::{ledger, limits, prices};
 use crate::db::begin_write;
 use crate::error::ServiceError;
 use crate::llm::ProviderRegistry;
+use crate::webhooks::alerts;
 use entity::{EventKind, JobStatus, JsonText, Timestamp, attempts, job_events, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
@@ -119,7 +120,12 @@ pub async fn create_job_at(
         // so it is held for one statement and the commit. A refusal rolls everything
         // back as the transaction drops.
         ledger::hold(&transaction, tenant_id, job.id, hold).await?;
-        limits::admit_spend(&transaction, tenant_id, hold, now).await?;
+        if let Err(refusal) = limits::admit_spend(&transaction, tenant_id, hold, now).await {
+            transaction.rollback().await?;
+            report_spend_limit(db, tenant_id, &refusal, now).await?;
+            return Err(refusal);
+        }
+        alerts::after_hold(&transaction, tenant_id, hold).await?;
         transaction.commit().await?;
         tracing::info!(job.id = %job.id, tenant.id = %tenant_id, model = %job.model, hold = %hold, "job created");
         bus.publish([created]);
@@ -132,6 +138,29 @@ pub async fn create_job_at(
         .await?
         .ok_or_else(|| ServiceError::Database(sea_orm::DbErr::Custom("job vanished".into())))?;
     replay(existing, &fingerprint)
+}
+
+/// Queues `spend_limit.reached` for a create a cap refused (once per period), in a
+/// transaction of its own: the refused create wrote nothing.
+async fn report_spend_limit(
+    db: &DatabaseConnection,
+    tenant_id: Uuid,
+    refusal: &ServiceError,
+    now: Timestamp,
+) -> Result<(), ServiceError> {
+    let ServiceError::SpendLimitExceeded {
+        period,
+        limit,
+        spend,
+        ..
+    } = refusal
+    else {
+        return Ok(());
+    };
+    let transaction = begin_write(db).await?;
+    alerts::spend_limit_reached(&transaction, tenant_id, *period, *limit, *spend, now).await?;
+    transaction.commit().await?;
+    Ok(())
 }
 
 async fn find_by_key(

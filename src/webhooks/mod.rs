@@ -2,6 +2,7 @@
 //! transaction of each fact it reports, and the dispatcher that delivers them.
 
 pub mod address;
+pub mod alerts;
 pub mod dispatch;
 pub mod outbox;
 pub mod signature;

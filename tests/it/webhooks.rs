@@ -2,8 +2,8 @@
 //! a restart, and never sent to private addresses unless allowed.
 
 use crate::helpers::{
-    AppOptions, Backend, TestApp, TestTenant, decimal, error_code, job_input, spawn_app,
-    spawn_app_with,
+    ADMIN_TOKEN, AppOptions, Backend, TestApp, TestTenant, decimal, error_code, job_input,
+    spawn_app, spawn_app_with,
 };
 use crate::invariants::assert_billing_invariants;
 use axum::http::{HeaderMap, StatusCode};
@@ -21,6 +21,7 @@ on_both_backends!(
     a_delivery_is_signed_retried_after_a_500_and_recorded,
     pending_deliveries_resume_after_a_restart,
     private_urls_are_refused_without_the_flag,
+    balance_low_fires_once_per_crossing_and_spend_limit_reached_once_per_period,
 );
 
 /// A request the receiver got.
@@ -328,4 +329,99 @@ async fn private_urls_are_refused_without_the_flag(backend: Backend) {
     let no_events = create_webhook(&app, &tenant, "http://93.184.216.34/hook", json!([])).await;
     assert_eq!(error_code(&no_events), "VALIDATION");
     assert_eq!(deliveries(&app, &tenant).await, Vec::<Value>::new());
+}
+
+async fn balance_low_fires_once_per_crossing_and_spend_limit_reached_once_per_period(
+    backend: Backend,
+) {
+    let receiver = Receiver::start(0, 500).await;
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "1").await;
+    let created = create_webhook(
+        &app,
+        &tenant,
+        &receiver.url(),
+        json!(["BALANCE_LOW", "SPEND_LIMIT_REACHED"]),
+    )
+    .await;
+    assert!(created["errors"].is_null(), "{created}");
+    let first = app.create_job(&tenant, job_input("a", "hello")).await;
+    let hold = decimal(&first["data"]["createJob"]["job"]["reservation"]["amount"]);
+    let nano = rust_decimal::Decimal::new(1, 9);
+    let one = rust_decimal::Decimal::ONE;
+    // Above the threshold after two holds, below it after the third.
+    let threshold = one - hold * rust_decimal::Decimal::from(3) + nano;
+    let set = app
+        .operation(
+            Some(ADMIN_TOKEN),
+            "SetTenantLimits",
+            json!({"input": {"tenantId": tenant.id, "lowBalanceThreshold": threshold.to_string()}}),
+        )
+        .await;
+    assert!(set["errors"].is_null(), "{set}");
+    for key in ["b", "c", "d"] {
+        app.create_job_ok(&tenant, job_input(key, "hello")).await;
+    }
+    // A grant takes the balance back above the threshold: the next crossing alerts.
+    let granted = app
+        .grant(
+            &tenant,
+            &(hold * rust_decimal::Decimal::from(2) - nano).to_string(),
+        )
+        .await;
+    assert!(granted["errors"].is_null(), "{granted}");
+    app.create_job_ok(&tenant, job_input("e", "hello")).await;
+
+    let spend = app
+        .operation(Some(&tenant.key), "AccountLimits", json!({}))
+        .await["data"]["account"]["spend"]["today"]
+        .clone();
+    let set = app
+        .operation(
+            Some(ADMIN_TOKEN),
+            "SetTenantLimits",
+            json!({"input": {"tenantId": tenant.id, "dailySpendLimit": spend}}),
+        )
+        .await;
+    assert!(set["errors"].is_null(), "{set}");
+    for key in ["f", "g"] {
+        let refused = app.create_job(&tenant, job_input(key, "hello")).await;
+        assert_eq!(error_code(&refused), "SPEND_LIMIT_EXCEEDED");
+    }
+
+    let received = receiver.wait_for(3, Duration::from_secs(15)).await;
+    // Nothing more comes: wait past a poll of the dispatcher.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let received = if receiver.received().len() > received.len() {
+        receiver.received()
+    } else {
+        received
+    };
+    let bodies: Vec<Value> = received
+        .iter()
+        .map(|request| serde_json::from_str(&request.body).unwrap())
+        .collect();
+    let of_type =
+        |kind: &str| -> Vec<&Value> { bodies.iter().filter(|body| body["type"] == kind).collect() };
+    let low = of_type("balance.low");
+    assert_eq!(low.len(), 2, "once per crossing: {bodies:?}");
+    let mut available: Vec<rust_decimal::Decimal> = low
+        .iter()
+        .map(|body| decimal(&body["data"]["available"]))
+        .collect();
+    available.sort();
+    let three = rust_decimal::Decimal::from(3);
+    assert_eq!(
+        available,
+        vec![one - hold * three - nano, one - hold * three],
+        "after the third hold, and after the fifth with the grant"
+    );
+    assert_eq!(decimal(&low[0]["data"]["threshold"]), threshold);
+    let reached = of_type("spend_limit.reached");
+    assert_eq!(reached.len(), 1, "once per period: {bodies:?}");
+    assert_eq!(reached[0]["data"]["period"], "DAY");
+    assert_eq!(reached[0]["data"]["limit"], spend);
+    let listed = deliveries(&app, &tenant).await;
+    assert_eq!(listed.len(), 3, "{listed:?}");
+    assert_billing_invariants(&app.app.db).await;
 }
