@@ -270,7 +270,10 @@ pub async fn admit_spend(
         .await?
         .ok_or(ServiceError::NotFound)?;
     let limits = limits_of(transaction, tenant_id).await?;
-    let spent = Spend::of(&tenant, created_at);
+    // A process whose clock is a little behind counts into the newest period any
+    // process started, rather than restarting an older one and losing its count.
+    let counted_at = Ord::max(created_at, tenant.spend_day_starts_at);
+    let spent = Spend::of(&tenant, counted_at);
     for (period, limit, spend) in [
         (SpendPeriod::Day, limits.daily_spend, spent.today),
         (SpendPeriod::Month, limits.monthly_spend, spent.this_month),
@@ -293,7 +296,7 @@ pub async fn admit_spend(
     tenants::Entity::update_many()
         .col_expr(
             tenants::Column::SpendDayStartsAt,
-            Expr::value(SpendPeriod::Day.start_of(created_at)),
+            Expr::value(SpendPeriod::Day.start_of(counted_at)),
         )
         .col_expr(
             tenants::Column::SpendDayNanos,
@@ -301,7 +304,7 @@ pub async fn admit_spend(
         )
         .col_expr(
             tenants::Column::SpendMonthStartsAt,
-            Expr::value(SpendPeriod::Month.start_of(created_at)),
+            Expr::value(SpendPeriod::Month.start_of(counted_at)),
         )
         .col_expr(
             tenants::Column::SpendMonthNanos,

@@ -338,5 +338,15 @@ async fn caps_reset_at_the_utc_day_and_month_boundaries(backend: Backend) {
         .await
         .unwrap();
     assert_eq!((spend.today, spend.this_month), (one, one));
+
+    // A process whose clock is a minute behind counts into the newest period rather
+    // than restarting the old one.
+    create_at(&app, &tenant, "late-clock", at(3, 31, 23, 59))
+        .await
+        .unwrap();
+    let spend = limits::spend_at(&app.app.db, tenant.id, at(4, 1, 0, 1))
+        .await
+        .unwrap();
+    assert_eq!((spend.today, spend.this_month), (one + one, one + one));
     assert_billing_invariants(&app.app.db).await;
 }
