@@ -57,6 +57,9 @@ struct BenchArgs {
     /// Also write the figures as JSON to this file.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Run only these scenarios (repeatable); all of them when none is named.
+    #[arg(long = "scenario", value_enum, value_name = "SCENARIO")]
+    scenarios: Vec<crate::bench::Scenario>,
 }
 
 #[derive(Debug, Args)]
@@ -175,6 +178,11 @@ impl Cli {
                         "admin token (shown once; set JOBLEDGER_ADMIN_TOKEN to choose your own): {token}"
                     );
                 }
+                if let Some(address) = application.address() {
+                    println!(
+                        "web console: http://{address}/ (sign in with a tenant API key or the admin token)"
+                    );
+                }
                 application.run(shutdown_on_signal()).await?;
             }
             Command::Worker(args) => {
@@ -218,7 +226,7 @@ impl Cli {
                 // One table per engine, printed as soon as it is measured.
                 let mut figures = Vec::new();
                 for engine in &engines {
-                    let measured = bench::run(engine, scale).await?;
+                    let measured = bench::run(engine, scale, &args.scenarios).await?;
                     print!("{}", bench::markdown(&measured));
                     std::io::Write::flush(&mut std::io::stdout())?;
                     figures.extend(measured);

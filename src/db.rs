@@ -4,10 +4,14 @@ use migration::{Migrator, MigratorTrait};
 use sea_orm::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DatabaseTransaction, DbBackend,
-    DbErr, RuntimeErr, SqlErr, SqliteTransactionMode, Statement, TransactionOptions,
-    TransactionTrait,
+    DbErr, ExecResult, QueryResult, RuntimeErr, SqlErr, SqliteTransactionMode, Statement,
+    TransactionOptions, TransactionTrait,
 };
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
+use tokio::sync::OwnedMutexGuard;
 
 /// Connections in the pool. SQLite serialises writers anyway; several connections
 /// let readers (subscriptions, dashboards) proceed while a write commits.
@@ -58,7 +62,7 @@ pub async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
             ))
             .await?;
     }
-    Migrator::up(&transaction, None).await?;
+    Migrator::up(transaction.inner(), None).await?;
     transaction.commit().await
 }
 
@@ -110,14 +114,130 @@ pub fn is_transient(error: &DbErr) -> bool {
     }
 }
 
+/// A transaction that will write. On SQLite it also holds this process's turn to
+/// write to the file (see [`begin_write`]) until it commits, rolls back or drops.
+pub struct WriteTransaction {
+    transaction: DatabaseTransaction,
+    _turn: Option<OwnedMutexGuard<()>>,
+}
+
+impl WriteTransaction {
+    /// Commits, and lets the next writer of this process in.
+    pub async fn commit(self) -> Result<(), DbErr> {
+        self.transaction.commit().await
+    }
+
+    /// Rolls back, and lets the next writer of this process in.
+    pub async fn rollback(self) -> Result<(), DbErr> {
+        self.transaction.rollback().await
+    }
+
+    /// The transaction itself, for APIs that want SeaORM's own type.
+    pub fn inner(&self) -> &DatabaseTransaction {
+        &self.transaction
+    }
+}
+
+#[async_trait::async_trait]
+impl ConnectionTrait for WriteTransaction {
+    fn get_database_backend(&self) -> DbBackend {
+        self.transaction.get_database_backend()
+    }
+
+    async fn execute_raw(&self, statement: Statement) -> Result<ExecResult, DbErr> {
+        self.transaction.execute_raw(statement).await
+    }
+
+    async fn execute_unprepared(&self, sql: &str) -> Result<ExecResult, DbErr> {
+        self.transaction.execute_unprepared(sql).await
+    }
+
+    async fn query_one_raw(&self, statement: Statement) -> Result<Option<QueryResult>, DbErr> {
+        self.transaction.query_one_raw(statement).await
+    }
+
+    async fn query_all_raw(&self, statement: Statement) -> Result<Vec<QueryResult>, DbErr> {
+        self.transaction.query_all_raw(statement).await
+    }
+}
+
+/// Each SQLite file's turn to write, shared by every pool of this process on it.
+static SQLITE_WRITERS: LazyLock<Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>> =
+    LazyLock::new(Default::default);
+
 /// Begins a transaction that will write. On SQLite it takes the write lock at BEGIN:
 /// a deferred transaction that reads first and writes later can fail with "database
-/// is locked" when another writer got in between, whatever the busy timeout.
-pub async fn begin_write(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
+/// is locked" when another writer got in between, whatever the busy timeout. And the
+/// writers of one process take turns in the order they asked (a queue in memory)
+/// before asking SQLite, whose busy handler would otherwise have them sleep and retry
+/// — slower, and in no order, so that one unlucky writer could wait for hundreds of
+/// milliseconds under load.
+pub async fn begin_write(db: &DatabaseConnection) -> Result<WriteTransaction, DbErr> {
+    if db.get_database_backend() != DbBackend::Sqlite {
+        let transaction = db.begin().await?;
+        return Ok(WriteTransaction {
+            transaction,
+            _turn: None,
+        });
+    }
+    let file = db
+        .get_sqlite_connection_pool()
+        .connect_options()
+        .get_filename()
+        .to_path_buf();
+    let gate = SQLITE_WRITERS
+        .lock()
+        .expect("the writers' map is never poisoned")
+        .entry(file)
+        .or_default()
+        .clone();
+    let turn = gate.lock_owned().await;
     let options = TransactionOptions {
-        sqlite_transaction_mode: (db.get_database_backend() == DbBackend::Sqlite)
-            .then_some(SqliteTransactionMode::Immediate),
+        sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
         ..TransactionOptions::default()
     };
-    db.begin_with_options(options).await
+    let transaction = db.begin_with_options(options).await?;
+    Ok(WriteTransaction {
+        transaction,
+        _turn: Some(turn),
+    })
+}
+
+/// The values of a hand-written statement and their numbered placeholders, for
+/// statements that change many rows at once (`UPDATE … FROM (VALUES …) AS v`, whose
+/// columns are `v.column1`, `v.column2`, … on both backends).
+pub struct Parameters {
+    backend: DbBackend,
+    values: Vec<sea_orm::Value>,
+}
+
+impl Parameters {
+    /// No values yet.
+    pub fn new(backend: DbBackend) -> Self {
+        Self {
+            backend,
+            values: Vec::new(),
+        }
+    }
+
+    /// Binds `value`; returns its placeholder.
+    pub fn bind(&mut self, value: impl Into<sea_orm::Value>) -> String {
+        self.values.push(value.into());
+        let number = self.values.len();
+        match self.backend {
+            DbBackend::Postgres => format!("${number}"),
+            _ => format!("?{number}"),
+        }
+    }
+
+    /// Binds a row of values; returns it as `(…, …)` for a `VALUES` list.
+    pub fn row(&mut self, row: impl IntoIterator<Item = sea_orm::Value>) -> String {
+        let placeholders: Vec<String> = row.into_iter().map(|value| self.bind(value)).collect();
+        format!("({})", placeholders.join(", "))
+    }
+
+    /// The statement `sql`, with the values bound so far.
+    pub fn statement(self, sql: String) -> Statement {
+        Statement::from_sql_and_values(self.backend, sql, self.values)
+    }
 }

@@ -101,13 +101,41 @@ pub struct Figure {
     pub ratio: Option<(f64, String)>,
 }
 
-/// Runs every scenario on `engine`.
-pub async fn run(engine: &Engine, scale: Scale) -> Result<Vec<Figure>, BenchError> {
+/// A group of measurements that can be run alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// One claim's latency at a small and a large backlog.
+    Claim,
+    /// The drain next to the bare-SQL ceilings, and under a large backlog.
+    Drain,
+    /// createJob over GraphQL at concurrency 1 and 32.
+    Create,
+    /// Against a `serve` child process: pickup, delivery, in-flight attempts, idle
+    /// subscriptions.
+    Live,
+}
+
+/// Runs `scenarios` on `engine` — every one when the list is empty.
+pub async fn run(
+    engine: &Engine,
+    scale: Scale,
+    scenarios: &[Scenario],
+) -> Result<Vec<Figure>, BenchError> {
     tracing::info!(engine = engine.name(), "benchmarking");
-    let mut figures = claim_latency(engine, scale).await?;
-    figures.extend(drain(engine, scale).await?);
-    figures.extend(create_latency(engine, scale).await?);
-    figures.extend(live::run(engine, scale).await?);
+    let wanted = |scenario| scenarios.is_empty() || scenarios.contains(&scenario);
+    let mut figures = Vec::new();
+    if wanted(Scenario::Claim) {
+        figures.extend(claim_latency(engine, scale).await?);
+    }
+    if wanted(Scenario::Drain) {
+        figures.extend(drain(engine, scale).await?);
+    }
+    if wanted(Scenario::Create) {
+        figures.extend(create_latency(engine, scale).await?);
+    }
+    if wanted(Scenario::Live) {
+        figures.extend(live::run(engine, scale).await?);
+    }
     Ok(figures)
 }
 

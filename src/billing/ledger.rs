@@ -5,7 +5,7 @@
 //! ledger always equals the cached balance. Callers pass the transaction in.
 
 use super::Credits;
-use crate::db::begin_write;
+use crate::db::{Parameters, WriteTransaction, begin_write};
 use crate::error::ServiceError;
 use entity::{
     LedgerEntryKind, ReservationStatus, Timestamp, charges, credit_grants, credit_reservations,
@@ -13,9 +13,10 @@ use entity::{
 };
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr,
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr,
     EntityTrait, FromQueryResult, QueryFilter, QuerySelect,
 };
+use std::collections::{BTreeMap, HashMap, HashSet};
 use uuid::Uuid;
 
 /// A tenant's credits. `available = granted − charged − held`, never below zero.
@@ -155,7 +156,7 @@ pub async fn grant_credits(
 /// can never take the balance below zero: on PostgreSQL the row lock makes the second
 /// UPDATE re-evaluate its condition after the first commits.
 pub async fn hold(
-    transaction: &DatabaseTransaction,
+    transaction: &WriteTransaction,
     tenant_id: Uuid,
     job_id: Uuid,
     amount: Credits,
@@ -223,88 +224,224 @@ pub async fn settle(
     attempt_id: Uuid,
     charge: Credits,
 ) -> Result<Option<Settlement>, DbErr> {
-    resolve(db, job_id, Some((attempt_id, charge))).await
+    let resolution = Resolution {
+        job_id,
+        charge: Some((attempt_id, charge)),
+    };
+    Ok(resolve_holds(db, &[resolution]).await?.remove(0))
 }
 
 /// Releases a job's whole hold (failed or cancelled jobs). `None` when already resolved.
 pub async fn release(db: &impl ConnectionTrait, job_id: Uuid) -> Result<Option<Settlement>, DbErr> {
-    resolve(db, job_id, None).await
+    let resolution = Resolution {
+        job_id,
+        charge: None,
+    };
+    Ok(resolve_holds(db, &[resolution]).await?.remove(0))
 }
 
-async fn resolve(
+/// How one job's hold is to be resolved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Resolution {
+    pub job_id: Uuid,
+    /// The attempt the customer is charged for and the amount (capped at the hold);
+    /// `None` releases the whole hold.
+    pub charge: Option<(Uuid, Credits)>,
+}
+
+/// Resolves several jobs' holds in the caller's transaction with a few statements for
+/// all of them: each is settled ([`settle`]) or released ([`release`]) exactly once;
+/// the answer for a hold already resolved is `None`. Tenants' rows are updated last,
+/// once per tenant and in id order, so that concurrent batches never wait on each
+/// other in a cycle.
+pub async fn resolve_holds(
     db: &impl ConnectionTrait,
-    job_id: Uuid,
-    charge: Option<(Uuid, Credits)>,
-) -> Result<Option<Settlement>, DbErr> {
-    let Some(reservation) = credit_reservations::Entity::find()
-        .filter(credit_reservations::Column::JobId.eq(job_id))
-        .filter(credit_reservations::Column::Status.eq(ReservationStatus::Held))
-        .one(db)
-        .await?
-    else {
-        return Ok(None);
-    };
-    let held = Credits::from_nanos(reservation.amount_nanos);
-    let charged = charge.map_or(Credits::ZERO, |(_, amount)| amount.min(held));
-    let released = held - charged;
+    resolutions: &[Resolution],
+) -> Result<Vec<Option<Settlement>>, DbErr> {
+    let mut reservations: HashMap<Uuid, credit_reservations::Model> =
+        credit_reservations::Entity::find()
+            .filter(
+                credit_reservations::Column::JobId
+                    .is_in(resolutions.iter().map(|resolution| resolution.job_id)),
+            )
+            .filter(credit_reservations::Column::Status.eq(ReservationStatus::Held))
+            .all(db)
+            .await?
+            .into_iter()
+            .map(|reservation| (reservation.job_id, reservation))
+            .collect();
     let now = Timestamp::now();
-    let status = if charge.is_some() {
-        ReservationStatus::Settled
-    } else {
-        ReservationStatus::Released
-    };
-    // The status condition makes resolution happen once even if two callers raced
-    // past the read above.
-    let updated = credit_reservations::Entity::update_many()
-        .col_expr(credit_reservations::Column::Status, Expr::value(status))
-        .col_expr(
-            credit_reservations::Column::SettledAmountNanos,
-            Expr::value(charged.nanos()),
-        )
-        .col_expr(
-            credit_reservations::Column::ReleasedAmountNanos,
-            Expr::value(released.nanos()),
-        )
-        .col_expr(credit_reservations::Column::ResolvedAt, Expr::value(now))
-        .filter(credit_reservations::Column::Id.eq(reservation.id))
-        .filter(credit_reservations::Column::Status.eq(ReservationStatus::Held))
-        .exec(db)
-        .await?;
-    if updated.rows_affected == 0 {
-        return Ok(None);
-    }
-    let mut entries = Vec::with_capacity(2);
-    if let Some((attempt_id, _)) = charge {
-        let row = charges::ActiveModel {
-            id: Set(Uuid::now_v7()),
-            job_id: Set(job_id),
-            tenant_id: Set(reservation.tenant_id),
-            attempt_id: Set(attempt_id),
-            amount_nanos: Set(charged.nanos()),
-            created_at: Set(now),
+    // What each hold becomes, decided on the reservation as read.
+    let mut planned = Vec::with_capacity(resolutions.len());
+    for resolution in resolutions {
+        let Some(reservation) = reservations.remove(&resolution.job_id) else {
+            planned.push(None);
+            continue;
         };
-        charges::Entity::insert(row).exec(db).await?;
-        entries.push((LedgerEntryKind::Charge, charged));
+        let held = Credits::from_nanos(reservation.amount_nanos);
+        let charged = resolution
+            .charge
+            .map_or(Credits::ZERO, |(_, amount)| amount.min(held));
+        planned.push(Some((
+            reservation,
+            Settlement {
+                charged,
+                released: held - charged,
+            },
+        )));
     }
-    if released.is_positive() {
-        entries.push((LedgerEntryKind::Release, released));
+    let resolved = mark_resolved(db, &planned, resolutions, now).await?;
+    let mut settlements = Vec::with_capacity(resolutions.len());
+    let mut charge_rows = Vec::new();
+    let mut entry_rows = Vec::new();
+    // Per tenant: credits no longer held, and credits charged.
+    let mut tenant_moves: BTreeMap<Uuid, (Credits, Credits)> = BTreeMap::new();
+    for (resolution, plan) in resolutions.iter().zip(planned) {
+        // The status condition makes resolution happen once even if two callers
+        // raced past the read above.
+        let Some((reservation, settlement)) =
+            plan.filter(|(reservation, _)| resolved.contains(&reservation.id))
+        else {
+            settlements.push(None);
+            continue;
+        };
+        let Settlement { charged, released } = settlement;
+        let job = (Some(resolution.job_id), None);
+        if let Some((attempt_id, _)) = resolution.charge {
+            charge_rows.push(charges::ActiveModel {
+                id: Set(Uuid::now_v7()),
+                job_id: Set(resolution.job_id),
+                tenant_id: Set(reservation.tenant_id),
+                attempt_id: Set(attempt_id),
+                amount_nanos: Set(charged.nanos()),
+                created_at: Set(now),
+            });
+            entry_rows.push(entry(
+                reservation.tenant_id,
+                job,
+                LedgerEntryKind::Charge,
+                charged,
+                now,
+            ));
+        }
+        if released.is_positive() {
+            entry_rows.push(entry(
+                reservation.tenant_id,
+                job,
+                LedgerEntryKind::Release,
+                released,
+                now,
+            ));
+        }
+        let moves = tenant_moves
+            .entry(reservation.tenant_id)
+            .or_insert((Credits::ZERO, Credits::ZERO));
+        *moves = (moves.0 + charged + released, moves.1 + charged);
+        settlements.push(Some(settlement));
     }
-    append_entries(db, reservation.tenant_id, (Some(job_id), None), entries).await?;
-    // Last: the tenant's row is what every hold and settlement of the tenant needs,
-    // so it stays locked for this statement and the caller's commit only.
-    tenants::Entity::update_many()
-        .col_expr(
-            tenants::Column::HeldNanos,
-            Expr::col(tenants::Column::HeldNanos).sub(held.nanos()),
-        )
-        .col_expr(
-            tenants::Column::ChargedNanos,
-            Expr::col(tenants::Column::ChargedNanos).add(charged.nanos()),
-        )
-        .filter(tenants::Column::Id.eq(reservation.tenant_id))
-        .exec(db)
-        .await?;
-    Ok(Some(Settlement { charged, released }))
+    for chunk in charge_rows.chunks(INSERT_CHUNK) {
+        charges::Entity::insert_many(chunk.to_vec())
+            .exec(db)
+            .await?;
+    }
+    for chunk in entry_rows.chunks(INSERT_CHUNK) {
+        ledger_entries::Entity::insert_many(chunk.to_vec())
+            .exec(db)
+            .await?;
+    }
+    // Last: a tenant's row is what every hold and settlement of the tenant needs, so
+    // it stays locked for these statements and the caller's commit only.
+    for (tenant_id, (unheld, charged)) in tenant_moves {
+        tenants::Entity::update_many()
+            .col_expr(
+                tenants::Column::HeldNanos,
+                Expr::col(tenants::Column::HeldNanos).sub(unheld.nanos()),
+            )
+            .col_expr(
+                tenants::Column::ChargedNanos,
+                Expr::col(tenants::Column::ChargedNanos).add(charged.nanos()),
+            )
+            .filter(tenants::Column::Id.eq(tenant_id))
+            .exec(db)
+            .await?;
+    }
+    Ok(settlements)
+}
+
+/// Marks the planned holds settled or released in one statement, only where each is
+/// still held; returns the reservations it marked.
+async fn mark_resolved(
+    db: &impl ConnectionTrait,
+    planned: &[Option<(credit_reservations::Model, Settlement)>],
+    resolutions: &[Resolution],
+    now: Timestamp,
+) -> Result<HashSet<Uuid>, DbErr> {
+    let backend = db.get_database_backend();
+    let mut parameters = Parameters::new(backend);
+    let at = parameters.bind(now);
+    let rows: Vec<String> = planned
+        .iter()
+        .zip(resolutions)
+        .filter_map(|(plan, resolution)| {
+            let (reservation, settlement) = plan.as_ref()?;
+            let status = if resolution.charge.is_some() {
+                ReservationStatus::Settled
+            } else {
+                ReservationStatus::Released
+            };
+            Some(parameters.row([
+                reservation.id.into(),
+                status.into(),
+                settlement.charged.nanos().into(),
+                settlement.released.nanos().into(),
+            ]))
+        })
+        .collect();
+    if rows.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let returning = if backend == DbBackend::Postgres {
+        "credit_reservations.id"
+    } else {
+        "id"
+    };
+    let sql = format!(
+        "UPDATE credit_reservations SET
+            status = v.column2,
+            settled_amount_nanos = v.column3,
+            released_amount_nanos = v.column4,
+            resolved_at = {at}
+        FROM (VALUES {rows}) AS v
+        WHERE credit_reservations.id = v.column1 AND credit_reservations.status = 'held'
+        RETURNING {returning}",
+        rows = rows.join(", "),
+    );
+    let mut marked = HashSet::new();
+    for row in db.query_all_raw(parameters.statement(sql)).await? {
+        marked.insert(row.try_get_by_index::<Uuid>(0)?);
+    }
+    Ok(marked)
+}
+
+/// Most rows one multi-row insert carries: far below SQLite's bound on parameters.
+const INSERT_CHUNK: usize = 500;
+
+fn entry(
+    tenant_id: Uuid,
+    (job_id, grant_id): (Option<Uuid>, Option<Uuid>),
+    kind: LedgerEntryKind,
+    amount: Credits,
+    now: Timestamp,
+) -> ledger_entries::ActiveModel {
+    ledger_entries::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        tenant_id: Set(tenant_id),
+        kind: Set(kind),
+        amount_nanos: Set(amount.nanos()),
+        job_id: Set(job_id),
+        grant_id: Set(grant_id),
+        created_at: Set(now),
+    }
 }
 
 /// Appends one ledger entry per `(kind, amount)` of a tenant, all about the same
@@ -312,21 +449,13 @@ async fn resolve(
 async fn append_entries(
     db: &impl ConnectionTrait,
     tenant_id: Uuid,
-    (job_id, grant_id): (Option<Uuid>, Option<Uuid>),
+    subject: (Option<Uuid>, Option<Uuid>),
     entries: impl IntoIterator<Item = (LedgerEntryKind, Credits)>,
 ) -> Result<(), DbErr> {
     let now = Timestamp::now();
     let rows: Vec<_> = entries
         .into_iter()
-        .map(|(kind, amount)| ledger_entries::ActiveModel {
-            id: Set(Uuid::now_v7()),
-            tenant_id: Set(tenant_id),
-            kind: Set(kind),
-            amount_nanos: Set(amount.nanos()),
-            job_id: Set(job_id),
-            grant_id: Set(grant_id),
-            created_at: Set(now),
-        })
+        .map(|(kind, amount)| entry(tenant_id, subject, kind, amount, now))
         .collect();
     if !rows.is_empty() {
         ledger_entries::Entity::insert_many(rows).exec(db).await?;

@@ -1,6 +1,7 @@
 //! The GraphQL API: schema, resolvers and their types. Resolvers are thin: they
 //! check who is asking and call the services.
 
+mod admin;
 mod billing;
 pub mod cost;
 mod error;
@@ -24,12 +25,14 @@ pub use subscription::{
     ConnectionSubscriptions, MAX_SUBSCRIPTIONS_PER_CONNECTION, SubscriptionRoot,
 };
 
-/// The root of every query: jobs and accounts, and the billing dashboards.
+/// The root of every query: jobs and accounts, the billing dashboards, keys and the
+/// admin's list of tenants.
 #[derive(MergedObject, Default)]
 pub struct QueryRoot(
     query::JobQuery,
     billing::BillingQuery,
     keys::KeyQuery,
+    admin::AdminQuery,
     webhooks::WebhookQuery,
 );
 

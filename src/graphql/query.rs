@@ -3,6 +3,7 @@
 use super::types::{Account, Job, JobConnection, JobEdge, JobStatus, PageInfo};
 use super::{ErrorCode, app, principal};
 use crate::accounts::tenants;
+use crate::billing::reports::Scope;
 use crate::jobs::service::{self, MAX_PAGE_SIZE};
 use async_graphql::{Context, Object};
 use uuid::Uuid;
@@ -16,15 +17,22 @@ pub struct JobQuery;
 
 #[Object]
 impl JobQuery {
-    /// One of the caller's jobs.
-    async fn job(&self, context: &Context<'_>, id: Uuid) -> async_graphql::Result<Job> {
-        let tenant_id = principal(context)?.tenant_id()?;
-        Ok(service::find_job(&app(context).db, tenant_id, id)
-            .await?
-            .into())
+    /// One of the caller's jobs. An admin reads any tenant's job by naming the tenant
+    /// (`VALIDATION` otherwise); a tenant naming another tenant is `FORBIDDEN`.
+    async fn job(
+        &self,
+        context: &Context<'_>,
+        id: Uuid,
+        tenant_id: Option<Uuid>,
+    ) -> async_graphql::Result<Job> {
+        let db = &app(context).db;
+        let tenant_id = Scope::single_tenant(db, principal(context)?, tenant_id).await?;
+        Ok(service::find_job(db, tenant_id, id).await?.into())
     }
 
-    /// The caller's jobs, newest first, `first` at a time (at most 100).
+    /// The caller's jobs, newest first, `first` at a time (at most 100). An admin reads
+    /// any tenant's jobs by naming the tenant (`VALIDATION` otherwise); a tenant naming
+    /// another tenant is `FORBIDDEN`.
     #[graphql(complexity = "super::cost::page_complexity(first, child_complexity)")]
     async fn jobs(
         &self,
@@ -32,8 +40,10 @@ impl JobQuery {
         first: Option<i32>,
         after: Option<String>,
         status: Option<JobStatus>,
+        tenant_id: Option<Uuid>,
     ) -> async_graphql::Result<JobConnection> {
-        let tenant_id = principal(context)?.tenant_id()?;
+        let db = &app(context).db;
+        let tenant_id = Scope::single_tenant(db, principal(context)?, tenant_id).await?;
         let first = first.unwrap_or(DEFAULT_PAGE_SIZE);
         let first = u64::try_from(first)
             .ok()
@@ -47,14 +57,7 @@ impl JobQuery {
                     .map_err(|_| ErrorCode::Validation.error("after is not a cursor from this API"))
             })
             .transpose()?;
-        let page = service::list_jobs(
-            &app(context).db,
-            tenant_id,
-            first,
-            after,
-            status.map(Into::into),
-        )
-        .await?;
+        let page = service::list_jobs(db, tenant_id, first, after, status.map(Into::into)).await?;
         let edges: Vec<JobEdge> = page
             .jobs
             .into_iter()

@@ -588,11 +588,14 @@ pub struct Tenant {
     pub id: Uuid,
     pub name: String,
     pub created_at: DateTime<Utc>,
+    /// The tenant's credits, as its own `account { balance }` shows them.
+    pub balance: AccountBalance,
 }
 
 impl From<tenants::Model> for Tenant {
     fn from(tenant: tenants::Model) -> Self {
         Self {
+            balance: AccountBalance::from(Balance::from(&tenant)),
             id: tenant.id,
             name: tenant.name,
             created_at: time(tenant.created_at),

@@ -17,13 +17,12 @@ use crate::accounts::Principal;
 use crate::accounts::api_keys::Identity;
 use crate::graphql::ErrorCode;
 use crate::graphql::cost::{self, CostError, MAX_RESPONSE_BYTES, QueryBudget, ResponseMeter};
-use async_graphql::http::GraphiQLSource;
 use async_graphql::parser::types::{DocumentOperations, ExecutableDocument, OperationType};
 use async_graphql::{ServerError, Variables};
 use axum::body::{Body, Bytes};
 use axum::extract::{ConnectInfo, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
@@ -166,13 +165,7 @@ pub async fn get(
     };
     let Some(query) = parameters.query else {
         if accepts(&headers, "text/html") {
-            return Html(
-                GraphiQLSource::build()
-                    .endpoint("/graphql")
-                    .subscription_endpoint("/graphql/ws")
-                    .finish(),
-            )
-            .into_response();
+            return super::console::graphiql();
         }
         return request_error(media_type, StatusCode::BAD_REQUEST, "the URL has no query");
     };

@@ -1,7 +1,8 @@
-//! The HTTP surface: GraphQL over HTTP, SSE and WebSocket, and health probes, served with
-//! the connection timeouts of `serve`.
+//! The HTTP surface: GraphQL over HTTP, SSE and WebSocket, health probes and the web
+//! console, served with the connection timeouts of `serve`.
 
 mod auth;
+mod console;
 mod graphql;
 mod health;
 mod limits;
@@ -51,6 +52,8 @@ impl HttpState {
 /// Every route of the API.
 pub fn router(state: HttpState) -> Router {
     Router::new()
+        .route("/", get(console::index))
+        .route("/assets/{*path}", get(console::asset))
         .route("/graphql", get(graphql::get).post(graphql::post))
         .route("/graphql/ws", get(websocket::upgrade))
         .route(

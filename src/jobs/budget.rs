@@ -8,9 +8,11 @@
 //! sized for that many calls (`billing::CallBound::job_hold`), so the money limits
 //! only bind when prices change while a job runs.
 
-use crate::billing::{Credits, ledger, limits};
+use crate::billing::ledger::{self, Resolution};
+use crate::billing::{Credits, limits};
 use entity::{AttemptOutcome, JobStatus, ReservationStatus, attempts, credit_reservations, jobs};
 use sea_orm::{ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QueryOrder};
+use std::collections::HashMap;
 use uuid::Uuid;
 
 /// What a job's attempts have used so far.
@@ -68,12 +70,35 @@ impl Spent {
 
     /// Reads and sums a job's attempts, in the caller's transaction.
     pub async fn load(db: &impl ConnectionTrait, job_id: Uuid) -> Result<Self, DbErr> {
+        let mut spent = Self::load_many(db, &[job_id]).await?;
+        Ok(spent.remove(&job_id).unwrap_or_default())
+    }
+
+    /// [`Spent::load`] for several jobs in one query; a job with no attempts yet has
+    /// spent nothing.
+    pub async fn load_many(
+        db: &impl ConnectionTrait,
+        job_ids: &[Uuid],
+    ) -> Result<HashMap<Uuid, Self>, DbErr> {
         let rows = attempts::Entity::find()
-            .filter(attempts::Column::JobId.eq(job_id))
+            .filter(attempts::Column::JobId.is_in(job_ids.iter().copied()))
+            .order_by_asc(attempts::Column::JobId)
             .order_by_asc(attempts::Column::Number)
             .all(db)
             .await?;
-        Ok(Self::of(&rows))
+        let mut by_job: HashMap<Uuid, Vec<attempts::Model>> = HashMap::new();
+        for row in rows {
+            by_job.entry(row.job_id).or_default().push(row);
+        }
+        Ok(job_ids
+            .iter()
+            .map(|job_id| {
+                let spent = by_job
+                    .get(job_id)
+                    .map_or_else(Self::default, |rows| Self::of(rows));
+                (*job_id, spent)
+            })
+            .collect())
     }
 
     /// Whether the job may still pay for another call at all.
@@ -96,50 +121,81 @@ impl Spent {
     }
 }
 
-/// Resolves a terminal job's hold: charges the sum of its attempts' customer charges
-/// (the settlement caps it at the hold) and releases the rest. A succeeded job is
+/// How a terminal job's hold is resolved: charged the sum of its attempts' customer
+/// charges (the settlement caps it at the hold), the rest released. A succeeded job is
 /// always settled, even for nothing; any other job only when an attempt charged.
+pub fn resolution(job: &jobs::Model, final_attempt: Option<Uuid>, spent: &Spent) -> Resolution {
+    let charged_attempt = match job.status {
+        JobStatus::Succeeded => final_attempt,
+        _ if spent.customer_charges.is_positive() => spent.last_charged_attempt,
+        _ => None,
+    };
+    Resolution {
+        job_id: job.id,
+        charge: charged_attempt.map(|attempt_id| (attempt_id, spent.customer_charges)),
+    }
+}
+
+/// Resolves a terminal job's hold (see [`resolution`]) in the caller's transaction.
 pub async fn resolve_hold(
     transaction: &impl ConnectionTrait,
     job: &jobs::Model,
     final_attempt: Option<Uuid>,
     spent: &Spent,
 ) -> Result<(), DbErr> {
-    let charged_attempt = match job.status {
-        JobStatus::Succeeded => final_attempt,
-        _ if spent.customer_charges.is_positive() => spent.last_charged_attempt,
-        _ => None,
-    };
-    let settlement = match charged_attempt {
-        Some(attempt_id) => {
-            ledger::settle(transaction, job.id, attempt_id, spent.customer_charges).await?
+    resolve_holds(
+        transaction,
+        &[(job.clone(), resolution(job, final_attempt, spent))],
+    )
+    .await
+}
+
+/// Resolves terminal jobs' holds (each with its [`resolution`]) in the caller's
+/// transaction, and writes in it what follows from each: the spend its settlement
+/// released ([`limits::release_spend`]) and its `job.*` webhook deliveries. `job` is
+/// the row after its terminal update.
+pub async fn resolve_holds(
+    transaction: &impl ConnectionTrait,
+    terminal: &[(jobs::Model, Resolution)],
+) -> Result<(), DbErr> {
+    let resolutions: Vec<Resolution> = terminal.iter().map(|(_, resolution)| *resolution).collect();
+    let settlements = ledger::resolve_holds(transaction, &resolutions).await?;
+    // After the ledger, which locks the tenants' rows in id order: the spend counters
+    // are on those rows, so this takes no lock of its own.
+    for ((job, _), settlement) in terminal.iter().zip(settlements) {
+        if let Some(settlement) = &settlement {
+            limits::release_spend(
+                transaction,
+                job.tenant_id,
+                job.created_at,
+                settlement.released,
+            )
+            .await?;
         }
-        None => ledger::release(transaction, job.id).await?,
-    };
-    if let Some(settlement) = &settlement {
-        limits::release_spend(
-            transaction,
-            job.tenant_id,
-            job.created_at,
-            settlement.released,
-        )
-        .await?;
+        // The webhook outbox row commits with the job's terminal state, or not at all.
+        let charged = settlement.map_or(Credits::ZERO, |settlement| settlement.charged);
+        crate::webhooks::outbox::enqueue_job_finished(transaction, job, charged).await?;
     }
-    // Every terminal transition resolves the hold here, in its own transaction: the
-    // webhook outbox row commits with it, or not at all.
-    let charged = settlement.map_or(Credits::ZERO, |settlement| settlement.charged);
-    crate::webhooks::outbox::enqueue_job_finished(transaction, job, charged).await?;
     Ok(())
 }
 
-/// The credits held for a job while its hold is open; zero once resolved.
-pub async fn open_hold(db: &impl ConnectionTrait, job_id: Uuid) -> Result<Credits, DbErr> {
+/// The credits held for each of `job_ids` while its hold is open; a job whose hold is
+/// resolved is missing.
+pub async fn open_holds(
+    db: &impl ConnectionTrait,
+    job_ids: &[Uuid],
+) -> Result<HashMap<Uuid, Credits>, DbErr> {
     Ok(credit_reservations::Entity::find()
-        .filter(credit_reservations::Column::JobId.eq(job_id))
+        .filter(credit_reservations::Column::JobId.is_in(job_ids.iter().copied()))
         .filter(credit_reservations::Column::Status.eq(ReservationStatus::Held))
-        .one(db)
+        .all(db)
         .await?
-        .map_or(Credits::ZERO, |reservation| {
-            Credits::from_nanos(reservation.amount_nanos)
-        }))
+        .into_iter()
+        .map(|reservation| {
+            (
+                reservation.job_id,
+                Credits::from_nanos(reservation.amount_nanos),
+            )
+        })
+        .collect())
 }

@@ -35,27 +35,43 @@ pub async fn append(
     kind: EventKind,
     data: Option<Value>,
 ) -> Result<EventNotice, DbErr> {
-    let row = job_events::ActiveModel {
-        job_id: Set(job.id),
-        seq: Set(job.last_event_seq),
-        tenant_id: Set(job.tenant_id),
-        kind: Set(kind),
-        status: Set(job.status),
-        at: Set(job.updated_at),
-        data: Set(data.map(JsonText)),
-    };
-    let notice = EventNotice {
-        job_id: job.id,
-        tenant_id: job.tenant_id,
-        seq: job.last_event_seq,
-        kind,
-        status: job.status,
-        delta: None,
-        origin: None,
-    };
-    let insert = job_events::Entity::insert(row).into_query();
-    super::relay::store_and_notify(db, insert, &notice).await?;
-    Ok(notice)
+    let mut notices = append_many(db, [(job, kind, data)]).await?;
+    Ok(notices.remove(0))
+}
+
+/// [`append`] for several jobs' events, in one statement.
+pub async fn append_many<'a>(
+    db: &impl ConnectionTrait,
+    events: impl IntoIterator<Item = (&'a jobs::Model, EventKind, Option<Value>)>,
+) -> Result<Vec<EventNotice>, DbErr> {
+    let mut rows = Vec::new();
+    let mut notices = Vec::new();
+    for (job, kind, data) in events {
+        rows.push(job_events::ActiveModel {
+            job_id: Set(job.id),
+            seq: Set(job.last_event_seq),
+            tenant_id: Set(job.tenant_id),
+            kind: Set(kind),
+            status: Set(job.status),
+            at: Set(job.updated_at),
+            data: Set(data.map(JsonText)),
+        });
+        notices.push(EventNotice {
+            job_id: job.id,
+            tenant_id: job.tenant_id,
+            seq: job.last_event_seq,
+            kind,
+            status: job.status,
+            delta: None,
+            origin: None,
+        });
+    }
+    if rows.is_empty() {
+        return Ok(notices);
+    }
+    let insert = job_events::Entity::insert_many(rows).into_query();
+    super::relay::store_and_notify(db, insert, &notices).await?;
+    Ok(notices)
 }
 
 /// A job's events after `after_seq`, oldest first.

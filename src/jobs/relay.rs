@@ -51,35 +51,35 @@ pub async fn notify(db: &impl ConnectionTrait, notice: &EventNotice) -> Result<(
     Ok(())
 }
 
-/// Runs `insert` (an event's row) and, on PostgreSQL, sends `notice` to every
-/// listening process when the caller's transaction commits — both in one statement,
-/// a round trip fewer for every event.
+/// Runs `insert` (event rows) and, on PostgreSQL, sends each of `notices` to every
+/// listening process when the caller's transaction commits — all in one statement,
+/// a round trip fewer for every batch of events.
 pub async fn store_and_notify(
     db: &impl ConnectionTrait,
-    mut insert: InsertStatement,
-    notice: &EventNotice,
+    insert: InsertStatement,
+    notices: &[EventNotice],
 ) -> Result<(), DbErr> {
-    if db.get_database_backend() != DbBackend::Postgres {
+    if db.get_database_backend() != DbBackend::Postgres || notices.is_empty() {
         db.execute(&insert).await?;
         return Ok(());
     }
-    let payload = serde_json::to_string(notice).expect("a notice serializes");
     let stored = Alias::new("stored");
-    insert.returning(Query::returning().column(Alias::new("job_id")));
-    let statement = Query::select()
-        .expr(Func::cust("pg_notify").args([Expr::val(CHANNEL), Expr::val(payload)]))
-        .from(stored.clone())
-        .to_owned()
-        .with(
-            WithClause::new()
-                .cte(
-                    CommonTableExpression::new()
-                        .query(insert)
-                        .table_name(stored)
-                        .to_owned(),
-                )
-                .to_owned(),
-        );
+    // A data-modifying WITH runs to completion whether or not the SELECT reads it.
+    let mut statement = Query::select();
+    for notice in notices {
+        let payload = serde_json::to_string(notice).expect("a notice serializes");
+        statement.expr(Func::cust("pg_notify").args([Expr::val(CHANNEL), Expr::val(payload)]));
+    }
+    let statement = statement.to_owned().with(
+        WithClause::new()
+            .cte(
+                CommonTableExpression::new()
+                    .query(insert)
+                    .table_name(stored)
+                    .to_owned(),
+            )
+            .to_owned(),
+    );
     db.query_all(&statement).await?;
     Ok(())
 }

@@ -10,7 +10,7 @@ use crate::error::ServiceError;
 use crate::llm::ProviderRegistry;
 use crate::webhooks::alerts;
 use entity::{EventKind, JobStatus, JsonText, Timestamp, attempts, job_events, jobs};
-use sea_orm::sea_query::{Expr, ExprTrait};
+use sea_orm::sea_query::{Expr, ExprTrait, OnConflict};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait,
     FromQueryResult, Iterable, QueryFilter, QueryOrder, QuerySelect,
@@ -29,8 +29,7 @@ pub struct CreatedJob {
 ///
 /// The hold covers every call the job may pay for (`maxAttempts` of them, see
 /// `jobs::budget`). Concurrent creates with one key yield one job: the loser of the
-/// race hits the unique (tenant, key) index, rolls back everything it wrote, and reads
-/// the winner's.
+/// race inserts nothing on the unique (tenant, key) index and reads the winner's.
 pub async fn create_job(
     db: &DatabaseConnection,
     bus: &EventBus,
@@ -68,76 +67,76 @@ pub async fn create_job_at(
             ))
         })?;
     let hold = new.input.call_bound().job_hold(&price, new.max_attempts);
-    // One retry is enough: after a unique violation the other job is committed.
-    for _ in 0..2 {
-        let transaction = begin_write(db).await?;
-        if let Some(existing) = find_by_key(&transaction, tenant_id, &new).await? {
+    let transaction = begin_write(db).await?;
+    let row = jobs::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        tenant_id: Set(tenant_id),
+        idempotency_key: Set(new.idempotency_key.as_str().to_owned()),
+        request_hash: Set(fingerprint.clone()),
+        status: Set(JobStatus::Queued),
+        cancel_requested: Set(false),
+        model: Set(new.model.clone()),
+        input: Set(JsonText(
+            serde_json::to_value(&new.input).expect("job input serializes"),
+        )),
+        retry_unknown_outcome: Set(new.retry_unknown_outcome),
+        result: Set(None),
+        error_code: Set(None),
+        error_message: Set(None),
+        attempt_count: Set(0),
+        max_attempts: Set(new.max_attempts as i32),
+        run_token: Set(None),
+        lease_until: Set(None),
+        next_run_at: Set(new.run_at.map_or(now, |run_at| Ord::max(run_at, now))),
+        priority: Set(new.priority.value()),
+        run_at: Set(new.run_at),
+        simulated: Set(providers.simulates(&new.model)),
+        last_event_seq: Set(1),
+        created_at: Set(now),
+        updated_at: Set(now),
+        started_at: Set(None),
+        finished_at: Set(None),
+    };
+    // A key used before inserts nothing; on PostgreSQL an insert racing with another
+    // one of the same key waits for it to commit, so the job it made is there to read.
+    let inserted = jobs::Entity::insert(row)
+        .on_conflict(
+            OnConflict::columns([jobs::Column::TenantId, jobs::Column::IdempotencyKey])
+                .do_nothing()
+                .to_owned(),
+        )
+        .exec_with_returning(&transaction)
+        .await;
+    let job = match inserted {
+        Ok(job) => job,
+        // SeaORM tells "no row came back" by either name.
+        Err(sea_orm::DbErr::RecordNotInserted | sea_orm::DbErr::RecordNotFound(_)) => {
             transaction.rollback().await?;
+            let existing = find_by_key(db, tenant_id, &new).await?.ok_or_else(|| {
+                ServiceError::Database(sea_orm::DbErr::Custom("job vanished".into()))
+            })?;
             return replay(existing, &fingerprint);
         }
-        let row = jobs::ActiveModel {
-            id: Set(Uuid::now_v7()),
-            tenant_id: Set(tenant_id),
-            idempotency_key: Set(new.idempotency_key.as_str().to_owned()),
-            request_hash: Set(fingerprint.clone()),
-            status: Set(JobStatus::Queued),
-            cancel_requested: Set(false),
-            model: Set(new.model.clone()),
-            input: Set(JsonText(
-                serde_json::to_value(&new.input).expect("job input serializes"),
-            )),
-            retry_unknown_outcome: Set(new.retry_unknown_outcome),
-            result: Set(None),
-            error_code: Set(None),
-            error_message: Set(None),
-            attempt_count: Set(0),
-            max_attempts: Set(new.max_attempts as i32),
-            run_token: Set(None),
-            lease_until: Set(None),
-            next_run_at: Set(new.run_at.map_or(now, |run_at| Ord::max(run_at, now))),
-            priority: Set(new.priority.value()),
-            run_at: Set(new.run_at),
-            simulated: Set(providers.simulates(&new.model)),
-            last_event_seq: Set(1),
-            created_at: Set(now),
-            updated_at: Set(now),
-            started_at: Set(None),
-            finished_at: Set(None),
-        };
-        let job = match jobs::Entity::insert(row)
-            .exec_with_returning(&transaction)
-            .await
-        {
-            Ok(job) => job,
-            Err(error) if crate::db::is_unique_violation(&error) => {
-                transaction.rollback().await?;
-                continue;
-            }
-            Err(error) => return Err(error.into()),
-        };
-        let created = events::append(&transaction, &job, EventKind::Created, None).await?;
-        // Last: the hold locks the tenant's row, which every create of the tenant needs,
-        // so it is held for one statement and the commit. A refusal rolls everything
-        // back as the transaction drops.
-        ledger::hold(&transaction, tenant_id, job.id, hold).await?;
-        if let Err(refusal) = limits::admit_spend(&transaction, tenant_id, hold, now).await {
-            transaction.rollback().await?;
-            report_spend_limit(db, tenant_id, &refusal, now).await?;
-            return Err(refusal);
-        }
-        alerts::after_hold(&transaction, tenant_id, hold).await?;
-        transaction.commit().await?;
-        tracing::info!(job.id = %job.id, tenant.id = %tenant_id, model = %job.model, hold = %hold, "job created");
-        bus.publish([created]);
-        return Ok(CreatedJob {
-            job,
-            replayed: false,
-        });
+        Err(error) => return Err(error.into()),
+    };
+    let created = events::append(&transaction, &job, EventKind::Created, None).await?;
+    // Last: the hold locks the tenant's row, which every create of the tenant needs,
+    // so it is held for one statement and the commit. A refusal rolls everything
+    // back as the transaction drops.
+    ledger::hold(&transaction, tenant_id, job.id, hold).await?;
+    if let Err(refusal) = limits::admit_spend(&transaction, tenant_id, hold, now).await {
+        transaction.rollback().await?;
+        report_spend_limit(db, tenant_id, &refusal, now).await?;
+        return Err(refusal);
     }
-    let existing = find_by_key(db, tenant_id, &new)
-        .await?
-        .ok_or_else(|| ServiceError::Database(sea_orm::DbErr::Custom("job vanished".into())))?;
-    replay(existing, &fingerprint)
+    alerts::after_hold(&transaction, tenant_id, hold).await?;
+    transaction.commit().await?;
+    tracing::info!(job.id = %job.id, tenant.id = %tenant_id, model = %job.model, hold = %hold, "job created");
+    bus.publish([created]);
+    Ok(CreatedJob {
+        job,
+        replayed: false,
+    })
 }
 
 /// Queues `spend_limit.reached` for a create a cap refused (once per period), in a

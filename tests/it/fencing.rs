@@ -35,7 +35,7 @@ on_both_backends!(
 
 const LEASE: Duration = Duration::from_secs(30);
 
-async fn attempt_start(app: &TestApp, claim: &Claim) -> AttemptStart {
+pub async fn attempt_start(app: &TestApp, claim: &Claim) -> AttemptStart {
     let price: ModelPrice = prices::price_at(&app.app.db, &claim.job.model, Timestamp::now())
         .await
         .unwrap()
@@ -52,7 +52,7 @@ async fn attempt_start(app: &TestApp, claim: &Claim) -> AttemptStart {
     }
 }
 
-fn success_report(price: &ModelPrice) -> AttemptReport {
+pub fn success_report(price: &ModelPrice) -> AttemptReport {
     let usage = TokenUsage {
         input_tokens: 10,
         cached_input_tokens: 0,

@@ -614,8 +614,8 @@ async fn each_tenant_has_a_few_requests_in_flight(backend: Backend) {
 
 /// `tests/blackbox` with its dependencies installed; fails when Node.js is missing.
 /// Installed once per test run: two `npm ci` at once in one folder would trip over
-/// each other.
-async fn blackbox_folder() -> std::path::PathBuf {
+/// each other (the console's browser test uses it too).
+pub(crate) async fn blackbox_folder() -> std::path::PathBuf {
     static INSTALLED: tokio::sync::OnceCell<std::path::PathBuf> =
         tokio::sync::OnceCell::const_new();
     INSTALLED.get_or_init(install_blackbox).await.clone()
@@ -629,9 +629,17 @@ async fn install_blackbox() -> std::path::PathBuf {
             "`node` is not on PATH ({other:?}): the black-box clients cannot run; install Node.js 20 or later"
         ),
     }
-    let installed = ["graphql-http", "graphql-ws", "graphql-sse", "ws", "graphql"]
-        .iter()
-        .all(|package| blackbox.join("node_modules").join(package).exists());
+    let installed = [
+        "graphql-http",
+        "graphql-ws",
+        "graphql-sse",
+        "ws",
+        "graphql",
+        "playwright-core",
+        "axe-core",
+    ]
+    .iter()
+    .all(|package| blackbox.join("node_modules").join(package).exists());
     if !installed {
         let installed = tokio::process::Command::new("npm")
             .args(["ci", "--no-audit", "--no-fund", "--prefix"])

@@ -7,13 +7,16 @@ mod helpers;
 mod socket;
 
 mod accounts;
+mod admin_reads;
 mod any_text;
 mod api_keys;
 mod audit;
+mod batching;
 mod bench;
 mod billing;
 mod charging;
 mod config;
+mod console;
 mod contract;
 mod crash;
 mod engine;

@@ -1,0 +1,317 @@
+// Jobs: the live list (accountJobUpdates), and one job's page with its timeline,
+// attempts, money and streamed output.
+
+import { gql } from './api.js';
+import { h, notice, replace, statusBadge, table, time } from './dom.js';
+import { onConnectionState, subscribe } from './live.js';
+import { credits } from './money.js';
+
+const STATUSES = ['QUEUED', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED'];
+const PAGE_SIZE = 20;
+const TERMINAL = new Set(['SUCCEEDED', 'FAILED', 'CANCELLED']);
+
+const JOBS = `query Jobs($first: Int, $after: String, $status: JobStatus, $tenantId: UUID) {
+  jobs(first: $first, after: $after, status: $status, tenantId: $tenantId) {
+    edges { cursor node { id status model createdAt } }
+    pageInfo { hasNextPage endCursor }
+  }
+}`;
+
+const ACCOUNT_JOB_UPDATES = `subscription AccountJobUpdates {
+  accountJobUpdates { seq jobId kind status at }
+}`;
+
+const CREATE_JOB = `mutation CreateJob($input: CreateJobInput!) {
+  createJob(input: $input) { replayed job { id status } }
+}`;
+
+/** Models with built-in prices; the field takes any model the server serves. */
+const KNOWN_MODELS = ['gpt-4o-mini', 'gpt-4o', 'claude-3-5-haiku-latest', 'claude-sonnet-4-5'];
+
+/** A folded form that creates a job (createJob) and opens its page. */
+function newJobForm() {
+  const model = h('input', { id: 'job-model', name: 'model', list: 'job-models', value: KNOWN_MODELS[0], required: true, autocomplete: 'off' });
+  const prompt = h('textarea', { id: 'job-prompt', name: 'prompt', rows: 3, required: true });
+  const maxOutputTokens = h('input', { id: 'job-max-tokens', name: 'maxOutputTokens', type: 'number', min: 1, value: 200, required: true });
+  const stream = h('input', { id: 'job-stream', name: 'streamOutput', type: 'checkbox', checked: true });
+  const message = h('div', {});
+  // One idempotency key per intended job: a double submit creates one job.
+  let idempotencyKey = `console-${crypto.randomUUID()}`;
+  return h('details', { class: 'new-job' }, h('summary', {}, 'New job'),
+    h('form', { class: 'stack', onsubmit: async (event) => {
+      event.preventDefault();
+      try {
+        const { createJob } = await gql(CREATE_JOB, { input: {
+          idempotencyKey,
+          model: model.value.trim(),
+          messages: [{ role: 'user', content: prompt.value }],
+          maxOutputTokens: Number(maxOutputTokens.value),
+          streamOutput: stream.checked,
+        } });
+        idempotencyKey = `console-${crypto.randomUUID()}`;
+        location.hash = `#/jobs/${createJob.job.id}`;
+      } catch (error) {
+        replace(message, notice(`Could not create the job: ${error.message}`, 'error'));
+      }
+    } },
+    h('label', { for: 'job-model' }, 'Model'), model,
+    h('datalist', { id: 'job-models' }, KNOWN_MODELS.map((name) => h('option', { value: name }))),
+    h('label', { for: 'job-prompt' }, 'Prompt'), prompt,
+    h('label', { for: 'job-max-tokens' }, 'Most output tokens'), maxOutputTokens,
+    h('label', { class: 'inline' }, stream, ' Stream the output to its page'),
+    h('button', { type: 'submit' }, 'Create job'), message));
+}
+
+/** The list's filter and page survive going to a job and back. */
+const listState = { status: '', cursors: [null] };
+
+/**
+ * A list of jobs with a status filter and paging. For a tenant it is live; for an
+ * admin (`tenantId` given) it is a read-only snapshot with a refresh button.
+ */
+export function renderJobList(root, { tenantId = null, state = listState } = {}) {
+  const live = tenantId === null;
+  const body = h('div', { class: 'list-body' });
+  const liveState = h('p', { class: 'live-state', role: 'status', 'data-testid': 'live-state' });
+  const statusSelect = h('select', { id: 'status-filter', onchange: () => {
+    state.status = statusSelect.value;
+    state.cursors = [null];
+    load();
+  } },
+  h('option', { value: '' }, 'All statuses'),
+  STATUSES.map((status) => h('option', { value: status, selected: state.status === status }, status)));
+  let rows = new Map();
+  let reload = null;
+
+  async function load() {
+    const after = state.cursors[state.cursors.length - 1];
+    let page;
+    try {
+      ({ jobs: page } = await gql(JOBS, {
+        first: PAGE_SIZE, after, status: state.status || null, tenantId,
+      }));
+    } catch (error) {
+      replace(body, notice(`Could not load jobs: ${error.message}`, 'error'));
+      return;
+    }
+    rows = new Map();
+    const pageNumber = state.cursors.length;
+    const link = (id) => h('a', { href: tenantId ? `#/admin/tenants/${tenantId}/jobs/${id}` : `#/jobs/${id}`, class: 'mono' }, id);
+    const tableRows = page.edges.map(({ node }) => {
+      const badge = statusBadge(node.status);
+      rows.set(node.id, badge);
+      return [link(node.id), badge, node.model, time(node.createdAt)];
+    });
+    replace(body,
+      page.edges.length === 0 ? notice('No jobs match.') :
+        table(`Jobs, page ${pageNumber}${state.status ? `, ${state.status} only` : ''}`,
+          ['Job', 'Status', 'Model', 'Created'], tableRows, { testId: 'jobs-table' }),
+      h('div', { class: 'pager' },
+        h('button', { type: 'button', disabled: pageNumber === 1, onclick: () => {
+          state.cursors.pop();
+          load();
+        } }, 'Previous page'),
+        h('span', {}, `Page ${pageNumber}`),
+        h('button', { type: 'button', disabled: !page.pageInfo.hasNextPage, onclick: () => {
+          state.cursors.push(page.pageInfo.endCursor);
+          load();
+        } }, 'Next page')));
+  }
+
+  replace(root,
+    tenantId ? h('h2', {}, 'Jobs (read-only)') : h('h1', {}, 'Jobs'),
+    live && newJobForm(),
+    h('div', { class: 'toolbar' },
+      h('label', { for: 'status-filter' }, 'Status'), statusSelect,
+      live ? liveState : h('button', { type: 'button', onclick: () => load() }, 'Refresh')),
+    body);
+  load();
+  if (!live) return () => {};
+
+  const stopState = onConnectionState((connection) => {
+    liveState.textContent = connection === 'live' ? 'Live: updates appear as they happen.'
+      : connection === 'connecting' ? 'Connecting to live updates…' : 'Live updates paused; reconnecting…';
+  });
+  const stop = subscribe(ACCOUNT_JOB_UPDATES, () => ({}), {
+    next: ({ accountJobUpdates: event }) => {
+      const badge = rows.get(event.jobId);
+      if (badge) replace(badge, event.status);
+      if (badge) badge.className = `status status-${event.status.toLowerCase()}`;
+      // New jobs, and jobs leaving the filter, need the page read again; reading
+      // once after a burst of events is enough.
+      clearTimeout(reload);
+      reload = setTimeout(load, 250);
+    },
+  });
+  return () => {
+    clearTimeout(reload);
+    stop();
+    stopState();
+  };
+}
+
+const JOB = `query Job($id: UUID!, $tenantId: UUID) {
+  job(id: $id, tenantId: $tenantId) {
+    id status cancelRequested model idempotencyKey result
+    error { code message }
+    attemptCount maxAttempts createdAt startedAt finishedAt
+    attempts {
+      number outcome errorCode errorMessage provider providerRequestId
+      inputTokens cachedInputTokens outputTokens
+      providerCost providerCostUpperBound customerCharge latencyMs startedAt finishedAt
+    }
+    reservation { id amount status settledAmount releasedAmount }
+    charge { id amount createdAt }
+    cost { providerCost providerCostUpperBound customerCharge margin unknownAttempts }
+    events { seq kind status at }
+  }
+}`;
+
+const JOB_UPDATES = `subscription JobOutput($jobId: UUID!, $afterSeq: Int) {
+  jobUpdates(jobId: $jobId, afterSeq: $afterSeq) { seq kind status delta }
+}`;
+
+const CANCEL = `mutation CancelJob($id: UUID!) {
+  cancelJob(id: $id) { id status cancelRequested }
+}`;
+
+/** One job. A tenant sees it live and may cancel it; an admin reads it. */
+export function renderJob(root, { id, tenantId = null }) {
+  const live = tenantId === null;
+  const back = tenantId ? `#/admin/tenants/${tenantId}` : '#/jobs';
+  const details = h('div', {});
+  const output = h('pre', { class: 'output', tabindex: '0', 'aria-live': 'off', 'data-testid': 'live-output' });
+  const outputSection = h('section', { hidden: true, 'aria-labelledby': 'output-title' },
+    h('h2', { id: 'output-title' }, 'Output so far'), output);
+  const actionMessage = h('div', { role: 'status' });
+  let lastSeq = 0;
+  let refresh = null;
+  let stop = () => {};
+
+  async function load() {
+    let job;
+    try {
+      ({ job } = await gql(JOB, { id, tenantId }));
+    } catch (error) {
+      replace(details, notice(`Could not load the job: ${error.message}`, 'error'));
+      return null;
+    }
+    lastSeq = Math.max(lastSeq, ...job.events.map((event) => event.seq));
+    replace(details, jobDetails(job, live ? cancelButton(job) : null));
+    if (TERMINAL.has(job.status) && output.textContent === '') outputSection.hidden = true;
+    return job;
+  }
+
+  function cancelButton(job) {
+    if (TERMINAL.has(job.status)) return null;
+    if (job.cancelRequested) return h('p', {}, 'Cancellation requested.');
+    return h('button', { type: 'button', class: 'danger', onclick: async (event) => {
+      event.target.disabled = true;
+      try {
+        const { cancelJob } = await gql(CANCEL, { id });
+        replace(actionMessage, notice(`Cancellation requested; the job is ${cancelJob.status}.`));
+      } catch (error) {
+        replace(actionMessage, notice(`Could not cancel: ${error.message}`, 'error'));
+        event.target.disabled = false;
+      }
+      load();
+    } }, 'Cancel job');
+  }
+
+  replace(root,
+    h('p', {}, h('a', { href: back }, '← Back to jobs')),
+    h('h1', {}, 'Job ', h('span', { class: 'mono' }, id)),
+    actionMessage, details, outputSection);
+  load().then((job) => {
+    if (!live || !job || TERMINAL.has(job.status)) return;
+    stop = subscribe(JOB_UPDATES, () => ({ jobId: id, afterSeq: lastSeq }), {
+      next: ({ jobUpdates: event }) => {
+        if (event.kind === 'OUTPUT_DELTA') {
+          outputSection.hidden = false;
+          output.append(event.delta ?? '');
+          return;
+        }
+        lastSeq = Math.max(lastSeq, event.seq);
+        if (event.kind === 'ATTEMPT_STARTED') output.textContent = '';
+        clearTimeout(refresh);
+        refresh = setTimeout(load, 150);
+      },
+      complete: () => {
+        clearTimeout(refresh);
+        load();
+      },
+    });
+  });
+  return () => {
+    clearTimeout(refresh);
+    stop();
+  };
+}
+
+function definitionList(entries) {
+  return h('dl', { class: 'facts' }, entries.map(([term, value]) => [h('dt', {}, term), h('dd', {}, value)]));
+}
+
+/** An attempt's cost: exact, or a bound while its outcome is unknown. */
+function attemptCost(attempt) {
+  if (attempt.providerCost !== null) return credits(attempt.providerCost);
+  if (attempt.providerCostUpperBound !== null) return `at most ${credits(attempt.providerCostUpperBound)} (unknown)`;
+  return '—';
+}
+
+function jobDetails(job, action) {
+  const cost = job.cost;
+  return [
+    h('section', { 'aria-labelledby': 'summary-title' },
+      h('h2', { id: 'summary-title' }, 'Summary'),
+      definitionList([
+        ['Status', [statusBadge(job.status), job.cancelRequested ? ' (cancel requested)' : '']],
+        ['Model', job.model],
+        ['Idempotency key', h('span', { class: 'mono' }, job.idempotencyKey)],
+        ['Attempts', `${job.attemptCount} of at most ${job.maxAttempts}`],
+        ['Created', time(job.createdAt)],
+        ['Started', time(job.startedAt)],
+        ['Finished', time(job.finishedAt)],
+      ]),
+      action),
+    h('section', { 'aria-labelledby': 'money-title' },
+      h('h2', { id: 'money-title' }, 'Credits'),
+      definitionList([
+        ['Reserved', job.reservation ? `${credits(job.reservation.amount)} (${job.reservation.status})` : '—'],
+        ['Settled from the hold', job.reservation ? credits(job.reservation.settledAmount) : '—'],
+        ['Released', job.reservation ? credits(job.reservation.releasedAmount) : '—'],
+        ['Charge', job.charge ? credits(job.charge.amount) : 'none'],
+        ['Provider cost', h('span', { 'data-testid': 'provider-cost' }, credits(cost.providerCost))],
+        ['Provider cost, with bounds of unknown outcomes', credits(cost.providerCostUpperBound)],
+        ['Customer charge', h('span', { 'data-testid': 'customer-charge' }, credits(cost.customerCharge))],
+        ['Margin', h('span', { 'data-testid': 'margin' }, credits(cost.margin))],
+        ['Attempts with unknown cost', String(cost.unknownAttempts)],
+      ])),
+    h('section', { 'aria-labelledby': 'attempts-title' },
+      h('h2', { id: 'attempts-title' }, 'Attempts'),
+      job.attempts.length === 0 ? notice('No attempt yet.') :
+        table('Every attempt, failures included', [
+          '#', 'Outcome', 'Error', 'Tokens in / cached / out', 'Provider request id',
+          'Provider cost', 'Customer charge', 'Latency',
+        ], job.attempts.map((attempt) => [
+          String(attempt.number),
+          statusBadge(attempt.outcome),
+          attempt.errorCode ? `${attempt.errorCode}${attempt.errorMessage ? `: ${attempt.errorMessage}` : ''}` : '—',
+          `${attempt.inputTokens ?? '—'} / ${attempt.cachedInputTokens ?? '—'} / ${attempt.outputTokens ?? '—'}`,
+          h('span', { class: 'mono' }, attempt.providerRequestId ?? '—'),
+          attemptCost(attempt),
+          attempt.customerCharge === null ? '—' : credits(attempt.customerCharge),
+          attempt.latencyMs === null ? '—' : `${attempt.latencyMs} ms`,
+        ]), { testId: 'attempts-table' })),
+    h('section', { 'aria-labelledby': 'result-title' },
+      h('h2', { id: 'result-title' }, job.error ? 'Error' : 'Result'),
+      job.error ? h('p', { role: 'alert' }, h('strong', {}, job.error.code), `: ${job.error.message}`)
+        : job.result === null ? notice('No result yet.')
+          : h('pre', { class: 'output', tabindex: '0', 'data-testid': 'result' },
+            typeof job.result === 'string' ? job.result : JSON.stringify(job.result, null, 2))),
+    h('section', { 'aria-labelledby': 'timeline-title' },
+      h('h2', { id: 'timeline-title' }, 'Timeline'),
+      h('ol', { class: 'timeline', 'data-testid': 'timeline' }, job.events.map((event) =>
+        h('li', {}, time(event.at), ' ', h('strong', {}, event.kind), ` → ${event.status}`)))),
+  ];
+}

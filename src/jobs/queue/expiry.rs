@@ -1,0 +1,153 @@
+//! Taking back jobs whose attempt stopped renewing its lease.
+
+use super::{
+    Claim, ErrorCode, JobError, attempt_event_data, lock_claimed, paid_call_limit,
+    releasing_update, with_error,
+};
+use crate::db::begin_write;
+use crate::jobs::budget::{self, Spent};
+use crate::jobs::bus::EventNotice;
+use crate::jobs::events;
+use entity::{AttemptOutcome, EventKind, JobStatus, Timestamp, attempts, jobs};
+use sea_orm::sea_query::{Expr, ExprTrait};
+use sea_orm::{
+    ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+};
+
+/// Most expired leases handled in one sweep.
+const EXPIRY_BATCH: u64 = 100;
+
+/// Takes back jobs whose attempt stopped renewing its lease (its worker crashed,
+/// froze or lost the database). The lost attempt becomes `lease_expired`, keeping its
+/// cost bound; the job is queued again, or ends when it was cancelled, has no
+/// attempts left, or forbids retrying an unknown outcome.
+pub async fn expire_leases(db: &DatabaseConnection) -> Result<Vec<EventNotice>, DbErr> {
+    let now = Timestamp::now();
+    let expired = jobs::Entity::find()
+        .filter(jobs::Column::Status.eq(JobStatus::Running))
+        .filter(jobs::Column::LeaseUntil.lt(now))
+        .order_by_asc(jobs::Column::LeaseUntil)
+        .limit(EXPIRY_BATCH)
+        .all(db)
+        .await?;
+    let mut notices = Vec::new();
+    for job in expired {
+        let Some(run_token) = job.run_token else {
+            continue;
+        };
+        let claim = Claim { job, run_token };
+        if let Some(notice) = expire_lease(db, &claim, now).await? {
+            notices.push(notice);
+        }
+    }
+    Ok(notices)
+}
+
+async fn expire_lease(
+    db: &DatabaseConnection,
+    claim: &Claim,
+    now: Timestamp,
+) -> Result<Option<EventNotice>, DbErr> {
+    let transaction = begin_write(db).await?;
+    // Decide from the row as it is now, locked, not from the copy read before: a
+    // cancel may have landed in between.
+    let Some(job) = lock_claimed(&transaction, claim, now)
+        .await?
+        .filter(|job| job.lease_until.is_some_and(|lease| lease < now))
+    else {
+        // Renewed or finished in the meantime: the lease was not lost after all.
+        transaction.rollback().await?;
+        return Ok(None);
+    };
+    // A worker that died between its claim and its attempt row sent nothing: the
+    // claim is given back without counting, whatever the retry policy says.
+    let lost_attempt = attempts::Entity::find()
+        .filter(attempts::Column::JobId.eq(job.id))
+        .filter(attempts::Column::RunToken.eq(claim.run_token))
+        .one(&transaction)
+        .await?;
+    // The lost attempt keeps the cost bound and the customer charge recorded when it
+    // started: its call may have been billed.
+    attempts::Entity::update_many()
+        .col_expr(
+            attempts::Column::Outcome,
+            Expr::value(AttemptOutcome::LeaseExpired),
+        )
+        .col_expr(attempts::Column::FinishedAt, Expr::value(now))
+        .col_expr(
+            attempts::Column::ErrorCode,
+            Expr::value(ErrorCode::LeaseExpired.as_str()),
+        )
+        .filter(attempts::Column::JobId.eq(job.id))
+        .filter(attempts::Column::RunToken.eq(claim.run_token))
+        .filter(attempts::Column::Outcome.eq(AttemptOutcome::Running))
+        .exec(&transaction)
+        .await?;
+    let spent = Spent::load(&transaction, job.id).await?;
+    let (status, kind, error) = if job.cancel_requested {
+        (JobStatus::Cancelled, EventKind::Cancelled, None)
+    } else if lost_attempt.is_none() {
+        (JobStatus::Queued, EventKind::RetryScheduled, None)
+    } else if job.attempt_count >= job.max_attempts {
+        let error = JobError::new(
+            ErrorCode::LeaseExpired,
+            format!(
+                "attempt {} stopped renewing its lease and no attempts are left",
+                job.attempt_count
+            ),
+        );
+        (JobStatus::Failed, EventKind::Failed, Some(error))
+    } else if !spent.calls_left(&job) {
+        (
+            JobStatus::Failed,
+            EventKind::Failed,
+            Some(paid_call_limit(&spent)),
+        )
+    } else if !job.retry_unknown_outcome {
+        let error = JobError::new(
+            ErrorCode::OutcomeUnknown,
+            "the attempt stopped renewing its lease after its request may have been sent, and the job does not retry unknown outcomes",
+        );
+        (JobStatus::Failed, EventKind::Failed, Some(error))
+    } else {
+        (JobStatus::Queued, EventKind::RetryScheduled, None)
+    };
+    let mut update = releasing_update(claim, now)
+        .filter(jobs::Column::LeaseUntil.lt(now))
+        .col_expr(jobs::Column::Status, Expr::value(status))
+        .col_expr(jobs::Column::NextRunAt, Expr::value(now));
+    if status.is_terminal() {
+        update = update.col_expr(jobs::Column::FinishedAt, Expr::value(now));
+    } else if lost_attempt.is_none() {
+        update = update.col_expr(
+            jobs::Column::AttemptCount,
+            Expr::col(jobs::Column::AttemptCount).sub(1),
+        );
+    }
+    if let Some(error) = &error {
+        update = with_error(update, error);
+    }
+    let Some(job) = update
+        .exec_with_returning(&transaction)
+        .await?
+        .into_iter()
+        .next()
+    else {
+        // Renewed or finished in the meantime: the lease was not lost after all.
+        transaction.rollback().await?;
+        return Ok(None);
+    };
+    let data = attempt_event_data(
+        lost_attempt.map(|attempt| attempt.number),
+        AttemptOutcome::LeaseExpired,
+        error.as_ref(),
+    );
+    let notice = events::append(&transaction, &job, kind, Some(data)).await?;
+    // Last: it locks the tenant's row, which every job of the tenant needs.
+    if status.is_terminal() {
+        budget::resolve_hold(&transaction, &job, None, &spent).await?;
+    }
+    transaction.commit().await?;
+    tracing::warn!(job.id = %job.id, status = ?job.status, "took back a job whose lease expired");
+    Ok(Some(notice))
+}

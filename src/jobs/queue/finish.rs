@@ -1,0 +1,385 @@
+//! Finishing attempts: the attempt's outcome and cost, the job's new state, its event
+//! and — when the job ends — its hold settled or released, in one transaction fenced
+//! by each attempt's run token. A worker finishes the attempts that end together in
+//! one transaction with a few statements for all of them; each job is still fenced by
+//! its own run token and settled exactly once.
+
+use super::{
+    AttemptReport, Claim, ErrorCode, INVALID_OUTPUT_RETRIES, JobError, JobOutcome,
+    attempt_event_data, fenced_update_of_all, paid_call_limit, releasing_update, storable_text,
+    with_error,
+};
+use crate::billing::{Credits, ModelPrice};
+use crate::db::{Parameters, begin_write};
+use crate::jobs::budget::{self, Spent};
+use crate::jobs::bus::EventNotice;
+use crate::jobs::events;
+use entity::{AttemptOutcome, EventKind, JobStatus, JsonText, Timestamp, attempts, jobs};
+use sea_orm::sea_query::Expr;
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait};
+use serde_json::json;
+use std::collections::HashMap;
+use uuid::Uuid;
+
+/// An attempt whose call is over, as its worker judged it: what to record, and what
+/// becomes of the job.
+#[derive(Clone, Debug)]
+pub struct AttemptEnd {
+    pub claim: Claim,
+    pub attempt: attempts::Model,
+    pub price: ModelPrice,
+    pub report: AttemptReport,
+    pub outcome: JobOutcome,
+}
+
+/// Finishes an attempt in one transaction fenced by its run token: the job's new
+/// state, the attempt's outcome, cost and customer charge, the settlement or release
+/// of the hold, and the event. `None` when the claim no longer owns the job; then
+/// nothing is written.
+pub async fn finish_attempt(
+    db: &DatabaseConnection,
+    claim: &Claim,
+    attempt: &attempts::Model,
+    price: &ModelPrice,
+    report: AttemptReport,
+    outcome: JobOutcome,
+) -> Result<Option<Vec<EventNotice>>, DbErr> {
+    let end = AttemptEnd {
+        claim: claim.clone(),
+        attempt: attempt.clone(),
+        price: price.clone(),
+        report,
+        outcome,
+    };
+    Ok(finish_attempts(db, std::slice::from_ref(&end))
+        .await?
+        .remove(0))
+}
+
+/// [`finish_attempt`] for several attempts (of distinct jobs) in one transaction: the
+/// answer holds one entry per attempt, in order, `None` where the claim no longer owns
+/// its job — for that job nothing is written, and the others finish all the same.
+/// Any error rolls back the whole batch.
+pub async fn finish_attempts(
+    db: &DatabaseConnection,
+    ends: &[AttemptEnd],
+) -> Result<Vec<Option<Vec<EventNotice>>>, DbErr> {
+    let transaction = begin_write(db).await?;
+    let now = Timestamp::now();
+    // Locks every job still owned and reads it as it is now.
+    let locked: HashMap<Uuid, jobs::Model> =
+        fenced_update_of_all(ends.iter().map(|end| &end.claim))
+            .col_expr(jobs::Column::UpdatedAt, Expr::value(now))
+            .exec_with_returning(&transaction)
+            .await?
+            .into_iter()
+            .map(|job| (job.id, job))
+            .collect();
+    // The ends whose claim still owns its job. A job appears once: an earlier claim
+    // of it, lost to lease expiry, no longer matches its run token.
+    let owned: Vec<(usize, &jobs::Model)> = ends
+        .iter()
+        .enumerate()
+        .filter_map(|(index, end)| {
+            let current = locked.get(&end.claim.job.id)?;
+            (current.run_token == Some(end.claim.run_token)).then_some((index, current))
+        })
+        .collect();
+    if owned.is_empty() {
+        transaction.rollback().await?;
+        return Ok(ends.iter().map(|_| None).collect());
+    }
+    record_attempts(
+        &transaction,
+        owned.iter().map(|(index, _)| &ends[*index]),
+        now,
+    )
+    .await?;
+    let job_ids: Vec<Uuid> = owned.iter().map(|(_, current)| current.id).collect();
+    let spent = Spent::load_many(&transaction, &job_ids).await?;
+    let changes: Vec<(usize, JobChange, Spent)> = owned
+        .iter()
+        .map(|(index, current)| {
+            let spent = spent.get(&current.id).cloned().unwrap_or_default();
+            (*index, decide(&ends[*index], current, &spent, now), spent)
+        })
+        .collect();
+    let mut written = write_jobs(&transaction, &changes, ends, now).await?;
+    let mut finished = Vec::with_capacity(changes.len());
+    let mut resolutions = Vec::new();
+    for (index, change, spent) in changes {
+        let end = &ends[index];
+        // Each row is locked by this transaction and was owned a moment ago, so the
+        // fenced update matched it; if it did not, the group is rolled back rather
+        // than half-written.
+        let job = written.remove(&end.claim.job.id).ok_or_else(|| {
+            DbErr::Custom(format!(
+                "job {} left its claim mid-finish",
+                end.claim.job.id
+            ))
+        })?;
+        if job.status.is_terminal() {
+            let resolution = budget::resolution(&job, Some(end.attempt.id), &spent);
+            resolutions.push((job.clone(), resolution));
+        }
+        finished.push((index, job, change.kind, change.data));
+    }
+    let notices = events::append_many(
+        &transaction,
+        finished
+            .iter()
+            .map(|(_, job, kind, data)| (job, *kind, Some(data.clone()))),
+    )
+    .await?;
+    // Last: it locks the tenants' rows, which every job of those tenants needs.
+    budget::resolve_holds(&transaction, &resolutions).await?;
+    transaction.commit().await?;
+    let mut answers: Vec<Option<Vec<EventNotice>>> = ends.iter().map(|_| None).collect();
+    for ((index, ..), notice) in finished.iter().zip(notices) {
+        answers[*index] = Some(vec![notice]);
+    }
+    Ok(answers)
+}
+
+/// A job's state after its attempt, decided on its locked row.
+struct JobChange {
+    status: JobStatus,
+    kind: EventKind,
+    result: Option<serde_json::Value>,
+    error: Option<JobError>,
+    next_run_at: Option<Timestamp>,
+    /// A hand-back gives its attempt back: it does not count against `maxAttempts`.
+    hand_back: bool,
+    /// The event's data.
+    data: serde_json::Value,
+}
+
+/// Decides what becomes of the job, on its locked row with this attempt counted.
+fn decide(end: &AttemptEnd, current: &jobs::Model, spent: &Spent, now: Timestamp) -> JobChange {
+    let report = &end.report;
+    let outcome = match end.outcome.clone() {
+        // A cancel that landed while the call ran wins over going round again: a job
+        // the tenant cancelled is never queued for another (paid) attempt.
+        JobOutcome::Retry { .. } | JobOutcome::HandBack if current.cancel_requested => {
+            JobOutcome::Cancelled
+        }
+        // A model that keeps answering off-schema is not paid for forever.
+        JobOutcome::Retry { .. }
+            if report.outcome == AttemptOutcome::InvalidOutput
+                && spent.invalid_outputs > INVALID_OUTPUT_RETRIES =>
+        {
+            JobOutcome::Failed(report.error.clone().unwrap_or_else(|| {
+                JobError::new(
+                    ErrorCode::InvalidOutput,
+                    "the reply failed the response schema",
+                )
+            }))
+        }
+        JobOutcome::Retry { .. } | JobOutcome::HandBack if !spent.calls_left(current) => {
+            JobOutcome::Failed(paid_call_limit(spent))
+        }
+        other => other,
+    };
+    let error = match &outcome {
+        JobOutcome::Failed(error) => Some(error),
+        _ => report.error.as_ref(),
+    };
+    let data = attempt_event_data(Some(end.attempt.number), report.outcome, error);
+    let (status, kind) = match &outcome {
+        JobOutcome::Succeeded { .. } => (JobStatus::Succeeded, EventKind::Succeeded),
+        JobOutcome::Retry { .. } | JobOutcome::HandBack => {
+            (JobStatus::Queued, EventKind::RetryScheduled)
+        }
+        JobOutcome::Failed(_) => (JobStatus::Failed, EventKind::Failed),
+        JobOutcome::Cancelled => (JobStatus::Cancelled, EventKind::Cancelled),
+    };
+    JobChange {
+        status,
+        kind,
+        next_run_at: match &outcome {
+            JobOutcome::Retry { at } => Some(*at),
+            JobOutcome::HandBack => Some(now),
+            _ => None,
+        },
+        hand_back: matches!(outcome, JobOutcome::HandBack),
+        error: match &outcome {
+            JobOutcome::Failed(error) => Some(error.clone()),
+            _ => None,
+        },
+        result: match outcome {
+            JobOutcome::Succeeded { result } => Some(result),
+            _ => None,
+        },
+        data,
+    }
+}
+
+/// Writes every job's change in one statement, each fenced by its own run token and
+/// ending its claim; returns the jobs as written.
+async fn write_jobs(
+    transaction: &impl ConnectionTrait,
+    changes: &[(usize, JobChange, Spent)],
+    ends: &[AttemptEnd],
+    now: Timestamp,
+) -> Result<HashMap<Uuid, jobs::Model>, DbErr> {
+    let backend = transaction.get_database_backend();
+    let mut parameters = Parameters::new(backend);
+    let at = parameters.bind(now);
+    let rows: Vec<String> = changes
+        .iter()
+        .map(|(index, change, _)| {
+            let claim = &ends[*index].claim;
+            parameters.row([
+                claim.job.id.into(),
+                claim.run_token.into(),
+                change.status.into(),
+                change.result.clone().map(JsonText).into(),
+                change.error.as_ref().map(|error| error.code.clone()).into(),
+                change
+                    .error
+                    .as_ref()
+                    .map(|error| error.message.clone())
+                    .into(),
+                change.next_run_at.into(),
+                change.status.is_terminal().then_some(now).into(),
+                i32::from(change.hand_back).into(),
+            ])
+        })
+        .collect();
+    // An error, a result or a finish time is only ever set, never cleared, as the
+    // job's earlier attempts left it.
+    let returning = if backend == DbBackend::Postgres {
+        "jobs.*"
+    } else {
+        "*"
+    };
+    let sql = format!(
+        "UPDATE jobs SET
+            status = v.column3,
+            result = COALESCE(v.column4, jobs.result),
+            error_code = COALESCE(v.column5, jobs.error_code),
+            error_message = COALESCE(v.column6, jobs.error_message),
+            next_run_at = COALESCE(v.column7, jobs.next_run_at),
+            finished_at = COALESCE(v.column8, jobs.finished_at),
+            attempt_count = jobs.attempt_count - v.column9,
+            last_event_seq = jobs.last_event_seq + 1,
+            run_token = NULL,
+            lease_until = NULL,
+            updated_at = {at}
+        FROM (VALUES {rows}) AS v
+        WHERE jobs.id = v.column1 AND jobs.run_token = v.column2 AND jobs.status = 'running'
+        RETURNING {returning}",
+        rows = rows.join(", "),
+    );
+    Ok(jobs::Entity::find()
+        .from_raw_sql(parameters.statement(sql))
+        .all(transaction)
+        .await?
+        .into_iter()
+        .map(|job| (job.id, job))
+        .collect())
+}
+
+/// Ends a claimed job that cannot be run at all — its stored input is unreadable, its
+/// model has no price, or the database refuses to record its attempt — before any
+/// call: FAILED with `error`, its hold resolved. Without this, lease expiry would hand
+/// such a job back for ever, uncounted. `None` when the claim no longer owns the job.
+pub async fn abandon_claim(
+    db: &DatabaseConnection,
+    claim: &Claim,
+    error: &JobError,
+) -> Result<Option<EventNotice>, DbErr> {
+    let transaction = begin_write(db).await?;
+    let now = Timestamp::now();
+    let Some(job) = with_error(releasing_update(claim, now), error)
+        .col_expr(jobs::Column::Status, Expr::value(JobStatus::Failed))
+        .col_expr(jobs::Column::FinishedAt, Expr::value(now))
+        .exec_with_returning(&transaction)
+        .await?
+        .into_iter()
+        .next()
+    else {
+        transaction.rollback().await?;
+        return Ok(None);
+    };
+    let spent = Spent::load(&transaction, job.id).await?;
+    let data = json!({"error": {"code": error.code, "message": error.message}});
+    let notice = events::append(&transaction, &job, EventKind::Failed, Some(data)).await?;
+    // Last: it locks the tenant's row, which every job of the tenant needs.
+    budget::resolve_hold(&transaction, &job, None, &spent).await?;
+    transaction.commit().await?;
+    Ok(Some(notice))
+}
+
+/// Records each attempt's outcome, usage, cost and customer charge in one statement,
+/// each fenced by its run token.
+async fn record_attempts<'a>(
+    transaction: &impl ConnectionTrait,
+    ends: impl IntoIterator<Item = &'a AttemptEnd>,
+    now: Timestamp,
+) -> Result<(), DbErr> {
+    let backend = transaction.get_database_backend();
+    let mut parameters = Parameters::new(backend);
+    let at = parameters.bind(now);
+    let rows: Vec<String> = ends
+        .into_iter()
+        .map(|end| {
+            let report = &end.report;
+            // Exact cost when usage is known or nothing can have been billed;
+            // otherwise the bound stored at the start stands.
+            let exact_cost = match (&report.usage, report.not_billed) {
+                (Some(usage), _) => Some(end.price.provider_cost(usage)),
+                (None, true) => Some(Credits::ZERO),
+                (None, false) => None,
+            };
+            let usage = report.usage.as_ref();
+            parameters.row([
+                end.attempt.id.into(),
+                end.attempt.run_token.into(),
+                report.outcome.into(),
+                i64::try_from(report.latency.as_millis())
+                    .unwrap_or(i64::MAX)
+                    .into(),
+                report.provider_request_id.clone().map(storable_text).into(),
+                report.customer_charge.nanos().into(),
+                report.delivered_output_tokens.map(tokens).into(),
+                report.error.as_ref().map(|error| error.code.clone()).into(),
+                report
+                    .error
+                    .as_ref()
+                    .map(|error| error.message.clone())
+                    .into(),
+                usage.map(|usage| tokens(usage.input_tokens)).into(),
+                usage.map(|usage| tokens(usage.cached_input_tokens)).into(),
+                usage.map(|usage| tokens(usage.output_tokens)).into(),
+                exact_cost.map(Credits::nanos).into(),
+            ])
+        })
+        .collect();
+    let sql = format!(
+        "UPDATE attempts SET
+            outcome = v.column3,
+            finished_at = {at},
+            latency_ms = v.column4,
+            provider_request_id = v.column5,
+            customer_charge_nanos = v.column6,
+            delivered_output_tokens = v.column7,
+            error_code = v.column8,
+            error_message = v.column9,
+            input_tokens = COALESCE(v.column10, attempts.input_tokens),
+            cached_input_tokens = COALESCE(v.column11, attempts.cached_input_tokens),
+            output_tokens = COALESCE(v.column12, attempts.output_tokens),
+            provider_cost_nanos = COALESCE(v.column13, attempts.provider_cost_nanos),
+            provider_cost_upper_bound_nanos = CASE WHEN v.column13 IS NULL
+                THEN attempts.provider_cost_upper_bound_nanos END
+        FROM (VALUES {rows}) AS v
+        WHERE attempts.id = v.column1 AND attempts.run_token = v.column2",
+        rows = rows.join(", "),
+    );
+    transaction.execute_raw(parameters.statement(sql)).await?;
+    Ok(())
+}
+
+fn tokens(count: u64) -> i64 {
+    i64::try_from(count).unwrap_or(i64::MAX)
+}

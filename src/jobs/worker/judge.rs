@@ -1,0 +1,467 @@
+//! Judging an attempt's end: what the attempt row records, what the customer is
+//! charged by the charging policy, and what becomes of the job.
+
+use crate::billing::{AttemptEnding, CallBound, ChargingPolicy, ModelPrice, TokenUsage};
+use crate::jobs::input::JobInput;
+use crate::jobs::queue::{AttemptReport, Claim, ErrorCode, JobError, JobOutcome};
+use crate::llm::{Completion, ProviderError};
+use entity::{AttemptOutcome, Timestamp, attempts};
+use rand::Rng;
+use std::time::Duration;
+
+/// First retry delay; each further retry doubles it.
+const BACKOFF_BASE: Duration = Duration::from_secs(2);
+/// Longest delay between retries.
+const BACKOFF_CAP: Duration = Duration::from_secs(60);
+/// Longest `Retry-After` honoured; a provider asking for more is treated as this.
+const RETRY_AFTER_CAP: Duration = Duration::from_secs(600);
+/// Schema violations named in an invalid-output error.
+const MAX_REPORTED_SCHEMA_ERRORS: usize = 3;
+
+/// How the wait for the provider ended.
+#[derive(Debug)]
+pub(super) enum CallEnd {
+    Answered(Result<Completion, ProviderError>),
+    TimedOut,
+    Cancelled,
+    /// Cancel was requested before the call was made; it never was.
+    CancelledBeforeSending,
+    /// The job has no paid call left; the call was not made.
+    BudgetSpent,
+    /// No provider of this process serves the model; the call was not made.
+    NotServed,
+    LeaseLost,
+    /// The worker is shutting down and the grace period is over.
+    Aborted,
+}
+
+/// What an attempt's end is judged with besides the attempt itself.
+pub(super) struct CallContext<'a> {
+    pub(super) input: &'a JobInput,
+    pub(super) charging: ChargingPolicy,
+    pub(super) latency: Duration,
+    /// Bytes of reply text streamed to subscribers before the call ended.
+    pub(super) streamed_bytes: u64,
+}
+
+impl<'a> CallContext<'a> {
+    /// The facts of one attempt of the job, to judge its end.
+    pub(super) fn facts<'b>(
+        &'b self,
+        claim: &'b Claim,
+        attempt: &'b attempts::Model,
+        price: &'b ModelPrice,
+    ) -> CallFacts<'b>
+    where
+        'a: 'b,
+    {
+        CallFacts {
+            claim,
+            attempt,
+            price,
+            input: self.input,
+            bound: self.input.call_bound(),
+            charging: self.charging,
+            latency: self.latency,
+            streamed_bytes: self.streamed_bytes,
+        }
+    }
+}
+
+/// What an attempt's end is judged with.
+pub(super) struct CallFacts<'a> {
+    claim: &'a Claim,
+    attempt: &'a attempts::Model,
+    price: &'a ModelPrice,
+    input: &'a JobInput,
+    bound: CallBound,
+    charging: ChargingPolicy,
+    latency: Duration,
+    /// Bytes of reply text streamed to subscribers before the call ended.
+    streamed_bytes: u64,
+}
+
+impl CallFacts<'_> {
+    /// The attempt row's report: the customer charge follows from how the call ended,
+    /// the charging policy, and the output it streamed.
+    fn report(
+        &self,
+        outcome: AttemptOutcome,
+        usage: Option<TokenUsage>,
+        ending: AttemptEnding,
+        error: Option<JobError>,
+        provider_request_id: Option<String>,
+    ) -> AttemptReport {
+        // What produced the streamed output: counted exactly when the provider reported
+        // usage, and estimated from the prompt and the text when the call ended first.
+        let delivered = (self.streamed_bytes > 0).then(|| match &usage {
+            Some(usage) => *usage,
+            None => self.bound.estimated_delivery(self.streamed_bytes),
+        });
+        AttemptReport {
+            outcome,
+            usage,
+            not_billed: ending == AttemptEnding::NotBilled,
+            customer_charge: self.charging.customer_charge(
+                self.price,
+                self.bound,
+                ending,
+                delivered.as_ref(),
+            ),
+            delivered_output_tokens: delivered.map(|usage| usage.output_tokens),
+            error,
+            provider_request_id,
+            latency: self.latency,
+        }
+    }
+
+    /// Queued again after a backoff while attempts are left; failed otherwise.
+    fn retry_or_fail(&self, error: JobError, retry_after: Option<Duration>) -> JobOutcome {
+        let job = &self.claim.job;
+        if job.attempt_count < job.max_attempts {
+            JobOutcome::Retry {
+                at: Timestamp::now().plus(
+                    chrono::Duration::from_std(retry_delay(self.attempt.number, retry_after))
+                        .unwrap_or(chrono::Duration::MAX),
+                ),
+            }
+        } else {
+            JobOutcome::Failed(error)
+        }
+    }
+
+    /// Decides what an attempt's end means for the attempt row and for the job.
+    pub(super) fn judge(&self, end: CallEnd) -> (AttemptReport, JobOutcome) {
+        let not_sent = |code, message: &str| {
+            let error = JobError::new(code, message);
+            (
+                self.report(
+                    AttemptOutcome::PermanentError,
+                    None,
+                    AttemptEnding::NotBilled,
+                    Some(error.clone()),
+                    None,
+                ),
+                JobOutcome::Failed(error),
+            )
+        };
+        match end {
+            CallEnd::Answered(Ok(completion)) => self.answered(completion),
+            CallEnd::Answered(Err(error)) => self.refused(error),
+            CallEnd::TimedOut => self.unknown_outcome(format!(
+                "no answer within the attempt timeout of {} s",
+                self.latency.as_secs()
+            )),
+            CallEnd::Cancelled => {
+                let error = JobError::new(
+                    ErrorCode::Cancelled,
+                    "cancelled while the provider call was running",
+                );
+                (
+                    self.report(
+                        AttemptOutcome::Cancelled,
+                        None,
+                        AttemptEnding::CancelledDuringCall,
+                        Some(error),
+                        None,
+                    ),
+                    JobOutcome::Cancelled,
+                )
+            }
+            CallEnd::CancelledBeforeSending => {
+                let error = JobError::new(
+                    ErrorCode::Cancelled,
+                    "cancelled before the provider was called",
+                );
+                (
+                    self.report(
+                        AttemptOutcome::Cancelled,
+                        None,
+                        AttemptEnding::NotBilled,
+                        Some(error),
+                        None,
+                    ),
+                    JobOutcome::Cancelled,
+                )
+            }
+            CallEnd::BudgetSpent => not_sent(
+                ErrorCode::PaidCallLimit,
+                "not sent: the job already made as many provider calls that may have been billed as it may pay for",
+            ),
+            CallEnd::NotServed => not_sent(
+                ErrorCode::ModelNotServed,
+                "not sent: no configured provider serves this model",
+            ),
+            CallEnd::Aborted => {
+                // The request was in flight: it may be billed, so its bound stays, and
+                // sending it again is a retry of an unknown outcome like any other.
+                let error = JobError::new(
+                    ErrorCode::WorkerShutdown,
+                    "the worker shut down during the call",
+                );
+                let outcome = if self.claim.job.retry_unknown_outcome {
+                    JobOutcome::HandBack
+                } else {
+                    JobOutcome::Failed(JobError::new(
+                        ErrorCode::OutcomeUnknown,
+                        "the worker shut down during the call, and the job does not retry unknown outcomes",
+                    ))
+                };
+                (self.unknown_report(error), outcome)
+            }
+            CallEnd::LeaseLost => unreachable!("a lost lease is handled before judging"),
+        }
+    }
+
+    fn answered(&self, mut completion: Completion) -> (AttemptReport, JobOutcome) {
+        let within_bound = self.bound.limit(completion.usage);
+        if within_bound != completion.usage {
+            tracing::error!(
+                job.id = %self.claim.job.id, model = %self.claim.job.model,
+                reported = ?completion.usage, recorded = ?within_bound,
+                "the provider reported more tokens than the request could use; recorded at the bound"
+            );
+            completion.usage = within_bound;
+        }
+        let request_id = completion.request_id.clone();
+        match accept(&completion, self.input) {
+            Ok(result) => (
+                self.report(
+                    AttemptOutcome::Succeeded,
+                    Some(completion.usage),
+                    AttemptEnding::Accepted(completion.usage),
+                    None,
+                    request_id,
+                ),
+                JobOutcome::Succeeded { result },
+            ),
+            Err(error) => (
+                self.report(
+                    AttemptOutcome::InvalidOutput,
+                    Some(completion.usage),
+                    AttemptEnding::Rejected,
+                    Some(error.clone()),
+                    request_id,
+                ),
+                // The finish fails it instead once its invalid-output retries are spent.
+                self.retry_or_fail(error, None),
+            ),
+        }
+    }
+
+    fn refused(&self, error: ProviderError) -> (AttemptReport, JobOutcome) {
+        let request_id = error.request_id().map(str::to_owned);
+        let failed = |outcome, error: JobError, request_id| {
+            self.report(
+                outcome,
+                None,
+                AttemptEnding::NotBilled,
+                Some(error),
+                request_id,
+            )
+        };
+        match error {
+            ProviderError::NotSent { message } => {
+                let error = JobError::new(ErrorCode::ProviderUnavailable, message);
+                (
+                    failed(AttemptOutcome::RetryableError, error.clone(), None),
+                    self.retry_or_fail(error, None),
+                )
+            }
+            ProviderError::Transient {
+                status,
+                message,
+                retry_after,
+                ..
+            } => {
+                let error = JobError::new(
+                    ErrorCode::ProviderUnavailable,
+                    format!("provider answered {status}: {message}"),
+                );
+                (
+                    failed(AttemptOutcome::RetryableError, error.clone(), request_id),
+                    self.retry_or_fail(error, retry_after),
+                )
+            }
+            ProviderError::Permanent {
+                status, message, ..
+            } => {
+                let message = tenant_message(self.claim, status, message);
+                let error = JobError::new(
+                    ErrorCode::ProviderRejected,
+                    format!("provider refused the request with {status}: {message}"),
+                );
+                (
+                    failed(AttemptOutcome::PermanentError, error.clone(), request_id),
+                    JobOutcome::Failed(error),
+                )
+            }
+            ProviderError::OutcomeUnknown { message } => self.unknown_outcome(message),
+        }
+    }
+
+    /// The request may have been billed: the cost stays a bound, and the job is retried
+    /// only if it allows paying twice.
+    fn unknown_outcome(&self, message: String) -> (AttemptReport, JobOutcome) {
+        let error = JobError::new(ErrorCode::OutcomeUnknown, message);
+        let outcome = if self.claim.job.retry_unknown_outcome {
+            self.retry_or_fail(error.clone(), None)
+        } else {
+            JobOutcome::Failed(error.clone())
+        };
+        (self.unknown_report(error), outcome)
+    }
+
+    /// The report of a call sent whose outcome is unknown: no usage, the bound stands.
+    fn unknown_report(&self, error: JobError) -> AttemptReport {
+        self.report(
+            AttemptOutcome::Unknown,
+            None,
+            AttemptEnding::Unknown,
+            Some(error),
+            None,
+        )
+    }
+
+    /// The report and outcome to record when the database refused `refused`: the call
+    /// with its usage and exact cost (so the bill is explained) and the job failed —
+    /// whatever the answer was, it could not be kept.
+    pub(super) fn not_stored(&self, refused: AttemptReport) -> (AttemptReport, JobOutcome) {
+        let error = JobError::new(
+            ErrorCode::ResultNotStored,
+            format!(
+                "the outcome of attempt {} could not be stored; the call is recorded with its usage",
+                self.attempt.number
+            ),
+        );
+        let ending = if refused.not_billed {
+            AttemptEnding::NotBilled
+        } else {
+            AttemptEnding::Rejected
+        };
+        let report = self.report(
+            AttemptOutcome::PermanentError,
+            refused.usage,
+            ending,
+            Some(error.clone()),
+            refused.provider_request_id,
+        );
+        (report, JobOutcome::Failed(error))
+    }
+}
+
+/// What a tenant may read of a provider's refusal. Authentication and configuration
+/// errors (401, 403, 404) are the operator's to fix and their text can carry a
+/// fragment of our key or our account: the operator finds it in the log instead.
+fn tenant_message(claim: &Claim, status: u16, message: String) -> String {
+    if matches!(status, 401 | 403 | 404) {
+        tracing::error!(
+            job.id = %claim.job.id, model = %claim.job.model, status, provider_message = %message,
+            "the provider refused our credentials or configuration"
+        );
+        "the provider refused the service's credentials or configuration; the operator has the details".to_owned()
+    } else {
+        message
+    }
+}
+
+/// The job's result from a reply: the parsed JSON when the job has a response schema,
+/// the text otherwise.
+fn accept(completion: &Completion, input: &JobInput) -> Result<serde_json::Value, JobError> {
+    let Some(schema) = &input.response_schema else {
+        return Ok(serde_json::Value::String(completion.text.clone()));
+    };
+    let invalid = |message: String| JobError::new(ErrorCode::InvalidOutput, message);
+    let value: serde_json::Value = serde_json::from_str(strip_code_fence(&completion.text))
+        .map_err(|error| invalid(format!("the reply is not JSON: {error}")))?;
+    // The schema compiled when the job was created; it still does.
+    let validator = jsonschema::validator_for(schema)
+        .map_err(|error| invalid(format!("the response schema does not compile: {error}")))?;
+    let problems: Vec<String> = validator
+        .iter_errors(&value)
+        .take(MAX_REPORTED_SCHEMA_ERRORS)
+        // Where the reply fails and which keyword, never the value: the message is
+        // shown to the tenant, and quoting an answer it is not charged for would give
+        // the answer away.
+        .map(|error| {
+            format!(
+                "the value at \"{}\" fails \"{}\"",
+                error.instance_path(),
+                error.schema_path()
+            )
+        })
+        .collect();
+    if problems.is_empty() {
+        Ok(value)
+    } else {
+        Err(invalid(format!(
+            "the reply does not match the response schema: {}",
+            problems.join("; ")
+        )))
+    }
+}
+
+/// Models asked for JSON often wrap it in a Markdown code fence anyway.
+fn strip_code_fence(text: &str) -> &str {
+    let trimmed = text.trim();
+    let Some(inner) = trimmed.strip_prefix("```") else {
+        return trimmed;
+    };
+    let inner = inner.trim_end().strip_suffix("```").unwrap_or(inner);
+    // Drop the info string (`json`) after the opening fence.
+    inner
+        .trim_start_matches(|c: char| c.is_ascii_alphanumeric())
+        .trim()
+}
+
+/// The wait before retry `attempt + 1`: exponential backoff from 2 s doubling to a
+/// 60 s cap, with "equal jitter" (uniform between half and all of it) so that jobs
+/// failing together do not retry together; a longer `Retry-After` wins.
+fn retry_delay(attempt: i32, retry_after: Option<Duration>) -> Duration {
+    let exponent = u32::try_from(attempt.saturating_sub(1))
+        .unwrap_or(0)
+        .min(16);
+    let backoff = BACKOFF_BASE.saturating_mul(1 << exponent).min(BACKOFF_CAP);
+    let jittered = rand::rng().random_range(backoff / 2..=backoff);
+    match retry_after {
+        Some(wanted) => jittered.max(wanted.min(RETRY_AFTER_CAP)),
+        None => jittered,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_with_jitter_and_stops_at_the_cap() {
+        for _ in 0..100 {
+            let first = retry_delay(1, None);
+            assert!(first >= Duration::from_secs(1) && first <= Duration::from_secs(2));
+            let third = retry_delay(3, None);
+            assert!(third >= Duration::from_secs(4) && third <= Duration::from_secs(8));
+            let late = retry_delay(30, None);
+            assert!(late >= Duration::from_secs(30) && late <= BACKOFF_CAP);
+        }
+    }
+
+    #[test]
+    fn code_fences_around_json_are_ignored() {
+        assert_eq!(strip_code_fence("```json\n{\"a\": 1}\n```"), "{\"a\": 1}");
+        assert_eq!(strip_code_fence("  {\"a\": 1} "), "{\"a\": 1}");
+        assert_eq!(strip_code_fence("```\n[1]\n```"), "[1]");
+        assert_eq!(strip_code_fence("```json {\"a\": 1}```"), "{\"a\": 1}");
+    }
+
+    #[test]
+    fn a_longer_retry_after_wins_and_is_capped() {
+        assert_eq!(
+            retry_delay(1, Some(Duration::from_secs(30))),
+            Duration::from_secs(30)
+        );
+        assert_eq!(
+            retry_delay(1, Some(Duration::from_secs(86_400))),
+            RETRY_AFTER_CAP
+        );
+    }
+}

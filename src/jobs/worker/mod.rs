@@ -1,0 +1,582 @@
+//! Workers: claim due jobs, run each attempt under its own timeout and lease, and
+//! finish it — never tied to the request that created the job.
+//!
+//! The database work of a busy worker is batched: the attempts of one claim start in
+//! one transaction, and attempts that end at about the same moment finish in one
+//! transaction ([`finisher`]); each job is still fenced by its own run token.
+
+mod deltas;
+mod finisher;
+mod judge;
+
+use super::bus::{EventBus, TopicReceiver, Wake};
+use super::input::JobInput;
+use super::leases::LeaseKeeper;
+use super::queue::{
+    self, AttemptEnd, AttemptStart, Claim, ClaimRequest, ErrorCode, JobError, Renewal,
+    StartedAttempt, TenantCursor,
+};
+use crate::billing::{AttemptEnding, ChargingPolicy, ModelPrice, prices};
+use crate::llm::{ChatRequest, Provider, ProviderRegistry};
+use entity::{EventKind, Timestamp};
+use finisher::{Finished, Finisher};
+use judge::{CallContext, CallEnd};
+use sea_orm::{DatabaseConnection, DbErr};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// Most jobs one claim takes, so one worker does not hoard a burst.
+const CLAIM_BATCH: usize = 16;
+/// How long aborted attempts may take to record their hand-back after the grace period.
+const HAND_BACK_LIMIT: Duration = Duration::from_secs(10);
+
+/// How a worker pool runs attempts.
+#[derive(Clone, Debug)]
+pub struct WorkerSettings {
+    /// Most attempts running at once in this process.
+    pub concurrency: usize,
+    /// How long a claim owns a job without renewal.
+    pub lease: Duration,
+    /// Longest one provider call may take.
+    pub attempt_timeout: Duration,
+    /// How long running attempts may go on after shutdown is asked for.
+    pub shutdown_grace: Duration,
+    /// Most jobs of one tenant running at once across all workers (a soft bound).
+    pub tenant_concurrency: Option<u32>,
+    /// How often an idle worker looks for due jobs no notice told it about
+    /// (retries coming due, jobs created by another process).
+    pub poll_interval: Duration,
+    /// What the customer pays for calls that did not simply succeed (the config
+    /// file's `[charging]`).
+    pub charging: ChargingPolicy,
+}
+
+/// A pool of concurrent attempts in one process.
+#[derive(Clone, Debug)]
+pub struct Worker {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    id: String,
+    db: DatabaseConnection,
+    bus: EventBus,
+    providers: ProviderRegistry,
+    settings: WorkerSettings,
+    leases: LeaseKeeper,
+    finisher: Finisher,
+    /// Cancelled when the grace period is over: running attempts stop waiting for the
+    /// provider and hand their jobs back.
+    abort: CancellationToken,
+}
+
+/// A claimed job made ready to run: its input read, its price and provider found.
+struct Prepared {
+    claim: Claim,
+    input: JobInput,
+    start: AttemptStart,
+    provider: Option<Arc<dyn Provider>>,
+    /// Subscribed before the attempt is recorded, so that no cancel slips between.
+    notices: TopicReceiver,
+}
+
+/// An attempt on record, about to call the provider.
+struct Ready {
+    prepared: Prepared,
+    started: StartedAttempt,
+}
+
+impl Worker {
+    /// A worker pool; `id` names it on the attempts it records. Must be called inside
+    /// a Tokio runtime: it starts the task that records finished attempts.
+    pub fn new(
+        id: String,
+        db: DatabaseConnection,
+        bus: EventBus,
+        providers: ProviderRegistry,
+        settings: WorkerSettings,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                id,
+                leases: LeaseKeeper::new(db.clone(), settings.lease),
+                finisher: Finisher::spawn(db.clone()),
+                db,
+                bus,
+                providers,
+                settings,
+                abort: CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// Claims and runs jobs until `shutdown` is cancelled; then stops claiming, lets
+    /// running attempts finish within the grace period, and aborts the rest, handing
+    /// their jobs back at once without spending an attempt.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let settings = &self.inner.settings;
+        // Renews leases until this returns, however it returns.
+        let keeper_stop = CancellationToken::new();
+        let _stop_keeper = keeper_stop.clone().drop_guard();
+        tokio::spawn(self.inner.leases.clone().run(keeper_stop));
+        let permits = Arc::new(Semaphore::new(settings.concurrency));
+        let mut created = self.inner.bus.watch_created();
+        let mut attempts = JoinSet::new();
+        let mut poll = tokio::time::interval(settings.poll_interval);
+        tracing::info!(worker.id = %self.inner.id, concurrency = settings.concurrency, "worker started");
+        // Sweeping is a query of its own: once per poll interval is often enough,
+        // however busy the claiming gets.
+        let mut last_sweep: Option<Instant> = None;
+        let mut cursor = TenantCursor::default();
+        while !shutdown.is_cancelled() {
+            if last_sweep.is_none_or(|at| at.elapsed() >= settings.poll_interval) {
+                last_sweep = Some(Instant::now());
+                if let Err(error) = self.take_back_expired_leases().await {
+                    tracing::error!(error = %error, "sweeping expired leases failed");
+                }
+            }
+            let free = permits.available_permits().min(CLAIM_BATCH);
+            let request = ClaimRequest {
+                limit: free as u32,
+                lease: settings.lease,
+                tenant_limit: settings.tenant_concurrency,
+            };
+            let claimed = match queue::claim_in_turn(&self.inner.db, request, &mut cursor).await {
+                Ok(claimed) => claimed,
+                Err(error) => {
+                    tracing::error!(error = %error, "claiming jobs failed");
+                    Vec::new()
+                }
+            };
+            let batch_was_full = free > 0 && claimed.len() == free;
+            for ready in self.start_attempts(claimed).await {
+                let permit = permits
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .expect("the semaphore is never closed");
+                let worker = self.clone();
+                attempts.spawn(async move {
+                    worker.run_attempt(ready).await;
+                    drop(permit);
+                });
+            }
+            if batch_was_full {
+                continue;
+            }
+            // Idle or full: wait for a reason to look again.
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = poll.tick() => {}
+                Some(_) = attempts.join_next(), if !attempts.is_empty() => {}
+                _ = created.next() => {}
+            }
+        }
+        tracing::info!(worker.id = %self.inner.id, running = attempts.len(), "worker stopping");
+        let drain = async { while attempts.join_next().await.is_some() {} };
+        if tokio::time::timeout(settings.shutdown_grace, drain)
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        tracing::warn!(
+            aborting = attempts.len(),
+            "grace period over: handing running jobs back"
+        );
+        self.inner.abort.cancel();
+        let hand_back = async { while attempts.join_next().await.is_some() {} };
+        if tokio::time::timeout(HAND_BACK_LIMIT, hand_back)
+            .await
+            .is_err()
+        {
+            // Their leases lapse and another worker takes the jobs back.
+            attempts.shutdown().await;
+        }
+    }
+
+    async fn take_back_expired_leases(&self) -> Result<(), DbErr> {
+        let notices = queue::expire_leases(&self.inner.db).await?;
+        self.inner.bus.publish(notices);
+        Ok(())
+    }
+
+    /// Ends a claimed job that can never run, so that lease expiry does not hand it
+    /// back for ever.
+    async fn abandon(&self, claim: &Claim, reason: String) {
+        tracing::error!(job.id = %claim.job.id, reason = %reason, "the job cannot be run");
+        let error = JobError::new(ErrorCode::NotRunnable, reason);
+        match queue::abandon_claim(&self.inner.db, claim, &error).await {
+            Ok(Some(notice)) => self.inner.bus.publish([notice]),
+            Ok(None) => {}
+            // The job keeps its lease until it lapses; then it is taken back.
+            Err(error) => {
+                tracing::error!(job.id = %claim.job.id, error = %error, "abandoning the job failed")
+            }
+        }
+    }
+
+    /// Records the attempts of a claimed batch — in one transaction when it can — and
+    /// returns those ready to call their provider. A claim that cannot be started is
+    /// abandoned when it never can, or left to lease expiry when the database is busy.
+    async fn start_attempts(&self, claims: Vec<Claim>) -> Vec<Ready> {
+        if claims.is_empty() {
+            return Vec::new();
+        }
+        let mut prices: HashMap<String, Option<ModelPrice>> = HashMap::new();
+        let mut prepared = Vec::with_capacity(claims.len());
+        for claim in claims {
+            if let Some(ready) = self.prepare(claim, &mut prices).await {
+                prepared.push(ready);
+            }
+        }
+        let starts: Vec<_> = prepared
+            .iter()
+            .map(|prepared| (&prepared.claim, &prepared.start))
+            .collect();
+        let started = match queue::start_attempts(&self.inner.db, &starts).await {
+            Ok(started) => started,
+            Err(error) if prepared.len() > 1 => {
+                // One claim's rows may be what the database refuses: start each alone,
+                // so that only that one is affected.
+                tracing::warn!(error = %error, claims = prepared.len(), "starting a batch of attempts failed; starting them one by one");
+                let mut one_by_one = Vec::with_capacity(prepared.len());
+                for prepared in &prepared {
+                    one_by_one.push(self.start_alone(prepared).await);
+                }
+                one_by_one
+            }
+            Err(error) => vec![self.refused_start(&prepared[0], error).await],
+        };
+        let mut ready = Vec::with_capacity(prepared.len());
+        for (prepared, started) in prepared.into_iter().zip(started) {
+            let Some(started) = started else {
+                tracing::warn!(job.id = %prepared.claim.job.id, "claim lost before the attempt started");
+                continue;
+            };
+            self.inner.bus.publish([started.notice.clone()]);
+            tracing::info!(
+                job.id = %prepared.claim.job.id, attempt = started.attempt.number,
+                provider = %started.attempt.provider, model = %prepared.claim.job.model,
+                "attempt started"
+            );
+            ready.push(Ready { prepared, started });
+        }
+        ready
+    }
+
+    /// Reads what a claimed job needs to run; `None` when it cannot run (it is then
+    /// abandoned) or its price could not be read (lease expiry hands it back).
+    async fn prepare(
+        &self,
+        claim: Claim,
+        prices: &mut HashMap<String, Option<ModelPrice>>,
+    ) -> Option<Prepared> {
+        let inner = &self.inner;
+        let input: JobInput = match serde_json::from_value(claim.job.input.0.clone()) {
+            Ok(input) => input,
+            Err(error) => {
+                self.abandon(&claim, format!("its stored input is unreadable: {error}"))
+                    .await;
+                return None;
+            }
+        };
+        let price = match prices.get(&claim.job.model) {
+            Some(price) => price.clone(),
+            None => match prices::price_at(&inner.db, &claim.job.model, Timestamp::now()).await {
+                Ok(price) => {
+                    prices.insert(claim.job.model.clone(), price.clone());
+                    price
+                }
+                Err(error) => {
+                    tracing::error!(job.id = %claim.job.id, error = %error, "reading the model's price failed");
+                    return None;
+                }
+            },
+        };
+        let Some(price) = price else {
+            self.abandon(&claim, format!("model {} has no price", claim.job.model))
+                .await;
+            return None;
+        };
+        // None when this process has no provider for the model (its config differs
+        // from the API process's): the job fails without a call. Nor does a worker
+        // with no provider configured simulate a job the API admitted for a real one:
+        // that would charge real prices for a simulated reply.
+        let provider = inner
+            .providers
+            .provider_for(&claim.job.model)
+            .filter(|_| claim.job.simulated || !inner.providers.simulates(&claim.job.model));
+        let bound = input.call_bound();
+        let charging = inner.settings.charging;
+        let start = AttemptStart {
+            worker_id: inner.id.clone(),
+            provider: provider.as_ref().map(|provider| provider.name().to_owned()),
+            provider_cost_bound: bound.provider_cost(&price),
+            customer_charge_bound: bound.customer_cost(&price),
+            customer_charge_if_lost: charging.customer_charge(
+                &price,
+                bound,
+                AttemptEnding::Unknown,
+                None,
+            ),
+            price,
+        };
+        let notices = inner.bus.watch_job(claim.job.id);
+        Some(Prepared {
+            claim,
+            input,
+            start,
+            provider,
+            notices,
+        })
+    }
+
+    async fn start_alone(&self, prepared: &Prepared) -> Option<StartedAttempt> {
+        match queue::start_attempt(&self.inner.db, &prepared.claim, &prepared.start).await {
+            Ok(started) => started,
+            Err(error) => self.refused_start(prepared, error).await,
+        }
+    }
+
+    /// A database that is down or busy may let the next claim start; lease expiry
+    /// hands the job back for it. A refusal would repeat for ever: the job is
+    /// abandoned.
+    async fn refused_start(&self, prepared: &Prepared, error: DbErr) -> Option<StartedAttempt> {
+        if crate::db::is_transient(&error) {
+            tracing::error!(job.id = %prepared.claim.job.id, error = %error, "recording the attempt's start failed");
+        } else {
+            self.abandon(
+                &prepared.claim,
+                format!("its attempt could not be recorded: {error}"),
+            )
+            .await;
+        }
+        None
+    }
+
+    async fn run_attempt(&self, ready: Ready) {
+        let job_id = ready.prepared.claim.job.id;
+        if let Err(error) = self.try_run_attempt(ready).await {
+            // The job keeps its lease until it lapses; then it is taken back and retried.
+            tracing::error!(job.id = %job_id, error = %error, "attempt failed to record its outcome");
+        }
+    }
+
+    async fn try_run_attempt(&self, ready: Ready) -> Result<(), DbErr> {
+        let inner = &self.inner;
+        let Ready {
+            prepared:
+                Prepared {
+                    claim,
+                    input,
+                    start,
+                    provider,
+                    mut notices,
+                },
+            started:
+                StartedAttempt {
+                    attempt,
+                    notice: started,
+                    cancel_requested,
+                    budget_spent,
+                },
+        } = ready;
+        let request = ChatRequest {
+            model: claim.job.model.clone(),
+            messages: input.messages.clone(),
+            max_output_tokens: input.max_output_tokens,
+            response_schema: input.response_schema.clone(),
+        };
+        // A streaming attempt sends its text to a forwarder that batches it into
+        // OUTPUT_DELTA notices; the forwarder is drained before the attempt finishes,
+        // so every delta reaches subscribers before the terminal event.
+        let (deltas, forwarder) = if input.stream_output {
+            let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+            let forwarder = tokio::spawn(deltas::forward_deltas(
+                inner.db.clone(),
+                inner.bus.clone(),
+                started,
+                receiver,
+            ));
+            (Some(sender), Some(forwarder))
+        } else {
+            (None, None)
+        };
+        let began = Instant::now();
+        // A cancel that landed after the claim but before the attempt was recorded is
+        // in the row start_attempts locked; one landing later reaches `notices`, to
+        // which this attempt subscribed before starting.
+        let end = if cancel_requested {
+            CallEnd::CancelledBeforeSending
+        } else if budget_spent {
+            CallEnd::BudgetSpent
+        } else if let Some(provider) = provider {
+            let call = async {
+                match &deltas {
+                    Some(sender) => provider.stream(&request, sender).await,
+                    None => provider.complete(&request).await,
+                }
+            };
+            tokio::pin!(call);
+            let deadline = tokio::time::sleep(inner.settings.attempt_timeout);
+            tokio::pin!(deadline);
+            // The keeper renews beside the call, so that a slow database never stalls
+            // the stream, the deadline or a cancel.
+            let mut lease = inner.leases.hold(&claim);
+            loop {
+                tokio::select! {
+                    // An answer that is ready wins over a deadline, a cancel or an
+                    // abort that became ready at the same moment: it is paid for.
+                    biased;
+                    answer = &mut call => break CallEnd::Answered(answer),
+                    renewal = lease.next() => match renewal {
+                        Renewal::Renewed { cancel_requested: true } => break CallEnd::Cancelled,
+                        Renewal::Renewed { cancel_requested: false } => {}
+                        Renewal::Lost => break CallEnd::LeaseLost,
+                    },
+                    wake = notices.next() => match wake {
+                        Wake::Notice(notice) if notice.kind == EventKind::CancelRequested => {
+                            break CallEnd::Cancelled;
+                        }
+                        Wake::Notice(_) => {}
+                        // Missed notices may have held a cancel: ask the row now.
+                        Wake::Missed => lease.renew_now(),
+                    },
+                    _ = &mut deadline => break CallEnd::TimedOut,
+                    _ = inner.abort.cancelled() => break CallEnd::Aborted,
+                }
+            }
+        } else {
+            CallEnd::NotServed
+        };
+        drop(deltas);
+        let streamed_bytes = match forwarder {
+            Some(forwarder) => forwarder.await.unwrap_or_else(|error| {
+                tracing::warn!(job.id = %claim.job.id, error = %error, "the delta forwarder ended abnormally");
+                0
+            }),
+            None => 0,
+        };
+        let latency = began.elapsed();
+        if matches!(end, CallEnd::LeaseLost) {
+            tracing::warn!(job.id = %claim.job.id, attempt = attempt.number, "lease lost: the attempt writes nothing more");
+            return Ok(());
+        }
+        let context = CallContext {
+            input: &input,
+            charging: inner.settings.charging,
+            latency,
+            streamed_bytes,
+        };
+        let (report, outcome) = context.facts(&claim, &attempt, &start.price).judge(end);
+        let (job_id, number, report_outcome) = (claim.job.id, attempt.number, report.outcome);
+        let end = AttemptEnd {
+            claim,
+            attempt,
+            price: start.price,
+            report,
+            outcome,
+        };
+        let finished = match inner.finisher.finish(end).await {
+            Finished::Recorded(finished) => finished,
+            Finished::Alone(end) => {
+                let end = *end;
+                match finish_with_retries(&inner.db, end.clone()).await {
+                    Err(FinishError::Refused(error)) => {
+                        // Trying again cannot help, and leaving the job to lease expiry
+                        // would lose the exact usage and run it again: record what is
+                        // known.
+                        tracing::error!(job.id = %job_id, error = %error, "the database refused the attempt's outcome; recording the call without it");
+                        let (report, outcome) = context
+                            .facts(&end.claim, &end.attempt, &end.price)
+                            .not_stored(end.report.clone());
+                        finish_with_retries(
+                            &inner.db,
+                            AttemptEnd {
+                                report,
+                                outcome,
+                                ..end
+                            },
+                        )
+                        .await
+                    }
+                    other => other,
+                }
+                .map_err(FinishError::into_db_error)?
+            }
+            Finished::Stopped => {
+                return Err(DbErr::Custom(
+                    "the task recording finished attempts stopped".into(),
+                ));
+            }
+        };
+        match finished {
+            Some(notices) => {
+                tracing::info!(
+                    job.id = %job_id, attempt = number, outcome = ?report_outcome,
+                    duration_ms = latency.as_millis() as u64, "attempt finished"
+                );
+                inner.bus.publish(notices);
+            }
+            None => {
+                tracing::warn!(job.id = %job_id, "lease lost before the attempt finished")
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Tries to record a finished attempt before giving up to lease expiry.
+const FINISH_TRIES: u32 = 5;
+
+/// Why an attempt's end could not be recorded.
+#[derive(Debug)]
+enum FinishError {
+    /// The database refused the statement for what it holds: trying it again fails
+    /// the same way.
+    Refused(DbErr),
+    /// The database stayed unreachable or busy through every try.
+    Unavailable(DbErr),
+}
+
+impl FinishError {
+    fn into_db_error(self) -> DbErr {
+        match self {
+            Self::Refused(error) | Self::Unavailable(error) => error,
+        }
+    }
+}
+
+/// Records one attempt's end in a transaction of its own, retrying a transient
+/// failure with backoff: the answer may be paid for, and losing it to one busy moment
+/// of the database would leave only a cost bound and make the job run again. The
+/// write is fenced, so retrying it is safe; once the lease has lapsed it matches
+/// nothing.
+async fn finish_with_retries(
+    db: &DatabaseConnection,
+    end: AttemptEnd,
+) -> Result<Option<Vec<super::bus::EventNotice>>, FinishError> {
+    let mut pause = Duration::from_millis(500);
+    let mut try_number = 1;
+    loop {
+        match queue::finish_attempts(db, std::slice::from_ref(&end)).await {
+            Ok(mut finished) => return Ok(finished.remove(0)),
+            Err(error) if !crate::db::is_transient(&error) => {
+                return Err(FinishError::Refused(error));
+            }
+            Err(error) if try_number < FINISH_TRIES => {
+                tracing::warn!(job.id = %end.claim.job.id, error = %error, try_number, "recording the attempt failed; trying again");
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+                try_number += 1;
+            }
+            Err(error) => return Err(FinishError::Unavailable(error)),
+        }
+    }
+}

@@ -1,0 +1,364 @@
+// End-to-end checks of the web console in headless Chromium (playwright-core driving
+// Debian's chromium), against a running `jobledger serve`:
+//   node console.mjs BASE_URL ADMIN_TOKEN SCREENSHOT_DIR
+// Prints one line per check and ends with "N console check(s) failed"; exits 1 when
+// any failed. Screenshots of every page go to SCREENSHOT_DIR.
+
+import { chromium } from 'playwright-core';
+import { createRequire } from 'node:module';
+import { mkdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+
+const [base, adminToken, screenshots] = process.argv.slice(2);
+if (!base || !adminToken || !screenshots) {
+  console.error('usage: node console.mjs BASE_URL ADMIN_TOKEN SCREENSHOT_DIR');
+  process.exit(2);
+}
+mkdirSync(screenshots, { recursive: true });
+const axeSource = readFileSync(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8');
+const origin = new URL(base).origin;
+
+let failed = 0;
+async function check(name, body) {
+  try {
+    await body();
+    console.log(`ok   ${name}`);
+  } catch (error) {
+    failed += 1;
+    console.log(`FAIL ${name}: ${error.stack ?? error}`);
+  }
+}
+function assert(condition, message) {
+  if (!condition) throw new Error(message);
+}
+
+async function api(key, query, variables = {}) {
+  const response = await fetch(`${base}/graphql`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` },
+    body: JSON.stringify({ query, variables }),
+  });
+  const body = await response.json();
+  if (body.errors) throw new Error(JSON.stringify(body.errors));
+  return body.data;
+}
+
+/** "1.50" and "1.5" are one amount: compare decimals as nano-credits. */
+function nanos(text) {
+  const [whole, fraction = ''] = String(text).replace(/ cr$/, '').trim().split('.');
+  return BigInt(whole) * 1_000_000_000n + BigInt((fraction + '000000000').slice(0, 9));
+}
+
+async function until(what, probe, limit = 40_000) {
+  const deadline = Date.now() + limit;
+  for (;;) {
+    const value = await probe();
+    if (value) return value;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+}
+
+const CREATE_JOB = `mutation CreateJob($input: CreateJobInput!) {
+  createJob(input: $input) { job { id status } }
+}`;
+const JOB = `query Job($id: UUID!) {
+  job(id: $id) { status attempts { outcome providerRequestId } cost { providerCost customerCharge margin } }
+}`;
+const SUMMARY = `query BillingSummary($from: DateTime!, $to: DateTime!) {
+  billingSummary(from: $from, to: $to) { jobsCreated providerCost customerCharges margin unknownOutcomes }
+}`;
+
+function createJob(key, idempotencyKey, content, options = {}) {
+  return api(key, CREATE_JOB, { input: {
+    idempotencyKey, model: 'gpt-4o-mini', maxOutputTokens: 100, messages: [{ role: 'user', content }], ...options,
+  } }).then((data) => data.createJob.job.id);
+}
+
+// ---- data set up through the API, as a tenant's own code would --------------------
+const { createTenant } = await api(adminToken,
+  'mutation { createTenant(name: "acme-console") { tenant { id } apiKey } }');
+const tenantKey = createTenant.apiKey;
+const tenantId = createTenant.tenant.id;
+await api(adminToken, 'mutation($i: GrantCreditsInput!) { grantCredits(input: $i) { id } }',
+  { i: { tenantId, amount: '100', idempotencyKey: 'console-test' } });
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+  args: ['--no-sandbox', '--disable-dev-shm-usage'],
+});
+const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+const page = await context.newPage();
+// Generous: the suite runs this beside every other test on a shared machine.
+page.setDefaultTimeout(40_000);
+const consoleErrors = [];
+const foreignRequests = [];
+page.on('console', (message) => {
+  if (message.type() === 'error') consoleErrors.push(`${page.url()}: ${message.text()}`);
+});
+page.on('pageerror', (error) => consoleErrors.push(`${page.url()}: ${error.message}`));
+context.on('request', (request) => {
+  const url = request.url();
+  if (!url.startsWith('data:') && new URL(url).origin !== origin && !url.startsWith(origin.replace('http', 'ws'))) {
+    foreignRequests.push(url);
+  }
+});
+
+async function shot(name) {
+  await page.screenshot({ path: join(screenshots, `${name}.png`), fullPage: true });
+}
+
+/** axe-core on the current page: no serious or critical violation. */
+async function accessible(name) {
+  await check(`${name}: axe-core finds no serious violation`, async () => {
+    await page.evaluate(axeSource);
+    const violations = await page.evaluate(async () =>
+      (await window.axe.run(document, { resultTypes: ['violations'] })).violations
+        .filter((violation) => ['serious', 'critical'].includes(violation.impact))
+        .map((violation) => `${violation.id} (${violation.impact}): ${violation.nodes.map((node) => node.target.join(' ')).join(', ')}`));
+    assert(violations.length === 0, violations.join('\n'));
+  });
+}
+
+/** The page fits `width` without scrolling sideways. */
+async function fits(name, width) {
+  await check(`${name}: fits ${width} px wide`, async () => {
+    await page.setViewportSize({ width, height: 1000 });
+    const scrollWidth = await page.evaluate(() => document.documentElement.scrollWidth);
+    assert(scrollWidth <= width, `the page is ${scrollWidth} px wide`);
+    await shot(`${name}-${width}px`);
+    await page.setViewportSize({ width: 1280, height: 900 });
+  });
+}
+
+async function signIn(key) {
+  await page.locator('#key').waitFor();
+  // Keyboard only: the key field has focus; Enter submits.
+  await page.keyboard.type(key);
+  await page.keyboard.press('Enter');
+}
+
+// ---- sign in -----------------------------------------------------------------------
+await check('the console is served with a policy that allows only its own origin', async () => {
+  const response = await page.goto(base);
+  const policy = response.headers()['content-security-policy'];
+  assert(policy && policy.includes("script-src 'self'") && !policy.includes('unsafe-inline'), `policy: ${policy}`);
+  await page.locator('h1', { hasText: 'Sign in' }).waitFor();
+  await shot('sign-in');
+});
+await accessible('sign-in');
+await check('a tenant signs in with its key, typed and submitted from the keyboard', async () => {
+  await signIn(tenantKey);
+  await page.locator('h1', { hasText: 'Jobs' }).waitFor();
+  const stored = await page.evaluate(() => [sessionStorage.getItem('jobledger.key'), localStorage.length]);
+  assert(stored[0] === tenantKey && stored[1] === 0, 'the key is kept in session storage only');
+});
+
+// ---- jobs: live list -----------------------------------------------------------------
+let fastJob;
+await check('a job created through the API turns SUCCEEDED in the list without a reload', async () => {
+  await page.getByTestId('live-state').filter({ hasText: 'Live:' }).waitFor();
+  await page.evaluate(() => { window.notReloaded = true; });
+  fastJob = await createJob(tenantKey, 'console-fast', 'Summarise the console test [mock:delay_ms=1500]');
+  const row = page.getByRole('row').filter({ hasText: fastJob });
+  await row.waitFor({ timeout: 40_000 });
+  await row.getByText('SUCCEEDED').waitFor({ timeout: 40_000 });
+  assert(await page.evaluate(() => window.notReloaded === true), 'the page was reloaded');
+  await shot('jobs');
+});
+await accessible('jobs');
+await check('the status filter shows only the chosen status', async () => {
+  await page.locator('#status-filter').selectOption('FAILED');
+  await page.getByText('No jobs match.').waitFor();
+  await page.locator('#status-filter').selectOption('SUCCEEDED');
+  await page.getByRole('row').filter({ hasText: fastJob }).waitFor();
+  await page.locator('#status-filter').selectOption('');
+});
+await fits('jobs', 768);
+
+// ---- one job ---------------------------------------------------------------------------
+await check('the job opens from the keyboard and shows its attempts and exact cost', async () => {
+  await page.getByRole('link', { name: fastJob }).focus();
+  await page.keyboard.press('Enter');
+  await page.getByTestId('attempts-table').waitFor();
+  const { job } = await api(tenantKey, JOB, { id: fastJob });
+  const attempts = page.getByTestId('attempts-table').locator('tbody tr');
+  assert(await attempts.count() === job.attempts.length, 'one row per attempt');
+  const row = await attempts.first().innerText();
+  assert(row.includes('SUCCEEDED'), `attempt row: ${row}`);
+  assert(row.includes(job.attempts[0].providerRequestId), `the provider request id is shown: ${row}`);
+  for (const [testId, value] of [['provider-cost', job.cost.providerCost], ['customer-charge', job.cost.customerCharge], ['margin', job.cost.margin]]) {
+    const shown = await page.getByTestId(testId).innerText();
+    assert(nanos(shown) === nanos(value), `${testId}: shown ${shown}, API ${value}`);
+  }
+  assert(nanos(job.cost.customerCharge) > 0n, 'the job was charged');
+  await page.getByTestId('result').waitFor();
+  assert((await page.getByTestId('timeline').locator('li').count()) >= 3, 'the timeline lists the events');
+  await shot('job');
+});
+await accessible('job');
+await fits('job', 768);
+
+await check('a slow running job is cancelled from its page', async () => {
+  const slow = await createJob(tenantKey, 'console-slow', 'Take your time [mock:delay_ms=60000]');
+  await until('the slow job to run', async () => (await api(tenantKey, JOB, { id: slow })).job.status === 'RUNNING');
+  await page.goto(`${base}/#/jobs/${slow}`);
+  const cancel = page.getByRole('button', { name: 'Cancel job' });
+  await cancel.waitFor();
+  await cancel.focus();
+  await page.keyboard.press('Enter');
+  await page.locator('.facts dd .status', { hasText: 'CANCELLED' }).first().waitFor({ timeout: 40_000 });
+  const { job } = await api(tenantKey, JOB, { id: slow });
+  assert(job.status === 'CANCELLED', `status ${job.status}`);
+  assert(job.attempts.length === 1 && job.attempts[0].outcome === 'CANCELLED', JSON.stringify(job.attempts));
+  await shot('job-cancelled');
+});
+
+await check('a streaming job shows its output on its page while it runs', async () => {
+  const reply = 'alpha beta gamma delta epsilon zeta eta theta iota kappa';
+  const streaming = await createJob(tenantKey, 'console-stream',
+    `Stream this [mock:reply=${reply}] [mock:chunk_delay_ms=300]`, { streamOutput: true });
+  await page.goto(`${base}/#/jobs/${streaming}`);
+  const output = page.getByTestId('live-output');
+  await until('output while the job runs', async () => {
+    const shown = await output.textContent();
+    const { job } = await api(tenantKey, JOB, { id: streaming });
+    return shown.length > 0 && reply.startsWith(shown) && job.status === 'RUNNING';
+  });
+  await page.getByTestId('result').filter({ hasText: reply }).waitFor({ timeout: 40_000 });
+  await shot('job-streaming');
+});
+
+await check('a job created from the console opens on its page and succeeds there', async () => {
+  await page.getByRole('link', { name: 'Jobs', exact: true }).click();
+  await page.getByText('New job').click();
+  await page.locator('#job-prompt').fill('Written in the console [mock:delay_ms=500]');
+  await page.getByRole('button', { name: 'Create job' }).click();
+  await page.getByTestId('result').waitFor();
+  const id = page.url().split('/').pop();
+  const { job } = await api(tenantKey, JOB, { id });
+  assert(job.status === 'SUCCEEDED', `status ${job.status}`);
+});
+
+// Spending limits are shown once the server serves them (account { limits spend }).
+const { __type: accountType } = await api(tenantKey, '{ __type(name: "Account") { fields { name } } }');
+const limitsServed = accountType.fields.some((field) => field.name === 'limits');
+console.log(`# spending limits ${limitsServed ? 'are' : 'are not'} served`);
+if (limitsServed) {
+  await api(adminToken, 'mutation($i: TenantLimitsInput!) { setTenantLimits(input: $i) { tenantId } }',
+    { i: { tenantId, dailySpendLimit: '50' } });
+}
+
+// ---- billing ---------------------------------------------------------------------------
+async function chartTotalsMatch(key) {
+  // The totals sit in the folded table under the chart.
+  await page.getByTestId('total-provider-cost').waitFor({ state: 'attached', timeout: 40_000 });
+  const [from, to] = await page.getByTestId('period').locator('time')
+    .evaluateAll((times) => times.map((element) => element.getAttribute('datetime')));
+  const { billingSummary: summary } = await api(key, SUMMARY, { from, to });
+  assert(summary.jobsCreated >= 2, `jobs created: ${summary.jobsCreated}`);
+  for (const [testId, value] of [
+    ['total-provider-cost', summary.providerCost],
+    ['total-customer-charges', summary.customerCharges],
+    ['total-margin', summary.margin],
+  ]) {
+    const shown = await page.getByTestId(testId).textContent();
+    assert(nanos(shown) === nanos(value), `${testId}: charts say ${shown}, billingSummary ${value}`);
+  }
+  assert(nanos(summary.providerCost) > 0n, 'there is a cost to chart');
+  const unknown = await page.getByTestId('total-unknown-outcomes').textContent();
+  assert(Number(unknown) === summary.unknownOutcomes, `unknown outcomes: ${unknown}`);
+  assert(await page.locator('figure svg rect').count() > 0, 'the charts draw bars');
+  // The numbers are one click away.
+  const numbers = page.getByTestId('cost-per-day');
+  assert(!(await numbers.isVisible()), 'the table starts folded');
+  await page.locator('summary').first().click();
+  assert(await numbers.isVisible(), 'one click shows the numbers');
+}
+
+await check('the billing charts show the same totals as billingSummary', async () => {
+  await page.getByRole('link', { name: 'Billing' }).click();
+  await page.getByTestId('balance-available').waitFor();
+  await chartTotalsMatch(tenantKey);
+  // A chosen period: the last three days.
+  await page.locator('#period').selectOption('custom');
+  const day = (offset) => new Date(Date.now() - offset * 86_400_000).toISOString().slice(0, 10);
+  await page.locator('#period-from').fill(day(2));
+  await page.locator('#period-to').fill(day(0));
+  await page.getByRole('button', { name: 'Show' }).click();
+  await page.getByTestId('cost-per-day').locator('tbody tr').nth(2).waitFor({ state: 'attached' });
+  assert(await page.getByTestId('cost-per-day').locator('tbody tr').count() === 3, 'one row per chosen day');
+  await chartTotalsMatch(tenantKey);
+  const ledgerRows = await page.getByTestId('ledger').locator('tbody tr').count();
+  assert(ledgerRows >= 4, `ledger rows: ${ledgerRows}`);
+  if (limitsServed) {
+    await page.getByTestId('limits').getByText('of 50 cr').waitFor();
+  } else {
+    await page.getByTestId('limits').getByText('does not serve').waitFor();
+  }
+  await shot('billing');
+});
+await accessible('billing');
+await fits('billing', 768);
+
+// ---- admin -------------------------------------------------------------------------------
+await check('the admin signs in and sees tenants with their balances', async () => {
+  await page.getByRole('button', { name: 'Sign out' }).click();
+  assert(await page.evaluate(() => sessionStorage.getItem('jobledger.key')) === null, 'signing out forgets the key');
+  await signIn(adminToken);
+  const row = page.getByTestId('tenants-table').getByRole('row').filter({ hasText: 'acme-console' });
+  await row.waitFor();
+  await shot('admin-tenants');
+});
+await accessible('admin-tenants');
+await check('the admin grants credits and reads the tenant’s jobs and keys', async () => {
+  await page.getByRole('link', { name: 'acme-console' }).click();
+  await page.getByTestId('jobs-table').getByRole('row').filter({ hasText: fastJob }).waitFor();
+  await page.getByTestId('keys-table').waitFor();
+  await page.locator('#grant-amount').fill('5.5');
+  await page.locator('#grant-amount').press('Enter');
+  await page.getByText('Granted 5.5 cr.').waitFor();
+  await page.getByTestId('balance-granted').filter({ hasText: '105.5 cr' }).waitFor();
+  if (limitsServed) {
+    await page.locator('#limit-monthlySpendLimit').fill('80');
+    await page.locator('#limit-monthlySpendLimit').press('Enter');
+    const limits = page.getByTestId('tenant-limits');
+    await limits.waitFor();
+    const shown = await limits.innerText();
+    assert(shown.includes('80 cr') && shown.includes('50 cr'), `limits after saving: ${shown}`);
+  } else {
+    await page.getByTestId('limits').getByText('does not serve').waitFor();
+  }
+  await shot('admin-tenant');
+});
+await accessible('admin-tenant');
+await check('the admin opens a tenant’s job read-only', async () => {
+  await page.getByRole('link', { name: fastJob }).click();
+  await page.getByTestId('attempts-table').waitFor();
+  assert(await page.getByRole('button', { name: 'Cancel job' }).count() === 0, 'no cancel for an admin');
+});
+await check('the cross-tenant billing charts agree with billingSummary', async () => {
+  await page.getByRole('link', { name: 'Billing summary' }).click();
+  await chartTotalsMatch(adminToken);
+  await shot('admin-billing');
+});
+await accessible('admin-billing');
+await fits('admin-billing', 768);
+
+// ---- GraphiQL ------------------------------------------------------------------------------
+await check('GraphiQL loads at /graphql from this server alone', async () => {
+  await page.goto(`${base}/graphql`);
+  await page.locator('.graphiql-container').waitFor({ timeout: 40_000 });
+  await shot('graphiql');
+});
+
+await check('no request left the server’s origin', async () => {
+  assert(foreignRequests.length === 0, foreignRequests.join('\n'));
+});
+await check('no console errors', async () => {
+  assert(consoleErrors.length === 0, consoleErrors.join('\n'));
+});
+
+await browser.close();
+console.log(`${failed} console check(s) failed`);
+process.exit(failed === 0 ? 0 : 1);

@@ -1,0 +1,205 @@
+//! The web console end to end: `jobledger serve` (the binary, with its built-in
+//! provider simulator) on a random port, driven in headless Chromium by
+//! `tests/blackbox/console.mjs` (playwright-core and axe-core). Needs Node.js and
+//! Debian's `chromium` (`scripts/test` installs it when missing); screenshots of each
+//! page land in `target/console-screenshots`.
+
+use crate::hardening::blackbox_folder;
+use crate::helpers::{ADMIN_TOKEN, AppOptions, Backend, spawn_app_with};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Where the browser lives on Debian.
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+/// A `jobledger serve` child on a fresh SQLite file, killed when dropped.
+struct Served {
+    address: std::net::SocketAddr,
+    database_url: String,
+    _child: tokio::process::Child,
+    _folder: tempfile::TempDir,
+}
+
+async fn serve() -> Served {
+    let folder = tempfile::tempdir().unwrap();
+    let database_url = format!("sqlite:{}", folder.path().join("console.db").display());
+    let address = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobledger"));
+    command
+        .args(["serve", "--listen", &address.to_string()])
+        .args(["--database-url", &database_url])
+        .env("JOBLEDGER_ADMIN_TOKEN", ADMIN_TOKEN)
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true);
+    // No provider configured: every model is served by the built-in simulator.
+    for variable in [
+        "OPENAI_BASE_URL",
+        "OPENAI_API_KEY",
+        "ANTHROPIC_BASE_URL",
+        "ANTHROPIC_API_KEY",
+        "JOBLEDGER_CONFIG",
+        "DATABASE_URL",
+    ] {
+        command.env_remove(variable);
+    }
+    let child = command.spawn().expect("the binary runs");
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !client
+        .get(format!("http://{address}/healthz"))
+        .send()
+        .await
+        .is_ok_and(|response| response.status().is_success())
+    {
+        assert!(Instant::now() < deadline, "serve did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Served {
+        address,
+        database_url,
+        _child: child,
+        _folder: folder,
+    }
+}
+
+/// Sign-in, the live job list, a job's attempts and cost, cancelling a slow job, the
+/// billing charts against `billingSummary`, the admin's pages, GraphiQL from local
+/// assets, axe-core on every page, 768 px layouts, and no console errors — then the
+/// ledger still balances (`jobledger audit`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_works_in_a_real_browser() {
+    assert!(
+        Path::new(CHROMIUM).exists(),
+        "{CHROMIUM} is missing: install Debian's chromium (scripts/test does when run as root)"
+    );
+    let blackbox = blackbox_folder().await;
+    let served = serve().await;
+    let screenshots = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/console-screenshots");
+    let output = tokio::time::timeout(
+        Duration::from_secs(300),
+        tokio::process::Command::new("node")
+            .arg(blackbox.join("console.mjs"))
+            .arg(format!("http://{}", served.address))
+            .arg(ADMIN_TOKEN)
+            .arg(&screenshots)
+            .env("CHROMIUM", CHROMIUM)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the browser checks finish within 5 minutes")
+    .expect("node runs");
+    let report = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "the console's browser checks failed:\n{report}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(report.contains("0 console check(s) failed"), "{report}");
+    for page in [
+        "sign-in",
+        "jobs",
+        "job",
+        "job-cancelled",
+        "job-streaming",
+        "billing",
+        "admin-tenants",
+        "admin-tenant",
+        "admin-billing",
+        "graphiql",
+    ] {
+        assert!(
+            screenshots.join(format!("{page}.png")).exists(),
+            "no screenshot of {page}"
+        );
+    }
+
+    let audit = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobledger"))
+        .args(["audit", "--database-url", &served.database_url])
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .expect("the binary runs");
+    assert!(
+        audit.status.success(),
+        "the audit found a violation:\n{}",
+        String::from_utf8_lossy(&audit.stdout)
+    );
+}
+
+/// The console's files come from the binary with their media types and a policy that
+/// allows only this origin; GraphiQL's page names no other host; an unknown file is a
+/// 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_and_graphiql_are_served_from_the_binary() {
+    let app = spawn_app_with(Backend::Sqlite, AppOptions::no_workers()).await;
+    let get = |path: &str, accept: &str| {
+        app.http
+            .get(format!("http://{}{path}", app.address))
+            .header("accept", accept)
+            .send()
+    };
+    let header = |response: &reqwest::Response, name: &str| {
+        response
+            .headers()
+            .get(name)
+            .map(|value| value.to_str().unwrap().to_owned())
+            .unwrap_or_default()
+    };
+
+    let index = get("/", "text/html").await.unwrap();
+    assert_eq!(index.status(), 200);
+    assert_eq!(header(&index, "content-type"), "text/html; charset=utf-8");
+    let policy = header(&index, "content-security-policy");
+    assert!(policy.contains("default-src 'none'"), "{policy}");
+    assert!(policy.contains("script-src 'self';"), "{policy}");
+    assert!(!policy.contains("unsafe"), "{policy}");
+    assert_eq!(header(&index, "x-content-type-options"), "nosniff");
+    let page = index.text().await.unwrap();
+    assert!(page.contains(r#"<script type="module" src="/assets/app.js">"#));
+
+    let script = get("/assets/app.js", "*/*").await.unwrap();
+    assert_eq!(script.status(), 200);
+    assert_eq!(
+        header(&script, "content-type"),
+        "text/javascript; charset=utf-8"
+    );
+    let style = get("/assets/style.css", "*/*").await.unwrap();
+    assert_eq!(header(&style, "content-type"), "text/css; charset=utf-8");
+    let missing = get("/assets/nothing-here.js", "*/*").await.unwrap();
+    assert_eq!(missing.status(), 404);
+
+    let graphiql = get("/graphql", "text/html,application/xhtml+xml")
+        .await
+        .unwrap();
+    assert_eq!(graphiql.status(), 200);
+    let policy = header(&graphiql, "content-security-policy");
+    assert!(policy.contains("script-src 'self';"), "{policy}");
+    let page = graphiql.text().await.unwrap();
+    assert!(page.contains("/assets/vendor/graphiql/graphiql.min.js"));
+    assert!(
+        !page.contains("//unpkg.com") && !page.contains("https://"),
+        "{page}"
+    );
+    for vendored in [
+        "/assets/vendor/graphiql/graphiql.min.js",
+        "/assets/vendor/graphiql/graphiql.min.css",
+        "/assets/vendor/react/react.production.min.js",
+        "/assets/vendor/react-dom/react-dom.production.min.js",
+    ] {
+        let file = get(vendored, "*/*").await.unwrap();
+        assert_eq!(file.status(), 200, "{vendored}");
+    }
+    // A query still runs over GET.
+    let answer = get("/graphql?query=%7B__typename%7D", "application/json")
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(
+        answer.json::<serde_json::Value>().await.unwrap()["data"]["__typename"],
+        "QueryRoot"
+    );
+}
