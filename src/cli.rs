@@ -117,6 +117,10 @@ struct WorkerArgs {
     /// ago; ledger rows, attempts' usage and costs are kept. Unset: keep everything.
     #[arg(long, env = "JOBLEDGER_RETENTION_DAYS", value_name = "D")]
     retention_days: Option<u32>,
+    /// Let webhooks reach loopback, private and link-local addresses (development and
+    /// tests); off, createWebhook refuses them and every delivery re-checks.
+    #[arg(long, env = "JOBLEDGER_ALLOW_PRIVATE_WEBHOOKS")]
+    allow_private_webhooks: bool,
 }
 
 #[derive(Debug, Args)]
@@ -178,6 +182,7 @@ impl WorkerArgs {
                     .retention_days
                     .map(|days| Duration::from_secs(u64::from(days) * 24 * 60 * 60)),
             },
+            allow_private_webhooks: self.allow_private_webhooks,
         })
     }
 }

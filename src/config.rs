@@ -39,6 +39,9 @@ pub struct Settings {
     pub config_file: Option<PathBuf>,
     /// The metrics listener and retention.
     pub operations: OperationsSettings,
+    /// Whether webhooks may reach loopback, private and link-local addresses
+    /// (`--allow-private-webhooks`; development and tests).
+    pub allow_private_webhooks: bool,
 }
 
 /// What keeps a long-running deployment observable and small.

@@ -1,6 +1,7 @@
 //! The error of the service layer: what a job, billing or account operation can refuse.
 
 use crate::billing::Credits;
+use crate::billing::limits::SpendPeriod;
 
 /// Why a service operation did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -20,6 +21,17 @@ pub enum ServiceError {
     /// The tenant's available balance does not cover the hold.
     #[error("insufficient credits: the job needs a hold of {needed}, {available} is available")]
     InsufficientCredits { needed: Credits, available: Credits },
+    /// The job's hold would take the tenant's spend in a period past its cap.
+    #[error(
+        "spend limit exceeded: the job needs a hold of {needed}; the {} spend is {spend} of a limit of {limit}",
+        period_name(*period)
+    )]
+    SpendLimitExceeded {
+        period: SpendPeriod,
+        limit: Credits,
+        spend: Credits,
+        needed: Credits,
+    },
     #[error("database error: {0}")]
     Database(#[from] sea_orm::DbErr),
 }
@@ -28,5 +40,12 @@ impl ServiceError {
     /// A validation error with the given message.
     pub fn validation(message: impl Into<String>) -> Self {
         Self::Validation(message.into())
+    }
+}
+
+fn period_name(period: SpendPeriod) -> &'static str {
+    match period {
+        SpendPeriod::Day => "day's",
+        SpendPeriod::Month => "month's",
     }
 }

@@ -19,3 +19,4 @@ pub mod metrics;
 pub mod startup;
 pub mod telemetry;
 pub mod validation;
+pub mod webhooks;

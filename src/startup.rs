@@ -16,6 +16,7 @@ use crate::llm::openai::OpenAiClient;
 use crate::llm::routing::ModelFamily;
 use crate::llm::simulator::Simulator;
 use crate::metrics::Metrics;
+use crate::webhooks::dispatch::Dispatcher;
 use sea_orm::{DatabaseConnection, DbErr};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -35,6 +36,8 @@ pub struct App {
     pub metrics: Metrics,
     /// The workers' own pool, when they have one, for the pool gauge.
     pub worker_db: Option<DatabaseConnection>,
+    /// Whether webhooks may reach loopback and private addresses.
+    pub allow_private_webhooks: bool,
 }
 
 /// Why the application could not start.
@@ -117,6 +120,7 @@ impl Application {
             providers: providers.clone(),
             metrics: metrics.clone(),
             worker_db: own_worker_db,
+            allow_private_webhooks: settings.allow_private_webhooks,
         };
         let worker = settings.worker.clone().map(|mut worker_settings| {
             if let Some(config) = &config {
@@ -215,6 +219,14 @@ impl Application {
             }
             None => None,
         };
+        let dispatcher = tokio::spawn(
+            Dispatcher::new(
+                self.app.db.clone(),
+                self.app.allow_private_webhooks,
+                self.app.metrics.clone(),
+            )
+            .run(shutdown.child_token()),
+        );
         if let Some(listener) = self.listener {
             let address = listener.local_addr()?;
             let schema = graphql::build_schema(self.app.clone());
@@ -236,6 +248,9 @@ impl Application {
         }
         if let Some(operations) = operations {
             operations.await.map_err(std::io::Error::other)??;
+        }
+        if let Err(error) = dispatcher.await {
+            tracing::error!(error = %error, "the webhook dispatcher ended abnormally");
         }
         relay_stop.cancel();
         if let Err(error) = relay.await {

@@ -18,12 +18,16 @@ pub mod jobs;
 mod json_text;
 pub mod ledger_entries;
 pub mod model_prices;
+pub mod tenant_limits;
 pub mod tenants;
 mod timestamp;
 mod values;
+pub mod webhook_deliveries;
+pub mod webhooks;
 
 pub use json_text::JsonText;
 pub use timestamp::Timestamp;
 pub use values::{
     ApiKeyRole, AttemptOutcome, EventKind, JobStatus, LedgerEntryKind, ReservationStatus,
+    WebhookDeliveryStatus,
 };

@@ -14,6 +14,15 @@ pub struct Model {
     pub held_nanos: i64,
     pub charged_nanos: i64,
     pub created_at: Timestamp,
+    /// The UTC day `spend_day_nanos` counts; the counter starts over when a job is
+    /// created in a later day.
+    pub spend_day_starts_at: Timestamp,
+    /// Charges plus open holds of the jobs created in that day.
+    pub spend_day_nanos: i64,
+    /// The UTC month `spend_month_nanos` counts.
+    pub spend_month_starts_at: Timestamp,
+    /// Charges plus open holds of the jobs created in that month.
+    pub spend_month_nanos: i64,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -131,3 +131,20 @@ pub enum ApiKeyRole {
     #[sea_orm(string_value = "admin")]
     Admin,
 }
+
+/// Where a webhook delivery is.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum, Serialize, Deserialize,
+)]
+#[sea_orm(rs_type = "String", db_type = "String(StringLen::None)")]
+pub enum WebhookDeliveryStatus {
+    /// Not yet accepted by the endpoint; tried again at `next_attempt_at`.
+    #[sea_orm(string_value = "pending")]
+    Pending,
+    /// The endpoint answered 2xx.
+    #[sea_orm(string_value = "delivered")]
+    Delivered,
+    /// Given up: retried for a day without success, or its endpoint was deleted.
+    #[sea_orm(string_value = "failed")]
+    Failed,
+}

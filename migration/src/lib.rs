@@ -13,6 +13,8 @@ mod m20261130_000005_attempt_customer_charges;
 mod m20261130_000006_claimable_jobs;
 mod m20261130_000007_simulated_jobs;
 mod m20261130_000008_api_key_names;
+mod m20261130_000009_tenant_limits;
+mod m20261130_000010_webhooks;
 mod m20261130_000011_pruned_payloads;
 
 /// Applies jobledger's migrations in order.
@@ -30,6 +32,8 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000006_claimable_jobs::Migration),
             Box::new(m20261130_000007_simulated_jobs::Migration),
             Box::new(m20261130_000008_api_key_names::Migration),
+            Box::new(m20261130_000009_tenant_limits::Migration),
+            Box::new(m20261130_000010_webhooks::Migration),
             Box::new(m20261130_000011_pruned_payloads::Migration),
         ]
     }

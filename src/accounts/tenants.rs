@@ -31,6 +31,10 @@ pub async fn create_tenant(
         held_nanos: Set(0),
         charged_nanos: Set(0),
         created_at: Set(Timestamp::now()),
+        spend_day_starts_at: Set(Timestamp(0)),
+        spend_day_nanos: Set(0),
+        spend_month_starts_at: Set(Timestamp(0)),
+        spend_month_nanos: Set(0),
     };
     let tenant = tenants::Entity::insert(row).exec_with_returning(db).await?;
     let (_, key) = api_keys::create_tenant_key(db, tenant.id, "").await?;

@@ -294,6 +294,7 @@ async fn drain_rate(database: &ScratchDatabase, jobs: u64) -> Result<f64, BenchE
         .expect("the default markup is a decimal"),
         config_file: None,
         operations: Default::default(),
+        allow_private_webhooks: false,
     };
     let application = Application::build(settings).await?;
     let shutdown = CancellationToken::new();
@@ -415,6 +416,7 @@ async fn create_latency(engine: &Engine, scale: Scale) -> Result<Vec<Figure>, Be
         .expect("the default markup is a decimal"),
         config_file: None,
         operations: Default::default(),
+        allow_private_webhooks: false,
     };
     let application = Application::build(settings).await?;
     let address = application

@@ -4,6 +4,7 @@
 pub mod audit;
 mod credits;
 pub mod ledger;
+pub mod limits;
 pub mod policy;
 pub mod prices;
 pub mod reconciliation;

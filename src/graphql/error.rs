@@ -13,6 +13,8 @@ pub enum ErrorCode {
     Validation,
     IdempotencyConflict,
     InsufficientCredits,
+    /// The job would take the tenant's spend in a day or month past its cap.
+    SpendLimitExceeded,
     /// Too many live subscriptions on one connection or for one tenant.
     SubscriptionLimit,
     /// The document asks for more than the request's budget allows (before it runs).
@@ -35,6 +37,7 @@ impl ErrorCode {
             Self::Validation => "VALIDATION",
             Self::IdempotencyConflict => "IDEMPOTENCY_CONFLICT",
             Self::InsufficientCredits => "INSUFFICIENT_CREDITS",
+            Self::SpendLimitExceeded => "SPEND_LIMIT_EXCEEDED",
             Self::SubscriptionLimit => "SUBSCRIPTION_LIMIT",
             Self::QueryTooComplex => "QUERY_TOO_COMPLEX",
             Self::ResponseTooLarge => "RESPONSE_TOO_LARGE",
@@ -66,6 +69,23 @@ impl From<ServiceError> for async_graphql::Error {
             ServiceError::Forbidden => ErrorCode::Forbidden,
             ServiceError::IdempotencyConflict => ErrorCode::IdempotencyConflict,
             ServiceError::InsufficientCredits { .. } => ErrorCode::InsufficientCredits,
+            ServiceError::SpendLimitExceeded {
+                period,
+                limit,
+                spend,
+                ..
+            } => {
+                // Amounts as strings, like the `Decimal` scalar.
+                let (period, limit, spend) =
+                    (period.as_str(), limit.to_string(), spend.to_string());
+                return ErrorCode::SpendLimitExceeded
+                    .error(error.to_string())
+                    .extend_with(|_, extensions| {
+                        extensions.set("period", period);
+                        extensions.set("limit", limit);
+                        extensions.set("spend", spend);
+                    });
+            }
             ServiceError::Database(cause) => {
                 // The cause goes to the log, never to the client.
                 tracing::error!(error = %cause, "database error while serving a request");

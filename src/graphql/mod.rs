@@ -7,6 +7,7 @@ pub mod cost;
 mod error;
 pub mod fairness;
 mod keys;
+mod limits;
 mod loaders;
 mod mutation;
 mod query;
@@ -14,6 +15,7 @@ mod scalars;
 mod spans;
 mod subscription;
 mod types;
+mod webhooks;
 
 use crate::accounts::Principal;
 use crate::startup::App;
@@ -32,11 +34,17 @@ pub struct QueryRoot(
     billing::BillingQuery,
     keys::KeyQuery,
     admin::AdminQuery,
+    webhooks::WebhookQuery,
 );
 
 /// The root of every change: jobs, tenants and credits, and API keys.
 #[derive(MergedObject, Default)]
-pub struct MutationRoot(mutation::JobMutation, keys::KeyMutation);
+pub struct MutationRoot(
+    mutation::JobMutation,
+    keys::KeyMutation,
+    limits::LimitsMutation,
+    webhooks::WebhookMutation,
+);
 
 /// The schema with its resolvers.
 pub type AppSchema = Schema<QueryRoot, MutationRoot, SubscriptionRoot>;

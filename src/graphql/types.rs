@@ -549,6 +549,22 @@ impl Account {
     async fn balance(&self) -> AccountBalance {
         AccountBalance::from(Balance::from(&self.tenant))
     }
+
+    /// The limits an admin set for this account.
+    async fn limits(
+        &self,
+        context: &Context<'_>,
+    ) -> async_graphql::Result<super::limits::TenantLimits> {
+        let limits = crate::billing::limits::limits_of(&super::app(context).db, self.id)
+            .await
+            .map_err(ServiceError::from)?;
+        Ok(super::limits::TenantLimits::new(self.id, limits))
+    }
+
+    /// What this account spent in the current UTC day and month.
+    async fn spend(&self) -> super::limits::AccountSpend {
+        crate::billing::limits::Spend::of(&self.tenant, Timestamp::now()).into()
+    }
 }
 
 /// A tenant's credits.

@@ -8,8 +8,8 @@
 //! sized for that many calls (`billing::CallBound::job_hold`), so the money limits
 //! only bind when prices change while a job runs.
 
-use crate::billing::Credits;
 use crate::billing::ledger::{self, Resolution};
+use crate::billing::{Credits, limits};
 use entity::{AttemptOutcome, JobStatus, ReservationStatus, attempts, credit_reservations, jobs};
 use sea_orm::{ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QueryOrder};
 use std::collections::HashMap;
@@ -143,7 +143,39 @@ pub async fn resolve_hold(
     final_attempt: Option<Uuid>,
     spent: &Spent,
 ) -> Result<(), DbErr> {
-    ledger::resolve_holds(transaction, &[resolution(job, final_attempt, spent)]).await?;
+    resolve_holds(
+        transaction,
+        &[(job.clone(), resolution(job, final_attempt, spent))],
+    )
+    .await
+}
+
+/// Resolves terminal jobs' holds (each with its [`resolution`]) in the caller's
+/// transaction, and writes in it what follows from each: the spend its settlement
+/// released ([`limits::release_spend`]) and its `job.*` webhook deliveries. `job` is
+/// the row after its terminal update.
+pub async fn resolve_holds(
+    transaction: &impl ConnectionTrait,
+    terminal: &[(jobs::Model, Resolution)],
+) -> Result<(), DbErr> {
+    let resolutions: Vec<Resolution> = terminal.iter().map(|(_, resolution)| *resolution).collect();
+    let settlements = ledger::resolve_holds(transaction, &resolutions).await?;
+    // After the ledger, which locks the tenants' rows in id order: the spend counters
+    // are on those rows, so this takes no lock of its own.
+    for ((job, _), settlement) in terminal.iter().zip(settlements) {
+        if let Some(settlement) = &settlement {
+            limits::release_spend(
+                transaction,
+                job.tenant_id,
+                job.created_at,
+                settlement.released,
+            )
+            .await?;
+        }
+        // The webhook outbox row commits with the job's terminal state, or not at all.
+        let charged = settlement.map_or(Credits::ZERO, |settlement| settlement.charged);
+        crate::webhooks::outbox::enqueue_job_finished(transaction, job, charged).await?;
+    }
     Ok(())
 }
 

@@ -4,11 +4,12 @@ use super::budget::{self, Spent};
 use super::bus::{EventBus, EventNotice};
 use super::events;
 use super::input::NewJob;
-use crate::billing::{ledger, prices};
+use crate::billing::{ledger, limits, prices};
 use crate::db::begin_write;
 use crate::error::ServiceError;
 use crate::llm::ProviderRegistry;
 use crate::metrics::Metrics;
+use crate::webhooks::alerts;
 use entity::{EventKind, JobStatus, JsonText, Timestamp, attempts, job_events, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait, OnConflict};
 use sea_orm::{
@@ -37,6 +38,20 @@ pub async fn create_job(
     tenant_id: Uuid,
     new: NewJob,
 ) -> Result<CreatedJob, ServiceError> {
+    create_job_at(db, bus, providers, tenant_id, new, Timestamp::now()).await
+}
+
+/// [`create_job`] as if it were `now`: the instant prices the job, stamps it, and
+/// decides which UTC day and month its hold counts against — so a test can create jobs
+/// on either side of a period boundary.
+pub async fn create_job_at(
+    db: &DatabaseConnection,
+    bus: &EventBus,
+    providers: &ProviderRegistry,
+    tenant_id: Uuid,
+    new: NewJob,
+    now: Timestamp,
+) -> Result<CreatedJob, ServiceError> {
     let fingerprint = new.fingerprint();
     if !providers.serves(&new.model) {
         return Err(ServiceError::validation(format!(
@@ -44,7 +59,7 @@ pub async fn create_job(
             new.model
         )));
     }
-    let price = prices::price_at(db, &new.model, Timestamp::now())
+    let price = prices::price_at(db, &new.model, now)
         .await?
         .ok_or_else(|| {
             ServiceError::validation(format!(
@@ -54,7 +69,6 @@ pub async fn create_job(
         })?;
     let hold = new.input.call_bound().job_hold(&price, new.max_attempts);
     let transaction = begin_write(db).await?;
-    let now = Timestamp::now();
     let row = jobs::ActiveModel {
         id: Set(Uuid::now_v7()),
         tenant_id: Set(tenant_id),
@@ -112,6 +126,12 @@ pub async fn create_job(
     // so it is held for one statement and the commit. A refusal rolls everything
     // back as the transaction drops.
     ledger::hold(&transaction, tenant_id, job.id, hold).await?;
+    if let Err(refusal) = limits::admit_spend(&transaction, tenant_id, hold, now).await {
+        transaction.rollback().await?;
+        report_spend_limit(db, tenant_id, &refusal, now).await?;
+        return Err(refusal);
+    }
+    alerts::after_hold(&transaction, tenant_id, hold).await?;
     transaction.commit().await?;
     tracing::info!(job.id = %job.id, tenant.id = %tenant_id, model = %job.model, hold = %hold, "job created");
     bus.publish([created]);
@@ -119,6 +139,29 @@ pub async fn create_job(
         job,
         replayed: false,
     })
+}
+
+/// Queues `spend_limit.reached` for a create a cap refused (once per period), in a
+/// transaction of its own: the refused create wrote nothing.
+async fn report_spend_limit(
+    db: &DatabaseConnection,
+    tenant_id: Uuid,
+    refusal: &ServiceError,
+    now: Timestamp,
+) -> Result<(), ServiceError> {
+    let ServiceError::SpendLimitExceeded {
+        period,
+        limit,
+        spend,
+        ..
+    } = refusal
+    else {
+        return Ok(());
+    };
+    let transaction = begin_write(db).await?;
+    alerts::spend_limit_reached(&transaction, tenant_id, *period, *limit, *spend, now).await?;
+    transaction.commit().await?;
+    Ok(())
 }
 
 async fn find_by_key(

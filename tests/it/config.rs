@@ -560,6 +560,7 @@ fn settings_without_database() -> Settings {
         customer_markup: Decimal::from_str("1.25").unwrap(),
         config_file: None,
         operations: Default::default(),
+        allow_private_webhooks: false,
     }
 }
 

@@ -63,6 +63,7 @@ fn settings(folder: &std::path::Path, config: std::path::PathBuf) -> Settings {
         customer_markup: Decimal::ONE,
         config_file: Some(config),
         operations: OperationsSettings::default(),
+        allow_private_webhooks: false,
     }
 }
 

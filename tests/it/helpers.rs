@@ -172,6 +172,8 @@ pub struct AppOptions {
     pub config_file: Option<std::path::PathBuf>,
     /// The metrics listener and retention.
     pub operations: OperationsSettings,
+    /// `--allow-private-webhooks`: on, so that webhooks reach the tests' own servers.
+    pub allow_private_webhooks: bool,
 }
 
 impl Default for AppOptions {
@@ -180,6 +182,7 @@ impl Default for AppOptions {
             worker: Some(test_worker_settings()),
             config_file: None,
             operations: OperationsSettings::default(),
+            allow_private_webhooks: true,
         }
     }
 }
@@ -321,6 +324,7 @@ async fn spawn_app_at(
         customer_markup: Decimal::from_str("1.25").unwrap(),
         config_file: options.config_file,
         operations: options.operations,
+        allow_private_webhooks: options.allow_private_webhooks,
     };
     let application = Application::build(settings).await.expect("the app builds");
     let address = application.address().unwrap();

@@ -46,6 +46,7 @@ impl WorkerProcess {
                 metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
                 retention: None,
             },
+            allow_private_webhooks: false,
         };
         let application = Application::build(settings)
             .await
@@ -71,7 +72,7 @@ impl WorkerProcess {
 }
 
 /// One scrape, as `name{labels} value` lines.
-async fn scrape(address: SocketAddr) -> String {
+pub async fn scrape(address: SocketAddr) -> String {
     let response = reqwest::get(format!("http://{address}/metrics"))
         .await
         .unwrap();

@@ -9,7 +9,7 @@ use super::{
     attempt_event_data, fenced_update_of_all, paid_call_limit, releasing_update, storable_text,
     with_error,
 };
-use crate::billing::{Credits, ModelPrice, ledger};
+use crate::billing::{Credits, ModelPrice};
 use crate::db::{Parameters, begin_write};
 use crate::jobs::budget::{self, Spent};
 use crate::jobs::bus::EventNotice;
@@ -119,7 +119,8 @@ pub async fn finish_attempts(
             ))
         })?;
         if job.status.is_terminal() {
-            resolutions.push(budget::resolution(&job, Some(end.attempt.id), &spent));
+            let resolution = budget::resolution(&job, Some(end.attempt.id), &spent);
+            resolutions.push((job.clone(), resolution));
         }
         finished.push((index, job, change.kind, change.data));
     }
@@ -131,7 +132,7 @@ pub async fn finish_attempts(
     )
     .await?;
     // Last: it locks the tenants' rows, which every job of those tenants needs.
-    ledger::resolve_holds(&transaction, &resolutions).await?;
+    budget::resolve_holds(&transaction, &resolutions).await?;
     transaction.commit().await?;
     let mut answers: Vec<Option<Vec<EventNotice>>> = ends.iter().map(|_| None).collect();
     for ((index, ..), notice) in finished.iter().zip(notices) {

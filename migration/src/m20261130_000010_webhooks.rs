@@ -1,0 +1,135 @@
+//! Webhooks: the endpoints tenants register, and the outbox of deliveries to them.
+//!
+//! A delivery row is written in the same transaction as the fact it reports; the
+//! dispatcher claims due rows with a lease, so a crash neither loses nor invents one.
+
+use sea_orm_migration::{prelude::*, schema::*};
+
+#[derive(DeriveMigrationName)]
+pub struct Migration;
+
+#[async_trait::async_trait]
+impl MigrationTrait for Migration {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .create_table(
+                Table::create()
+                    .table(Webhooks::Table)
+                    .col(pk_uuid(Webhooks::Id))
+                    .col(uuid(Webhooks::TenantId))
+                    .col(text(Webhooks::Url))
+                    .col(text(Webhooks::Events))
+                    .col(text(Webhooks::Secret))
+                    .col(big_integer(Webhooks::CreatedAt))
+                    .col(big_integer_null(Webhooks::DeletedAt))
+                    .foreign_key(
+                        ForeignKey::create()
+                            .from(Webhooks::Table, Webhooks::TenantId)
+                            .to(Tenants::Table, Tenants::Id),
+                    )
+                    .to_owned(),
+            )
+            .await?;
+        manager
+            .create_index(
+                Index::create()
+                    .name("ix_webhooks_tenant")
+                    .table(Webhooks::Table)
+                    .col(Webhooks::TenantId)
+                    .to_owned(),
+            )
+            .await?;
+        manager
+            .create_table(
+                Table::create()
+                    .table(WebhookDeliveries::Table)
+                    .col(pk_uuid(WebhookDeliveries::Id))
+                    .col(uuid(WebhookDeliveries::TenantId))
+                    .col(uuid(WebhookDeliveries::WebhookId))
+                    .col(string(WebhookDeliveries::EventType))
+                    .col(text(WebhookDeliveries::Payload))
+                    .col(string(WebhookDeliveries::Status))
+                    .col(integer(WebhookDeliveries::Attempts))
+                    .col(big_integer(WebhookDeliveries::NextAttemptAt))
+                    .col(big_integer_null(WebhookDeliveries::LeaseUntil))
+                    .col(uuid_null(WebhookDeliveries::LeaseToken))
+                    .col(integer_null(WebhookDeliveries::LastStatusCode))
+                    .col(text_null(WebhookDeliveries::LastError))
+                    .col(big_integer(WebhookDeliveries::CreatedAt))
+                    .col(big_integer_null(WebhookDeliveries::DeliveredAt))
+                    .foreign_key(
+                        ForeignKey::create()
+                            .from(WebhookDeliveries::Table, WebhookDeliveries::WebhookId)
+                            .to(Webhooks::Table, Webhooks::Id),
+                    )
+                    .to_owned(),
+            )
+            .await?;
+        manager
+            .create_index(
+                Index::create()
+                    .name("ix_webhook_deliveries_tenant")
+                    .table(WebhookDeliveries::Table)
+                    .col(WebhookDeliveries::TenantId)
+                    .col(WebhookDeliveries::Id)
+                    .to_owned(),
+            )
+            .await?;
+        manager
+            .create_index(
+                Index::create()
+                    .name("ix_webhook_deliveries_due")
+                    .table(WebhookDeliveries::Table)
+                    .col(WebhookDeliveries::Status)
+                    .col(WebhookDeliveries::NextAttemptAt)
+                    .to_owned(),
+            )
+            .await
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .drop_table(Table::drop().table(WebhookDeliveries::Table).to_owned())
+            .await?;
+        manager
+            .drop_table(Table::drop().table(Webhooks::Table).to_owned())
+            .await
+    }
+}
+
+#[derive(DeriveIden)]
+enum Webhooks {
+    Table,
+    Id,
+    TenantId,
+    Url,
+    Events,
+    Secret,
+    CreatedAt,
+    DeletedAt,
+}
+
+#[derive(DeriveIden)]
+enum WebhookDeliveries {
+    Table,
+    Id,
+    TenantId,
+    WebhookId,
+    EventType,
+    Payload,
+    Status,
+    Attempts,
+    NextAttemptAt,
+    LeaseUntil,
+    LeaseToken,
+    LastStatusCode,
+    LastError,
+    CreatedAt,
+    DeliveredAt,
+}
+
+#[derive(DeriveIden)]
+enum Tenants {
+    Table,
+    Id,
+}

@@ -1,0 +1,200 @@
+//! Webhooks: endpoints tenants register, an outbox of signed deliveries written in the
+//! transaction of each fact it reports, and the dispatcher that delivers them.
+
+pub mod address;
+pub mod alerts;
+pub mod dispatch;
+pub mod outbox;
+pub mod signature;
+
+use crate::error::ServiceError;
+use entity::{Timestamp, WebhookDeliveryStatus, webhook_deliveries, webhooks};
+use reqwest::Url;
+use sea_orm::sea_query::Expr;
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, PaginatorTrait, QueryFilter,
+    QueryOrder, QuerySelect,
+};
+use uuid::Uuid;
+
+/// What a webhook reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventType {
+    JobSucceeded,
+    JobFailed,
+    JobCancelled,
+    BalanceLow,
+    SpendLimitReached,
+}
+
+impl EventType {
+    /// Every event type, in a stable order.
+    pub const ALL: [Self; 5] = [
+        Self::JobSucceeded,
+        Self::JobFailed,
+        Self::JobCancelled,
+        Self::BalanceLow,
+        Self::SpendLimitReached,
+    ];
+
+    /// The `type` of the delivered body.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::JobSucceeded => "job.succeeded",
+            Self::JobFailed => "job.failed",
+            Self::JobCancelled => "job.cancelled",
+            Self::BalanceLow => "balance.low",
+            Self::SpendLimitReached => "spend_limit.reached",
+        }
+    }
+
+    /// The event type a stored name names.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.as_str() == name)
+    }
+}
+
+/// Longest endpoint URL accepted.
+const MAX_URL_LENGTH: usize = 2048;
+/// Most live endpoints one tenant may have.
+const MAX_WEBHOOKS_PER_TENANT: u64 = 16;
+
+/// A new endpoint and its signing secret, which is shown this once.
+#[derive(Clone, Debug)]
+pub struct CreatedWebhook {
+    pub webhook: webhooks::Model,
+    pub secret: String,
+}
+
+/// Registers an endpoint for a tenant's events. The URL must be http(s) and, unless
+/// `allow_private`, resolve to public addresses only.
+pub async fn create_webhook(
+    db: &impl ConnectionTrait,
+    tenant_id: Uuid,
+    url: &str,
+    events: &[EventType],
+    allow_private: bool,
+) -> Result<CreatedWebhook, ServiceError> {
+    let url = url.trim();
+    if url.len() > MAX_URL_LENGTH {
+        return Err(ServiceError::validation(format!(
+            "url must be at most {MAX_URL_LENGTH} bytes"
+        )));
+    }
+    let parsed =
+        Url::parse(url).map_err(|_| ServiceError::validation("url is not an absolute URL"))?;
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(ServiceError::validation("url must not carry credentials"));
+    }
+    address::resolve(&parsed, allow_private)
+        .await
+        .map_err(|error| ServiceError::validation(format!("url: {error}")))?;
+    if events.is_empty() {
+        return Err(ServiceError::validation(
+            "events must name at least one event",
+        ));
+    }
+    let live = webhooks::Entity::find()
+        .filter(webhooks::Column::TenantId.eq(tenant_id))
+        .filter(webhooks::Column::DeletedAt.is_null())
+        .count(db)
+        .await?;
+    if live >= MAX_WEBHOOKS_PER_TENANT {
+        return Err(ServiceError::validation(format!(
+            "a tenant has at most {MAX_WEBHOOKS_PER_TENANT} webhooks"
+        )));
+    }
+    let mut names: Vec<&str> = Vec::new();
+    for kind in EventType::ALL {
+        if events.contains(&kind) {
+            names.push(kind.as_str());
+        }
+    }
+    let secret = signature::generate_secret();
+    let row = webhooks::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        tenant_id: Set(tenant_id),
+        url: Set(parsed.to_string()),
+        events: Set(names.join(",")),
+        secret: Set(secret.clone()),
+        created_at: Set(Timestamp::now()),
+        deleted_at: Set(None),
+    };
+    let webhook = webhooks::Entity::insert(row)
+        .exec_with_returning(db)
+        .await?;
+    tracing::info!(tenant.id = %tenant_id, webhook.id = %webhook.id, "webhook created");
+    Ok(CreatedWebhook { webhook, secret })
+}
+
+/// The event types an endpoint receives.
+pub fn events_of(webhook: &webhooks::Model) -> Vec<EventType> {
+    webhook
+        .events
+        .split(',')
+        .filter_map(EventType::parse)
+        .collect()
+}
+
+/// Deletes a tenant's endpoint: nothing more is delivered to it, and its pending
+/// deliveries are given up. Another tenant's endpoint is `NotFound`.
+pub async fn delete_webhook(
+    db: &impl ConnectionTrait,
+    tenant_id: Uuid,
+    webhook_id: Uuid,
+) -> Result<webhooks::Model, ServiceError> {
+    let webhook = webhooks::Entity::update_many()
+        .col_expr(webhooks::Column::DeletedAt, Expr::value(Timestamp::now()))
+        .filter(webhooks::Column::Id.eq(webhook_id))
+        .filter(webhooks::Column::TenantId.eq(tenant_id))
+        .filter(webhooks::Column::DeletedAt.is_null())
+        .exec_with_returning(db)
+        .await?
+        .into_iter()
+        .next()
+        .ok_or(ServiceError::NotFound)?;
+    webhook_deliveries::Entity::update_many()
+        .col_expr(
+            webhook_deliveries::Column::Status,
+            Expr::value(WebhookDeliveryStatus::Failed),
+        )
+        .filter(webhook_deliveries::Column::WebhookId.eq(webhook_id))
+        .filter(webhook_deliveries::Column::Status.eq(WebhookDeliveryStatus::Pending))
+        .exec(db)
+        .await?;
+    tracing::info!(tenant.id = %tenant_id, webhook.id = %webhook_id, "webhook deleted");
+    Ok(webhook)
+}
+
+/// One page of a tenant's deliveries, newest first.
+#[derive(Clone, Debug)]
+pub struct DeliveryPage {
+    pub deliveries: Vec<webhook_deliveries::Model>,
+    pub has_next_page: bool,
+}
+
+/// At most `first` of a tenant's deliveries older than the delivery `after`.
+pub async fn list_deliveries(
+    db: &impl ConnectionTrait,
+    tenant_id: Uuid,
+    first: u64,
+    after: Option<Uuid>,
+) -> Result<DeliveryPage, ServiceError> {
+    let mut query = webhook_deliveries::Entity::find()
+        .filter(webhook_deliveries::Column::TenantId.eq(tenant_id));
+    if let Some(after) = after {
+        // Version-7 ids: ordering by id is ordering by creation.
+        query = query.filter(webhook_deliveries::Column::Id.lt(after));
+    }
+    let mut deliveries = query
+        .order_by_desc(webhook_deliveries::Column::Id)
+        .limit(first + 1)
+        .all(db)
+        .await?;
+    let has_next_page = deliveries.len() as u64 > first;
+    deliveries.truncate(first as usize);
+    Ok(DeliveryPage {
+        deliveries,
+        has_next_page,
+    })
+}
