@@ -16,6 +16,7 @@ use sea_orm::sea_query::{Expr, ExprTrait, LockType, OnConflict};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QuerySelect,
 };
+use std::collections::BTreeMap;
 use uuid::Uuid;
 
 /// A period a spend cap covers, in UTC.
@@ -316,13 +317,38 @@ pub async fn admit_spend(
     Ok(after)
 }
 
+/// Takes what settlements released out of the spend of the periods their jobs were
+/// created in — one UPDATE per tenant and pair of periods, in tenant order. Each entry
+/// is `(tenant, job created at, released)`; run it in the transaction that settles,
+/// after the ledger locked the tenants' rows.
+pub async fn release_spends(
+    transaction: &impl ConnectionTrait,
+    releases: impl IntoIterator<Item = (Uuid, Timestamp, Credits)>,
+) -> Result<(), DbErr> {
+    // Keyed by tenant and the starts of the day and month: one sum per row update.
+    let mut totals: BTreeMap<(Uuid, Timestamp, Timestamp), Credits> = BTreeMap::new();
+    for (tenant_id, created_at, released) in releases {
+        let key = (
+            tenant_id,
+            SpendPeriod::Day.start_of(created_at),
+            SpendPeriod::Month.start_of(created_at),
+        );
+        let total = totals.entry(key).or_insert(Credits::ZERO);
+        *total = *total + released;
+    }
+    for ((tenant_id, day, _), released) in totals {
+        release_spend(transaction, tenant_id, day, released).await?;
+    }
+    Ok(())
+}
+
 /// Takes the part of a job's hold that its settlement released back out of the spend
 /// of the day and month the job was created in — when those are still the counted
 /// ones; an earlier period's spend is history.
 ///
 /// Call it in the transaction that resolves the hold, after the ledger has (the
 /// tenant's row is then locked already, so this takes no lock of its own).
-pub async fn release_spend(
+async fn release_spend(
     transaction: &impl ConnectionTrait,
     tenant_id: Uuid,
     job_created_at: Timestamp,

@@ -162,20 +162,26 @@ pub async fn resolve_holds(
     let settlements = ledger::resolve_holds(transaction, &resolutions).await?;
     // After the ledger, which locks the tenants' rows in id order: the spend counters
     // are on those rows, so this takes no lock of its own.
-    for ((job, _), settlement) in terminal.iter().zip(settlements) {
-        if let Some(settlement) = &settlement {
-            limits::release_spend(
-                transaction,
-                job.tenant_id,
-                job.created_at,
-                settlement.released,
-            )
-            .await?;
-        }
-        // The webhook outbox row commits with the job's terminal state, or not at all.
-        let charged = settlement.map_or(Credits::ZERO, |settlement| settlement.charged);
-        crate::webhooks::outbox::enqueue_job_finished(transaction, job, charged).await?;
-    }
+    let released = terminal
+        .iter()
+        .zip(&settlements)
+        .filter_map(|((job, _), settlement)| {
+            let settlement = settlement.as_ref()?;
+            Some((job.tenant_id, job.created_at, settlement.released))
+        });
+    limits::release_spends(transaction, released).await?;
+    // The webhook outbox rows commit with the jobs' terminal state, or not at all.
+    let finished: Vec<(&jobs::Model, Credits)> = terminal
+        .iter()
+        .zip(&settlements)
+        .map(|((job, _), settlement)| {
+            let charged = settlement
+                .as_ref()
+                .map_or(Credits::ZERO, |settlement| settlement.charged);
+            (job, charged)
+        })
+        .collect();
+    crate::webhooks::outbox::enqueue_jobs_finished(transaction, &finished).await?;
     Ok(())
 }
 

@@ -6,6 +6,7 @@ use crate::billing::Credits;
 use entity::{JobStatus, Timestamp, WebhookDeliveryStatus, jobs, webhook_deliveries, webhooks};
 use sea_orm::{ActiveValue::Set, ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter};
 use serde_json::{Value, json};
+use std::collections::HashSet;
 use uuid::Uuid;
 
 /// Queues `event` with `data` for every live endpoint of the tenant that subscribed
@@ -16,67 +17,98 @@ pub async fn enqueue(
     event: EventType,
     data: Value,
 ) -> Result<(), DbErr> {
+    enqueue_many(db, vec![(tenant_id, event, data)]).await
+}
+
+/// Most deliveries one multi-row insert carries: far below SQLite's bound on
+/// parameters.
+const INSERT_CHUNK: usize = 500;
+
+/// [`enqueue`] for several events, with one read of the endpoints of every tenant
+/// concerned and one insert of the deliveries.
+async fn enqueue_many(
+    db: &impl ConnectionTrait,
+    events: Vec<(Uuid, EventType, Value)>,
+) -> Result<(), DbErr> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let tenants: HashSet<Uuid> = events.iter().map(|(tenant_id, ..)| *tenant_id).collect();
     let endpoints = webhooks::Entity::find()
-        .filter(webhooks::Column::TenantId.eq(tenant_id))
+        .filter(webhooks::Column::TenantId.is_in(tenants))
         .filter(webhooks::Column::DeletedAt.is_null())
         .all(db)
         .await?;
+    if endpoints.is_empty() {
+        return Ok(());
+    }
     let now = Timestamp::now();
-    let body = json!({
-        "type": event.as_str(),
-        "timestamp": now.to_datetime().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        "data": data,
-    })
-    .to_string();
-    let rows: Vec<_> = endpoints
-        .iter()
-        .filter(|endpoint| super::events_of(endpoint).contains(&event))
-        .map(|endpoint| webhook_deliveries::ActiveModel {
-            id: Set(Uuid::now_v7()),
-            tenant_id: Set(tenant_id),
-            webhook_id: Set(endpoint.id),
-            event_type: Set(event.as_str().to_owned()),
-            payload: Set(body.clone()),
-            status: Set(WebhookDeliveryStatus::Pending),
-            attempts: Set(0),
-            next_attempt_at: Set(now),
-            lease_until: Set(None),
-            lease_token: Set(None),
-            last_status_code: Set(None),
-            last_error: Set(None),
-            created_at: Set(now),
-            delivered_at: Set(None),
+    let mut rows = Vec::new();
+    for (tenant_id, event, data) in events {
+        let body = json!({
+            "type": event.as_str(),
+            "timestamp": now.to_datetime().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            "data": data,
         })
-        .collect();
-    if !rows.is_empty() {
-        webhook_deliveries::Entity::insert_many(rows)
+        .to_string();
+        rows.extend(
+            endpoints
+                .iter()
+                .filter(|endpoint| {
+                    endpoint.tenant_id == tenant_id && super::events_of(endpoint).contains(&event)
+                })
+                .map(|endpoint| webhook_deliveries::ActiveModel {
+                    id: Set(Uuid::now_v7()),
+                    tenant_id: Set(tenant_id),
+                    webhook_id: Set(endpoint.id),
+                    event_type: Set(event.as_str().to_owned()),
+                    payload: Set(body.clone()),
+                    status: Set(WebhookDeliveryStatus::Pending),
+                    attempts: Set(0),
+                    next_attempt_at: Set(now),
+                    lease_until: Set(None),
+                    lease_token: Set(None),
+                    last_status_code: Set(None),
+                    last_error: Set(None),
+                    created_at: Set(now),
+                    delivered_at: Set(None),
+                }),
+        );
+    }
+    for chunk in rows.chunks(INSERT_CHUNK) {
+        webhook_deliveries::Entity::insert_many(chunk.to_vec())
             .exec(db)
             .await?;
     }
     Ok(())
 }
 
-/// Queues `job.succeeded`, `job.failed` or `job.cancelled` for a job that has just
-/// become terminal, with what its customer was charged. `job` is the row after its
+/// Queues `job.succeeded`, `job.failed` or `job.cancelled` for each job that has just
+/// become terminal, with what its customer was charged. Each job is the row after its
 /// terminal update; call it in that update's transaction. Jobs in any other status
 /// queue nothing.
-pub async fn enqueue_job_finished(
+pub async fn enqueue_jobs_finished(
     db: &impl ConnectionTrait,
-    job: &jobs::Model,
-    customer_charge: Credits,
+    finished: &[(&jobs::Model, Credits)],
 ) -> Result<(), DbErr> {
-    let (event, status) = match job.status {
-        JobStatus::Succeeded => (EventType::JobSucceeded, "SUCCEEDED"),
-        JobStatus::Failed => (EventType::JobFailed, "FAILED"),
-        JobStatus::Cancelled => (EventType::JobCancelled, "CANCELLED"),
-        JobStatus::Queued | JobStatus::Running => return Ok(()),
-    };
-    let data = json!({
-        "jobId": job.id,
-        "status": status,
-        "model": job.model,
-        "customerCharge": customer_charge.to_string(),
-        "errorCode": job.error_code,
-    });
-    enqueue(db, job.tenant_id, event, data).await
+    let events = finished
+        .iter()
+        .filter_map(|(job, customer_charge)| {
+            let (event, status) = match job.status {
+                JobStatus::Succeeded => (EventType::JobSucceeded, "SUCCEEDED"),
+                JobStatus::Failed => (EventType::JobFailed, "FAILED"),
+                JobStatus::Cancelled => (EventType::JobCancelled, "CANCELLED"),
+                JobStatus::Queued | JobStatus::Running => return None,
+            };
+            let data = json!({
+                "jobId": job.id,
+                "status": status,
+                "model": job.model,
+                "customerCharge": customer_charge.to_string(),
+                "errorCode": job.error_code,
+            });
+            Some((job.tenant_id, event, data))
+        })
+        .collect();
+    enqueue_many(db, events).await
 }
