@@ -3,7 +3,7 @@
 import { ApiError, forgetKey, gql, storeKey, storedKey } from './api.js';
 import { h, notice, replace } from './dom.js';
 import { disconnect, onConnectionState } from './live.js';
-import { renderJobList, renderJob } from './jobs.js';
+import { forgetListState, renderJobList, renderJob } from './jobs.js';
 import { renderBilling } from './billing.js';
 import { renderAdminBilling, renderTenant, renderTenants } from './admin.js';
 
@@ -114,6 +114,7 @@ signOut.addEventListener('click', () => {
   cleanup = () => {};
   disconnect();
   forgetKey();
+  forgetListState();
   history.replaceState(null, '', '/');
   showSignIn();
 });

@@ -94,7 +94,11 @@ export function periodReport(tenantId = null) {
     h('label', { for: 'period-to' }, 'Last day'), lastDay,
     h('button', { type: 'button', onclick: () => load() }, 'Show'));
   const content = h('div', { 'aria-busy': 'true' });
+  // Only the newest request may draw: a longer period answering after a shorter one
+  // chosen since would show figures under the wrong label.
+  let newestRequest = 0;
   async function load() {
+    const request = ++newestRequest;
     custom.hidden = choice.value !== 'custom';
     let days;
     if (choice.value === 'custom') {
@@ -118,9 +122,10 @@ export function periodReport(tenantId = null) {
       days.forEach((day, index) => { day.summary = perDay[index]; });
       totals = period;
     } catch (error) {
-      replace(content, notice(`Could not load billing figures: ${error.message}`, 'error'));
+      if (request === newestRequest) replace(content, notice(`Could not load billing figures: ${error.message}`, 'error'));
       return;
     }
+    if (request !== newestRequest) return;
     const dayTotals = {
       providerCost: sum(days.map((day) => day.summary.providerCost)),
       customerCharges: sum(days.map((day) => day.summary.customerCharges)),

@@ -62,8 +62,14 @@ function newJobForm() {
     h('button', { type: 'submit' }, 'Create job'), message));
 }
 
-/** The list's filter and page survive going to a job and back. */
+/** The list's filter and page survive going to a job and back (not a sign-out). */
 const listState = { status: '', cursors: [null] };
+
+/** Forgets the list's filter and page, for the next sign-in. */
+export function forgetListState() {
+  listState.status = '';
+  listState.cursors = [null];
+}
 
 /**
  * A list of jobs with a status filter and paging. For a tenant it is live; for an
@@ -82,8 +88,14 @@ export function renderJobList(root, { tenantId = null, state = listState } = {})
   STATUSES.map((status) => h('option', { value: status, selected: state.status === status }, status)));
   let rows = new Map();
   let reload = null;
+  let lastLoad = 0;
+  // Only the newest request may draw: an older one answering late (a filter changed
+  // twice quickly) would show jobs the filter no longer asks for.
+  let newestRequest = 0;
 
   async function load() {
+    const request = ++newestRequest;
+    lastLoad = Date.now();
     const after = state.cursors[state.cursors.length - 1];
     let page;
     try {
@@ -91,9 +103,10 @@ export function renderJobList(root, { tenantId = null, state = listState } = {})
         first: PAGE_SIZE, after, status: state.status || null, tenantId,
       }));
     } catch (error) {
-      replace(body, notice(`Could not load jobs: ${error.message}`, 'error'));
+      if (request === newestRequest) replace(body, notice(`Could not load jobs: ${error.message}`, 'error'));
       return;
     }
+    if (request !== newestRequest) return;
     rows = new Map();
     const pageNumber = state.cursors.length;
     const link = (id) => h('a', { href: tenantId ? `#/admin/tenants/${tenantId}/jobs/${id}` : `#/jobs/${id}`, class: 'mono' }, id);
@@ -137,10 +150,11 @@ export function renderJobList(root, { tenantId = null, state = listState } = {})
       const badge = rows.get(event.jobId);
       if (badge) replace(badge, event.status);
       if (badge) badge.className = `status status-${event.status.toLowerCase()}`;
-      // New jobs, and jobs leaving the filter, need the page read again; reading
-      // once after a burst of events is enough.
+      // New jobs, and jobs leaving the filter, need the page read again: once a
+      // burst of events is over, and at least every second while it lasts.
       clearTimeout(reload);
-      reload = setTimeout(load, 250);
+      const wait = Math.max(0, Math.min(250, lastLoad + 1000 - Date.now()));
+      reload = setTimeout(load, wait);
     },
   });
   return () => {

@@ -351,6 +351,20 @@ await check('GraphiQL loads at /graphql from this server alone', async () => {
   await page.locator('.graphiql-container').waitFor({ timeout: 40_000 });
   await shot('graphiql');
 });
+await check('a token pasted into GraphiQL is not kept in the browser', async () => {
+  await page.getByRole('button', { name: 'Headers' }).click();
+  await page.locator('.graphiql-editor-tool .CodeMirror').last().click();
+  await page.keyboard.type(`{"authorization": "Bearer ${adminToken}"}`);
+  await page.locator('.graphiql-query-editor .CodeMirror').click();
+  await page.keyboard.press('Control+A');
+  await page.keyboard.type('{ tenants(first: 1) { edges { node { id } } } }');
+  await page.locator('.graphiql-execute-button').click();
+  await page.locator('.graphiql-response').getByText('"edges"').waitFor({ timeout: 20_000 });
+  // The console itself keeps its sign-in in session storage; nothing may be in local
+  // storage, which outlives the tab.
+  const kept = await page.evaluate(() => JSON.stringify({ ...localStorage }));
+  assert(!kept.includes(adminToken), `the token is in local storage: ${kept.slice(0, 300)}`);
+});
 
 await check('no request left the server’s origin', async () => {
   assert(foreignRequests.length === 0, foreignRequests.join('\n'));
