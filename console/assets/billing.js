@@ -146,7 +146,10 @@ export function periodReport(tenantId = null) {
         ['Provider cost', credits(totals.providerCost)],
         ['With unknown bounds', credits(totals.providerCostUpperBound)],
         ['Customer charges', credits(totals.customerCharges)],
-        ['Margin', credits(totals.margin)],
+        [totals.unknownOutcomes > 0 ? 'Margin, at most (costs unknown)' : 'Margin', credits(totals.margin)],
+        ...(totals.unknownOutcomes > 0
+          ? [['Margin, at worst', credits(sum([totals.customerCharges, `-${totals.providerCostUpperBound}`]))]]
+          : []),
         ['Cost per succeeded job', totals.costPerSucceededJob === null ? '—' : credits(totals.costPerSucceededJob)],
       ].map(([label, value]) => h('div', { class: 'card' }, h('dt', {}, label), h('dd', {}, String(value))))),
       costPerDay(days, dayTotals),

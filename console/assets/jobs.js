@@ -4,7 +4,7 @@
 import { gql } from './api.js';
 import { h, notice, replace, statusBadge, table, time } from './dom.js';
 import { onConnectionState, subscribe } from './live.js';
-import { credits } from './money.js';
+import { credits, sum } from './money.js';
 
 const STATUSES = ['QUEUED', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED'];
 const PAGE_SIZE = 20;
@@ -298,7 +298,13 @@ function jobDetails(job, action) {
         ['Provider cost', h('span', { 'data-testid': 'provider-cost' }, credits(cost.providerCost))],
         ['Provider cost, with bounds of unknown outcomes', credits(cost.providerCostUpperBound)],
         ['Customer charge', h('span', { 'data-testid': 'customer-charge' }, credits(cost.customerCharge))],
-        ['Margin', h('span', { 'data-testid': 'margin' }, credits(cost.margin))],
+        // With unknown outcomes the known margin is only an upper limit: the calls may
+        // have cost up to their bounds.
+        [cost.unknownAttempts > 0 ? 'Margin, at most (costs unknown)' : 'Margin',
+          h('span', { 'data-testid': 'margin' }, credits(cost.margin))],
+        ...(cost.unknownAttempts > 0
+          ? [['Margin, at worst', credits(sum([cost.customerCharge, `-${cost.providerCostUpperBound}`]))]]
+          : []),
         ['Attempts with unknown cost', String(cost.unknownAttempts)],
       ])),
     h('section', { 'aria-labelledby': 'attempts-title' },

@@ -211,6 +211,10 @@ await check('a slow running job is cancelled from its page', async () => {
   const { job } = await api(tenantKey, JOB, { id: slow });
   assert(job.status === 'CANCELLED', `status ${job.status}`);
   assert(job.attempts.length === 1 && job.attempts[0].outcome === 'CANCELLED', JSON.stringify(job.attempts));
+  // The call may have been billed and its cost is unknown: the margin is shown as a
+  // limit, next to the worst case.
+  await page.getByText('Margin, at most (costs unknown)').waitFor();
+  await page.getByText('Margin, at worst').waitFor();
   await shot('job-cancelled');
 });
 
