@@ -48,7 +48,12 @@ enum Command {
 struct BenchArgs {
     /// Also run every scenario on PostgreSQL: a server URL on which the benchmark may
     /// create and drop databases.
-    #[arg(long, env = "JOBLEDGER_BENCH_POSTGRES", value_name = "URL")]
+    #[arg(
+        long,
+        env = "JOBLEDGER_BENCH_POSTGRES",
+        value_name = "URL",
+        hide_env_values = true
+    )]
     postgres: Option<String>,
     /// Skip SQLite.
     #[arg(long, env = "JOBLEDGER_BENCH_NO_SQLITE")]
@@ -74,7 +79,8 @@ struct BenchArgs {
 #[derive(Debug, Args)]
 struct DatabaseArgs {
     /// `sqlite:FILE` or `postgres://…`.
-    #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
+    // The URL may hold a password: --help must not print it from the environment.
+    #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL, hide_env_values = true)]
     database_url: String,
 }
 
@@ -115,7 +121,9 @@ struct WorkerArgs {
     metrics_listen: Option<SocketAddr>,
     /// Prune the events and payloads (input, result) of jobs finished more than D days
     /// ago; ledger rows, attempts' usage and costs are kept. Unset: keep everything.
-    #[arg(long, env = "JOBLEDGER_RETENTION_DAYS", value_name = "D")]
+    /// At least 1 and at most 36500 (a century), so that a typo cannot prune everything.
+    #[arg(long, env = "JOBLEDGER_RETENTION_DAYS", value_name = "D",
+          value_parser = clap::value_parser!(u32).range(1..=36_500))]
     retention_days: Option<u32>,
     /// Let webhooks reach loopback, private and link-local addresses (development and
     /// tests); off, createWebhook refuses them and every delivery re-checks.

@@ -66,9 +66,37 @@ pub async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
     transaction.commit().await
 }
 
-/// How many migrations this binary knows that the database has not applied.
-pub async fn pending_migrations(db: &DatabaseConnection) -> Result<usize, DbErr> {
-    Ok(Migrator::get_pending_migrations(db).await?.len())
+/// How many migrations this binary knows that the database has not applied, from one
+/// read of the migrations table. On PostgreSQL the read gives up after `timeout` on
+/// the server as well (statement and lock timeouts), so a database stuck behind a lock
+/// hands the connection back then instead of keeping it until the lock goes.
+pub async fn pending_migrations(
+    db: &DatabaseConnection,
+    timeout: Duration,
+) -> Result<usize, DbErr> {
+    let transaction = db.begin().await?;
+    if db.get_database_backend() == DbBackend::Postgres {
+        let milliseconds = timeout.as_millis();
+        transaction
+            .execute_unprepared(&format!(
+                "SET LOCAL statement_timeout = {milliseconds}; SET LOCAL lock_timeout = {milliseconds}"
+            ))
+            .await?;
+    }
+    let applied: std::collections::HashSet<String> = transaction
+        .query_all_raw(Statement::from_string(
+            db.get_database_backend(),
+            "SELECT version FROM seaql_migrations",
+        ))
+        .await?
+        .into_iter()
+        .map(|row| row.try_get_by_index::<String>(0))
+        .collect::<Result<_, _>>()?;
+    transaction.rollback().await?;
+    Ok(Migrator::migrations()
+        .iter()
+        .filter(|migration| !applied.contains(migration.name()))
+        .count())
 }
 
 /// Whether the database refused a statement because of a conflict on a unique index.

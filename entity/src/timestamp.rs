@@ -35,8 +35,15 @@ impl Timestamp {
     /// This instant moved by `duration` (negative durations move it back).
     pub fn plus(self, duration: chrono::Duration) -> Self {
         Self(
-            self.0
-                .saturating_add(duration.num_microseconds().unwrap_or(i64::MAX)),
+            // A duration too long for microseconds saturates in its own direction: a
+            // huge step back must not wrap into the far future.
+            self.0.saturating_add(duration.num_microseconds().unwrap_or(
+                if duration < chrono::Duration::zero() {
+                    i64::MIN
+                } else {
+                    i64::MAX
+                },
+            )),
         )
     }
 

@@ -15,20 +15,30 @@ pub async fn healthz() -> &'static str {
     "ok"
 }
 
+/// One readiness check at a time in this process: probes arriving together wait for
+/// their turn within their second, so a slow database never ties up more than one of
+/// the pool's connections with probes.
+static ONE_CHECK_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The database answers within a second and has every migration this binary knows:
 /// 200 `ready`, or 503 with the reason.
 pub async fn readyz(State(app): State<App>) -> (StatusCode, String) {
     let check = async {
+        let _turn = ONE_CHECK_AT_A_TIME.lock().await;
         app.db.ping().await.map_err(|error| {
             tracing::warn!(error = %error, "readiness check failed");
             "database unreachable".to_owned()
         })?;
-        match crate::db::pending_migrations(&app.db).await {
+        match crate::db::pending_migrations(&app.db, READY_TIMEOUT).await {
             Ok(0) => Ok(()),
             Ok(pending) => Err(format!("{pending} migrations not applied")),
             Err(error) => {
-                tracing::warn!(error = %error, "reading the applied migrations failed");
-                Err("migrations unreadable".to_owned())
+                tracing::warn!(error = %error, "readiness check failed");
+                Err(if crate::db::is_transient(&error) {
+                    "database unreachable".to_owned()
+                } else {
+                    "migrations unreadable".to_owned()
+                })
             }
         }
     };

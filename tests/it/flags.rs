@@ -1,7 +1,7 @@
 //! Every command-line flag has an environment twin and a `--help` line, and a bad
 //! config file stops the start naming the file and the key.
 
-use clap::CommandFactory;
+use clap::{CommandFactory, Parser};
 use jobledger::cli::Cli;
 use jobledger::config::{OperationsSettings, ProviderSettings, Settings};
 use jobledger::startup::{Application, StartupError};
@@ -98,4 +98,40 @@ async fn a_bad_config_file_is_refused_at_start_naming_the_file_and_the_key() {
             "the database was touched"
         );
     }
+}
+
+/// `--help` shows where each flag's environment twin is, never a secret it holds: a
+/// database URL carries its password.
+#[test]
+fn help_does_not_print_the_database_password_from_the_environment() {
+    for command in ["serve", "worker", "migrate", "audit"] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_jobledger"))
+            .args([command, "--help"])
+            .env(
+                "DATABASE_URL",
+                "postgres://jobledger:S3cretDbPassw0rd@db/jobledger",
+            )
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&output.stdout);
+        assert!(help.contains("DATABASE_URL"), "{command}: {help}");
+        assert!(
+            !help.contains("S3cretDbPassw0rd"),
+            "{command} printed the password"
+        );
+    }
+}
+
+/// A retention of 0 days or of more days than a timestamp can step back would prune
+/// every finished job at once: such values are refused at start.
+#[test]
+fn retention_outside_a_century_is_refused() {
+    for days in ["0", "36501", "200000000"] {
+        let parsed = Cli::try_parse_from(["jobledger", "serve", "--retention-days", days]);
+        assert!(parsed.is_err(), "--retention-days {days} was accepted");
+    }
+    assert!(Cli::try_parse_from(["jobledger", "serve", "--retention-days", "30"]).is_ok());
+    // And a step back too long for microseconds stays in the past.
+    let now = entity::Timestamp::now();
+    assert!(now.plus(-chrono::Duration::days(200_000_000)) < now);
 }

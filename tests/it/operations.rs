@@ -391,3 +391,43 @@ async fn readiness_follows_the_database_away_and_back() {
     }
     admin.close().await.ok();
 }
+
+/// Probes that meet a database stuck behind a lock answer 503 and tie up at most one
+/// connection between them: the others wait for their turn, and the waiting one gives
+/// up on the server after a second too. (Each probe used to keep a connection until
+/// the lock went: 30 probes took 15 of the pool's 16, and the API stalled.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_against_a_stuck_database_hold_at_most_one_connection() {
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let blocker = sea_orm::Database::connect(app.database_url())
+        .await
+        .unwrap();
+    let transaction = sea_orm::TransactionTrait::begin(&blocker).await.unwrap();
+    transaction
+        .execute_unprepared("LOCK TABLE seaql_migrations IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let probes = (0..20).map(|_| readyz(&app));
+    for (status, reason) in futures_util::future::join_all(probes).await {
+        assert_eq!(status, 503, "{reason}");
+    }
+    let waiting = blocker
+        .query_one_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Postgres,
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        ))
+        .await
+        .unwrap()
+        .unwrap()
+        .try_get_by_index::<i64>(0)
+        .unwrap();
+    assert!(waiting <= 1, "{waiting} probe connections wait on the lock");
+    transaction.rollback().await.unwrap();
+    let (status, reason) = readyz(&app).await;
+    assert_eq!((status, reason.as_str()), (200, "ready"));
+    blocker.close().await.ok();
+}
