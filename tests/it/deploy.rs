@@ -66,12 +66,27 @@ fn the_alert_rules_are_valid() {
         .arg(&path)
         .output()
     {
-        Ok(output) => assert!(
-            output.status.success(),
-            "promtool refused the rules:\n{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        ),
+        Ok(output) => {
+            assert!(
+                output.status.success(),
+                "promtool refused the rules:\n{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            // The rules' own unit tests: alerts fire in the scenarios operators expect
+            // (a queue stuck before any worker finished an attempt included).
+            let tested = std::process::Command::new("promtool")
+                .args(["test", "rules", "alerts_test.yml"])
+                .current_dir(path.parent().unwrap())
+                .output()
+                .unwrap();
+            assert!(
+                tested.status.success(),
+                "the rules' tests failed:\n{}{}",
+                String::from_utf8_lossy(&tested.stdout),
+                String::from_utf8_lossy(&tested.stderr)
+            );
+        }
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
             eprintln!("promtool is not installed: only the structure of the rules was checked");
         }
