@@ -62,6 +62,9 @@ pub const POOL_CONNECTIONS_IN_USE: &str = "jobledger_pool_connections_in_use";
 /// Tenants with less than a tenth of the credit ever granted to them left to spend
 /// (the same figure from every process: use `max`).
 pub const TENANTS_LOW_CREDIT: &str = "jobledger_tenants_low_credit";
+/// 1 when this process's last scrape could read the database, 0 when it could not: a
+/// process that answers its scrape while its database is away still pages.
+pub const DATABASE_UP: &str = "jobledger_database_up";
 
 /// Every metric name this process exposes, for documentation and tests.
 pub const ALL: &[&str] = &[
@@ -85,6 +88,7 @@ pub const ALL: &[&str] = &[
     OPEN_SUBSCRIPTIONS,
     POOL_CONNECTIONS_IN_USE,
     TENANTS_LOW_CREDIT,
+    DATABASE_UP,
 ];
 
 /// Histogram buckets, in seconds: from a fast database query to a long model call.
@@ -220,6 +224,10 @@ impl Metrics {
                 TENANTS_LOW_CREDIT,
                 "Tenants with under a tenth of their granted credit left",
             ),
+            (
+                DATABASE_UP,
+                "Whether this process could read the database at its last scrape",
+            ),
         ] {
             recorder.describe_gauge(name.into(), None, SharedString::const_str(help));
         }
@@ -337,6 +345,11 @@ impl Metrics {
         InFlight {
             metrics: self.clone(),
         }
+    }
+
+    /// Records whether the database could be read for this scrape.
+    pub fn set_database_up(&self, up: bool) {
+        self.gauge(DATABASE_UP, &[]).set(if up { 1.0 } else { 0.0 });
     }
 
     /// Sets the gauges read at scrape time.

@@ -57,9 +57,15 @@ pub async fn metrics(State(app): State<App>) -> impl IntoResponse {
     let mut pools = vec![("api", app.db.clone())];
     pools.extend(app.worker_db.clone().map(|db| ("worker", db)));
     match observe::state(&app.db, &app.bus, &pools).await {
-        Ok(state) => app.metrics.set_state(&state),
+        Ok(state) => {
+            app.metrics.set_state(&state);
+            app.metrics.set_database_up(true);
+        }
         // The counters are still worth serving; the gauges keep their last values.
-        Err(error) => tracing::warn!(error = %error, "reading the queue gauges failed"),
+        Err(error) => {
+            tracing::warn!(error = %error, "reading the queue gauges failed");
+            app.metrics.set_database_up(false);
+        }
     }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],

@@ -370,11 +370,13 @@ async fn readiness_follows_the_database_away_and_back() {
         ["database unreachable", "database did not answer within 1 s"].contains(&reason.as_str()),
         "{reason}"
     );
-    // The process itself is fine.
+    // The process itself is fine, and says in its metrics that its database is not.
     let health = reqwest::get(format!("http://{}/healthz", app.address))
         .await
         .unwrap();
     assert_eq!(health.status(), 200);
+    let metrics = scrape(app.address).await;
+    assert_eq!(sample(&metrics, "jobledger_database_up"), Some(0.into()));
     admin
         .execute_unprepared(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true"))
         .await
@@ -384,6 +386,8 @@ async fn readiness_follows_the_database_away_and_back() {
         let (status, reason) = readyz(&app).await;
         if status == 200 {
             assert_eq!(reason, "ready");
+            let metrics = scrape(app.address).await;
+            assert_eq!(sample(&metrics, "jobledger_database_up"), Some(1.into()));
             break;
         }
         assert!(Instant::now() < deadline, "never ready again: {reason}");
