@@ -108,6 +108,8 @@ export function renderJobList(root, { tenantId = null, state = listState } = {})
     }
     if (request !== newestRequest) return;
     rows = new Map();
+    // A keyboard user on a job's link keeps their place when the page is read again.
+    const focused = body.contains(document.activeElement) ? document.activeElement.getAttribute('href') : null;
     const pageNumber = state.cursors.length;
     const link = (id) => h('a', { href: tenantId ? `#/admin/tenants/${tenantId}/jobs/${id}` : `#/jobs/${id}`, class: 'mono' }, id);
     const tableRows = page.edges.map(({ node }) => {
@@ -129,6 +131,10 @@ export function renderJobList(root, { tenantId = null, state = listState } = {})
           state.cursors.push(page.pageInfo.endCursor);
           load();
         } }, 'Next page')));
+    if (focused) {
+      const again = Array.from(body.querySelectorAll('a')).find((link) => link.getAttribute('href') === focused);
+      if (again) again.focus();
+    }
   }
 
   replace(root,

@@ -174,6 +174,15 @@ await check('the status filter shows only the chosen status', async () => {
   await page.getByRole('row').filter({ hasText: fastJob }).waitFor();
   await page.locator('#status-filter').selectOption('');
 });
+await check('a keyboard user keeps their place in the list as new jobs arrive', async () => {
+  const link = page.getByRole('link', { name: fastJob });
+  await link.waitFor();
+  await link.focus();
+  const another = await createJob(tenantKey, 'console-focus', 'Arrive while a link has focus');
+  await page.getByRole('row').filter({ hasText: another }).waitFor({ timeout: 40_000 });
+  const focused = await page.evaluate(() => document.activeElement?.textContent);
+  assert(focused === fastJob, `focus moved to ${focused}`);
+});
 await fits('jobs', 768);
 
 // ---- one job ---------------------------------------------------------------------------
