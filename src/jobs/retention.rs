@@ -5,9 +5,13 @@
 //!
 //! The sweep works in small batches, each a short transaction over finished jobs
 //! only: the claim locks queued jobs and never waits for it. A job keeps its terminal
-//! event, so that subscribing to a pruned job still ends at once.
+//! event, so that subscribing to a pruned job still ends at once. Webhook deliveries
+//! that were delivered or given up before the cutoff go too; pending ones stay.
 
-use entity::{EventKind, JobStatus, JsonText, Timestamp, job_events, jobs};
+use entity::{
+    EventKind, JobStatus, JsonText, Timestamp, WebhookDeliveryStatus, job_events, jobs,
+    webhook_deliveries,
+};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
     ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
@@ -32,6 +36,8 @@ pub struct Pruned {
     pub jobs: u64,
     /// Events deleted.
     pub events: u64,
+    /// Finished webhook deliveries deleted.
+    pub deliveries: u64,
 }
 
 /// Prunes one batch of jobs finished before `cutoff` and not pruned yet.
@@ -47,8 +53,12 @@ pub async fn prune_batch(db: &DatabaseConnection, cutoff: Timestamp) -> Result<P
         .into_tuple()
         .all(db)
         .await?;
+    let deliveries = prune_deliveries(db, cutoff).await?;
     if ids.is_empty() {
-        return Ok(Pruned::default());
+        return Ok(Pruned {
+            deliveries,
+            ..Pruned::default()
+        });
     }
     let transaction = crate::db::begin_write(db).await?;
     let now = Timestamp::now();
@@ -84,7 +94,31 @@ pub async fn prune_batch(db: &DatabaseConnection, cutoff: Timestamp) -> Result<P
     Ok(Pruned {
         jobs: pruned.len() as u64,
         events,
+        deliveries,
     })
+}
+
+/// Deletes one batch of webhook deliveries created before `cutoff` that were
+/// delivered or given up; a pending one is never touched.
+async fn prune_deliveries(db: &DatabaseConnection, cutoff: Timestamp) -> Result<u64, DbErr> {
+    let ids: Vec<Uuid> = webhook_deliveries::Entity::find()
+        .select_only()
+        .column(webhook_deliveries::Column::Id)
+        .filter(webhook_deliveries::Column::CreatedAt.lt(cutoff))
+        .filter(webhook_deliveries::Column::Status.ne(WebhookDeliveryStatus::Pending))
+        .limit(PRUNE_BATCH)
+        .into_tuple()
+        .all(db)
+        .await?;
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    Ok(webhook_deliveries::Entity::delete_many()
+        .filter(webhook_deliveries::Column::Id.is_in(ids))
+        .filter(webhook_deliveries::Column::Status.ne(WebhookDeliveryStatus::Pending))
+        .exec(db)
+        .await?
+        .rows_affected)
 }
 
 /// Prunes every job finished before `cutoff`, batch after batch.
@@ -94,7 +128,8 @@ pub async fn prune(db: &DatabaseConnection, cutoff: Timestamp) -> Result<Pruned,
         let batch = prune_batch(db, cutoff).await?;
         total.jobs += batch.jobs;
         total.events += batch.events;
-        if batch.jobs < PRUNE_BATCH {
+        total.deliveries += batch.deliveries;
+        if batch.jobs < PRUNE_BATCH && batch.deliveries < PRUNE_BATCH {
             return Ok(total);
         }
         tokio::time::sleep(BATCH_PAUSE).await;
@@ -119,9 +154,10 @@ pub async fn run(db: DatabaseConnection, retention: Duration, shutdown: Cancella
             swept = prune(&db, cutoff) => swept,
         };
         match swept {
-            Ok(pruned) if pruned.jobs > 0 => tracing::info!(
+            Ok(pruned) if pruned.jobs > 0 || pruned.deliveries > 0 => tracing::info!(
                 jobs = pruned.jobs,
                 events = pruned.events,
+                deliveries = pruned.deliveries,
                 duration_ms = started.elapsed().as_millis() as u64,
                 "retention pruned old jobs' events and payloads"
             ),

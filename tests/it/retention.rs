@@ -4,7 +4,7 @@
 //! the sweep by itself.
 
 use crate::helpers::{AppOptions, Backend, TestApp, job_input, spawn_app};
-use entity::{attempts, job_events};
+use entity::{WebhookDeliveryStatus, attempts, job_events, webhook_deliveries, webhooks};
 use jobledger::billing::audit;
 use jobledger::jobs::retention::{self, Pruned};
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, PaginatorTrait, QueryFilter};
@@ -13,6 +13,61 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 on_both_backends!(pruning_keeps_the_books_and_drops_the_rest);
+
+/// A webhook of the tenant with four deliveries: delivered and given up 30 days ago
+/// (pruned at a 7-day retention), pending for 30 days and delivered today (kept).
+/// Returns the ids of the two kept, oldest first.
+async fn webhook_deliveries(app: &TestApp, tenant_id: Uuid) -> Vec<Uuid> {
+    use sea_orm::ActiveValue::Set;
+    let now = entity::Timestamp::now();
+    let month_ago = now.plus(-chrono::Duration::days(30));
+    let webhook = webhooks::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        tenant_id: Set(tenant_id),
+        url: Set("https://example.com/hook".into()),
+        events: Set("job.succeeded".into()),
+        secret: Set("whsec_c2VjcmV0".into()),
+        created_at: Set(month_ago),
+        deleted_at: Set(None),
+    };
+    let webhook = webhooks::Entity::insert(webhook)
+        .exec_with_returning(&app.app.db)
+        .await
+        .unwrap();
+    let mut kept = Vec::new();
+    for (status, created_at) in [
+        (WebhookDeliveryStatus::Delivered, month_ago),
+        (WebhookDeliveryStatus::Failed, month_ago),
+        (WebhookDeliveryStatus::Pending, month_ago),
+        (WebhookDeliveryStatus::Delivered, now),
+    ] {
+        let id = Uuid::now_v7();
+        if status == WebhookDeliveryStatus::Pending || created_at == now {
+            kept.push(id);
+        }
+        let delivery = webhook_deliveries::ActiveModel {
+            id: Set(id),
+            tenant_id: Set(tenant_id),
+            webhook_id: Set(webhook.id),
+            event_type: Set("job.succeeded".into()),
+            payload: Set("{}".into()),
+            status: Set(status),
+            attempts: Set(1),
+            next_attempt_at: Set(created_at),
+            lease_until: Set(None),
+            lease_token: Set(None),
+            last_status_code: Set(None),
+            last_error: Set(None),
+            created_at: Set(created_at),
+            delivered_at: Set(None),
+        };
+        webhook_deliveries::Entity::insert(delivery)
+            .exec(&app.app.db)
+            .await
+            .unwrap();
+    }
+    kept
+}
 
 /// Moves a job's finish back by `age`, as if it had finished that long ago.
 async fn age_finish(app: &TestApp, id: Uuid, age: Duration) {
@@ -108,14 +163,25 @@ async fn pruning_keeps_the_books_and_drops_the_rest(backend: Backend) {
     assert!(events_to_prune >= 4, "created and started, for each");
 
     let cutoff = entity::Timestamp::now().plus(-chrono::Duration::days(7));
+    let kept_deliveries = webhook_deliveries(&app, tenant.id).await;
     let pruned = retention::prune(&app.app.db, cutoff).await.unwrap();
     assert_eq!(
         pruned,
         Pruned {
             jobs: 2,
-            events: events_to_prune
+            events: events_to_prune,
+            deliveries: 2,
         }
     );
+    let mut left: Vec<Uuid> = webhook_deliveries::Entity::find()
+        .all(&app.app.db)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|delivery| delivery.id)
+        .collect();
+    left.sort();
+    assert_eq!(left, kept_deliveries, "pending and recent deliveries stay");
     assert_eq!(
         retention::prune(&app.app.db, cutoff).await.unwrap(),
         Pruned::default(),
