@@ -109,8 +109,8 @@ pub struct RateLimits {
 const MAX_RATE: u32 = i32::MAX as u32;
 
 /// Applies `change` to a tenant's limits and returns them all. Amounts may be zero
-/// (a zero cap stops new jobs), rates must be at least one. Run it in a transaction:
-/// it reads the current limits, then writes.
+/// (a zero cap stops new jobs), rates must be at least one. Run it in a write
+/// transaction: it locks the tenant, reads the current limits, then writes.
 pub async fn set_limits(
     db: &impl ConnectionTrait,
     tenant_id: Uuid,
@@ -133,7 +133,12 @@ pub async fn set_limits(
     };
     rate("requestsPerMinute", change.requests_per_minute)?;
     rate("tokensPerMinute", change.tokens_per_minute)?;
+    // The tenant's row is locked until the caller commits, so that two admins
+    // changing different limits at once apply one after the other: otherwise each
+    // writes back the other's field as it read it, and a cap set a moment ago is
+    // silently cleared. (SQLite's write transaction serialises them already.)
     tenants::Entity::find_by_id(tenant_id)
+        .lock(LockType::NoKeyUpdate)
         .one(db)
         .await?
         .ok_or(ServiceError::NotFound)?;

@@ -54,6 +54,10 @@ fn is_public_v4(address: Ipv4Addr) -> bool {
     let shared = first == 100 && (64..128).contains(&second);
     let this_network = first == 0;
     let reserved = first >= 240;
+    // 198.18.0.0/15 (benchmarking, often routed inside a network) and 192.0.0.0/24
+    // (protocol assignments).
+    let benchmarking = first == 198 && (second & 0xfe) == 18;
+    let protocol_assignments = address.octets()[..3] == [192, 0, 0];
     !(address.is_loopback()
         || address.is_private()
         || address.is_link_local()
@@ -63,7 +67,9 @@ fn is_public_v4(address: Ipv4Addr) -> bool {
         || address.is_documentation()
         || shared
         || this_network
-        || reserved)
+        || reserved
+        || benchmarking
+        || protocol_assignments)
 }
 
 fn is_public_v6(address: Ipv6Addr) -> bool {
@@ -75,17 +81,22 @@ fn is_public_v6(address: Ipv6Addr) -> bool {
     let link_local = first & 0xffc0 == 0xfe80;
     let site_local = first & 0xffc0 == 0xfec0;
     let documentation = first == 0x2001 && address.segments()[1] == 0x0db8;
+    // The local-use NAT64 prefix (RFC 8215) translates to addresses of the operator's
+    // own network.
+    let local_nat64 = first == 0x64 && address.segments()[1..3] == [0xff9b, 1];
     !(address.is_loopback()
         || address.is_unspecified()
         || address.is_multicast()
         || unique_local
         || link_local
         || site_local
-        || documentation)
+        || documentation
+        || local_nat64)
 }
 
-/// The IPv4 address inside an IPv4-mapped (`::ffff:a.b.c.d`), IPv4-compatible
-/// (`::a.b.c.d`) or NAT64 (`64:ff9b::a.b.c.d`) IPv6 address.
+/// The IPv4 address inside an IPv4-mapped (`::ffff:a.b.c.d`), IPv4-translated
+/// (`::ffff:0:a.b.c.d`), IPv4-compatible (`::a.b.c.d`), NAT64 (`64:ff9b::a.b.c.d`, and
+/// the local-use `64:ff9b:1::/48`) or 6to4 (`2002:a.b.c.d::`) IPv6 address.
 fn embedded_v4(address: Ipv6Addr) -> Option<Ipv4Addr> {
     if let Some(v4) = address.to_ipv4_mapped() {
         return Some(v4);
@@ -99,7 +110,12 @@ fn embedded_v4(address: Ipv6Addr) -> Option<Ipv4Addr> {
         && !address.is_loopback()
         && !address.is_unspecified();
     let nat64 = segments[0] == 0x64 && segments[1] == 0xff9b && segments[2..6] == [0; 4];
-    (compatible || nat64).then(tail)
+    let translated = segments[..4] == [0; 4] && segments[4] == 0xffff && segments[5] == 0;
+    if segments[0] == 0x2002 {
+        let [_, _, a, b, c, d, ..] = address.octets();
+        return Some(Ipv4Addr::new(a, b, c, d));
+    }
+    (compatible || nat64 || translated).then(tail)
 }
 
 #[cfg(test)]
@@ -124,6 +140,11 @@ mod tests {
             "::ffff:10.0.0.1",
             "::127.0.0.1",
             "64:ff9b::a9fe:a9fe",
+            "::ffff:0:127.0.0.1",
+            "64:ff9b:1::7f00:1",
+            "2002:7f00:1::",
+            "198.18.0.1",
+            "192.0.0.1",
         ] {
             let address: IpAddr = text.parse().unwrap();
             assert!(!is_public(address), "{text} counted as public");

@@ -21,6 +21,7 @@ on_both_backends!(
     concurrent_creates_admit_exactly_what_fits_under_a_daily_cap,
     spend_counts_charges_and_open_holds_only,
     caps_reset_at_the_utc_day_and_month_boundaries,
+    admins_changing_different_limits_at_once_keep_both,
 );
 
 async fn set_limits(app: &TestApp, key: &str, input: Value) -> Value {
@@ -355,4 +356,38 @@ async fn caps_reset_at_the_utc_day_and_month_boundaries(backend: Backend) {
         .unwrap();
     assert_eq!((spend.today, spend.this_month), (one + one, one + one));
     assert_billing_invariants(&app.app.db).await;
+}
+
+/// Two admins setting different limits of one tenant at the same moment: both stay.
+/// (Each used to write back the other's field as it had read it, clearing a cap set a
+/// moment before: 37 rounds in 40 lost one on PostgreSQL.)
+async fn admins_changing_different_limits_at_once_keep_both(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    for round in 1..=10 {
+        let daily = format!("{round}");
+        let monthly = format!("{}", round * 100);
+        let (first, second) = tokio::join!(
+            set_limits(
+                &app,
+                ADMIN_TOKEN,
+                json!({"tenantId": tenant.id, "dailySpendLimit": daily})
+            ),
+            set_limits(
+                &app,
+                ADMIN_TOKEN,
+                json!({"tenantId": tenant.id, "monthlySpendLimit": monthly})
+            ),
+        );
+        assert!(
+            first["errors"].is_null() && second["errors"].is_null(),
+            "{first} {second}"
+        );
+        let limits = &account_limits(&app, &tenant).await["limits"];
+        assert_eq!(
+            (&limits["dailySpendLimit"], &limits["monthlySpendLimit"]),
+            (&json!(daily), &json!(monthly)),
+            "round {round}: {limits}"
+        );
+    }
 }
