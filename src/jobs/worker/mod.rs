@@ -250,6 +250,10 @@ impl Worker {
                 prepared.push(ready);
             }
         }
+        // Every claim of the batch may have been abandoned.
+        if prepared.is_empty() {
+            return Vec::new();
+        }
         let starts: Vec<_> = prepared
             .iter()
             .map(|prepared| (&prepared.claim, &prepared.start))
