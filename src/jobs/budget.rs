@@ -143,11 +143,7 @@ pub async fn resolve_hold(
     final_attempt: Option<Uuid>,
     spent: &Spent,
 ) -> Result<(), DbErr> {
-    resolve_holds(
-        transaction,
-        &[(job.clone(), resolution(job, final_attempt, spent))],
-    )
-    .await
+    resolve_holds(transaction, &[(job, resolution(job, final_attempt, spent))]).await
 }
 
 /// Resolves terminal jobs' holds (each with its [`resolution`]) in the caller's
@@ -156,7 +152,7 @@ pub async fn resolve_hold(
 /// the row after its terminal update.
 pub async fn resolve_holds(
     transaction: &impl ConnectionTrait,
-    terminal: &[(jobs::Model, Resolution)],
+    terminal: &[(&jobs::Model, Resolution)],
 ) -> Result<(), DbErr> {
     let resolutions: Vec<Resolution> = terminal.iter().map(|(_, resolution)| *resolution).collect();
     let settlements = ledger::resolve_holds(transaction, &resolutions).await?;
@@ -178,7 +174,7 @@ pub async fn resolve_holds(
             let charged = settlement
                 .as_ref()
                 .map_or(Credits::ZERO, |settlement| settlement.charged);
-            (job, charged)
+            (*job, charged)
         })
         .collect();
     crate::webhooks::outbox::enqueue_jobs_finished(transaction, &finished).await?;

@@ -106,7 +106,6 @@ pub async fn finish_attempts(
         .collect();
     let mut written = write_jobs(&transaction, &changes, ends, now).await?;
     let mut finished = Vec::with_capacity(changes.len());
-    let mut resolutions = Vec::new();
     for (index, change, spent) in changes {
         let end = &ends[index];
         // Each row is locked by this transaction and was owned a moment ago, so the
@@ -118,21 +117,25 @@ pub async fn finish_attempts(
                 end.claim.job.id
             ))
         })?;
-        if job.status.is_terminal() {
-            let resolution = budget::resolution(&job, Some(end.attempt.id), &spent);
-            resolutions.push((job.clone(), resolution));
-        }
-        finished.push((index, job, change.kind, change.data));
+        let resolution = job
+            .status
+            .is_terminal()
+            .then(|| budget::resolution(&job, Some(end.attempt.id), &spent));
+        finished.push((index, job, change.kind, change.data, resolution));
     }
     let notices = events::append_many(
         &transaction,
         finished
-            .iter()
-            .map(|(_, job, kind, data)| (job, *kind, Some(data.clone()))),
+            .iter_mut()
+            .map(|(_, job, kind, data, _)| (&*job, *kind, Some(std::mem::take(data)))),
     )
     .await?;
+    let terminal: Vec<_> = finished
+        .iter()
+        .filter_map(|(_, job, _, _, resolution)| Some((job, (*resolution)?)))
+        .collect();
     // Last: it locks the tenants' rows, which every job of those tenants needs.
-    budget::resolve_holds(&transaction, &resolutions).await?;
+    budget::resolve_holds(&transaction, &terminal).await?;
     transaction.commit().await?;
     let mut answers: Vec<Option<Vec<EventNotice>>> = ends.iter().map(|_| None).collect();
     for ((index, ..), notice) in finished.iter().zip(notices) {

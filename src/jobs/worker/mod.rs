@@ -24,6 +24,7 @@ use entity::{EventKind, Timestamp};
 use finisher::{Finished, Finisher};
 use judge::{CallContext, CallEnd};
 use sea_orm::{DatabaseConnection, DbErr};
+use serde::Deserialize;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -297,7 +298,7 @@ impl Worker {
         prices: &mut HashMap<String, Option<ModelPrice>>,
     ) -> Option<Prepared> {
         let inner = &self.inner;
-        let input: JobInput = match serde_json::from_value(claim.job.input.0.clone()) {
+        let input = match JobInput::deserialize(&claim.job.input.0) {
             Ok(input) => input,
             Err(error) => {
                 self.abandon(&claim, format!("its stored input is unreadable: {error}"))
