@@ -4,6 +4,7 @@ use crate::billing::ChargingPolicy;
 use crate::config::{
     AdminTokenError, DEFAULT_DATABASE_URL, OperationsSettings, ProviderSettings, Settings,
 };
+use crate::jobs::flow::FlowLimits;
 use crate::jobs::worker::WorkerSettings;
 use crate::llm::Timeouts;
 use crate::llm::simulator::Simulator;
@@ -161,6 +162,8 @@ impl WorkerArgs {
             poll_interval: POLL_INTERVAL,
             // The config file's `[charging]` replaces it when the application is built.
             charging: ChargingPolicy::default(),
+            // So do the config file's rate limits.
+            flow: FlowLimits::default(),
         })
     }
 

@@ -39,6 +39,11 @@ pub const PROVIDER_COST: &str = "jobledger_provider_cost_credits_total";
 pub const CUSTOMER_CHARGES: &str = "jobledger_customer_charges_credits_total";
 /// Webhook delivery tries, by `result` (`success` or `failure`).
 pub const WEBHOOK_DELIVERIES: &str = "jobledger_webhook_deliveries_total";
+/// Claims that left due jobs queued for a budget, by `scope` (`provider`, `model`,
+/// `tenant`) and `reason` (`requests`, `tokens`, `concurrency`, `paused`).
+pub const FLOW_DEFERRALS: &str = "jobledger_flow_deferrals_total";
+/// 429 answers that paused a model for every worker, by `model`.
+pub const MODEL_PAUSES: &str = "jobledger_model_pauses_total";
 /// From a job's creation to its first claim.
 pub const QUEUE_WAIT: &str = "jobledger_queue_wait_seconds";
 /// One provider attempt, from the call's start to its end.
@@ -192,6 +197,14 @@ impl Metrics {
             ),
             (JOB_RETRIES, "Jobs queued again after an attempt"),
             (WEBHOOK_DELIVERIES, "Webhook delivery tries"),
+            (
+                FLOW_DEFERRALS,
+                "Claims that left due jobs queued for a rate limit, a concurrency bound or a paused model",
+            ),
+            (
+                MODEL_PAUSES,
+                "Provider 429 answers that paused a model for every worker",
+            ),
         ] {
             recorder.describe_counter(name.into(), None, SharedString::const_str(help));
         }
@@ -325,6 +338,17 @@ impl Metrics {
     /// A job was queued again, because of `class` (an error code).
     pub fn job_retried(&self, class: &str) {
         self.counter(JOB_RETRIES, &[("class", class)]).increment(1);
+    }
+
+    /// A claim left due jobs queued because `scope`'s budget was short for `reason`.
+    pub fn flow_deferred(&self, scope: &str, reason: &str) {
+        self.counter(FLOW_DEFERRALS, &[("scope", scope), ("reason", reason)])
+            .increment(1);
+    }
+
+    /// A provider's 429 paused `model` for every worker.
+    pub fn model_paused(&self, model: &str) {
+        self.counter(MODEL_PAUSES, &[("model", model)]).increment(1);
     }
 
     /// An attempt was taken back after its lease lapsed.

@@ -7,6 +7,7 @@ use crate::config::{ProviderEndpoint, Settings};
 use crate::graphql;
 use crate::http::{self, HttpState};
 use crate::jobs::EventBus;
+use crate::jobs::flow::FlowLimits;
 use crate::jobs::relay::NotificationRelay;
 use crate::jobs::worker::Worker;
 use crate::llm::Provider;
@@ -125,6 +126,7 @@ impl Application {
         let worker = settings.worker.clone().map(|mut worker_settings| {
             if let Some(config) = &config {
                 worker_settings.charging = config.charging;
+                worker_settings.flow = flow_limits(config, &providers);
             }
             let id = format!(
                 "{}-{}",
@@ -273,6 +275,24 @@ impl BuiltInSimulator {
         tracing::info!(address = %address, "built-in LLM simulator started");
         Ok((address, Self { stop, task }))
     }
+}
+
+/// The config file's per-minute limits of providers and models; `routes` tells which
+/// provider serves a model.
+fn flow_limits(config: &ConfigFile, routes: &ProviderRegistry) -> FlowLimits {
+    FlowLimits::new(
+        config
+            .models
+            .iter()
+            .map(|(model, entry)| (model.clone(), entry.rate_limit))
+            .collect(),
+        config
+            .providers
+            .iter()
+            .map(|(name, provider)| (name.clone(), provider.rate_limit))
+            .collect(),
+        routes.clone(),
+    )
 }
 
 /// Routes each model, first match wins: an exact name from the config file, then the

@@ -35,6 +35,9 @@ pub struct Model {
     /// The API admitted the job for the built-in simulator (no provider configured):
     /// only then may a worker simulate it.
     pub simulated: bool,
+    /// Most tokens one call of the job may use (prompt plus allowed output): what a
+    /// tokens-per-minute limit admits it by. `None` for jobs created before limits.
+    pub token_bound: Option<i64>,
     /// The seq of the job's newest event; bumping it in the same UPDATE that changes the
     /// job serialises event numbering with the job's row lock.
     pub last_event_seq: i32,

@@ -18,6 +18,7 @@ pub mod jobs;
 mod json_text;
 pub mod ledger_entries;
 pub mod model_prices;
+pub mod rate_limit_buckets;
 pub mod tenant_limits;
 pub mod tenants;
 mod timestamp;

@@ -16,6 +16,7 @@ mod m20261130_000008_api_key_names;
 mod m20261130_000009_tenant_limits;
 mod m20261130_000010_webhooks;
 mod m20261130_000011_pruned_payloads;
+mod m20261130_000012_flow_control;
 
 /// Applies jobledger's migrations in order.
 pub struct Migrator;
@@ -35,6 +36,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000009_tenant_limits::Migration),
             Box::new(m20261130_000010_webhooks::Migration),
             Box::new(m20261130_000011_pruned_payloads::Migration),
+            Box::new(m20261130_000012_flow_control::Migration),
         ]
     }
 }

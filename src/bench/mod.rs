@@ -231,7 +231,8 @@ async fn claim_latency(engine: &Engine, scale: Scale) -> Result<Vec<Figure>, Ben
                 ClaimRequest::new(CLAIM_SIZE, Duration::from_secs(3_600)),
                 &mut cursor,
             )
-            .await?;
+            .await?
+            .claims;
             samples.push(started.elapsed().as_secs_f64() * 1_000.0);
             if claimed.len() != CLAIM_SIZE as usize {
                 return Err(BenchError::Failed(format!(
@@ -286,6 +287,7 @@ async fn drain_rate(database: &ScratchDatabase, jobs: u64) -> Result<f64, BenchE
             tenant_concurrency: None,
             poll_interval: Duration::from_millis(500),
             charging: crate::billing::ChargingPolicy::default(),
+            flow: crate::jobs::flow::FlowLimits::default(),
         }),
         providers: ProviderSettings::default(),
         customer_markup: rust_decimal::Decimal::from_str_exact(

@@ -75,6 +75,11 @@ impl CallBound {
         }
     }
 
+    /// Every token the call may use: what a tokens-per-minute limit counts it as.
+    pub fn tokens(self) -> i64 {
+        i64::try_from(self.input_tokens.saturating_add(self.max_output_tokens)).unwrap_or(i64::MAX)
+    }
+
     /// What the call may cost at the provider at most.
     pub fn provider_cost(self, price: &ModelPrice) -> Credits {
         price.provider_cost(&self.usage())

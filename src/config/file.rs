@@ -1,5 +1,6 @@
 //! The optional config file (`--config FILE`, `JOBLEDGER_CONFIG`): named providers,
-//! which provider serves which model, and model prices with the customer price policy.
+//! which provider serves which model, model prices with the customer price policy, and
+//! the requests and tokens per minute each provider and model allows.
 //!
 //! The file is TOML, read once at start and validated completely before anything runs:
 //! unknown keys are errors (typos must not pass silently), every error names the file,
@@ -8,12 +9,14 @@
 
 use crate::billing::prices::{self, ConfiguredPrice, ListPrice, PricePerMillion, Rates};
 use crate::billing::{ChargingPolicy, Credits, UnfinishedCall};
+use crate::jobs::flow::RateLimit;
 use crate::llm::routing::ModelPattern;
 use rust_decimal::Decimal;
 use serde::Deserialize;
 use serde::de::{self, Visitor};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 
 /// Why the config file cannot be used; `serve` and `worker` refuse to start.
@@ -70,6 +73,8 @@ pub struct ProviderConfig {
     /// `None` for the simulator only.
     pub base_url: Option<String>,
     api_key: Option<String>,
+    /// What the provider's account allows per minute, across all its models.
+    pub rate_limit: RateLimit,
 }
 
 impl ProviderConfig {
@@ -86,6 +91,7 @@ impl fmt::Debug for ProviderConfig {
             .field("kind", &self.kind)
             .field("base_url", &self.base_url)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("rate_limit", &self.rate_limit)
             .finish()
     }
 }
@@ -97,6 +103,8 @@ pub struct ModelConfig {
     pub price: Option<Rates>,
     pub customer: CustomerPolicy,
     pub source: Option<String>,
+    /// What the provider allows per minute for this model.
+    pub rate_limit: RateLimit,
 }
 
 /// How the customer price follows from the provider price.
@@ -141,6 +149,8 @@ struct RawProvider {
     api_key_env: Option<String>,
     /// Accepted by the parser only to refuse it without quoting the value.
     api_key: Option<de::IgnoredAny>,
+    requests_per_minute: Option<i64>,
+    tokens_per_minute: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -151,6 +161,8 @@ struct RawModel {
     customer_price: Option<RawRates>,
     customer_markup: Option<RawNumber>,
     source: Option<String>,
+    requests_per_minute: Option<i64>,
+    tokens_per_minute: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -399,12 +411,15 @@ impl Checker<'_> {
             {
                 return Err(self.invalid(format!("{key}.source"), "is empty"));
             }
+            let rate_limit =
+                self.rate_limit(&key, model.requests_per_minute, model.tokens_per_minute)?;
             models.insert(
                 name,
                 ModelConfig {
                     price,
                     customer,
                     source: model.source,
+                    rate_limit,
                 },
             );
         }
@@ -463,6 +478,7 @@ impl Checker<'_> {
                  name that variable with `api_key_env`",
             ));
         }
+        let rate_limit = self.rate_limit(&key, raw.requests_per_minute, raw.tokens_per_minute)?;
         let kind = match raw.kind.as_str() {
             "openai" => ProviderKind::OpenAi,
             "anthropic" => ProviderKind::Anthropic,
@@ -490,6 +506,7 @@ impl Checker<'_> {
                 kind,
                 base_url: None,
                 api_key: None,
+                rate_limit,
             });
         }
         let base_url = raw.base_url.ok_or_else(|| {
@@ -543,6 +560,40 @@ impl Checker<'_> {
             kind,
             base_url: Some(base_url),
             api_key,
+            rate_limit,
+        })
+    }
+
+    /// `requests_per_minute` and `tokens_per_minute` under `key`: each a whole number
+    /// from 1 up, or absent for no limit.
+    fn rate_limit(
+        &self,
+        key: &str,
+        requests: Option<i64>,
+        tokens: Option<i64>,
+    ) -> Result<RateLimit, ConfigError> {
+        let per_minute = |field: &str, value: Option<i64>| {
+            value
+                .map(|value| {
+                    u32::try_from(value)
+                        .ok()
+                        .and_then(NonZeroU32::new)
+                        .ok_or_else(|| {
+                            self.invalid(
+                                format!("{key}.{field}"),
+                                format!(
+                                    "is {value}; expected a whole number from 1 to {} (leave it \
+                                     out for no limit)",
+                                    u32::MAX
+                                ),
+                            )
+                        })
+                })
+                .transpose()
+        };
+        Ok(RateLimit {
+            requests_per_minute: per_minute("requests_per_minute", requests)?,
+            tokens_per_minute: per_minute("tokens_per_minute", tokens)?,
         })
     }
 

@@ -4,6 +4,7 @@
 pub mod budget;
 pub mod bus;
 pub mod events;
+pub mod flow;
 pub mod input;
 pub mod leases;
 pub mod observe;

@@ -3,6 +3,7 @@
 //! committed events), so that recording costs the hot path no query.
 
 use super::bus::{EventBus, EventNotice};
+use super::flow::Deferral;
 use super::queue::{AttemptEnd, Claim, ErrorCode};
 use crate::billing::Credits;
 use crate::metrics::{AttemptFinished, Metrics, State};
@@ -21,6 +22,13 @@ pub fn claimed(metrics: &Metrics, latency: Duration, claims: &[Claim]) {
             Ord::max(run_at, claim.job.created_at)
         });
         metrics.first_claim(elapsed(due, now));
+    }
+}
+
+/// A claim left due jobs queued for each of `deferred`.
+pub fn deferred<'a>(metrics: &Metrics, deferred: impl IntoIterator<Item = &'a Deferral>) {
+    for deferral in deferred {
+        metrics.flow_deferred(deferral.scope.as_str(), deferral.reason.as_str());
     }
 }
 

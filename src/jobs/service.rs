@@ -67,7 +67,8 @@ pub async fn create_job_at(
                 new.model
             ))
         })?;
-    let hold = new.input.call_bound().job_hold(&price, new.max_attempts);
+    let bound = new.input.call_bound();
+    let hold = bound.job_hold(&price, new.max_attempts);
     let transaction = begin_write(db).await?;
     let row = jobs::ActiveModel {
         id: Set(Uuid::now_v7()),
@@ -92,6 +93,7 @@ pub async fn create_job_at(
         priority: Set(new.priority.value()),
         run_at: Set(new.run_at),
         simulated: Set(providers.simulates(&new.model)),
+        token_bound: Set(Some(bound.tokens())),
         last_event_seq: Set(1),
         created_at: Set(now),
         updated_at: Set(now),

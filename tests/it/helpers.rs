@@ -4,6 +4,7 @@
 use futures_util::{SinkExt, StreamExt};
 use jobledger::billing::ChargingPolicy;
 use jobledger::config::{OperationsSettings, ProviderSettings, Settings};
+use jobledger::jobs::flow::FlowLimits;
 use jobledger::jobs::worker::WorkerSettings;
 use jobledger::llm::ProviderRegistry;
 use jobledger::llm::openai::OpenAiClient;
@@ -215,6 +216,7 @@ pub fn test_worker_settings() -> WorkerSettings {
         tenant_concurrency: None,
         poll_interval: Duration::from_millis(100),
         charging: ChargingPolicy::default(),
+        flow: FlowLimits::default(),
     }
 }
 

@@ -112,11 +112,7 @@ async fn metrics_count_exactly_what_jobs_did(backend: Backend) {
         .await;
     let claimed = queue::claim(
         &api.app.db,
-        ClaimRequest {
-            limit: 10,
-            lease: Duration::from_millis(300),
-            tenant_limit: None,
-        },
+        ClaimRequest::new(10, Duration::from_millis(300)),
     )
     .await
     .unwrap();

@@ -41,7 +41,8 @@ async fn priority_orders_a_tenants_jobs_and_tenants_take_turns(backend: Backend)
     for _ in 0..jobs.len() {
         let claimed = queue::claim_in_turn(&app.app.db, ClaimRequest::new(1, LEASE), &mut cursor)
             .await
-            .unwrap();
+            .unwrap()
+            .claims;
         assert_eq!(claimed.len(), 1, "claimed so far: {order:?}");
         order.push(jobs[&claimed[0].job.id].clone());
     }

@@ -35,7 +35,11 @@ pub async fn expire_leases(db: &DatabaseConnection) -> Result<Vec<EventNotice>, 
         let Some(run_token) = job.run_token else {
             continue;
         };
-        let claim = Claim { job, run_token };
+        let claim = Claim {
+            job,
+            run_token,
+            tenant_rate: Default::default(),
+        };
         if let Some(notice) = expire_lease(db, &claim, now).await? {
             notices.push(notice);
         }

@@ -187,7 +187,11 @@ fn decide(end: &AttemptEnd, current: &jobs::Model, spent: &Spent, now: Timestamp
         JobOutcome::Failed(error) => Some(error),
         _ => report.error.as_ref(),
     };
-    let data = attempt_event_data(Some(end.attempt.number), report.outcome, error);
+    let mut data = attempt_event_data(Some(end.attempt.number), report.outcome, error);
+    // The timeline tells why the model's other jobs wait too.
+    if let Some(until) = report.model_paused_until {
+        data["modelPausedUntil"] = serde_json::json!(until.to_datetime().to_rfc3339());
+    }
     let (status, kind) = match &outcome {
         JobOutcome::Succeeded { .. } => (JobStatus::Succeeded, EventKind::Succeeded),
         JobOutcome::Retry { .. } | JobOutcome::HandBack => {

@@ -22,7 +22,7 @@ mod expiry;
 mod finish;
 mod start;
 
-pub use claim::{Claim, ClaimRequest, TenantCursor, claim, claim_in_turn};
+pub use claim::{Claim, ClaimRequest, Claimed, TenantCursor, claim, claim_in_turn};
 pub use expiry::expire_leases;
 pub use finish::{AttemptEnd, abandon_claim, finish_attempt, finish_attempts};
 pub use start::{start_attempt, start_attempts};
@@ -211,6 +211,8 @@ pub struct AttemptReport {
     pub error: Option<JobError>,
     pub provider_request_id: Option<String>,
     pub latency: Duration,
+    /// The provider answered 429: the model is paused for every worker until then.
+    pub model_paused_until: Option<Timestamp>,
 }
 
 /// A machine-readable code and a human message.

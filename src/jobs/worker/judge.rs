@@ -2,6 +2,7 @@
 //! charged by the charging policy, and what becomes of the job.
 
 use crate::billing::{AttemptEnding, CallBound, ChargingPolicy, ModelPrice, TokenUsage};
+use crate::jobs::flow;
 use crate::jobs::input::JobInput;
 use crate::jobs::queue::{AttemptReport, Claim, ErrorCode, JobError, JobOutcome};
 use crate::llm::{Completion, ProviderError};
@@ -112,6 +113,7 @@ impl CallFacts<'_> {
             error,
             provider_request_id,
             latency: self.latency,
+            model_paused_until: None,
         }
     }
 
@@ -278,10 +280,14 @@ impl CallFacts<'_> {
                     ErrorCode::ProviderUnavailable,
                     format!("provider answered {status}: {message}"),
                 );
-                (
-                    failed(AttemptOutcome::RetryableError, error.clone(), request_id),
-                    self.retry_or_fail(error, retry_after),
-                )
+                let mut report = failed(AttemptOutcome::RetryableError, error.clone(), request_id);
+                // A rate limit is the provider's, not this job's: every worker holds
+                // off the model, not only this job's retry.
+                if status == 429 {
+                    report.model_paused_until =
+                        Some(flow::paused_until(Timestamp::now(), retry_after));
+                }
+                (report, self.retry_or_fail(error, retry_after))
             }
             ProviderError::Permanent {
                 status, message, ..

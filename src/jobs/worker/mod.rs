@@ -10,12 +10,13 @@ mod finisher;
 mod judge;
 
 use super::bus::{EventBus, TopicReceiver, Wake};
+use super::flow::{self, FlowLimits};
 use super::input::JobInput;
 use super::leases::LeaseKeeper;
 use super::observe;
 use super::queue::{
-    self, AttemptEnd, AttemptStart, Claim, ClaimRequest, ErrorCode, JobError, Renewal,
-    StartedAttempt, TenantCursor,
+    self, AttemptEnd, AttemptReport, AttemptStart, Claim, ClaimRequest, Claimed, ErrorCode,
+    JobError, Renewal, StartedAttempt, TenantCursor,
 };
 use crate::billing::{AttemptEnding, ChargingPolicy, ModelPrice, prices};
 use crate::llm::{ChatRequest, Provider, ProviderRegistry};
@@ -57,6 +58,8 @@ pub struct WorkerSettings {
     /// What the customer pays for calls that did not simply succeed (the config
     /// file's `[charging]`).
     pub charging: ChargingPolicy,
+    /// The providers' and models' per-minute limits (the config file's).
+    pub flow: FlowLimits,
 }
 
 /// A pool of concurrent attempts in one process.
@@ -153,12 +156,14 @@ impl Worker {
                 limit: free as u32,
                 lease: settings.lease,
                 tenant_limit: settings.tenant_concurrency,
+                flow: &settings.flow,
             };
             let asked = Instant::now();
             let claimed = match queue::claim_in_turn(&self.inner.db, request, &mut cursor).await {
-                Ok(claimed) => {
-                    observe::claimed(&self.inner.metrics, asked.elapsed(), &claimed);
-                    claimed
+                Ok(Claimed { claims, deferred }) => {
+                    observe::claimed(&self.inner.metrics, asked.elapsed(), &claims);
+                    observe::deferred(&self.inner.metrics, &deferred);
+                    claims
                 }
                 Err(error) => {
                     tracing::error!(error = %error, "claiming jobs failed");
@@ -209,6 +214,53 @@ impl Worker {
         {
             // Their leases lapse and another worker takes the jobs back.
             attempts.shutdown().await;
+        }
+    }
+
+    /// Holds off `model` for every worker until `until`, as its provider asked.
+    async fn pause_model(&self, model: &str, until: Timestamp) {
+        tracing::warn!(model = %model, paused_until = %until.to_datetime().to_rfc3339(), "the provider rate-limited the model: pausing it for every worker");
+        self.inner.metrics.model_paused(model);
+        if let Err(error) =
+            flow::buckets::pause_model(&self.inner.db, model, until, Timestamp::now()).await
+        {
+            // The job's own retry still waits for the Retry-After.
+            tracing::error!(model = %model, error = %error, "recording the model's pause failed");
+        }
+    }
+
+    /// The buckets a finished call was admitted by that count tokens, each with what
+    /// the call did not use of its bound.
+    fn unused_tokens(&self, claim: &Claim, report: &AttemptReport) -> Vec<(flow::BucketKey, u64)> {
+        let used = report
+            .usage
+            .map(|usage| usage.input_tokens.saturating_add(usage.output_tokens));
+        let unused = flow::unused_tokens(claim.job.token_bound, used);
+        if unused == 0 {
+            return Vec::new();
+        }
+        let mut keys: Vec<flow::BucketKey> = self
+            .inner
+            .settings
+            .flow
+            .buckets_of(&claim.job.model)
+            .into_iter()
+            .filter(|(_, limit)| limit.tokens_per_minute.is_some())
+            .map(|(key, _)| key)
+            .collect();
+        if claim.tenant_rate.tokens_per_minute.is_some() {
+            keys.push(flow::BucketKey::tenant(claim.job.tenant_id));
+        }
+        keys.into_iter().map(|key| (key, unused)).collect()
+    }
+
+    /// Gives unused tokens back to their budgets. Best effort: a lost top-up only
+    /// leaves a budget lower than it could be for a moment.
+    async fn give_back(&self, job_id: uuid::Uuid, unused: Vec<(flow::BucketKey, u64)>) {
+        for (key, tokens) in unused {
+            if let Err(error) = flow::buckets::give_back(&self.inner.db, &key, tokens).await {
+                tracing::warn!(job.id = %job_id, bucket = %key.key, error = %error, "giving unused tokens back failed");
+            }
         }
     }
 
@@ -520,6 +572,10 @@ impl Worker {
         };
         let (report, outcome) = context.facts(&claim, &attempt, &start.price).judge(end);
         let (job_id, number, report_outcome) = (claim.job.id, attempt.number, report.outcome);
+        if let Some(until) = report.model_paused_until {
+            self.pause_model(&claim.job.model, until).await;
+        }
+        let unused_tokens = self.unused_tokens(&claim, &report);
         let end = AttemptEnd {
             claim,
             attempt,
@@ -569,6 +625,7 @@ impl Worker {
                 );
                 observe::attempt_finished(&inner.metrics, &tally, &notices);
                 inner.bus.publish(notices);
+                self.give_back(job_id, unused_tokens).await;
             }
             None => {
                 tracing::warn!(job.id = %job_id, "lease lost before the attempt finished")

@@ -1,0 +1,126 @@
+//! The stored buckets: locked and read by a claim, written back with what it took,
+//! topped up by finished calls, and paused by a provider's 429.
+
+use super::{Bucket, BucketKey, Scope};
+use crate::db::Parameters;
+use entity::{Timestamp, rate_limit_buckets};
+use sea_orm::{ConnectionTrait, DbBackend, DbErr, EntityTrait};
+
+/// The buckets of `keys` (sorted and distinct), created full where missing and locked
+/// until the caller's transaction ends: on PostgreSQL the upsert locks every row, in
+/// key order, so two claims never wait for each other in a cycle; on SQLite the
+/// caller's transaction holds the database's write lock already.
+pub async fn lock(
+    transaction: &impl ConnectionTrait,
+    keys: &[BucketKey],
+    now: Timestamp,
+) -> Result<Vec<rate_limit_buckets::Model>, DbErr> {
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    debug_assert!(keys.windows(2).all(|pair| pair[0] < pair[1]));
+    let mut parameters = Parameters::new(transaction.get_database_backend());
+    let rows: Vec<String> = keys
+        .iter()
+        .map(|key| {
+            parameters.row([
+                key.scope.as_str().into(),
+                key.key.clone().into(),
+                now.into(),
+            ])
+        })
+        .collect();
+    // The no-op update is what locks an existing row and returns it.
+    let sql = format!(
+        "INSERT INTO rate_limit_buckets (scope, key, refilled_at) VALUES {}
+         ON CONFLICT (scope, key) DO UPDATE SET scope = excluded.scope
+         RETURNING *",
+        rows.join(", ")
+    );
+    rate_limit_buckets::Entity::find()
+        .from_raw_sql(parameters.statement(sql))
+        .all(transaction)
+        .await
+}
+
+/// Writes back the levels of the buckets a claim took from (locked by [`lock`]).
+pub async fn store(
+    transaction: &impl ConnectionTrait,
+    taken: &[(&BucketKey, &Bucket)],
+) -> Result<(), DbErr> {
+    if taken.is_empty() {
+        return Ok(());
+    }
+    let backend = transaction.get_database_backend();
+    let mut parameters = Parameters::new(backend);
+    let rows: Vec<String> = taken
+        .iter()
+        .map(|(key, bucket)| {
+            parameters.row([
+                key.scope.as_str().into(),
+                key.key.clone().into(),
+                bucket.requests().into(),
+                bucket.tokens().into(),
+                bucket.refilled_at().into(),
+            ])
+        })
+        .collect();
+    let sql = format!(
+        "UPDATE rate_limit_buckets SET
+            requests = v.column3, tokens = v.column4, refilled_at = v.column5
+         FROM (VALUES {}) AS v
+         WHERE rate_limit_buckets.scope = v.column1 AND rate_limit_buckets.key = v.column2",
+        rows.join(", ")
+    );
+    transaction.execute_raw(parameters.statement(sql)).await?;
+    Ok(())
+}
+
+/// Gives `tokens` back to the token budget of `key`: what a finished call did not use
+/// of the bound it was admitted by. The level may pass the bucket's size here; a read
+/// counts anything above it as full. One row per statement, so a top-up never holds
+/// one bucket while waiting for another.
+pub async fn give_back(
+    db: &impl ConnectionTrait,
+    key: &BucketKey,
+    tokens: u64,
+) -> Result<(), DbErr> {
+    let mut parameters = Parameters::new(db.get_database_backend());
+    let sql = format!(
+        "UPDATE rate_limit_buckets SET tokens = tokens + {tokens}
+         WHERE scope = {scope} AND key = {key} AND tokens IS NOT NULL",
+        tokens = parameters.bind(tokens as f64),
+        scope = parameters.bind(key.scope.as_str()),
+        key = parameters.bind(key.key.clone()),
+    );
+    db.execute_raw(parameters.statement(sql)).await?;
+    Ok(())
+}
+
+/// Pauses `model` for every worker until `until` (a later pause already set wins).
+pub async fn pause_model(
+    db: &impl ConnectionTrait,
+    model: &str,
+    until: Timestamp,
+    now: Timestamp,
+) -> Result<(), DbErr> {
+    let backend = db.get_database_backend();
+    let larger = if backend == DbBackend::Postgres {
+        "GREATEST"
+    } else {
+        "MAX"
+    };
+    let mut parameters = Parameters::new(backend);
+    let sql = format!(
+        "INSERT INTO rate_limit_buckets (scope, key, refilled_at, paused_until)
+         VALUES ({scope}, {key}, {now}, {until})
+         ON CONFLICT (scope, key) DO UPDATE SET paused_until =
+            {larger}(COALESCE(rate_limit_buckets.paused_until, excluded.paused_until), excluded.paused_until)",
+        scope = parameters.bind(Scope::Model.as_str()),
+        key = parameters.bind(model),
+        now = parameters.bind(now),
+        until = parameters.bind(until),
+    );
+    db.execute_raw(parameters.statement(sql)).await?;
+    Ok(())
+}
