@@ -489,7 +489,8 @@ impl JobEvent {
         time(self.0.at)
     }
 
-    /// Details: the attempt number, its outcome and error.
+    /// Details: the attempt number, its outcome and error; `modelPausedUntil` when the
+    /// provider's 429 paused the job's model for every worker.
     async fn data(&self) -> Option<Json<serde_json::Value>> {
         self.0.data.clone().map(|data| Json(data.0))
     }

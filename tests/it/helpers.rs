@@ -165,6 +165,7 @@ fn replace_database_name(url: &str, name: &str) -> String {
 }
 
 /// How a test wants its application.
+#[derive(Clone)]
 pub struct AppOptions {
     /// `None`: no workers; the test claims jobs itself.
     pub worker: Option<WorkerSettings>,

@@ -23,6 +23,7 @@ mod deploy;
 mod engine;
 mod fencing;
 mod flags;
+mod flow_control;
 mod hardening;
 mod invariants;
 mod jobs;

@@ -1,0 +1,421 @@
+//! Flow control: provider and model rate limits that hold across worker processes,
+//! tenant limits, tokens admitted by a job's bound, and a 429 that pauses a model for
+//! every worker. Each scenario ends with the billing audit.
+
+use crate::helpers::{
+    AppOptions, Backend, TestApp, TestTenant, job_input, spawn_app_with, test_worker_settings,
+};
+use crate::invariants::assert_billing_invariants;
+use entity::{Timestamp, attempts, rate_limit_buckets};
+use jobledger::config::file::ConfigFile;
+use jobledger::jobs::worker::WorkerSettings;
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use uuid::Uuid;
+
+on_both_backends!(
+    a_model_limit_holds_across_worker_processes,
+    a_provider_limit_covers_every_model_it_serves,
+    a_tokens_limit_admits_jobs_by_their_token_bound,
+    a_finished_call_gives_back_the_tokens_it_did_not_use,
+    a_tenant_limit_paces_that_tenant_only,
+    a_rate_limited_answer_pauses_the_model_for_every_worker,
+);
+
+/// A config file in a folder that lives as long as the returned guard.
+fn config_file(text: &str) -> (tempfile::TempDir, PathBuf) {
+    let folder = tempfile::tempdir().unwrap();
+    let path = folder.path().join("jobledger.toml");
+    std::fs::write(&path, text).unwrap();
+    (folder, path)
+}
+
+fn with_config(path: &Path) -> AppOptions {
+    AppOptions {
+        config_file: Some(path.to_owned()),
+        ..AppOptions::default()
+    }
+}
+
+/// The API and one worker pool in one process, a second worker pool in another, both
+/// reading `config`.
+async fn two_worker_processes(backend: Backend, config: &Path) -> (TestApp, TestApp) {
+    let first = spawn_app_with(backend, with_config(config)).await;
+    let second = first.another_process(with_config(config)).await;
+    (first, second)
+}
+
+/// Creates one job per input and waits until all are finished.
+async fn run_all(app: &TestApp, tenant: &TestTenant, inputs: Vec<Value>) -> Vec<Uuid> {
+    let mut ids = Vec::new();
+    for input in inputs {
+        ids.push(app.create_job_ok(tenant, input).await);
+    }
+    for id in &ids {
+        let job = app
+            .wait_until_finished(tenant, *id, Duration::from_secs(60))
+            .await;
+        assert_eq!(job["status"], "SUCCEEDED", "{job}");
+    }
+    ids
+}
+
+/// Every attempt of `jobs`, by start time.
+async fn attempts_of(app: &TestApp, jobs: &[Uuid]) -> Vec<attempts::Model> {
+    attempts::Entity::find()
+        .filter(attempts::Column::JobId.is_in(jobs.iter().copied()))
+        .order_by_asc(attempts::Column::StartedAt)
+        .all(&app.app.db)
+        .await
+        .unwrap()
+}
+
+/// The largest total of `weight` over the starts in any window of `window` (starts
+/// sorted): every window worth checking begins at a start.
+fn busiest_window(starts: &[(Timestamp, f64)], window: Duration) -> f64 {
+    let window = window.as_micros() as i64;
+    starts
+        .iter()
+        .enumerate()
+        .map(|(first, (from, _))| {
+            starts[first..]
+                .iter()
+                .take_while(|(at, _)| at.micros() - from.micros() <= window)
+                .map(|(_, weight)| weight)
+                .sum()
+        })
+        .fold(0.0, f64::max)
+}
+
+/// `count` jobs of `tenant` at once, each with its own key.
+fn inputs(prefix: &str, count: usize, content: &str) -> Vec<Value> {
+    (0..count)
+        .map(|index| job_input(&format!("{prefix}-{index}"), content))
+        .collect()
+}
+
+async fn a_model_limit_holds_across_worker_processes(backend: Backend) {
+    // One request a second, at most one at once: any 1-second window holds at most
+    // two starts (one at each end).
+    let (_folder, config) = config_file("[models.\"gpt-4o-mini\"]\nrequests_per_minute = 60\n");
+    // Three worker processes, one call at a time each, every call 2.5 s long: with
+    // the budget each second's job must go to whichever process is free, so all three
+    // take part; without it all three would start at once.
+    let one_at_a_time = AppOptions {
+        worker: Some(WorkerSettings {
+            concurrency: 1,
+            ..test_worker_settings()
+        }),
+        ..with_config(&config)
+    };
+    let api = spawn_app_with(
+        backend,
+        AppOptions {
+            worker: None,
+            ..with_config(&config)
+        },
+    )
+    .await;
+    let mut workers = Vec::new();
+    for _ in 0..3 {
+        workers.push(api.another_process(one_at_a_time.clone()).await);
+    }
+    let tenant = api.funded_tenant("paced", "20").await;
+    let ids = run_all(
+        &api,
+        &tenant,
+        inputs("paced", 6, "hello [mock:delay_ms=2500]"),
+    )
+    .await;
+    let attempts = attempts_of(&api, &ids).await;
+    assert_eq!(attempts.len(), 6, "one attempt each");
+    let starts: Vec<(Timestamp, f64)> = attempts.iter().map(|a| (a.started_at, 1.0)).collect();
+    assert!(
+        busiest_window(&starts, Duration::from_secs(1)) <= 2.0,
+        "more than the bucket allows in one second: {:?}",
+        starts.iter().map(|(at, _)| at.micros()).collect::<Vec<_>>()
+    );
+    let worker_ids: std::collections::BTreeSet<&str> =
+        attempts.iter().map(|a| a.worker_id.as_str()).collect();
+    assert_eq!(
+        worker_ids.len(),
+        3,
+        "every process ran jobs: {worker_ids:?}"
+    );
+    assert_billing_invariants(&api.app.db).await;
+}
+
+async fn a_provider_limit_covers_every_model_it_serves(backend: Backend) {
+    let (_folder, config) = config_file(
+        "[providers.sim]\nkind = \"simulator\"\nrequests_per_minute = 60\n\n\
+         [routes]\n\"gpt-*\" = \"sim\"\n",
+    );
+    let (api, _other) = two_worker_processes(backend, &config).await;
+    let tenant = api.funded_tenant("two-models", "20").await;
+    let mut all = inputs("mini", 3, "hello");
+    for (index, mut input) in inputs("full", 3, "hello").into_iter().enumerate() {
+        input["model"] = json!("gpt-4o");
+        input["idempotencyKey"] = json!(format!("full-{index}"));
+        all.push(input);
+    }
+    let ids = run_all(&api, &tenant, all).await;
+    let attempts = attempts_of(&api, &ids).await;
+    let starts: Vec<(Timestamp, f64)> = attempts.iter().map(|a| (a.started_at, 1.0)).collect();
+    assert!(
+        busiest_window(&starts, Duration::from_secs(1)) <= 2.0,
+        "two models together passed their provider's limit: {:?}",
+        starts.iter().map(|(at, _)| at.micros()).collect::<Vec<_>>()
+    );
+    assert_billing_invariants(&api.app.db).await;
+}
+
+/// A job's token bound as the claim counts it.
+async fn token_bounds(app: &TestApp, ids: &[Uuid]) -> std::collections::HashMap<Uuid, f64> {
+    entity::jobs::Entity::find()
+        .filter(entity::jobs::Column::Id.is_in(ids.iter().copied()))
+        .all(&app.app.db)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|job| {
+            (
+                job.id,
+                job.token_bound.expect("new jobs carry a bound") as f64,
+            )
+        })
+        .collect()
+}
+
+async fn a_tokens_limit_admits_jobs_by_their_token_bound(backend: Backend) {
+    // 12,000 tokens a minute: a bucket of 200, refilled at 200 a second. Each job's
+    // bound is about 120 tokens (prompt and 100 of output), so the bucket admits one
+    // job, then another after a moment: requests alone would let all start at once.
+    // The calls last longer than it takes to start them all, so no finished call
+    // gives unused tokens back in between: every start takes its whole bound.
+    let (_folder, config) = config_file("[models.\"gpt-4o-mini\"]\ntokens_per_minute = 12000\n");
+    let (api, _other) = two_worker_processes(backend, &config).await;
+    let tenant = api.funded_tenant("tokens", "20").await;
+    let ids = run_all(
+        &api,
+        &tenant,
+        inputs("tokens", 6, "hi [mock:delay_ms=4000]"),
+    )
+    .await;
+    let bounds = token_bounds(&api, &ids).await;
+    let attempts = attempts_of(&api, &ids).await;
+    let starts: Vec<(Timestamp, f64)> = attempts
+        .iter()
+        .map(|a| (a.started_at, bounds[&a.job_id]))
+        .collect();
+    assert!(
+        bounds.values().all(|bound| *bound < 200.0),
+        "each job fits the bucket: {bounds:?}"
+    );
+    // What one second can hold: the full bucket and one second of refill.
+    let busiest = busiest_window(&starts, Duration::from_secs(1));
+    assert!(
+        busiest <= 400.0,
+        "{busiest} tokens started within one second: {starts:?}"
+    );
+    assert_billing_invariants(&api.app.db).await;
+}
+
+async fn a_finished_call_gives_back_the_tokens_it_did_not_use(backend: Backend) {
+    // A bucket of 1,000 tokens; the job may use 4,000 (its bound) and uses a few.
+    let (_folder, config) = config_file("[models.\"gpt-4o-mini\"]\ntokens_per_minute = 60000\n");
+    let app = spawn_app_with(backend, with_config(&config)).await;
+    let tenant = app.funded_tenant("gives-back", "20").await;
+    let mut input = job_input("large-bound", "short answer please");
+    input["maxOutputTokens"] = json!(4_000);
+    let ids = run_all(&app, &tenant, vec![input]).await;
+    let attempt = attempts_of(&app, &ids).await.remove(0);
+    let used = attempt.input_tokens.unwrap() + attempt.output_tokens.unwrap();
+    let bucket =
+        rate_limit_buckets::Entity::find_by_id(("model".to_owned(), "gpt-4o-mini".to_owned()))
+            .one(&app.app.db)
+            .await
+            .unwrap()
+            .expect("the claim wrote the model's bucket");
+    // Admitted by a full bucket (1,000) at its bound, then given back all it did not
+    // use: what stays taken is exactly what it used.
+    assert_eq!(bucket.tokens, Some(1_000.0 - used as f64), "{bucket:?}");
+    assert_billing_invariants(&app.app.db).await;
+}
+
+async fn a_tenant_limit_paces_that_tenant_only(backend: Backend) {
+    let options = AppOptions::workers(test_worker_settings());
+    let api = spawn_app_with(backend, options).await;
+    let _other = api
+        .another_process(AppOptions::workers(test_worker_settings()))
+        .await;
+    let paced = api.funded_tenant("paced", "20").await;
+    let free = api.funded_tenant("free", "20").await;
+    let limits = api
+        .operation(
+            Some(crate::helpers::ADMIN_TOKEN),
+            "SetTenantLimits",
+            json!({"input": {"tenantId": paced.id, "requestsPerMinute": 60}}),
+        )
+        .await;
+    assert!(limits["errors"].is_null(), "{limits}");
+    let mut paced_ids = Vec::new();
+    let mut free_ids = Vec::new();
+    for index in 0..5 {
+        paced_ids.push(
+            api.create_job_ok(&paced, job_input(&format!("paced-{index}"), "hello"))
+                .await,
+        );
+        free_ids.push(
+            api.create_job_ok(&free, job_input(&format!("free-{index}"), "hello"))
+                .await,
+        );
+    }
+    for (tenant, ids) in [(&paced, &paced_ids), (&free, &free_ids)] {
+        for id in ids {
+            let job = api
+                .wait_until_finished(tenant, *id, Duration::from_secs(60))
+                .await;
+            assert_eq!(job["status"], "SUCCEEDED", "{job}");
+        }
+    }
+    let paced_attempts = attempts_of(&api, &paced_ids).await;
+    let starts: Vec<(Timestamp, f64)> =
+        paced_attempts.iter().map(|a| (a.started_at, 1.0)).collect();
+    assert!(
+        busiest_window(&starts, Duration::from_secs(1)) <= 2.0,
+        "the tenant's limit did not hold: {starts:?}"
+    );
+    // The other tenant is not held back by it: all its jobs started before the paced
+    // tenant's last one.
+    let free_attempts = attempts_of(&api, &free_ids).await;
+    let last_paced = paced_attempts.last().unwrap().started_at;
+    assert!(
+        free_attempts.iter().all(|a| a.started_at < last_paced),
+        "the free tenant waited for the paced one"
+    );
+    assert_billing_invariants(&api.app.db).await;
+}
+
+async fn a_rate_limited_answer_pauses_the_model_for_every_worker(backend: Backend) {
+    let api = spawn_app_with(backend, AppOptions::default()).await;
+    let _other = api.another_process(AppOptions::default()).await;
+    let tenant = api.funded_tenant("throttled", "20").await;
+    let first = api
+        .create_job_ok(
+            &tenant,
+            job_input(
+                "first",
+                "hello [mock:status=429][mock:retry_after=4][mock:fail_first=1]",
+            ),
+        )
+        .await;
+    // Wait for the 429 to be recorded: its retry event says until when the model waits.
+    let paused_until = loop {
+        let response = api
+            .graphql(
+                Some(&tenant.key),
+                "query($id: UUID!) { job(id: $id) { events { kind data } } }",
+                json!({"id": first}),
+            )
+            .await;
+        let retry = response["data"]["job"]["events"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{response}"))
+            .iter()
+            .find(|event| event["kind"] == "RETRY_SCHEDULED")
+            .cloned();
+        if let Some(retry) = retry {
+            let until = retry["data"]["modelPausedUntil"]
+                .as_str()
+                .unwrap_or_else(|| panic!("no pause in {retry}"));
+            break Timestamp::from(
+                chrono::DateTime::parse_from_rfc3339(until)
+                    .unwrap()
+                    .to_utc(),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // The same model waits on every worker; another model does not.
+    let mut other = job_input("other-model", "hello");
+    other["model"] = json!("gpt-4o");
+    let mut all = inputs("same-model", 4, "hello");
+    all.push(other);
+    let mut same_model = run_all(&api, &tenant, all).await;
+    let other_model = vec![same_model.pop().unwrap()];
+    for attempt in attempts_of(&api, &same_model).await {
+        assert!(
+            attempt.started_at >= paused_until,
+            "a job of the paused model started at {:?}, before {paused_until:?}",
+            attempt.started_at
+        );
+    }
+    let other_attempt = attempts_of(&api, &other_model).await.remove(0);
+    assert!(
+        other_attempt.started_at < paused_until,
+        "another model was held back too"
+    );
+    let job = api
+        .wait_until_finished(&tenant, first, Duration::from_secs(30))
+        .await;
+    assert_eq!(job["status"], "SUCCEEDED", "{job}");
+    let pauses: f64 = [&api, &_other]
+        .iter()
+        .map(|app| {
+            app.app
+                .metrics
+                .render()
+                .lines()
+                .filter(|line| {
+                    line.starts_with("jobledger_model_pauses_total{model=\"gpt-4o-mini\"}")
+                })
+                .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>()
+        })
+        .sum();
+    assert_eq!(pauses, 1.0, "one 429, one pause");
+    assert_billing_invariants(&api.app.db).await;
+}
+
+#[test]
+fn rate_limits_in_the_config_file_are_whole_positive_numbers() {
+    let parse = |text: &str| ConfigFile::parse(text, Path::new("limits.toml"), |_| None);
+    let config = parse(
+        "[providers.sim]\nkind = \"simulator\"\ntokens_per_minute = 90000\n\n\
+         [models.\"gpt-4o-mini\"]\nrequests_per_minute = 500\n",
+    )
+    .unwrap();
+    assert_eq!(
+        config.models["gpt-4o-mini"]
+            .rate_limit
+            .requests_per_minute
+            .map(|count| count.get()),
+        Some(500)
+    );
+    assert_eq!(
+        config.providers["sim"]
+            .rate_limit
+            .tokens_per_minute
+            .map(|count| count.get()),
+        Some(90_000)
+    );
+    for (text, key) in [
+        (
+            "[models.\"gpt-4o-mini\"]\nrequests_per_minute = 0\n",
+            "models.gpt-4o-mini.requests_per_minute",
+        ),
+        (
+            "[providers.sim]\nkind = \"simulator\"\ntokens_per_minute = -5\n",
+            "providers.sim.tokens_per_minute",
+        ),
+        (
+            "[models.\"gpt-4o-mini\"]\nrequests_per_minute = 99999999999\n",
+            "models.gpt-4o-mini.requests_per_minute",
+        ),
+    ] {
+        let error = parse(text).unwrap_err().to_string();
+        assert!(error.contains(key), "{error}");
+    }
+}
