@@ -11,6 +11,9 @@
 //!   simulator answering at once, settlement included), next to the bare-SQL ceiling
 //!   (one row and 50 rows per claim, as many connections as the pool) for as many jobs;
 //! - drain under a backlog: 20,000 jobs run while 200,000 are queued;
+//! - claim and drain again with rate limits configured on the model and on every
+//!   tenant, far above what the run reaches: what admission by budget costs when it
+//!   never says no;
 //! - createJob over GraphQL at concurrency 1 and 32: latency p50/p99 and jobs/s;
 //! - against a `serve` child process (`live`): pickup and subscription latency,
 //!   1,000 attempts in flight, 10,000 idle subscriptions.
@@ -22,13 +25,17 @@ mod seed;
 
 use crate::billing::audit;
 use crate::config::{ProviderSettings, Settings};
+use crate::jobs::flow::{FlowLimits, NO_LIMITS, RateLimit};
 use crate::jobs::queue::{self, ClaimRequest, TenantCursor};
 use crate::jobs::worker::WorkerSettings;
 use crate::startup::Application;
 use entity::{AttemptOutcome, JobStatus, attempts, jobs};
 use scratch::{Engine, ScratchDatabase};
-use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter,
+};
 use serde_json::{Value, json};
+use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -218,35 +225,66 @@ fn percentile(sorted: &[f64], fraction: f64) -> f64 {
     sorted[index.min(sorted.len() - 1)]
 }
 
-/// Median time of one claim of 32 with few and with many jobs queued.
+/// Rate limits on the seeded model far above anything a run reaches: every claim takes
+/// the budget path (buckets locked, read and written) and nothing is ever deferred.
+fn limits_never_reached() -> FlowLimits {
+    let limit = RateLimit {
+        requests_per_minute: NonZeroU32::new(1_000_000_000),
+        tokens_per_minute: NonZeroU32::new(4_000_000_000),
+    };
+    FlowLimits::new(
+        std::collections::BTreeMap::from([(seed::MODEL.to_owned(), limit)]),
+        std::collections::BTreeMap::new(),
+        seeding_providers(),
+    )
+}
+
+/// Gives every tenant per-minute limits far above what a run reaches.
+async fn limit_every_tenant(db: &DatabaseConnection) -> Result<(), BenchError> {
+    db.execute_unprepared(
+        "INSERT INTO tenant_limits (tenant_id, requests_per_minute, tokens_per_minute, updated_at)
+         SELECT id, 1000000000, 2000000000, 0 FROM tenants",
+    )
+    .await?;
+    Ok(())
+}
+
+/// Median time of one claim of 32 with few and with many jobs queued, and with many
+/// queued and limits configured that never bind.
 async fn claim_latency(engine: &Engine, scale: Scale) -> Result<Vec<Figure>, BenchError> {
     let database = ScratchDatabase::create(engine).await?;
     let mut cursor = TenantCursor::default();
-    let mut measure = async |db: &DatabaseConnection| -> Result<f64, BenchError> {
-        let mut samples = Vec::new();
-        for _ in 0..CLAIM_SAMPLES {
-            let started = Instant::now();
-            let claimed = queue::claim_in_turn(
-                db,
-                ClaimRequest::new(CLAIM_SIZE, Duration::from_secs(3_600)),
-                &mut cursor,
-            )
-            .await?
-            .claims;
-            samples.push(started.elapsed().as_secs_f64() * 1_000.0);
-            if claimed.len() != CLAIM_SIZE as usize {
-                return Err(BenchError::Failed(format!(
-                    "a claim of {CLAIM_SIZE} took {} jobs",
-                    claimed.len()
-                )));
+    let mut measure =
+        async |db: &DatabaseConnection, flow: &FlowLimits| -> Result<f64, BenchError> {
+            let mut samples = Vec::new();
+            for _ in 0..CLAIM_SAMPLES {
+                let started = Instant::now();
+                let claimed = queue::claim_in_turn(
+                    db,
+                    ClaimRequest {
+                        flow,
+                        ..ClaimRequest::new(CLAIM_SIZE, Duration::from_secs(3_600))
+                    },
+                    &mut cursor,
+                )
+                .await?
+                .claims;
+                samples.push(started.elapsed().as_secs_f64() * 1_000.0);
+                if claimed.len() != CLAIM_SIZE as usize {
+                    return Err(BenchError::Failed(format!(
+                        "a claim of {CLAIM_SIZE} took {} jobs",
+                        claimed.len()
+                    )));
+                }
             }
-        }
-        Ok(median(samples))
-    };
+            Ok(median(samples))
+        };
     seeded(&database, scale.small_backlog).await?;
-    let small = measure(&database.db).await?;
+    let small = measure(&database.db, &NO_LIMITS).await?;
     seeded(&database, scale.backlog - scale.small_backlog).await?;
-    let large = measure(&database.db).await?;
+    let large = measure(&database.db, &NO_LIMITS).await?;
+    limit_every_tenant(&database.db).await?;
+    let limited = measure(&database.db, &limits_never_reached()).await?;
     audited(database).await?;
     let name = engine.name();
     Ok(vec![
@@ -270,11 +308,28 @@ async fn claim_latency(engine: &Engine, scale: Scale) -> Result<Vec<Figure>, Ben
                 format!("the claim at {}", scale.small_backlog),
             )),
         },
+        Figure {
+            engine: name,
+            name: format!(
+                "claim of {CLAIM_SIZE}, {} queued, limits not reached (median)",
+                scale.backlog
+            ),
+            value: limited,
+            unit: "ms",
+            ratio: Some((
+                limited / large,
+                format!("the claim at {} without limits", scale.backlog),
+            )),
+        },
     ])
 }
 
 /// Runs a worker process on `database` until `jobs` jobs have ended; jobs per second.
-async fn drain_rate(database: &ScratchDatabase, jobs: u64) -> Result<f64, BenchError> {
+async fn drain_rate(
+    database: &ScratchDatabase,
+    jobs: u64,
+    flow: FlowLimits,
+) -> Result<f64, BenchError> {
     let settings = Settings {
         listen: None,
         database_url: database.url.clone(),
@@ -287,7 +342,7 @@ async fn drain_rate(database: &ScratchDatabase, jobs: u64) -> Result<f64, BenchE
             tenant_concurrency: None,
             poll_interval: Duration::from_millis(500),
             charging: crate::billing::ChargingPolicy::default(),
-            flow: crate::jobs::flow::FlowLimits::default(),
+            flow,
         }),
         providers: ProviderSettings::default(),
         customer_markup: rust_decimal::Decimal::from_str_exact(
@@ -356,12 +411,18 @@ async fn drain(engine: &Engine, scale: Scale) -> Result<Vec<Figure>, BenchError>
     let one_row = naive::ceiling(&database.db, scale.drain, 1, NAIVE_CONNECTIONS).await?;
     let batched = naive::ceiling(&database.db, scale.drain, 50, NAIVE_CONNECTIONS).await?;
     seeded(&database, scale.drain).await?;
-    let drained = drain_rate(&database, scale.drain).await?;
+    let drained = drain_rate(&database, scale.drain, FlowLimits::default()).await?;
+    audited(database).await?;
+
+    let database = ScratchDatabase::create(engine).await?;
+    seeded(&database, scale.drain).await?;
+    limit_every_tenant(&database.db).await?;
+    let limited = drain_rate(&database, scale.drain, limits_never_reached()).await?;
     audited(database).await?;
 
     let database = ScratchDatabase::create(engine).await?;
     seeded(&database, scale.backlog).await?;
-    let under_backlog = drain_rate(&database, scale.drain).await?;
+    let under_backlog = drain_rate(&database, scale.drain, FlowLimits::default()).await?;
     audited(database).await?;
     let one_row_name = "bare SQL, one row per claim".to_owned();
     Ok(vec![
@@ -385,6 +446,13 @@ async fn drain(engine: &Engine, scale: Scale) -> Result<Vec<Figure>, BenchError>
             value: drained,
             unit: "jobs/s",
             ratio: Some((drained / one_row, one_row_name)),
+        },
+        Figure {
+            engine: name,
+            name: format!("drain of {} jobs, limits not reached", scale.drain),
+            value: limited,
+            unit: "jobs/s",
+            ratio: Some((limited / drained, format!("the drain of {}", scale.drain))),
         },
         Figure {
             engine: name,
