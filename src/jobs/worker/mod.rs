@@ -8,15 +8,16 @@
 mod deltas;
 mod finisher;
 mod judge;
+mod pacing;
 
 use super::bus::{EventBus, TopicReceiver, Wake};
-use super::flow::{self, FlowLimits};
+use super::flow::FlowLimits;
 use super::input::JobInput;
 use super::leases::LeaseKeeper;
 use super::observe;
 use super::queue::{
-    self, AttemptEnd, AttemptReport, AttemptStart, Claim, ClaimRequest, Claimed, ErrorCode,
-    JobError, Renewal, StartedAttempt, TenantCursor,
+    self, AttemptEnd, AttemptStart, Claim, ClaimRequest, Claimed, ErrorCode, JobError, Renewal,
+    StartedAttempt, TenantCursor,
 };
 use crate::billing::{AttemptEnding, ChargingPolicy, ModelPrice, prices};
 use crate::llm::{ChatRequest, Provider, ProviderRegistry};
@@ -214,53 +215,6 @@ impl Worker {
         {
             // Their leases lapse and another worker takes the jobs back.
             attempts.shutdown().await;
-        }
-    }
-
-    /// Holds off `model` for every worker until `until`, as its provider asked.
-    async fn pause_model(&self, model: &str, until: Timestamp) {
-        tracing::warn!(model = %model, paused_until = %until.to_datetime().to_rfc3339(), "the provider rate-limited the model: pausing it for every worker");
-        self.inner.metrics.model_paused(model);
-        if let Err(error) =
-            flow::buckets::pause_model(&self.inner.db, model, until, Timestamp::now()).await
-        {
-            // The job's own retry still waits for the Retry-After.
-            tracing::error!(model = %model, error = %error, "recording the model's pause failed");
-        }
-    }
-
-    /// The buckets a finished call was admitted by that count tokens, each with what
-    /// the call did not use of its bound.
-    fn unused_tokens(&self, claim: &Claim, report: &AttemptReport) -> Vec<(flow::BucketKey, u64)> {
-        let used = report
-            .usage
-            .map(|usage| usage.input_tokens.saturating_add(usage.output_tokens));
-        let unused = flow::unused_tokens(claim.job.token_bound, used);
-        if unused == 0 {
-            return Vec::new();
-        }
-        let mut keys: Vec<flow::BucketKey> = self
-            .inner
-            .settings
-            .flow
-            .buckets_of(&claim.job.model)
-            .into_iter()
-            .filter(|(_, limit)| limit.tokens_per_minute.is_some())
-            .map(|(key, _)| key)
-            .collect();
-        if claim.tenant_rate.tokens_per_minute.is_some() {
-            keys.push(flow::BucketKey::tenant(claim.job.tenant_id));
-        }
-        keys.into_iter().map(|key| (key, unused)).collect()
-    }
-
-    /// Gives unused tokens back to their budgets. Best effort: a lost top-up only
-    /// leaves a budget lower than it could be for a moment.
-    async fn give_back(&self, job_id: uuid::Uuid, unused: Vec<(flow::BucketKey, u64)>) {
-        for (key, tokens) in unused {
-            if let Err(error) = flow::buckets::give_back(&self.inner.db, &key, tokens).await {
-                tracing::warn!(job.id = %job_id, bucket = %key.key, error = %error, "giving unused tokens back failed");
-            }
         }
     }
 

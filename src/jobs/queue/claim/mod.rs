@@ -298,7 +298,7 @@ async fn admit_and_claim(
         .collect();
     keys.sort();
     keys.dedup();
-    let rows = crate::jobs::flow::buckets::lock(transaction, &keys, round.now).await?;
+    let rows = crate::jobs::flow::storage::lock(transaction, &keys, round.now).await?;
     let running = match request.tenant_limit {
         Some(_) => running_jobs(transaction, &tenants).await?,
         None => HashMap::new(),
@@ -354,7 +354,7 @@ async fn admit_and_claim(
             }
         }
     }
-    crate::jobs::flow::buckets::store(transaction, &admission.taken()).await?;
+    crate::jobs::flow::storage::store(transaction, &admission.taken()).await?;
     match transaction.get_database_backend() {
         DbBackend::Postgres => postgres::claim_admitted(transaction, &admitted, round).await,
         _ => sqlite::claim_admitted(transaction, &admitted, round).await,

@@ -1,0 +1,259 @@
+//! Admission: the budgets one claim weighs its candidates against, in rank order.
+
+use super::bucket::Bucket;
+use super::{BucketKey, Deferral, DeferralReason, FlowLimits, RateLimit, Scope};
+use entity::{Timestamp, rate_limit_buckets};
+use std::collections::HashMap;
+use uuid::Uuid;
+
+/// A queued job as the claim weighs it.
+#[derive(Clone, Debug)]
+pub struct Weighed<'a> {
+    pub tenant_id: Uuid,
+    pub model: &'a str,
+    pub tokens: u64,
+}
+
+/// The budgets one claim admits jobs against: the buckets it locked, refilled to the
+/// claim's instant, and the running slots each tenant has left.
+#[derive(Debug, Default)]
+pub struct Admission {
+    buckets: HashMap<BucketKey, Bucket>,
+    /// Which buckets each model and tenant takes from.
+    model_buckets: HashMap<String, Vec<BucketKey>>,
+    tenant_buckets: HashMap<Uuid, BucketKey>,
+    /// Jobs each tenant may still start, when its concurrency is bounded.
+    tenant_slots: HashMap<Uuid, u32>,
+    /// Buckets a job was refused by in this claim: no later job overtakes it there, or
+    /// small calls would keep a large one from ever finding the bucket full.
+    closed: HashMap<BucketKey, DeferralReason>,
+}
+
+impl Admission {
+    /// Budgets for calls of `models` and jobs of the `tenants` with their limits.
+    /// `rows` are the stored buckets (locked by the caller); `running` is how many jobs
+    /// each tenant runs, when `tenant_concurrency` bounds it.
+    pub fn new<'a>(
+        flow: &FlowLimits,
+        models: impl IntoIterator<Item = &'a str>,
+        tenants: &[(Uuid, RateLimit)],
+        rows: &[rate_limit_buckets::Model],
+        tenant_concurrency: Option<u32>,
+        running: &HashMap<Uuid, u32>,
+        now: Timestamp,
+    ) -> Self {
+        let stored: HashMap<(&str, &str), &rate_limit_buckets::Model> = rows
+            .iter()
+            .map(|row| ((row.scope.as_str(), row.key.as_str()), row))
+            .collect();
+        let mut admission = Self::default();
+        let add = |admission: &mut Self, key: &BucketKey, limit: RateLimit| {
+            admission.buckets.entry(key.clone()).or_insert_with(|| {
+                let row = stored.get(&(key.scope.as_str(), key.key.as_str())).copied();
+                Bucket::refilled(row, limit, now)
+            });
+        };
+        for model in models {
+            if admission.model_buckets.contains_key(model) {
+                continue;
+            }
+            let keys = flow
+                .buckets_of(model)
+                .into_iter()
+                .map(|(key, limit)| {
+                    add(&mut admission, &key, limit);
+                    key
+                })
+                .collect();
+            admission.model_buckets.insert(model.to_owned(), keys);
+        }
+        for (tenant_id, limit) in tenants {
+            if limit.is_limited() {
+                let key = BucketKey::tenant(*tenant_id);
+                add(&mut admission, &key, *limit);
+                admission.tenant_buckets.insert(*tenant_id, key);
+            }
+            if let Some(bound) = tenant_concurrency {
+                let busy = running.get(tenant_id).copied().unwrap_or(0);
+                admission
+                    .tenant_slots
+                    .insert(*tenant_id, bound.saturating_sub(busy));
+            }
+        }
+        admission
+    }
+
+    /// Why no job of `model` can start now, if none can.
+    pub fn model_blocked(&self, model: &str) -> Option<Deferral> {
+        self.model_buckets
+            .get(model)?
+            .iter()
+            .find(|key| self.buckets[*key].is_spent())
+            .map(|key| Deferral {
+                scope: key.scope,
+                reason: self.buckets[key]
+                    .shortage(1)
+                    .unwrap_or(DeferralReason::Requests),
+            })
+    }
+
+    /// Why no job of `tenant_id` can start now, if none can.
+    pub fn tenant_blocked(&self, tenant_id: Uuid) -> Option<Deferral> {
+        if self.tenant_slots.get(&tenant_id) == Some(&0) {
+            return Some(Deferral {
+                scope: Scope::Tenant,
+                reason: DeferralReason::Concurrency,
+            });
+        }
+        let bucket = &self.buckets[self.tenant_buckets.get(&tenant_id)?];
+        bucket.shortage(1).map(|reason| Deferral {
+            scope: Scope::Tenant,
+            reason,
+        })
+    }
+
+    /// Takes `job`'s call from every budget it counts against, or tells which one is
+    /// short and takes nothing.
+    pub fn admit(&mut self, job: &Weighed<'_>) -> Result<(), Deferral> {
+        if self.tenant_slots.get(&job.tenant_id) == Some(&0) {
+            return Err(Deferral {
+                scope: Scope::Tenant,
+                reason: DeferralReason::Concurrency,
+            });
+        }
+        let keys: Vec<&BucketKey> = self
+            .model_buckets
+            .get(job.model)
+            .into_iter()
+            .flatten()
+            .chain(self.tenant_buckets.get(&job.tenant_id))
+            .collect();
+        for key in &keys {
+            let shortage = self
+                .closed
+                .get(*key)
+                .copied()
+                .or_else(|| self.buckets[*key].shortage(job.tokens));
+            if let Some(reason) = shortage {
+                self.closed.insert((*key).clone(), reason);
+                return Err(Deferral {
+                    scope: key.scope,
+                    reason,
+                });
+            }
+        }
+        let keys: Vec<BucketKey> = keys.into_iter().cloned().collect();
+        for key in keys {
+            if let Some(bucket) = self.buckets.get_mut(&key) {
+                bucket.take(job.tokens);
+            }
+        }
+        if let Some(slots) = self.tenant_slots.get_mut(&job.tenant_id) {
+            *slots -= 1;
+        }
+        Ok(())
+    }
+
+    /// The buckets something was taken from, to be written back.
+    pub fn taken(&self) -> Vec<(&BucketKey, &Bucket)> {
+        let mut taken: Vec<_> = self
+            .buckets
+            .iter()
+            .filter(|(_, bucket)| bucket.was_taken())
+            .collect();
+        taken.sort_by(|a, b| a.0.cmp(b.0));
+        taken
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::bucket::tests::{at, limit};
+    use super::*;
+    use crate::llm::ProviderRegistry;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn admission_takes_from_model_and_tenant_and_counts_running_slots() {
+        let mut models = BTreeMap::new();
+        models.insert("m".to_owned(), limit(Some(120), None)); // two a second
+        let flow = FlowLimits::new(models, BTreeMap::new(), ProviderRegistry::new(None));
+        let busy_tenant = Uuid::from_u128(1);
+        let limited_tenant = Uuid::from_u128(2);
+        let running = HashMap::from([(busy_tenant, 2)]);
+        let mut admission = Admission::new(
+            &flow,
+            ["m", "free"],
+            &[
+                (busy_tenant, RateLimit::default()),
+                (limited_tenant, limit(Some(60), None)),
+            ],
+            &[],
+            Some(3),
+            &running,
+            at(0.0),
+        );
+        let job = |tenant_id, model| Weighed {
+            tenant_id,
+            model,
+            tokens: 10,
+        };
+        assert_eq!(admission.admit(&job(busy_tenant, "m")), Ok(()));
+        let concurrency = Deferral {
+            scope: Scope::Tenant,
+            reason: DeferralReason::Concurrency,
+        };
+        assert_eq!(admission.admit(&job(busy_tenant, "free")), Err(concurrency));
+        assert_eq!(admission.tenant_blocked(busy_tenant), Some(concurrency));
+        assert_eq!(admission.admit(&job(limited_tenant, "m")), Ok(()));
+        assert_eq!(
+            admission.admit(&job(limited_tenant, "free")),
+            Err(Deferral {
+                scope: Scope::Tenant,
+                reason: DeferralReason::Requests
+            })
+        );
+        assert_eq!(
+            admission.model_blocked("m"),
+            Some(Deferral {
+                scope: Scope::Model,
+                reason: DeferralReason::Requests
+            })
+        );
+        assert_eq!(admission.model_blocked("free"), None);
+        // A refused job closes its bucket for the rest of the claim.
+        let mut tokens = Admission::new(
+            &FlowLimits::new(
+                BTreeMap::from([("t".to_owned(), limit(None, Some(600)))]), // 10 a second
+                BTreeMap::new(),
+                ProviderRegistry::new(None),
+            ),
+            ["t"],
+            &[],
+            &[],
+            None,
+            &HashMap::new(),
+            at(0.0),
+        );
+        let sized = |tokens| Weighed {
+            tenant_id: busy_tenant,
+            model: "t",
+            tokens,
+        };
+        assert_eq!(tokens.admit(&sized(6)), Ok(()));
+        assert!(tokens.admit(&sized(8)).is_err());
+        assert!(
+            tokens.admit(&sized(1)).is_err(),
+            "a small call overtook a refused one"
+        );
+        let taken: Vec<_> = admission
+            .taken()
+            .into_iter()
+            .map(|(key, _)| key.clone())
+            .collect();
+        assert_eq!(
+            taken,
+            [BucketKey::model("m"), BucketKey::tenant(limited_tenant)]
+        );
+    }
+}

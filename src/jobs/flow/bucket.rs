@@ -1,0 +1,208 @@
+//! One bucket's arithmetic: refilling, admitting a call, taking it.
+
+use super::{DeferralReason, RateLimit};
+use entity::{Timestamp, rate_limit_buckets};
+use std::num::NonZeroU32;
+
+/// One bucket's budgets at an instant.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Bucket {
+    limit: RateLimit,
+    requests: f64,
+    tokens: f64,
+    refilled_at: Timestamp,
+    /// Something was taken: the level must be written back.
+    taken: bool,
+}
+
+fn per_second(per_minute: Option<NonZeroU32>) -> Option<f64> {
+    per_minute.map(|count| f64::from(count.get()) / 60.0)
+}
+
+impl Bucket {
+    /// The bucket `row` left (a full one when there is none), refilled up to `now`
+    /// under `limit`.
+    pub fn refilled(
+        row: Option<&rate_limit_buckets::Model>,
+        limit: RateLimit,
+        now: Timestamp,
+    ) -> Self {
+        let full = Self::full(limit, now);
+        let Some(row) = row else {
+            return full;
+        };
+        // Another process's clock may run ahead: time never flows backwards here, and
+        // the write keeps the later instant (see `refilled_at`).
+        let elapsed = (now.micros() - row.refilled_at.micros()).max(0) as f64 / 1_000_000.0;
+        let refill = |level: Option<f64>, rate: Option<f64>, capacity: f64| match (level, rate) {
+            (Some(level), Some(rate)) if level.is_finite() => {
+                (level + elapsed * rate).min(capacity)
+            }
+            _ => capacity,
+        };
+        Self {
+            limit,
+            requests: refill(
+                row.requests,
+                per_second(limit.requests_per_minute),
+                full.requests,
+            ),
+            tokens: refill(row.tokens, per_second(limit.tokens_per_minute), full.tokens),
+            refilled_at: Ord::max(now, row.refilled_at),
+            taken: false,
+        }
+    }
+
+    fn full(limit: RateLimit, now: Timestamp) -> Self {
+        Self {
+            limit,
+            requests: request_capacity(limit),
+            tokens: token_capacity(limit),
+            refilled_at: now,
+            taken: false,
+        }
+    }
+
+    /// Why a call of `tokens` cannot start now, if it cannot.
+    pub fn shortage(&self, tokens: u64) -> Option<DeferralReason> {
+        if self.limit.requests_per_minute.is_some() && self.requests < 1.0 {
+            return Some(DeferralReason::Requests);
+        }
+        if self.limit.tokens_per_minute.is_some()
+            && self.tokens < tokens as f64
+            && self.tokens < token_capacity(self.limit)
+        {
+            return Some(DeferralReason::Tokens);
+        }
+        None
+    }
+
+    /// Whether no call at all can start now.
+    pub fn is_spent(&self) -> bool {
+        self.shortage(1).is_some()
+    }
+
+    /// Takes one call of `tokens`.
+    pub fn take(&mut self, tokens: u64) {
+        if self.limit.requests_per_minute.is_some() {
+            self.requests -= 1.0;
+        }
+        if self.limit.tokens_per_minute.is_some() {
+            self.tokens -= tokens as f64;
+        }
+        self.taken = true;
+    }
+
+    /// Whether anything was taken since it was read.
+    pub fn was_taken(&self) -> bool {
+        self.taken
+    }
+
+    /// Requests left, `None` when requests are not limited.
+    pub fn requests(&self) -> Option<f64> {
+        self.limit.requests_per_minute.map(|_| self.requests)
+    }
+
+    /// Tokens left, `None` when tokens are not limited.
+    pub fn tokens(&self) -> Option<f64> {
+        self.limit.tokens_per_minute.map(|_| self.tokens)
+    }
+
+    /// The instant the levels are for.
+    pub fn refilled_at(&self) -> Timestamp {
+        self.refilled_at
+    }
+}
+
+/// One second's worth of the request limit, and at least one request.
+fn request_capacity(limit: RateLimit) -> f64 {
+    per_second(limit.requests_per_minute).map_or(f64::INFINITY, |rate| rate.max(1.0))
+}
+
+/// One second's worth of the token limit, and at least one token.
+fn token_capacity(limit: RateLimit) -> f64 {
+    per_second(limit.tokens_per_minute).map_or(f64::INFINITY, |rate| rate.max(1.0))
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+
+    pub(in crate::jobs::flow) fn limit(requests: Option<u32>, tokens: Option<u32>) -> RateLimit {
+        RateLimit {
+            requests_per_minute: requests.and_then(NonZeroU32::new),
+            tokens_per_minute: tokens.and_then(NonZeroU32::new),
+        }
+    }
+
+    pub(in crate::jobs::flow) fn at(seconds: f64) -> Timestamp {
+        Timestamp((seconds * 1_000_000.0) as i64)
+    }
+
+    fn row(requests: Option<f64>, tokens: Option<f64>, seconds: f64) -> rate_limit_buckets::Model {
+        rate_limit_buckets::Model {
+            scope: "model".into(),
+            key: "m".into(),
+            requests,
+            tokens,
+            refilled_at: at(seconds),
+            paused_until: None,
+        }
+    }
+
+    #[test]
+    fn sixty_requests_a_minute_start_one_call_a_second() {
+        let limit = limit(Some(60), None);
+        let mut bucket = Bucket::refilled(None, limit, at(100.0));
+        assert_eq!(bucket.shortage(1), None);
+        bucket.take(1);
+        assert_eq!(bucket.shortage(1), Some(DeferralReason::Requests));
+        let stored = row(bucket.requests(), bucket.tokens(), 100.0);
+        let half = Bucket::refilled(Some(&stored), limit, at(100.5));
+        assert_eq!(half.shortage(1), Some(DeferralReason::Requests));
+        let second = Bucket::refilled(Some(&stored), limit, at(101.0));
+        assert_eq!(second.shortage(1), None);
+        // An idle minute does not save up sixty calls.
+        let idle = Bucket::refilled(Some(&stored), limit, at(160.0));
+        assert_eq!(idle.requests(), Some(1.0));
+    }
+
+    #[test]
+    fn a_call_larger_than_the_bucket_waits_for_a_full_one_and_leaves_debt() {
+        let limit = limit(None, Some(6_000)); // 100 tokens a second
+        let mut bucket = Bucket::refilled(None, limit, at(0.0));
+        assert_eq!(bucket.shortage(500), None, "a full bucket admits any call");
+        bucket.take(500);
+        assert_eq!(bucket.tokens(), Some(-400.0));
+        let stored = row(None, bucket.tokens(), 0.0);
+        assert_eq!(
+            Bucket::refilled(Some(&stored), limit, at(4.9)).shortage(500),
+            Some(DeferralReason::Tokens)
+        );
+        assert_eq!(
+            Bucket::refilled(Some(&stored), limit, at(4.5)).shortage(50),
+            None,
+            "a small call fits in what refilled"
+        );
+        assert_eq!(
+            Bucket::refilled(Some(&stored), limit, at(5.0)).shortage(500),
+            None
+        );
+    }
+
+    #[test]
+    fn a_clock_behind_never_refills_and_never_moves_the_refill_back() {
+        let limit = limit(Some(60), None);
+        let stored = row(Some(0.0), None, 10.0);
+        let behind = Bucket::refilled(Some(&stored), limit, at(9.0));
+        assert_eq!(behind.requests(), Some(0.0));
+        assert_eq!(behind.refilled_at(), at(10.0));
+    }
+
+    #[test]
+    fn a_lowered_limit_caps_what_was_left() {
+        let stored = row(Some(50.0), None, 0.0);
+        let bucket = Bucket::refilled(Some(&stored), limit(Some(60), None), at(1.0));
+        assert_eq!(bucket.requests(), Some(1.0));
+    }
+}
