@@ -50,10 +50,14 @@ pub fn tenants(visits: &[Visit]) -> usize {
 /// The groups of up to `limit` tenants with queued jobs, in (tenant, model, priority)
 /// order, from the first tenant after `after` up to `until` (inclusive).
 ///
-/// A recursive query steps from one group to the next with a row comparison on the
-/// index's leading columns; each step is one index probe on both backends, so a group
-/// of 100,000 jobs costs what a group of one does. Every column of the next group is
-/// its own scalar subquery (SQLite allows no LATERAL join), each the same probe.
+/// A recursive query steps from one group to the next, each step one index probe with
+/// an equality prefix, so a group of 100,000 jobs costs what a group of one does: the
+/// next priority of the same model; when there is none, a marker row (priority null)
+/// steps to the tenant's next model; when there is none, a marker row (model null)
+/// steps to the next tenant. Every column is its own scalar subquery (SQLite allows
+/// no LATERAL join), and a CASE evaluates only the branch it takes. (SQLite does not
+/// seek an index by a row comparison against a correlated row, so `(tenant, model,
+/// priority) > (…)` would read each tenant's whole backlog.)
 pub async fn visit(
     db: &impl ConnectionTrait,
     after: Option<Uuid>,
@@ -67,29 +71,46 @@ pub async fn visit(
     let until = parameters.bind(until.unwrap_or(Uuid::max()));
     let limit = parameters.bind(limit as i64);
     let now = parameters.bind(now);
-    let first = |column: &str| {
+    let probe = |column: &str, condition: &str, order: &str| {
         format!(
             "(SELECT queued.{column} FROM jobs AS queued
-              WHERE queued.status = 'queued' AND queued.tenant_id > {after} AND queued.tenant_id <= {until}
-              ORDER BY queued.tenant_id, queued.model, queued.priority LIMIT 1)"
+              WHERE queued.status = 'queued' AND {condition}
+              ORDER BY {order} LIMIT 1)"
         )
     };
-    let next = |column: &str| {
-        format!(
-            "(SELECT queued.{column} FROM jobs AS queued
-              WHERE queued.status = 'queued'
-                AND (queued.tenant_id, queued.model, queued.priority)
-                    > (visit.tenant_id, visit.model, visit.priority)
-                AND queued.tenant_id <= {until}
-              ORDER BY queued.tenant_id, queued.model, queued.priority LIMIT 1)"
+    let first_group = |column: &str, from: &str| {
+        probe(
+            column,
+            &format!("queued.tenant_id > {from} AND queued.tenant_id <= {until}"),
+            "queued.tenant_id, queued.model, queued.priority",
         )
     };
+    let next_model = |column: &str| {
+        probe(
+            column,
+            "queued.tenant_id = visit.tenant_id AND queued.model > visit.model",
+            "queued.model, queued.priority",
+        )
+    };
+    let next_priority = probe(
+        "priority",
+        "queued.tenant_id = visit.tenant_id AND queued.model = visit.model \
+         AND queued.priority > visit.priority",
+        "queued.priority",
+    );
     let sql = format!(
         "WITH RECURSIVE visit(tenant_id, model, priority, turn) AS (
             SELECT {first_tenant}, {first_model}, {first_priority}, 1
             UNION ALL
-            SELECT {next_tenant}, {next_model}, {next_priority},
-                   visit.turn + CASE WHEN {next_tenant} = visit.tenant_id THEN 0 ELSE 1 END
+            SELECT
+                CASE WHEN visit.model IS NULL THEN {next_tenant} ELSE visit.tenant_id END,
+                CASE WHEN visit.model IS NULL THEN {next_tenant_model}
+                     WHEN visit.priority IS NULL THEN {next_model}
+                     ELSE visit.model END,
+                CASE WHEN visit.model IS NULL THEN {next_tenant_priority}
+                     WHEN visit.priority IS NULL THEN {next_model_priority}
+                     ELSE {next_priority} END,
+                visit.turn + CASE WHEN visit.model IS NULL THEN 1 ELSE 0 END
             FROM visit
             WHERE visit.tenant_id IS NOT NULL AND visit.turn <= {limit}
         )
@@ -101,14 +122,16 @@ pub async fn visit(
                      AND pause.paused_until > {now}
                ) THEN 1 ELSE 0 END AS paused
         FROM visit LEFT JOIN tenant_limits AS limits ON limits.tenant_id = visit.tenant_id
-        WHERE visit.tenant_id IS NOT NULL AND visit.turn <= {limit}
+        WHERE visit.tenant_id IS NOT NULL AND visit.priority IS NOT NULL AND visit.turn <= {limit}
         ORDER BY visit.tenant_id, visit.model, visit.priority",
-        first_tenant = first("tenant_id"),
-        first_model = first("model"),
-        first_priority = first("priority"),
-        next_tenant = next("tenant_id"),
-        next_model = next("model"),
-        next_priority = next("priority"),
+        first_tenant = first_group("tenant_id", &after),
+        first_model = first_group("model", &after),
+        first_priority = first_group("priority", &after),
+        next_tenant = first_group("tenant_id", "visit.tenant_id"),
+        next_tenant_model = first_group("model", "visit.tenant_id"),
+        next_tenant_priority = first_group("priority", "visit.tenant_id"),
+        next_model = next_model("model"),
+        next_model_priority = next_model("priority"),
     );
     let statement: Statement = parameters.statement(sql);
     Visit::find_by_statement(statement).all(db).await
