@@ -6,9 +6,10 @@
 use crate::helpers::{AppOptions, Backend, TestApp, decimal, error_code, spawn_app_with};
 use entity::{attempts, model_prices};
 use jobledger::billing::prices::{ConfiguredPrice, PricePerMillion, Rates};
-use jobledger::billing::{ChargingPolicy, Credits, TokenUsage, UnfinishedCall};
+use jobledger::billing::{ChargingPolicy, Credits, UnfinishedCall};
 use jobledger::config::file::{ConfigError, ConfigFile, CustomerPolicy, ProviderKind};
 use jobledger::config::{ProviderEndpoint, ProviderSettings, Settings};
+use jobledger::llm::TokenUsage;
 use jobledger::llm::routing::ModelPattern;
 use jobledger::llm::simulator::Simulator;
 use jobledger::startup::{Application, StartupError, provider_registry};

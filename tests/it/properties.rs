@@ -21,7 +21,7 @@ use entity::{
     credit_reservations, job_events, jobs, ledger_entries, tenants,
 };
 use jobledger::billing::ledger::{self, Balance};
-use jobledger::billing::{Credits, ModelPrice, TokenUsage, audit, prices};
+use jobledger::billing::{Credits, ModelPrice, audit, prices};
 use jobledger::db::begin_write;
 use jobledger::error::ServiceError;
 use jobledger::jobs::EventBus;
@@ -32,6 +32,7 @@ use jobledger::jobs::queue::{
     Renewal,
 };
 use jobledger::jobs::service;
+use jobledger::llm::TokenUsage;
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

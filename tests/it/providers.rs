@@ -5,12 +5,11 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::helpers::{AppOptions, Backend, job_input, spawn_app_with};
-use jobledger::billing::TokenUsage;
-use jobledger::jobs::input::{Message, Role};
 use jobledger::llm::anthropic::AnthropicClient;
 use jobledger::llm::openai::OpenAiClient;
 use jobledger::llm::simulator::Simulator;
 use jobledger::llm::{ChatRequest, Completion, Provider, ProviderError};
+use jobledger::llm::{Message, Role, TokenUsage};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
