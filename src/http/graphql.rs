@@ -165,7 +165,7 @@ pub async fn get(
     };
     let Some(query) = parameters.query else {
         if accepts(&headers, "text/html") {
-            return super::console::graphiql();
+            return super::console::graphiql(&headers).await;
         }
         return request_error(media_type, StatusCode::BAD_REQUEST, "the URL has no query");
     };

@@ -57,6 +57,7 @@ impl FromRef<HttpState> for App {
 
 /// Every route of the API.
 pub fn router(state: HttpState) -> Router {
+    console::prepare();
     Router::new()
         .route("/", get(console::index))
         .route("/assets/{*path}", get(console::asset))
