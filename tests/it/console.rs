@@ -4,10 +4,10 @@
 //! Debian's `chromium` (`scripts/test` installs it when missing); screenshots of each
 //! page land in `target/console-screenshots`.
 
-use crate::hardening::blackbox_folder;
-use crate::helpers::{ADMIN_TOKEN, AppOptions, Backend, spawn_app_with};
+use crate::blackbox::blackbox_folder;
+use crate::helpers::{ADMIN_TOKEN, AppOptions, Backend, spawn_app_with, wait_until_serving};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Where the browser lives on Debian.
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -46,17 +46,7 @@ async fn serve() -> Served {
         command.env_remove(variable);
     }
     let child = command.spawn().expect("the binary runs");
-    let client = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !client
-        .get(format!("http://{address}/healthz"))
-        .send()
-        .await
-        .is_ok_and(|response| response.status().is_success())
-    {
-        assert!(Instant::now() < deadline, "serve did not start");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_serving(address).await;
     Served {
         address,
         database_url,
