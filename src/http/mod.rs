@@ -67,7 +67,7 @@ pub fn router(state: HttpState) -> Router {
             "/graphql/sse",
             get(sse::get)
                 .post(sse::post)
-                .layer(DefaultBodyLimit::max(graphql::MAX_REQUEST_BYTES)),
+                .layer(DefaultBodyLimit::max(graphql::body::MAX_REQUEST_BYTES)),
         )
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))

@@ -14,8 +14,6 @@ pub(super) mod admission;
 pub(super) mod body;
 pub(super) mod responses;
 
-pub use body::MAX_REQUEST_BYTES;
-
 use super::HttpState;
 use super::limits::RequestSlot;
 use crate::graphql::cost::{self, MAX_RESPONSE_BYTES, QueryBudget, ResponseMeter};

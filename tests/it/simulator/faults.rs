@@ -85,12 +85,7 @@ async fn fail_first_counts_per_content() {
     );
 
     // Clearing the log resets the counters.
-    let cleared = reqwest::Client::new()
-        .delete(server.url("/_mock/calls"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(cleared.status(), StatusCode::NO_CONTENT);
+    assert_eq!(server.clear_calls().await, StatusCode::NO_CONTENT);
     assert_eq!(server.openai(first).await.status(), 500);
 }
 
@@ -125,12 +120,7 @@ async fn hang_is_logged_at_once_and_billed_when_the_client_gives_up() {
 
     let pending = wait_for_calls(&server.sim, |calls| calls.len() == 1).await;
     assert_eq!((pending[0].status, pending[0].billed), (0, false));
-    let listed: Vec<CallRecord> = reqwest::get(server.url("/_mock/calls"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed: Vec<CallRecord> = server.listed_calls().await;
     assert_eq!(listed, pending);
 
     let err = client.await.unwrap().unwrap_err();

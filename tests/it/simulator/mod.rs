@@ -9,6 +9,7 @@ mod usage;
 use std::time::{Duration, Instant};
 
 use jobledger::llm::simulator::{CallRecord, Simulator};
+use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -59,6 +60,26 @@ impl Server {
 
     async fn anthropic(&self, body: Value) -> reqwest::Response {
         self.post("/v1/messages", body).await
+    }
+
+    /// The call log as `GET /_mock/calls` lists it.
+    async fn listed_calls(&self) -> Vec<CallRecord> {
+        reqwest::get(self.url("/_mock/calls"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// Clears the call log with `DELETE /_mock/calls`; the status it answered.
+    async fn clear_calls(&self) -> StatusCode {
+        reqwest::Client::new()
+            .delete(self.url("/_mock/calls"))
+            .send()
+            .await
+            .unwrap()
+            .status()
     }
 
     async fn shutdown(mut self) -> std::io::Result<()> {

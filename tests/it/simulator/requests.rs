@@ -78,18 +78,8 @@ async fn calls_endpoint_lists_in_order_and_delete_clears() {
     );
     assert!(listed[0].received_at <= listed[1].received_at);
 
-    let cleared = reqwest::Client::new()
-        .delete(server.url("/_mock/calls"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(cleared.status(), StatusCode::NO_CONTENT);
-    let listed: Vec<CallRecord> = reqwest::get(server.url("/_mock/calls"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    assert_eq!(server.clear_calls().await, StatusCode::NO_CONTENT);
+    let listed: Vec<CallRecord> = server.listed_calls().await;
     assert!(listed.is_empty());
     assert!(server.sim.calls().is_empty());
 }
