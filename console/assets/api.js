@@ -15,6 +15,24 @@ export function forgetKey() {
   sessionStorage.removeItem(KEY);
 }
 
+let keyRefused = () => {};
+
+/**
+ * Calls `handler()` once the API refuses the key this tab signed in with (revoked,
+ * or unknown to the server): the console then signs out rather than show every view
+ * failing.
+ */
+export function onKeyRefused(handler) {
+  keyRefused = handler;
+}
+
+/** Reports that the signed-in key was refused, once: the key is forgotten first. */
+export function refuseStoredKey() {
+  if (storedKey() === null) return;
+  forgetKey();
+  keyRefused();
+}
+
 /** An error answered by the API, with its `extensions.code`. */
 export class ApiError extends Error {
   constructor(message, code) {
@@ -44,7 +62,10 @@ export async function gql(query, variables = {}, key = storedKey()) {
   }
   if (body.errors && body.errors.length) {
     const [error] = body.errors;
-    throw new ApiError(error.message, error.extensions?.code ?? 'GRAPHQL');
+    const code = error.extensions?.code ?? 'GRAPHQL';
+    // Only the signed-in key ends the session: a key being tried at sign-in is not it.
+    if (code === 'UNAUTHENTICATED' && key !== null && key === storedKey()) refuseStoredKey();
+    throw new ApiError(error.message, code);
   }
   return body.data;
 }

@@ -1,6 +1,6 @@
 // The console's shell: sign-in, who is signed in, and hash routes to the views.
 
-import { ApiError, forgetKey, gql, storeKey, storedKey } from './api.js';
+import { ApiError, forgetKey, gql, onKeyRefused, storeKey, storedKey } from './api.js';
 import { h, notice, replace } from './dom.js';
 import { disconnect, onConnectionState } from './live.js';
 import { forgetListState, renderJobList, renderJob } from './jobs.js';
@@ -109,15 +109,21 @@ function route() {
   location.hash = session.role === 'admin' ? '#/admin' : '#/jobs';
 }
 
-signOut.addEventListener('click', () => {
+/** Stops every view and subscription, forgets the key and shows the sign-in form. */
+function endSession(message = null) {
   cleanup();
   cleanup = () => {};
   disconnect();
   forgetKey();
   forgetListState();
   history.replaceState(null, '', '/');
-  showSignIn();
-});
+  showSignIn(message);
+}
+
+signOut.addEventListener('click', () => endSession());
+
+// A key revoked while the tab is open: every view would only show errors.
+onKeyRefused(() => endSession('The server no longer accepts this key (it may have been revoked); sign in again.'));
 
 window.addEventListener('hashchange', route);
 
@@ -131,6 +137,8 @@ if (key) {
     session = identified;
     start();
   }, () => {
+    // A refused key has already ended the session with its own message.
+    if (storedKey() === null) return;
     forgetKey();
     showSignIn('Your session ended; sign in again.');
   });

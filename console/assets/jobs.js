@@ -219,6 +219,8 @@ export function renderJob(root, { id, tenantId = null }) {
     lastSeq = Math.max(lastSeq, ...job.events.map((event) => event.seq));
     replace(details, jobDetails(job, live ? cancelButton(job) : null));
     if (TERMINAL.has(job.status) && output.textContent === '') outputSection.hidden = true;
+    // Output missed while reconnecting is only known once the job has its result.
+    if (output.querySelector('.output-gap') && typeof job.result === 'string') output.textContent = job.result;
     return job;
   }
 
@@ -259,6 +261,13 @@ export function renderJob(root, { id, tenantId = null }) {
       complete: () => {
         clearTimeout(refresh);
         load();
+      },
+      // Deltas are live only: those sent while the connection was down are gone. The
+      // output continues after a mark, and is made whole from the result at the end.
+      restarted: () => {
+        if (output.textContent === '' || output.lastChild?.classList?.contains('output-gap')) return;
+        output.append(h('span', { class: 'output-gap', 'data-testid': 'output-gap' },
+          ' […output sent while reconnecting is not shown…] '));
       },
     });
   });

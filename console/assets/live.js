@@ -2,7 +2,7 @@
 // authenticated in connection_init, reconnecting with backoff. Each subscription
 // remembers its latest variables (`resume`) so that it continues where it left off.
 
-import { storedKey } from './api.js';
+import { refuseStoredKey, storedKey } from './api.js';
 
 let socket = null;
 let acknowledged = false;
@@ -30,6 +30,12 @@ function connect() {
   announce('connecting');
   const current = socket;
   current.addEventListener('open', () => {
+    // Signed out while connecting: closing a socket before it opens makes the browser
+    // log an error, so it is closed now.
+    if (socket !== current) {
+      current.close(1000, 'signed out');
+      return;
+    }
     current.send(JSON.stringify({
       type: 'connection_init',
       payload: { authorization: `Bearer ${storedKey()}` },
@@ -43,7 +49,11 @@ function connect() {
         acknowledged = true;
         retries = 0;
         announce('live');
-        for (const [id, entry] of active) start(id, entry);
+        for (const [id, entry] of active) {
+          // Started before on a connection that dropped: what it sent meanwhile is lost.
+          if (entry.started) entry.restarted();
+          start(id, entry);
+        }
         break;
       case 'ping':
         current.send(JSON.stringify({ type: 'pong' }));
@@ -76,13 +86,18 @@ function connect() {
     acknowledged = false;
     announce('offline');
     // 4403: the key was refused or revoked; reconnecting would not help.
-    if (event.code === 4403 || active.size === 0) return;
+    if (event.code === 4403) {
+      refuseStoredKey();
+      return;
+    }
+    if (active.size === 0) return;
     retries += 1;
     setTimeout(connect, Math.min(30_000, 500 * 2 ** retries));
   });
 }
 
 function start(id, entry) {
+  entry.started = true;
   socket.send(JSON.stringify({
     id,
     type: 'subscribe',
@@ -91,12 +106,16 @@ function start(id, entry) {
 }
 
 /**
- * Subscribes to `query`; `variables` is a function called at each (re)start. Returns
- * a function that stops the subscription.
+ * Subscribes to `query`; `variables` is a function called at each (re)start, and
+ * `restarted` is called before a restart on a new connection (live-only messages sent
+ * while the connection was down are lost). Returns a function that stops the
+ * subscription.
  */
-export function subscribe(query, variables, { next, error = () => {}, complete = () => {} }) {
+export function subscribe(query, variables, {
+  next, error = () => {}, complete = () => {}, restarted = () => {},
+}) {
   const id = String(nextId++);
-  const entry = { query, variables, next, error, complete };
+  const entry = { query, variables, next, error, complete, restarted, started: false };
   active.set(id, entry);
   if (socket && acknowledged) start(id, entry);
   else connect();
@@ -113,7 +132,7 @@ export function disconnect() {
     const closing = socket;
     socket = null;
     acknowledged = false;
-    closing.close(1000, 'signed out');
+    if (closing.readyState !== WebSocket.CONNECTING) closing.close(1000, 'signed out');
   }
   announce('offline');
 }

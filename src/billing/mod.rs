@@ -12,4 +12,4 @@ pub mod reports;
 
 pub use credits::{Credits, CreditsError};
 pub use policy::{AttemptEnding, CallBound, ChargingPolicy, UnfinishedCall};
-pub use prices::{ModelPrice, PricePerMillion, TokenUsage};
+pub use prices::{ModelPrice, PricePerMillion};

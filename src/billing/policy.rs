@@ -18,7 +18,8 @@
 //! and the customer's price, so neither what we may owe the provider nor what the
 //! customer may be charged for one job ever exceeds its hold.
 
-use super::{Credits, ModelPrice, TokenUsage};
+use super::{Credits, ModelPrice};
+use crate::llm::TokenUsage;
 
 /// What the customer pays for a call that ended without an accepted answer, beyond
 /// the output it streamed.

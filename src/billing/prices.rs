@@ -4,6 +4,7 @@
 //! attempt stores the version it was priced with, so past rows never change.
 
 use super::Credits;
+use crate::llm::TokenUsage;
 use entity::{Timestamp, model_prices};
 use rust_decimal::Decimal;
 use sea_orm::{
@@ -52,15 +53,6 @@ impl Rates {
             + self.cached_input.cost(cached)
             + self.output.cost(usage.output_tokens)
     }
-}
-
-/// Tokens a provider reported for one call.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TokenUsage {
-    /// All input tokens, cached ones included.
-    pub input_tokens: u64,
-    pub cached_input_tokens: u64,
-    pub output_tokens: u64,
 }
 
 /// One version of one model's price, as stored.

@@ -6,8 +6,9 @@
 //! since then does not change it. The customer's charge does not change: the customer
 //! pays for the accepted attempt only, and a reconciled attempt is never that one.
 
-use super::{Credits, ModelPrice, TokenUsage};
+use super::{Credits, ModelPrice};
 use crate::error::ServiceError;
+use crate::llm::TokenUsage;
 use entity::{AttemptOutcome, Timestamp, attempt_reconciliations, attempts, model_prices};
 use sea_orm::sea_query::Expr;
 use sea_orm::{

@@ -57,6 +57,7 @@ impl FromRef<HttpState> for App {
 
 /// Every route of the API.
 pub fn router(state: HttpState) -> Router {
+    console::prepare();
     Router::new()
         .route("/", get(console::index))
         .route("/assets/{*path}", get(console::asset))
@@ -66,7 +67,7 @@ pub fn router(state: HttpState) -> Router {
             "/graphql/sse",
             get(sse::get)
                 .post(sse::post)
-                .layer(DefaultBodyLimit::max(graphql::MAX_REQUEST_BYTES)),
+                .layer(DefaultBodyLimit::max(graphql::body::MAX_REQUEST_BYTES)),
         )
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))

@@ -12,9 +12,10 @@
 //! it, when it completes, or when its key is revoked.
 
 use super::HttpState;
-use super::graphql::{
-    BodyLimit, JSON, authenticate_client, check_content_type, read_body, selected_operation,
-};
+use super::graphql::admission::authenticate_client;
+use super::graphql::body::{BodyLimit, read_body};
+use super::graphql::responses::{JSON, check_content_type};
+use super::graphql::selected_operation;
 use super::limits::{ClientAddress, RequestOwner, SLOT_WAIT};
 use crate::accounts::api_keys::{self, Identity};
 use crate::graphql::ErrorCode;

@@ -2,6 +2,7 @@
 
 use crate::billing::CallBound;
 use crate::error::ServiceError;
+use crate::llm::{Message, Role};
 use entity::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -57,47 +58,6 @@ impl IdempotencyKey {
     pub fn as_str(&self) -> &str {
         &self.0
     }
-}
-
-/// Who speaks a message.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    System,
-    Developer,
-    User,
-    Assistant,
-}
-
-impl Role {
-    fn parse(text: &str) -> Result<Self, ServiceError> {
-        match text {
-            "system" => Ok(Self::System),
-            "developer" => Ok(Self::Developer),
-            "user" => Ok(Self::User),
-            "assistant" => Ok(Self::Assistant),
-            other => Err(ServiceError::validation(format!(
-                "message role must be system, developer, user or assistant, not {other:?}"
-            ))),
-        }
-    }
-
-    /// The role's name in provider APIs.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::System => "system",
-            Self::Developer => "developer",
-            Self::User => "user",
-            Self::Assistant => "assistant",
-        }
-    }
-}
-
-/// One chat message.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Message {
-    pub role: Role,
-    pub content: String,
 }
 
 /// The part of a job that is sent to the model, as stored in `jobs.input`.
@@ -213,10 +173,12 @@ impl NewJob {
             .messages
             .into_iter()
             .map(|(role, content)| {
-                Ok(Message {
-                    role: Role::parse(&role)?,
-                    content,
-                })
+                let role = Role::from_name(&role).ok_or_else(|| {
+                    ServiceError::validation(format!(
+                        "message role must be system, developer, user or assistant, not {role:?}"
+                    ))
+                })?;
+                Ok(Message { role, content })
             })
             .collect::<Result<Vec<_>, ServiceError>>()?;
         if messages

@@ -1,9 +1,9 @@
 //! A client for Anthropic's Messages API (`POST /v1/messages`), plain and streamed.
 
 use super::http::{self, Opened};
-use super::{ChatRequest, Completion, DeltaSender, Provider, ProviderError, Timeouts};
-use crate::billing::TokenUsage;
-use crate::jobs::input::Role;
+use super::{
+    ChatRequest, Completion, DeltaSender, Provider, ProviderError, Role, Timeouts, TokenUsage,
+};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -281,7 +281,7 @@ impl AnthropicClient {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::jobs::input::Message;
+    use crate::llm::Message;
 
     fn message(role: Role, content: &str) -> Message {
         Message {

@@ -6,13 +6,13 @@ mod http;
 pub mod openai;
 pub mod routing;
 pub mod simulator;
+mod vocabulary;
 
-use crate::billing::TokenUsage;
-use crate::jobs::input::Message;
 use serde_json::Value;
 use std::time::Duration;
 
 pub use routing::ProviderRegistry;
+pub use vocabulary::{Message, Role, TokenUsage};
 
 /// One chat completion to run.
 #[derive(Clone, Debug)]

@@ -2,8 +2,7 @@
 //! llama.cpp server, and the built-in simulator).
 
 use super::http::{self, Opened};
-use super::{ChatRequest, Completion, DeltaSender, Provider, ProviderError, Timeouts};
-use crate::billing::TokenUsage;
+use super::{ChatRequest, Completion, DeltaSender, Provider, ProviderError, Timeouts, TokenUsage};
 use serde::Deserialize;
 use serde_json::{Value, json};
 

@@ -5,6 +5,8 @@
 // any failed. Screenshots of every page go to SCREENSHOT_DIR.
 
 import { chromium } from 'playwright-core';
+import { createClient } from 'graphql-ws';
+import WebSocket from 'ws';
 import { createRequire } from 'node:module';
 import { mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -131,11 +133,46 @@ async function fits(name, width) {
   });
 }
 
-async function signIn(key) {
-  await page.locator('#key').waitFor();
+async function signIn(key, on = page) {
+  await on.locator('#key').waitFor();
   // Keyboard only: the key field has focus; Enter submits.
-  await page.keyboard.type(key);
-  await page.keyboard.press('Enter');
+  await on.keyboard.type(key);
+  await on.keyboard.press('Enter');
+}
+
+/**
+ * Another tab with its own session storage, its errors kept apart: the browser's own
+ * lines about refused requests are expected where a test revokes a key.
+ */
+async function newTab() {
+  const tabContext = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+  const tab = await tabContext.newPage();
+  tab.setDefaultTimeout(40_000);
+  const errors = [];
+  tab.on('console', (message) => {
+    if (message.type() === 'error') errors.push(`${tab.url()}: ${message.text()}`);
+  });
+  tab.on('pageerror', (error) => errors.push(`${tab.url()}: ${error.message}`));
+  return { tab, errors, close: () => tabContext.close() };
+}
+
+/** Counts the `OUTPUT_DELTA` events of a job as a client of its own sees them. */
+function watchDeltas(key, jobId) {
+  const client = createClient({
+    url: `${base.replace(/^http/, 'ws')}/graphql/ws`,
+    webSocketImpl: WebSocket,
+    connectionParams: { authorization: `Bearer ${key}` },
+  });
+  const watch = { deltas: 0, stop: () => client.dispose() };
+  client.subscribe({
+    query: 'subscription($jobId: UUID!) { jobUpdates(jobId: $jobId) { kind } }',
+    variables: { jobId },
+  }, {
+    next: ({ data }) => { if (data.jobUpdates.kind === 'OUTPUT_DELTA') watch.deltas += 1; },
+    error: () => {},
+    complete: () => {},
+  });
+  return watch;
 }
 
 // ---- sign in -----------------------------------------------------------------------
@@ -240,6 +277,98 @@ await check('a streaming job shows its output on its page while it runs', async 
   });
   await page.getByTestId('result').filter({ hasText: reply }).waitFor({ timeout: 40_000 });
   await shot('job-streaming');
+});
+
+await check('streamed output resumes after the live connection drops mid-stream, and ends whole', async () => {
+  const { tab, errors, close } = await newTab();
+  // Every live connection of the tab passes through here. A reconnection waits until
+  // `release` resolves, so that a delta is certainly sent while the tab is offline.
+  const connections = [];
+  let release = () => {};
+  const released = new Promise((resolve) => { release = resolve; });
+  await tab.routeWebSocket(/\/graphql\/ws$/, async (socket) => {
+    const number = connections.length;
+    const waiting = [];
+    let server = null;
+    connections.push({ socket, server: () => server });
+    socket.onMessage((message) => (server ? server.send(message) : waiting.push(message)));
+    if (number > 0) await released;
+    server = socket.connectToServer();
+    server.onMessage((message) => socket.send(message));
+    for (const message of waiting) server.send(message);
+  });
+  await tab.goto(base);
+  await signIn(tenantKey, tab);
+  await tab.locator('h1', { hasText: 'Jobs' }).waitFor();
+  // The simulator streams a reply in four pieces, each after the delay.
+  const reply = Array.from({ length: 24 }, (_, index) => `piece${index}`).join(' ');
+  const streaming = await createJob(tenantKey, 'console-stream-reconnect',
+    `Stream across a reconnect [mock:reply=${reply}] [mock:chunk_delay_ms=2000]`, { streamOutput: true });
+  const watch = watchDeltas(tenantKey, streaming);
+  await tab.goto(`${base}/#/jobs/${streaming}`);
+  const output = tab.getByTestId('live-output');
+  await until('output before the drop', async () => (await output.textContent()).length > 0);
+  const seenBeforeDrop = watch.deltas;
+  const first = connections[connections.length - 1];
+  await first.socket.close({ code: 1011, reason: 'dropped by the test' });
+  await first.server()?.close();
+  await until('a delta sent while the tab is offline', async () => watch.deltas > seenBeforeDrop);
+  release();
+  await tab.getByTestId('output-gap').waitFor({ state: 'attached' });
+  const afterGap = await until('output after the reconnect', async () => {
+    const text = await output.evaluate((element) => {
+      let shown = '';
+      for (let node = element.querySelector('.output-gap')?.nextSibling; node; node = node.nextSibling) shown += node.textContent;
+      return shown;
+    });
+    return text.length > 0 && text;
+  });
+  assert(reply.includes(afterGap), `after the reconnect: ${afterGap}`);
+  await tab.getByTestId('result').filter({ hasText: reply }).waitFor({ timeout: 40_000 });
+  await until('the output made whole', async () => (await output.textContent()) === reply);
+  watch.stop();
+  assert(errors.length === 0, errors.join('\n'));
+  await close();
+});
+
+await check('a key revoked while its tab is live signs the console out at once', async () => {
+  const { tab, errors, close } = await newTab();
+  const { createApiKey } = await api(tenantKey,
+    'mutation { createApiKey(name: "console-revoked-live") { apiKey key { id } } }');
+  await tab.goto(base);
+  await signIn(createApiKey.apiKey, tab);
+  await tab.getByTestId('live-state').filter({ hasText: 'Live:' }).waitFor();
+  await api(tenantKey, 'mutation($id: UUID!) { revokeApiKey(id: $id) { id } }', { id: createApiKey.key.id });
+  await tab.locator('h1', { hasText: 'Sign in' }).waitFor();
+  await tab.getByRole('alert').filter({ hasText: 'no longer accepts this key' }).waitFor();
+  assert(await tab.evaluate(() => sessionStorage.getItem('jobledger.key')) === null, 'the key is forgotten');
+  assert(await tab.locator('#nav').isHidden(), 'the navigation is gone');
+  // The live connection told the tab: no request was refused, nothing was logged.
+  assert(errors.length === 0, errors.join('\n'));
+  await close();
+});
+
+await check('a key refused on a request signs the console out with a message', async () => {
+  const { tab, errors, close } = await newTab();
+  const { createApiKey } = await api(tenantKey,
+    'mutation { createApiKey(name: "console-revoked-idle") { apiKey key { id } } }');
+  await tab.goto(`${base}/#/billing`);
+  await signIn(createApiKey.apiKey, tab);
+  // The billing page holds no live connection: only a request can learn of the revocation.
+  await tab.getByTestId('balance-available').waitFor();
+  assert(await tab.evaluate(() => document.body.dataset.live) === 'offline', 'billing opened no live connection');
+  await api(tenantKey, 'mutation($id: UUID!) { revokeApiKey(id: $id) { id } }', { id: createApiKey.key.id });
+  await tab.getByRole('link', { name: 'Jobs' }).click();
+  await tab.locator('h1', { hasText: 'Sign in' }).waitFor();
+  await tab.getByRole('alert').filter({ hasText: 'no longer accepts this key' }).waitFor();
+  assert(await tab.locator('text=Could not load').count() === 0, 'no view is left showing errors');
+  // The browser itself logs the refused request's 401; the console logs nothing more
+  // and sends nothing after it.
+  const others = errors.filter((line) => !line.includes('status of 401'));
+  assert(others.length === 0, others.join('\n'));
+  const refused = errors.length - others.length;
+  assert(refused <= 1, `${refused} refused requests were logged:\n${errors.join('\n')}`);
+  await close();
 });
 
 await check('a job created from the console opens on its page and succeeds there', async () => {

@@ -4,10 +4,10 @@
 //! Debian's `chromium` (`scripts/test` installs it when missing); screenshots of each
 //! page land in `target/console-screenshots`.
 
-use crate::hardening::blackbox_folder;
-use crate::helpers::{ADMIN_TOKEN, AppOptions, Backend, spawn_app_with};
+use crate::blackbox::blackbox_folder;
+use crate::helpers::{ADMIN_TOKEN, AppOptions, Backend, spawn_app_with, wait_until_serving};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Where the browser lives on Debian.
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -46,17 +46,7 @@ async fn serve() -> Served {
         command.env_remove(variable);
     }
     let child = command.spawn().expect("the binary runs");
-    let client = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !client
-        .get(format!("http://{address}/healthz"))
-        .send()
-        .await
-        .is_ok_and(|response| response.status().is_success())
-    {
-        assert!(Instant::now() < deadline, "serve did not start");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_serving(address).await;
     Served {
         address,
         database_url,
@@ -201,5 +191,96 @@ async fn the_console_and_graphiql_are_served_from_the_binary() {
     assert_eq!(
         answer.json::<serde_json::Value>().await.unwrap()["data"]["__typename"],
         "QueryRoot"
+    );
+}
+
+/// A console file carries a strong validator: asked again with it, the server answers
+/// 304 with no body, so the 3.5 MB GraphiQL bundle is downloaded once; a client that
+/// accepts gzip gets the same bytes gzipped, under a validator of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_files_are_revalidated_by_etag_and_sent_gzipped() {
+    let app = spawn_app_with(Backend::Sqlite, AppOptions::no_workers()).await;
+    let get = |path: &str, headers: &[(&str, &str)]| {
+        let mut request = app.http.get(format!("http://{}{path}", app.address));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.send()
+    };
+    let etag =
+        |response: &reqwest::Response| response.headers()["etag"].to_str().unwrap().to_owned();
+    for path in [
+        "/",
+        "/assets/app.js",
+        "/assets/vendor/graphiql/graphiql.min.js",
+    ] {
+        let whole = get(path, &[]).await.unwrap();
+        assert_eq!(whole.status(), 200, "{path}");
+        assert_eq!(whole.headers()["cache-control"], "no-cache", "{path}");
+        assert!(whole.headers().get("content-encoding").is_none(), "{path}");
+        let validator = etag(&whole);
+        assert!(
+            validator.starts_with('"') && validator.ends_with('"') && validator.len() > 20,
+            "a strong validator for {path}: {validator}"
+        );
+        let contents = whole.bytes().await.unwrap();
+
+        let again = get(path, &[("if-none-match", &validator)]).await.unwrap();
+        assert_eq!(again.status(), 304, "{path}");
+        assert_eq!(etag(&again), validator);
+        assert!(again.bytes().await.unwrap().is_empty());
+        let listed = format!("\"stale\", W/{validator}");
+        let among_others = get(path, &[("if-none-match", &listed)]).await.unwrap();
+        assert_eq!(among_others.status(), 304, "{path}: {listed}");
+        let stale = get(path, &[("if-none-match", "\"stale\"")]).await.unwrap();
+        assert_eq!(stale.status(), 200, "{path}");
+        assert_eq!(stale.bytes().await.unwrap(), contents);
+
+        let gzipped = get(path, &[("accept-encoding", "br, gzip")]).await.unwrap();
+        assert_eq!(gzipped.status(), 200, "{path}");
+        assert_eq!(gzipped.headers()["content-encoding"], "gzip", "{path}");
+        assert_eq!(gzipped.headers()["vary"], "accept-encoding", "{path}");
+        let gzip_validator = etag(&gzipped);
+        assert_ne!(gzip_validator, validator, "{path}: another representation");
+        let compressed = gzipped.bytes().await.unwrap();
+        let mut unpacked = Vec::new();
+        std::io::Read::read_to_end(
+            &mut flate2::read::GzDecoder::new(&compressed[..]),
+            &mut unpacked,
+        )
+        .unwrap();
+        assert_eq!(unpacked, contents, "{path}: gzip carries the same bytes");
+        let revalidated = get(
+            path,
+            &[
+                ("accept-encoding", "gzip"),
+                ("if-none-match", &gzip_validator),
+            ],
+        )
+        .await
+        .unwrap();
+        assert_eq!(revalidated.status(), 304, "{path}");
+
+        let refused = get(path, &[("accept-encoding", "gzip;q=0, identity")])
+            .await
+            .unwrap();
+        assert!(
+            refused.headers().get("content-encoding").is_none(),
+            "{path}"
+        );
+    }
+    let bundle = get(
+        "/assets/vendor/graphiql/graphiql.min.js",
+        &[("accept-encoding", "gzip")],
+    )
+    .await
+    .unwrap()
+    .bytes()
+    .await
+    .unwrap();
+    assert!(
+        bundle.len() < 1_500_000,
+        "the GraphiQL bundle gzipped is {} bytes",
+        bundle.len()
     );
 }

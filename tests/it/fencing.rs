@@ -9,13 +9,14 @@ use entity::{
     AttemptOutcome, JobStatus, ReservationStatus, Timestamp, attempts, charges,
     credit_reservations, job_events, jobs, ledger_entries,
 };
-use jobledger::billing::{Credits, ModelPrice, TokenUsage, prices};
+use jobledger::billing::{Credits, ModelPrice, prices};
 use jobledger::jobs::input::JobInput;
 use jobledger::jobs::queue::{
     self, AttemptReport, AttemptStart, Claim, ClaimRequest, ErrorCode, JobError, JobOutcome,
     Renewal,
 };
 use jobledger::jobs::worker::{Worker, WorkerSettings};
+use jobledger::llm::TokenUsage;
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
 use serde_json::json;

@@ -270,6 +270,22 @@ pub async fn spawn_app_with(backend: Backend, options: AppOptions) -> TestApp {
     spawn_app_on(database, RunningSimulator::start().await, options).await
 }
 
+/// Polls `/healthz` of a `jobledger serve` child listening on `address` until it
+/// answers (bounded: 30 s).
+pub async fn wait_until_serving(address: SocketAddr) {
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !client
+        .get(format!("http://{address}/healthz"))
+        .send()
+        .await
+        .is_ok_and(|response| response.status().is_success())
+    {
+        assert!(Instant::now() < deadline, "serve did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A simulator serving on a random port until `stop` is cancelled.
 pub struct RunningSimulator {
     pub simulator: Simulator,
@@ -347,6 +363,11 @@ async fn spawn_app_at(
 }
 
 impl TestApp {
+    /// The address of `/graphql`.
+    pub fn url(&self) -> String {
+        format!("http://{}/graphql", self.address)
+    }
+
     /// Shuts the application down as SIGTERM would, waits until it has stopped, and
     /// starts a new one on the same database and simulator, as a redeploy would.
     pub async fn restart(mut self, options: AppOptions) -> TestApp {

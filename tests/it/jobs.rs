@@ -6,7 +6,8 @@ use crate::helpers::{
 };
 use crate::invariants::assert_billing_invariants;
 use entity::{credit_reservations, jobs, ledger_entries};
-use jobledger::billing::{TokenUsage, prices};
+use jobledger::billing::prices;
+use jobledger::llm::TokenUsage;
 use rust_decimal::Decimal;
 use sea_orm::{EntityTrait, PaginatorTrait};
 use serde_json::json;

@@ -14,6 +14,7 @@ mod audit;
 mod batching;
 mod bench;
 mod billing;
+mod blackbox;
 mod charging;
 mod config;
 mod console;

@@ -2,7 +2,9 @@
 //! through LISTEN/NOTIFY, so pickup and cancellation do not wait for a poll or a
 //! lease renewal.
 
-use crate::helpers::{AppOptions, Backend, job_input, spawn_app_with, test_worker_settings};
+use crate::helpers::{
+    AppOptions, Backend, job_input, spawn_app_with, test_worker_settings, wait_until_serving,
+};
 use crate::invariants::assert_billing_invariants;
 use jobledger::jobs::worker::WorkerSettings;
 use serde_json::json;
@@ -120,17 +122,7 @@ impl ServeProcess {
             .kill_on_drop(true)
             .spawn()
             .expect("the binary runs");
-        let client = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !client
-            .get(format!("http://{address}/healthz"))
-            .send()
-            .await
-            .is_ok_and(|response| response.status().is_success())
-        {
-            assert!(Instant::now() < deadline, "serve did not start");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_until_serving(address).await;
         Self {
             address,
             _child: child,

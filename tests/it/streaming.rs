@@ -5,11 +5,11 @@
 use crate::contract::operation;
 use crate::helpers::{Backend, event_kinds, job_input, spawn_app};
 use crate::invariants::assert_billing_invariants;
-use jobledger::jobs::input::{Message, Role};
 use jobledger::llm::anthropic::AnthropicClient;
 use jobledger::llm::openai::OpenAiClient;
 use jobledger::llm::simulator::Simulator;
 use jobledger::llm::{ChatRequest, Provider, ProviderError};
+use jobledger::llm::{Message, Role};
 use serde_json::json;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;

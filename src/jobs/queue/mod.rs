@@ -8,7 +8,8 @@
 
 use super::budget::Spent;
 use super::bus::EventNotice;
-use crate::billing::{Credits, ModelPrice, TokenUsage};
+use crate::billing::{Credits, ModelPrice};
+use crate::llm::TokenUsage;
 use entity::{AttemptOutcome, JobStatus, Timestamp, attempts, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait, Query};
 use sea_orm::{ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter};

@@ -1,10 +1,11 @@
 //! Judging an attempt's end: what the attempt row records, what the customer is
 //! charged by the charging policy, and what becomes of the job.
 
-use crate::billing::{AttemptEnding, CallBound, ChargingPolicy, ModelPrice, TokenUsage};
+use crate::billing::{AttemptEnding, CallBound, ChargingPolicy, ModelPrice};
 use crate::jobs::flow;
 use crate::jobs::input::JobInput;
 use crate::jobs::queue::{AttemptReport, Claim, ErrorCode, JobError, JobOutcome};
+use crate::llm::TokenUsage;
 use crate::llm::{Completion, ProviderError};
 use entity::{AttemptOutcome, Timestamp, attempts};
 use rand::Rng;

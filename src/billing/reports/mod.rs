@@ -1,0 +1,186 @@
+//! The billing dashboards: what each job cost at the provider against what the
+//! customer paid, a summary over a time window, and the credit ledger.
+//!
+//! Every figure is computed in the database with aggregate SQL (one grouped query per
+//! report; a page of job costs picks its jobs first and adds up only theirs), never by
+//! loading a tenant's rows into memory. Sums of BIGINT nano-credits are cast back to
+//! BIGINT because PostgreSQL's `SUM(bigint)` is a `numeric`.
+//!
+//! One definition of a job's cost serves both the `cost` field of a job and the cost
+//! dashboard: [`costs_of_jobs`] and [`job_costs`] run the same per-job query.
+
+mod job_costs;
+mod ledger;
+mod summary;
+
+pub use job_costs::{JobCost, costs_of_jobs, job_costs};
+pub use ledger::credit_ledger;
+pub use summary::{BillingSummary, ModelBilling, billing_summary};
+
+use super::Credits;
+use crate::accounts::{Principal, tenants};
+use crate::error::ServiceError;
+use entity::Timestamp;
+use sea_orm::ConnectionTrait;
+use uuid::Uuid;
+
+/// Rows per page when the client does not say.
+pub const DEFAULT_PAGE_SIZE: u64 = 20;
+/// The most rows one page may hold.
+pub const MAX_PAGE_SIZE: u64 = 100;
+
+/// Whose figures a report covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// One tenant's jobs and ledger.
+    Tenant(Uuid),
+    /// Every tenant's (admins only).
+    AllTenants,
+}
+
+impl Scope {
+    /// The scope `principal` may see when it asks for `requested` (a tenant id or none).
+    ///
+    /// A tenant sees itself: naming no tenant or its own id is the same, naming another
+    /// tenant is `Forbidden`. An admin sees the tenant it names (`NotFound` when there is
+    /// no such tenant), or every tenant when it names none.
+    pub async fn for_caller(
+        db: &impl ConnectionTrait,
+        principal: Principal,
+        requested: Option<Uuid>,
+    ) -> Result<Self, ServiceError> {
+        match (principal, requested) {
+            (Principal::Tenant { tenant_id }, None) => Ok(Self::Tenant(tenant_id)),
+            (Principal::Tenant { tenant_id }, Some(requested)) if requested == tenant_id => {
+                Ok(Self::Tenant(tenant_id))
+            }
+            (Principal::Tenant { .. }, Some(_)) => Err(ServiceError::Forbidden),
+            (Principal::Admin, Some(requested)) => {
+                tenants::find_tenant(db, requested).await?;
+                Ok(Self::Tenant(requested))
+            }
+            (Principal::Admin, None) => Ok(Self::AllTenants),
+        }
+    }
+
+    /// The one tenant whose figures `principal` may see, as [`Scope::for_caller`] says,
+    /// for reports that cover a single tenant: an admin must name it.
+    pub async fn single_tenant(
+        db: &impl ConnectionTrait,
+        principal: Principal,
+        requested: Option<Uuid>,
+    ) -> Result<Uuid, ServiceError> {
+        match Self::for_caller(db, principal, requested).await? {
+            Self::Tenant(tenant_id) => Ok(tenant_id),
+            Self::AllTenants => Err(ServiceError::validation(
+                "tenantId is required for an admin",
+            )),
+        }
+    }
+
+    fn tenant_id(self) -> Option<Uuid> {
+        match self {
+            Self::Tenant(tenant_id) => Some(tenant_id),
+            Self::AllTenants => None,
+        }
+    }
+}
+
+/// Jobs created in `[from, to)`; either bound may be open.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Window {
+    pub from: Option<Timestamp>,
+    pub to: Option<Timestamp>,
+}
+
+impl Window {
+    /// A window; `to` must come after `from` when both are given.
+    pub fn new(from: Option<Timestamp>, to: Option<Timestamp>) -> Result<Self, ServiceError> {
+        if let (Some(from), Some(to)) = (from, to)
+            && to <= from
+        {
+            return Err(ServiceError::validation("to must be after from"));
+        }
+        Ok(Self { from, to })
+    }
+}
+
+/// Which page of a newest-first list: `first` rows older than the row `after`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageRequest {
+    pub first: u64,
+    pub after: Option<Uuid>,
+}
+
+impl PageRequest {
+    /// A page request from the client's `first` (default 20, 1 to 100) and `after`
+    /// (the cursor of the previous page's last row).
+    pub fn new(first: Option<i32>, after: Option<&str>) -> Result<Self, ServiceError> {
+        let first = match first {
+            None => DEFAULT_PAGE_SIZE,
+            Some(first) => u64::try_from(first)
+                .ok()
+                .filter(|first| (1..=MAX_PAGE_SIZE).contains(first))
+                .ok_or_else(|| {
+                    ServiceError::validation(format!("first must be 1 to {MAX_PAGE_SIZE}"))
+                })?,
+        };
+        let after = after
+            .map(|cursor| Uuid::parse_str(cursor).map_err(|_| unknown_cursor()))
+            .transpose()?;
+        Ok(Self { first, after })
+    }
+}
+
+fn unknown_cursor() -> ServiceError {
+    ServiceError::validation("after is not a cursor from this list")
+}
+
+/// One page of a newest-first list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub has_next_page: bool,
+}
+
+impl<T> Page<T> {
+    /// The page from `first + 1` fetched rows: the extra row only says there is more.
+    fn from_rows(mut items: Vec<T>, first: u64) -> Self {
+        let has_next_page = items.len() as u64 > first;
+        items.truncate(usize::try_from(first).unwrap_or(usize::MAX));
+        Self {
+            items,
+            has_next_page,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_requests_default_to_twenty_and_refuse_bad_sizes_and_cursors() {
+        assert_eq!(PageRequest::new(None, None).unwrap().first, 20);
+        assert_eq!(PageRequest::new(Some(100), None).unwrap().first, 100);
+        for first in [0, -1, 101] {
+            assert!(matches!(
+                PageRequest::new(Some(first), None),
+                Err(ServiceError::Validation(_))
+            ));
+        }
+        assert!(matches!(
+            PageRequest::new(None, Some("not-a-cursor")),
+            Err(ServiceError::Validation(_))
+        ));
+    }
+
+    #[test]
+    fn a_window_must_not_end_before_it_starts() {
+        let at = Timestamp(1_000);
+        assert!(Window::new(Some(at), Some(at)).is_err());
+        assert!(Window::new(Some(at), Some(Timestamp(999))).is_err());
+        assert!(Window::new(Some(at), Some(Timestamp(1_001))).is_ok());
+        assert!(Window::new(None, Some(at)).is_ok());
+    }
+}

@@ -1,0 +1,317 @@
+//! A job, its timeline and pages of jobs.
+
+use super::{Attempt, Charge, EventKind, JobCost, JobStatus, Reservation, time};
+use crate::error::ServiceError;
+use crate::graphql::loader;
+use crate::graphql::loaders::{
+    AttemptsOf, ChargeOf, CostOf, EventsOf, JobKey, ReservationOf, prefetch,
+};
+use async_graphql::{Context, Json, Lookahead, Object, SimpleObject};
+use chrono::{DateTime, Utc};
+use entity::{job_events, jobs};
+use uuid::Uuid;
+
+/// A durable LLM job. Read one at a time it comes with its payloads (input and
+/// result); read in a page it comes without them, and they load when asked for.
+pub struct Job(pub jobs::Model, Payloads);
+
+/// A job's input and result, as read with it or left to load.
+enum Payloads {
+    Read,
+    /// Loaded once, when a field asks, under the schema's [`PayloadGate`].
+    Deferred(tokio::sync::OnceCell<crate::jobs::service::JobPayloads>),
+}
+
+impl From<jobs::Model> for Job {
+    fn from(row: jobs::Model) -> Self {
+        Self(row, Payloads::Read)
+    }
+}
+
+/// Bounds how many job payloads (each up to megabytes) the whole process loads at once
+/// for pages of jobs: with the response limit, which stops resolving once reached,
+/// this bounds the memory a page of large jobs takes, whoever asks.
+pub struct PayloadGate(tokio::sync::Semaphore);
+
+/// Payloads one process loads at once for pages of jobs.
+const CONCURRENT_PAYLOAD_LOADS: usize = 4;
+
+impl Default for PayloadGate {
+    fn default() -> Self {
+        Self(tokio::sync::Semaphore::new(CONCURRENT_PAYLOAD_LOADS))
+    }
+}
+
+impl Job {
+    /// A job read in a page, without its payloads.
+    pub fn without_payloads(row: jobs::Model) -> Self {
+        Self(row, Payloads::Deferred(tokio::sync::OnceCell::new()))
+    }
+
+    async fn payloads(
+        &self,
+        context: &Context<'_>,
+    ) -> async_graphql::Result<(entity::JsonText, Option<entity::JsonText>)> {
+        let cell = match &self.1 {
+            Payloads::Read => return Ok((self.0.input.clone(), self.0.result.clone())),
+            Payloads::Deferred(cell) => cell,
+        };
+        let loaded = cell
+            .get_or_try_init(|| async {
+                let gate = context.data_unchecked::<PayloadGate>();
+                let _permit = gate.0.acquire().await.expect("the gate is never closed");
+                let db = &context.data_unchecked::<crate::startup::App>().db;
+                crate::jobs::service::job_payloads(db, self.0.tenant_id, self.0.id).await
+            })
+            .await?;
+        Ok((loaded.input.clone(), loaded.result.clone()))
+    }
+}
+
+/// Why a job failed.
+#[derive(SimpleObject)]
+pub struct JobError {
+    pub code: String,
+    pub message: String,
+}
+
+#[Object]
+impl Job {
+    async fn id(&self) -> Uuid {
+        self.0.id
+    }
+
+    async fn status(&self) -> JobStatus {
+        self.0.status.into()
+    }
+
+    /// Whether the tenant asked to cancel the job.
+    async fn cancel_requested(&self) -> bool {
+        self.0.cancel_requested
+    }
+
+    async fn idempotency_key(&self) -> &str {
+        &self.0.idempotency_key
+    }
+
+    async fn model(&self) -> &str {
+        &self.0.model
+    }
+
+    /// The messages, limits, response schema and metadata the job was created with;
+    /// `{}` once retention pruned it (see `payloadsPrunedAt`).
+    #[graphql(complexity = "crate::graphql::cost::DOCUMENT_FIELD_COMPLEXITY")]
+    async fn input(&self, context: &Context<'_>) -> async_graphql::Result<Json<serde_json::Value>> {
+        Ok(Json(self.payloads(context).await?.0.0))
+    }
+
+    /// The accepted reply: parsed JSON when the job has a response schema, else text;
+    /// null once retention pruned it (see `payloadsPrunedAt`).
+    #[graphql(complexity = "crate::graphql::cost::DOCUMENT_FIELD_COMPLEXITY")]
+    async fn result(
+        &self,
+        context: &Context<'_>,
+    ) -> async_graphql::Result<Option<Json<serde_json::Value>>> {
+        Ok(self.payloads(context).await?.1.map(|result| Json(result.0)))
+    }
+
+    async fn error(&self) -> Option<JobError> {
+        Some(JobError {
+            code: self.0.error_code.clone()?,
+            message: self.0.error_message.clone().unwrap_or_default(),
+        })
+    }
+
+    async fn attempt_count(&self) -> i32 {
+        self.0.attempt_count
+    }
+
+    async fn max_attempts(&self) -> i32 {
+        self.0.max_attempts
+    }
+
+    /// 0 to 9: among the tenant's due jobs, a higher priority runs first.
+    async fn priority(&self) -> i32 {
+        self.0.priority
+    }
+
+    /// The start the client asked for; the job is not claimed before it.
+    async fn run_at(&self) -> Option<DateTime<Utc>> {
+        self.0.run_at.map(time)
+    }
+
+    /// Whether an attempt whose outcome is unknown may be retried (and paid twice).
+    async fn retry_unknown_outcome(&self) -> bool {
+        self.0.retry_unknown_outcome
+    }
+
+    async fn created_at(&self) -> DateTime<Utc> {
+        time(self.0.created_at)
+    }
+
+    async fn started_at(&self) -> Option<DateTime<Utc>> {
+        self.0.started_at.map(time)
+    }
+
+    async fn finished_at(&self) -> Option<DateTime<Utc>> {
+        self.0.finished_at.map(time)
+    }
+
+    /// When retention pruned the job: its `input` is then `{}`, its `result` null, and
+    /// of its events only the terminal one is left. Its attempts, usage, costs and
+    /// charges are kept. Null while everything is kept.
+    async fn payloads_pruned_at(&self) -> Option<DateTime<Utc>> {
+        self.0.payloads_pruned_at.map(time)
+    }
+
+    /// Every attempt, oldest first, failures included.
+    #[graphql(
+        complexity = "child_complexity.saturating_mul(crate::graphql::cost::LISTED_ATTEMPTS) + 1"
+    )]
+    async fn attempts(&self, context: &Context<'_>) -> async_graphql::Result<Vec<Attempt>> {
+        let attempts = loader(context).load_one(AttemptsOf(self.key())).await?;
+        Ok(attempts
+            .unwrap_or_default()
+            .into_iter()
+            .map(Attempt)
+            .collect())
+    }
+
+    async fn reservation(
+        &self,
+        context: &Context<'_>,
+    ) -> async_graphql::Result<Option<Reservation>> {
+        let reservation = loader(context).load_one(ReservationOf(self.key())).await?;
+        Ok(reservation.flatten().map(Reservation))
+    }
+
+    /// What the customer paid, once the job succeeded.
+    async fn charge(&self, context: &Context<'_>) -> async_graphql::Result<Option<Charge>> {
+        let charge = loader(context).load_one(ChargeOf(self.key())).await?;
+        Ok(charge.flatten().map(Charge))
+    }
+
+    /// Provider cost over all attempts against what the customer paid.
+    async fn cost(&self, context: &Context<'_>) -> async_graphql::Result<JobCost> {
+        // The same per-job query as the `jobCosts` dashboard, so the two always agree.
+        let cost = loader(context).load_one(CostOf(self.key())).await?;
+        Ok(cost.flatten().ok_or(ServiceError::NotFound)?.into())
+    }
+
+    /// The job's timeline, oldest first.
+    #[graphql(
+        complexity = "child_complexity.saturating_mul(crate::graphql::cost::LISTED_EVENTS) + 1"
+    )]
+    async fn events(&self, context: &Context<'_>) -> async_graphql::Result<Vec<JobEvent>> {
+        let events = loader(context).load_one(EventsOf(self.key())).await?;
+        Ok(events
+            .unwrap_or_default()
+            .into_iter()
+            .map(JobEvent)
+            .collect())
+    }
+}
+
+impl Job {
+    fn key(&self) -> JobKey {
+        JobKey::from(&self.0)
+    }
+
+    /// Loads the relations that `node` (the selection on each job) asks for, for all
+    /// of `jobs` at once: one query per relation, whose rows the request's loader keeps
+    /// for each job's own field. Left to the fields alone, the jobs of a long page would
+    /// join batches as they are reached, and a slow moment splits them into several.
+    async fn prefetch_relations(
+        context: &Context<'_>,
+        jobs: impl Iterator<Item = &Job>,
+        node: Lookahead<'_>,
+    ) -> async_graphql::Result<()> {
+        let keys: Vec<JobKey> = jobs.map(Job::key).collect();
+        let loader = loader(context);
+        let wanted = |field: &str| node.field(field).exists();
+        let keys = || keys.iter().copied();
+        // Each relation is a batch of its own; they run side by side.
+        futures_util::try_join!(
+            prefetch(loader, wanted("attempts"), keys().map(AttemptsOf)),
+            prefetch(loader, wanted("events"), keys().map(EventsOf)),
+            prefetch(loader, wanted("reservation"), keys().map(ReservationOf)),
+            prefetch(loader, wanted("charge"), keys().map(ChargeOf)),
+            prefetch(loader, wanted("cost"), keys().map(CostOf)),
+        )?;
+        Ok(())
+    }
+}
+
+/// One entry of a job's timeline.
+#[derive(Clone)]
+pub struct JobEvent(pub job_events::Model);
+
+#[Object]
+impl JobEvent {
+    /// 1, 2, 3 … within the job; subscriptions resume after a seq.
+    async fn seq(&self) -> i32 {
+        self.0.seq
+    }
+
+    async fn job_id(&self) -> Uuid {
+        self.0.job_id
+    }
+
+    async fn kind(&self) -> EventKind {
+        self.0.kind.into()
+    }
+
+    /// The job's status right after the event.
+    async fn status(&self) -> JobStatus {
+        self.0.status.into()
+    }
+
+    async fn at(&self) -> DateTime<Utc> {
+        time(self.0.at)
+    }
+
+    /// Details: the attempt number, its outcome and error; `modelPausedUntil` when the
+    /// provider's 429 paused the job's model for every worker.
+    async fn data(&self) -> Option<Json<serde_json::Value>> {
+        self.0.data.clone().map(|data| Json(data.0))
+    }
+
+    /// The text an `OUTPUT_DELTA` event carries.
+    async fn delta(&self) -> Option<&str> {
+        self.0.data.as_ref()?.0.get("delta")?.as_str()
+    }
+}
+
+/// A page of jobs.
+pub struct JobConnection {
+    pub edges: Vec<JobEdge>,
+    pub page_info: PageInfo,
+}
+
+/// A page of jobs.
+#[Object]
+impl JobConnection {
+    async fn edges(&self, context: &Context<'_>) -> async_graphql::Result<&[JobEdge]> {
+        let node = context.look_ahead().field("node");
+        Job::prefetch_relations(context, self.edges.iter().map(|edge| &edge.node), node).await?;
+        Ok(&self.edges)
+    }
+
+    async fn page_info(&self) -> &PageInfo {
+        &self.page_info
+    }
+}
+
+/// A job and the cursor to page on from it.
+#[derive(SimpleObject)]
+pub struct JobEdge {
+    pub cursor: String,
+    pub node: Job,
+}
+
+/// Relay page information.
+#[derive(SimpleObject)]
+pub struct PageInfo {
+    pub has_next_page: bool,
+    pub end_cursor: Option<String>,
+}

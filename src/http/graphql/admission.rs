@@ -1,0 +1,97 @@
+//! The gates a request passes on its headers alone: the failed-authentication throttle
+//! of its address, its credential, and a slot of its principal.
+
+use super::responses::{coded_error, too_many_requests};
+use crate::accounts::Principal;
+use crate::accounts::api_keys::Identity;
+use crate::graphql::ErrorCode;
+use crate::http::HttpState;
+use crate::http::auth::{AuthError, credential, identify};
+use crate::http::limits::{ClientAddress, RequestOwner, RequestSlot, SLOT_WAIT};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::Response;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// A request that passed authentication and holds one of its principal's slots.
+pub(super) struct Admitted {
+    pub(super) principal: Option<Principal>,
+    /// Held until the response is sent (or the client goes away).
+    pub(super) slot: RequestSlot,
+}
+
+/// The gates that need only the headers: the address's failed authentications, the
+/// credential, then a slot of the principal (or of the address, without a key).
+pub(super) async fn admit(
+    state: &HttpState,
+    peer: SocketAddr,
+    headers: &HeaderMap,
+    media_type: &'static str,
+) -> Result<Admitted, Response> {
+    let client = ClientAddress::from(peer.ip());
+    let principal = authenticate_client(state, client, headers, media_type)
+        .await?
+        .map(|identity| identity.principal);
+    let owner = RequestOwner::of(principal, client);
+    let Some(slot) = state.limits.slots.acquire(owner, SLOT_WAIT).await else {
+        return Err(too_many_requests(
+            media_type,
+            Duration::from_secs(1),
+            "too many requests in flight for this client",
+        ));
+    };
+    Ok(Admitted { principal, slot })
+}
+
+/// Who the request's `Authorization` stands for (`None`: no key), unless the address
+/// has failed too often lately (429, decided without the database) or the credential is
+/// refused (401, counted against the address).
+pub(in crate::http) async fn authenticate_client(
+    state: &HttpState,
+    client: ClientAddress,
+    headers: &HeaderMap,
+    media_type: &'static str,
+) -> Result<Option<Identity>, Response> {
+    let presented = headers.get(header::AUTHORIZATION);
+    if presented.is_some()
+        && let Err(retry_after) = state.limits.auth_failures.check(client, Instant::now())
+    {
+        return Err(too_many_requests(
+            media_type,
+            retry_after,
+            "too many failed authentications from this address",
+        ));
+    }
+    let principal = match credential(presented) {
+        Ok(credential) => identify(&state.app, credential).await,
+        Err(error) => Err(error),
+    };
+    match principal {
+        Ok(principal) => Ok(principal),
+        Err(error @ (AuthError::Malformed | AuthError::UnknownKey)) => {
+            state
+                .limits
+                .auth_failures
+                .record_failure(client, Instant::now());
+            let mut response = coded_error(
+                media_type,
+                StatusCode::UNAUTHORIZED,
+                ErrorCode::Unauthenticated,
+                &error.to_string(),
+            );
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            Err(response)
+        }
+        Err(AuthError::Database(error)) => {
+            tracing::error!(error = %error, "authenticating a request failed");
+            Err(coded_error(
+                media_type,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                ErrorCode::Internal,
+                "internal error",
+            ))
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! A request's body, bounded in bytes, JSON values and time before it is parsed.
+
+use crate::accounts::Principal;
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, StatusCode, header};
+use futures_util::StreamExt;
+use std::time::Duration;
+
+/// Largest GraphQL request body accepted: above the largest job input, so that an
+/// oversized input is refused with a `VALIDATION` error that says why, not a bare 413.
+pub const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
+
+/// How long a client may take to send its whole request body: 16 MiB at about
+/// 4.5 Mbit/s. A client that trickles its body ties up one of its slots only this long.
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a body may hold, by who sends it. Besides bytes, the JSON values outside
+/// strings are counted before the body is parsed: a body of tiny objects costs
+/// about 60 times its size once parsed (15 MiB of `{"a":1},` took 931 MB), while a
+/// job's text is one value however long.
+#[derive(Clone, Copy, Debug)]
+pub(in crate::http) struct BodyLimit {
+    bytes: usize,
+    values: usize,
+}
+
+impl BodyLimit {
+    /// With an API key: the largest job input, and far more values than a job's
+    /// 1,000 messages and 64 KiB of metadata hold.
+    pub(super) const AUTHENTICATED: Self = Self {
+        bytes: MAX_REQUEST_BYTES,
+        values: 200_000,
+    };
+    /// Without one: only the schema can be read.
+    pub(super) const ANONYMOUS: Self = Self {
+        bytes: 64 * 1024,
+        values: 2_000,
+    };
+
+    pub(in crate::http) fn of(principal: Option<Principal>) -> Self {
+        match principal {
+            Some(_) => Self::AUTHENTICATED,
+            None => Self::ANONYMOUS,
+        }
+    }
+}
+
+/// About how many JSON values `body` holds: the separators and openings outside
+/// strings. Exact enough to bound what parsing it costs, and linear in its size.
+fn json_values(body: &[u8]) -> usize {
+    let (mut values, mut in_string, mut escaped) = (0, false, false);
+    for &byte in body {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+        } else {
+            match byte {
+                b'"' => in_string = true,
+                b'{' | b'[' | b',' | b':' => values += 1,
+                _ => {}
+            }
+        }
+    }
+    values
+}
+
+/// The body, refused when it passes `limit` or takes longer than `BODY_READ_TIMEOUT`
+/// to arrive.
+pub(in crate::http) async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: BodyLimit,
+) -> Result<Bytes, (StatusCode, String)> {
+    let too_large = || {
+        (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the body is larger than {} bytes", limit.bytes),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit.bytes as u64) {
+        return Err(too_large());
+    }
+    let read = async {
+        let mut stream = body.into_data_stream();
+        let mut collected = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|error| {
+                (
+                    StatusCode::BAD_REQUEST,
+                    format!("the body could not be read: {error}"),
+                )
+            })?;
+            if collected.len() + chunk.len() > limit.bytes {
+                return Err(too_large());
+            }
+            collected.extend_from_slice(&chunk);
+        }
+        if json_values(&collected) > limit.values {
+            return Err((
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the body holds more than {} JSON values; send large texts as strings",
+                    limit.values
+                ),
+            ));
+        }
+        Ok(Bytes::from(collected))
+    };
+    tokio::time::timeout(BODY_READ_TIMEOUT, read)
+        .await
+        .unwrap_or_else(|_| {
+            Err((
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the body did not arrive within {} s",
+                    BODY_READ_TIMEOUT.as_secs()
+                ),
+            ))
+        })
+}
