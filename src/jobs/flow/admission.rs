@@ -25,19 +25,23 @@ pub struct Admission {
     /// Jobs each tenant may still start, when its concurrency is bounded.
     tenant_slots: HashMap<Uuid, u32>,
     /// Buckets a job was refused by in this claim: no later job overtakes it there, or
-    /// small calls would keep a large one from ever finding the bucket full.
+    /// small calls would keep a large one from ever finding the bucket full. Buckets
+    /// another claim held are closed from the start.
     closed: HashMap<BucketKey, DeferralReason>,
 }
 
 impl Admission {
     /// Budgets for calls of `models` and jobs of the `tenants` with their limits.
-    /// `rows` are the stored buckets (locked by the caller); `running` is how many jobs
-    /// each tenant runs, when `tenant_concurrency` bounds it.
+    /// `rows` are the stored buckets the caller locked; `busy` are those another claim
+    /// held, which admit nothing now; `running` is how many jobs each tenant runs, when
+    /// `tenant_concurrency` bounds it.
+    #[allow(clippy::too_many_arguments)]
     pub fn new<'a>(
         flow: &FlowLimits,
         models: impl IntoIterator<Item = &'a str>,
         tenants: &[(Uuid, RateLimit)],
         rows: &[rate_limit_buckets::Model],
+        busy: &[BucketKey],
         tenant_concurrency: Option<u32>,
         running: &HashMap<Uuid, u32>,
         now: Timestamp,
@@ -80,33 +84,55 @@ impl Admission {
                     .insert(*tenant_id, bound.saturating_sub(busy));
             }
         }
+        for key in busy {
+            admission.closed.insert(key.clone(), DeferralReason::Busy);
+            // Its running jobs may be changing under another claim: none start here.
+            if key.scope == Scope::Tenant
+                && let Some((tenant_id, _)) = tenants
+                    .iter()
+                    .find(|(tenant_id, _)| BucketKey::tenant(*tenant_id) == *key)
+            {
+                admission.tenant_slots.insert(*tenant_id, 0);
+                admission.tenant_buckets.insert(*tenant_id, key.clone());
+            }
+        }
         admission
     }
 
     /// Why no job of `model` can start now, if none can.
     pub fn model_blocked(&self, model: &str) -> Option<Deferral> {
-        self.model_buckets
-            .get(model)?
-            .iter()
-            .find(|key| self.buckets[*key].is_spent())
-            .map(|key| Deferral {
+        self.model_buckets.get(model)?.iter().find_map(|key| {
+            self.shortage(key, 1).map(|reason| Deferral {
                 scope: key.scope,
-                reason: self.buckets[key]
-                    .shortage(1)
-                    .unwrap_or(DeferralReason::Requests),
+                reason,
             })
+        })
+    }
+
+    /// Why `key`'s bucket cannot take a call of `tokens` now, if it cannot.
+    fn shortage(&self, key: &BucketKey, tokens: u64) -> Option<DeferralReason> {
+        self.closed
+            .get(key)
+            .copied()
+            .or_else(|| self.buckets.get(key)?.shortage(tokens))
     }
 
     /// Why no job of `tenant_id` can start now, if none can.
     pub fn tenant_blocked(&self, tenant_id: Uuid) -> Option<Deferral> {
+        let key = self.tenant_buckets.get(&tenant_id);
+        if let Some(reason) = key.and_then(|key| self.closed.get(key)) {
+            return Some(Deferral {
+                scope: Scope::Tenant,
+                reason: *reason,
+            });
+        }
         if self.tenant_slots.get(&tenant_id) == Some(&0) {
             return Some(Deferral {
                 scope: Scope::Tenant,
                 reason: DeferralReason::Concurrency,
             });
         }
-        let bucket = &self.buckets[self.tenant_buckets.get(&tenant_id)?];
-        bucket.shortage(1).map(|reason| Deferral {
+        self.shortage(key?, 1).map(|reason| Deferral {
             scope: Scope::Tenant,
             reason,
         })
@@ -129,12 +155,7 @@ impl Admission {
             .chain(self.tenant_buckets.get(&job.tenant_id))
             .collect();
         for key in &keys {
-            let shortage = self
-                .closed
-                .get(*key)
-                .copied()
-                .or_else(|| self.buckets[*key].shortage(job.tokens));
-            if let Some(reason) = shortage {
+            if let Some(reason) = self.shortage(key, job.tokens) {
                 self.closed.insert((*key).clone(), reason);
                 return Err(Deferral {
                     scope: key.scope,
@@ -189,6 +210,7 @@ mod tests {
                 (limited_tenant, limit(Some(60), None)),
             ],
             &[],
+            &[],
             Some(3),
             &running,
             at(0.0),
@@ -229,6 +251,7 @@ mod tests {
                 ProviderRegistry::new(None),
             ),
             ["t"],
+            &[],
             &[],
             &[],
             None,

@@ -69,7 +69,7 @@ impl Bucket {
             return Some(DeferralReason::Requests);
         }
         if self.limit.tokens_per_minute.is_some()
-            && self.tokens < tokens as f64
+            && self.tokens < counted_tokens(self.limit, tokens)
             && self.tokens < token_capacity(self.limit)
         {
             return Some(DeferralReason::Tokens);
@@ -88,7 +88,7 @@ impl Bucket {
             self.requests -= 1.0;
         }
         if self.limit.tokens_per_minute.is_some() {
-            self.tokens -= tokens as f64;
+            self.tokens -= counted_tokens(self.limit, tokens);
         }
         self.taken = true;
     }
@@ -111,6 +111,17 @@ impl Bucket {
     /// The instant the levels are for.
     pub fn refilled_at(&self) -> Timestamp {
         self.refilled_at
+    }
+}
+
+/// What a call of `tokens` takes from a bucket under `limit`: its tokens, but at most a
+/// minute's worth. A provider refuses a call larger than its per-minute limit anyway,
+/// and counting more would leave the bucket in debt — the model idle for every tenant
+/// — for longer than a minute because of one job.
+pub fn counted_tokens(limit: RateLimit, tokens: u64) -> f64 {
+    match limit.tokens_per_minute {
+        Some(per_minute) => (tokens as f64).min(f64::from(per_minute.get())),
+        None => 0.0,
     }
 }
 

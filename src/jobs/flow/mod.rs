@@ -194,6 +194,8 @@ pub enum DeferralReason {
     Concurrency,
     /// The provider answered 429 for the model a moment ago.
     Paused,
+    /// Another claim holds the budget's row right now (a claim never waits for one).
+    Busy,
 }
 
 impl DeferralReason {
@@ -204,15 +206,21 @@ impl DeferralReason {
             Self::Tokens => "tokens",
             Self::Concurrency => "concurrency",
             Self::Paused => "paused",
+            Self::Busy => "busy",
         }
     }
 }
-/// Tokens a finished call gives back to the buckets it was admitted by: its bound less
-/// what the provider reported using. A call whose usage is unknown gives nothing back.
-pub fn unused_tokens(token_bound: Option<i64>, used: Option<u64>) -> u64 {
+/// What a finished call gives back to a bucket under `limit` that admitted it by its
+/// `token_bound`: what the bucket counted less what the provider reported using (none
+/// when the call cannot have been billed). A call whose usage is unknown gives nothing
+/// back.
+pub fn unused_tokens(limit: RateLimit, token_bound: Option<i64>, used: Option<u64>) -> f64 {
     match (token_bound, used) {
-        (Some(bound), Some(used)) => u64::try_from(bound).unwrap_or(0).saturating_sub(used),
-        _ => 0,
+        (Some(bound), Some(used)) => {
+            let counted = bucket::counted_tokens(limit, u64::try_from(bound).unwrap_or(0));
+            (counted - used as f64).max(0.0)
+        }
+        _ => 0.0,
     }
 }
 
@@ -229,9 +237,16 @@ mod tests {
 
     #[test]
     fn unused_tokens_go_back_only_when_usage_is_known() {
-        assert_eq!(unused_tokens(Some(1_000), Some(300)), 700);
-        assert_eq!(unused_tokens(Some(1_000), None), 0);
-        assert_eq!(unused_tokens(None, Some(300)), 0);
-        assert_eq!(unused_tokens(Some(100), Some(300)), 0);
+        let limit = RateLimit {
+            requests_per_minute: None,
+            tokens_per_minute: NonZeroU32::new(6_000),
+        };
+        assert_eq!(unused_tokens(limit, Some(1_000), Some(300)), 700.0);
+        assert_eq!(unused_tokens(limit, Some(1_000), Some(0)), 1_000.0);
+        assert_eq!(unused_tokens(limit, Some(1_000), None), 0.0);
+        assert_eq!(unused_tokens(limit, None, Some(300)), 0.0);
+        assert_eq!(unused_tokens(limit, Some(100), Some(300)), 0.0);
+        // A bound above a minute's worth was counted as a minute's worth.
+        assert_eq!(unused_tokens(limit, Some(240_000), Some(1_000)), 5_000.0);
     }
 }

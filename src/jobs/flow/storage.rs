@@ -6,10 +6,11 @@ use crate::db::Parameters;
 use entity::{Timestamp, rate_limit_buckets};
 use sea_orm::{ConnectionTrait, DbBackend, DbErr, EntityTrait};
 
-/// The buckets of `keys` (sorted and distinct), created full where missing and locked
-/// until the caller's transaction ends: on PostgreSQL the upsert locks every row, in
-/// key order, so two claims never wait for each other in a cycle; on SQLite the
-/// caller's transaction holds the database's write lock already.
+/// The buckets of `keys` (sorted and distinct) this claim now holds until its
+/// transaction ends, created full where missing. On PostgreSQL a bucket another claim
+/// holds is skipped, not waited for (`SKIP LOCKED`): its jobs wait for the next claim,
+/// and a stalled process holding a bucket cannot stall every other worker. On SQLite
+/// the caller's transaction holds the database's write lock, so every bucket is held.
 pub async fn lock(
     transaction: &impl ConnectionTrait,
     keys: &[BucketKey],
@@ -19,7 +20,8 @@ pub async fn lock(
         return Ok(Vec::new());
     }
     debug_assert!(keys.windows(2).all(|pair| pair[0] < pair[1]));
-    let mut parameters = Parameters::new(transaction.get_database_backend());
+    let backend = transaction.get_database_backend();
+    let mut parameters = Parameters::new(backend);
     let rows: Vec<String> = keys
         .iter()
         .map(|key| {
@@ -30,13 +32,35 @@ pub async fn lock(
             ])
         })
         .collect();
-    // The no-op update is what locks an existing row and returns it.
-    let sql = format!(
-        "INSERT INTO rate_limit_buckets (scope, key, refilled_at) VALUES {}
-         ON CONFLICT (scope, key) DO UPDATE SET scope = excluded.scope
-         RETURNING *",
-        rows.join(", ")
-    );
+    let sql = if backend == DbBackend::Postgres {
+        // Rows the insert creates are this transaction's; the others are locked unless
+        // another claim holds them (the locking read does not see the new rows: same
+        // snapshot, so nothing comes back twice).
+        format!(
+            "WITH wanted (scope, key, refilled_at) AS (VALUES {}),
+             created AS (
+                INSERT INTO rate_limit_buckets (scope, key, refilled_at)
+                SELECT scope, key, refilled_at FROM wanted
+                ON CONFLICT (scope, key) DO NOTHING
+                RETURNING *
+             ),
+             held AS (
+                SELECT buckets.* FROM rate_limit_buckets AS buckets
+                JOIN wanted ON buckets.scope = wanted.scope AND buckets.key = wanted.key
+                FOR UPDATE OF buckets SKIP LOCKED
+             )
+             SELECT * FROM created UNION ALL SELECT * FROM held",
+            rows.join(", ")
+        )
+    } else {
+        // The no-op update returns an existing row beside the created ones.
+        format!(
+            "INSERT INTO rate_limit_buckets (scope, key, refilled_at) VALUES {}
+             ON CONFLICT (scope, key) DO UPDATE SET scope = excluded.scope
+             RETURNING *",
+            rows.join(", ")
+        )
+    };
     rate_limit_buckets::Entity::find()
         .from_raw_sql(parameters.statement(sql))
         .all(transaction)
@@ -83,13 +107,13 @@ pub async fn store(
 pub async fn give_back(
     db: &impl ConnectionTrait,
     key: &BucketKey,
-    tokens: u64,
+    tokens: f64,
 ) -> Result<(), DbErr> {
     let mut parameters = Parameters::new(db.get_database_backend());
     let sql = format!(
         "UPDATE rate_limit_buckets SET tokens = tokens + {tokens}
          WHERE scope = {scope} AND key = {key} AND tokens IS NOT NULL",
-        tokens = parameters.bind(tokens as f64),
+        tokens = parameters.bind(tokens),
         scope = parameters.bind(key.scope.as_str()),
         key = parameters.bind(key.key.clone()),
     );

@@ -25,6 +25,7 @@ use crate::metrics::Metrics;
 use entity::{EventKind, Timestamp};
 use finisher::{Finished, Finisher};
 use judge::{CallContext, CallEnd};
+use pacing::TokenReturns;
 use sea_orm::{DatabaseConnection, DbErr};
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -78,6 +79,8 @@ struct Inner {
     settings: WorkerSettings,
     leases: LeaseKeeper,
     finisher: Finisher,
+    /// Unused tokens on their way back to their buckets.
+    token_returns: TokenReturns,
     metrics: Metrics,
     /// Cancelled when the grace period is over: running attempts stop waiting for the
     /// provider and hand their jobs back.
@@ -117,6 +120,7 @@ impl Worker {
                 id,
                 leases: LeaseKeeper::new(db.clone(), settings.lease),
                 finisher: Finisher::spawn(db.clone()),
+                token_returns: TokenReturns::default(),
                 db,
                 bus,
                 providers,
@@ -135,7 +139,13 @@ impl Worker {
         // Renews leases until this returns, however it returns.
         let keeper_stop = CancellationToken::new();
         let _stop_keeper = keeper_stop.clone().drop_guard();
-        tokio::spawn(self.inner.leases.clone().run(keeper_stop));
+        tokio::spawn(self.inner.leases.clone().run(keeper_stop.clone()));
+        tokio::spawn(
+            self.inner
+                .token_returns
+                .clone()
+                .run(self.inner.db.clone(), keeper_stop),
+        );
         let permits = Arc::new(Semaphore::new(settings.concurrency));
         let mut created = self.inner.bus.watch_created();
         let mut attempts = JoinSet::new();
@@ -529,7 +539,6 @@ impl Worker {
         if let Some(until) = report.model_paused_until {
             self.pause_model(&claim.job.model, until).await;
         }
-        let unused_tokens = self.unused_tokens(&claim, &report);
         let end = AttemptEnd {
             claim,
             attempt,
@@ -538,6 +547,7 @@ impl Worker {
             outcome,
         };
         let tally = observe::AttemptTally::of(&end);
+        let unused_tokens = self.unused_tokens(&end.claim, &end.report);
         let finished = match inner.finisher.finish(end).await {
             Finished::Recorded(finished) => finished,
             Finished::Alone(end) => {
@@ -579,7 +589,7 @@ impl Worker {
                 );
                 observe::attempt_finished(&inner.metrics, &tally, &notices);
                 inner.bus.publish(notices);
-                self.give_back(job_id, unused_tokens).await;
+                self.return_tokens(unused_tokens);
             }
             None => {
                 tracing::warn!(job.id = %job_id, "lease lost before the attempt finished")

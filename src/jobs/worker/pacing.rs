@@ -5,7 +5,57 @@ use super::Worker;
 use crate::jobs::flow::{self, BucketKey};
 use crate::jobs::queue::{AttemptReport, Claim};
 use entity::Timestamp;
-use uuid::Uuid;
+use sea_orm::DatabaseConnection;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// How often unused tokens are written back.
+const RETURN_EVERY: Duration = Duration::from_millis(250);
+
+/// Unused tokens on their way back to their buckets: summed in memory and written once
+/// per bucket every [`RETURN_EVERY`], so finished calls do not each update the bucket
+/// row every claim of the model reads. Best effort: tokens lost with the process only
+/// leave a budget lower than it could be for a moment.
+#[derive(Clone, Debug, Default)]
+pub(super) struct TokenReturns {
+    pending: Arc<Mutex<HashMap<BucketKey, f64>>>,
+}
+
+impl TokenReturns {
+    fn add(&self, key: BucketKey, tokens: f64) {
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        *pending.entry(key).or_default() += tokens;
+    }
+
+    async fn write(&self, db: &DatabaseConnection) {
+        let mut returns: Vec<(BucketKey, f64)> =
+            std::mem::take(&mut *self.pending.lock().unwrap_or_else(PoisonError::into_inner))
+                .into_iter()
+                .collect();
+        returns.sort_by(|a, b| a.0.cmp(&b.0));
+        for (key, tokens) in returns {
+            if let Err(error) = flow::storage::give_back(db, &key, tokens).await {
+                tracing::warn!(bucket = %key.key, scope = key.scope.as_str(), error = %error, "giving unused tokens back failed");
+            }
+        }
+    }
+
+    /// Writes returns back until `stop`, then once more.
+    pub(super) async fn run(self, db: DatabaseConnection, stop: CancellationToken) {
+        loop {
+            let stopped = tokio::select! {
+                _ = stop.cancelled() => true,
+                _ = tokio::time::sleep(RETURN_EVERY) => false,
+            };
+            self.write(&db).await;
+            if stopped {
+                return;
+            }
+        }
+    }
+}
 
 impl Worker {
     /// Holds off `model` for every worker until `until`, as its provider asked.
@@ -20,42 +70,35 @@ impl Worker {
         }
     }
 
-    /// The buckets a finished call was admitted by that count tokens, each with what
-    /// the call did not use of its bound.
+    /// Each bucket that counted a finished call's tokens, with what the call did not
+    /// use — all of it when the call cannot have been billed (refused, never sent): a
+    /// provider's refusal must not spend a budget.
     pub(super) fn unused_tokens(
         &self,
         claim: &Claim,
         report: &AttemptReport,
-    ) -> Vec<(BucketKey, u64)> {
-        let used = report
-            .usage
-            .map(|usage| usage.input_tokens.saturating_add(usage.output_tokens));
-        let unused = flow::unused_tokens(claim.job.token_bound, used);
-        if unused == 0 {
-            return Vec::new();
-        }
-        let mut keys: Vec<BucketKey> = self
-            .inner
-            .settings
-            .flow
-            .buckets_of(&claim.job.model)
+    ) -> Vec<(BucketKey, f64)> {
+        let used = if report.not_billed {
+            Some(0)
+        } else {
+            report
+                .usage
+                .map(|usage| usage.input_tokens.saturating_add(usage.output_tokens))
+        };
+        let mut buckets = self.inner.settings.flow.buckets_of(&claim.job.model);
+        buckets.push((BucketKey::tenant(claim.job.tenant_id), claim.tenant_rate));
+        buckets
             .into_iter()
             .filter(|(_, limit)| limit.tokens_per_minute.is_some())
-            .map(|(key, _)| key)
-            .collect();
-        if claim.tenant_rate.tokens_per_minute.is_some() {
-            keys.push(BucketKey::tenant(claim.job.tenant_id));
-        }
-        keys.into_iter().map(|key| (key, unused)).collect()
+            .map(|(key, limit)| (key, flow::unused_tokens(limit, claim.job.token_bound, used)))
+            .filter(|(_, unused)| *unused > 0.0)
+            .collect()
     }
 
-    /// Gives unused tokens back to their budgets. Best effort: a lost top-up only
-    /// leaves a budget lower than it could be for a moment.
-    pub(super) async fn give_back(&self, job_id: Uuid, unused: Vec<(BucketKey, u64)>) {
+    /// Sends tokens back to their buckets, once the call's end is on record.
+    pub(super) fn return_tokens(&self, unused: Vec<(BucketKey, f64)>) {
         for (key, tokens) in unused {
-            if let Err(error) = flow::storage::give_back(&self.inner.db, &key, tokens).await {
-                tracing::warn!(job.id = %job_id, bucket = %key.key, error = %error, "giving unused tokens back failed");
-            }
+            self.inner.token_returns.add(key, tokens);
         }
     }
 }

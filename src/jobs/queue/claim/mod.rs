@@ -29,7 +29,9 @@ mod sqlite;
 mod visit;
 
 use crate::db::begin_write;
-use crate::jobs::flow::{Admission, Deferral, FlowLimits, NO_LIMITS, RateLimit, Weighed};
+use crate::jobs::flow::{
+    Admission, BucketKey, Deferral, FlowLimits, NO_LIMITS, RateLimit, Weighed,
+};
 use entity::{JobStatus, Timestamp, jobs};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait,
@@ -116,12 +118,7 @@ pub async fn claim_in_turn(
         return Ok(claimed);
     }
     let now = Timestamp::now();
-    let round = Round {
-        now,
-        lease_until: now
-            .plus(chrono::Duration::from_std(request.lease).unwrap_or(chrono::Duration::MAX)),
-        request,
-    };
+    let round = Round::at(now, request);
     let turn_size = u64::from(request.limit);
     // SQLite has no row locks: the IMMEDIATE transaction holds the database's write
     // lock from the first read, so no other claim can interleave.
@@ -217,6 +214,17 @@ struct Round<'a> {
     request: ClaimRequest<'a>,
 }
 
+impl<'a> Round<'a> {
+    fn at(now: Timestamp, request: ClaimRequest<'a>) -> Self {
+        Self {
+            now,
+            lease_until: now
+                .plus(chrono::Duration::from_std(request.lease).unwrap_or(chrono::Duration::MAX)),
+            request,
+        }
+    }
+}
+
 /// A due queued job, as the claim ranks and weighs it.
 #[derive(Clone, Debug, FromQueryResult)]
 struct Candidate {
@@ -265,6 +273,27 @@ fn rank(mut candidates: Vec<Candidate>, wanted: usize) -> Vec<Candidate> {
     ranked.into_iter().map(|(_, candidate)| candidate).collect()
 }
 
+/// `ranked` with the tenants of each rank in a random order. Oldest first would give
+/// a budget that admits one job a claim to the same tenant every time (its jobs are
+/// older than a newcomer's); a random turn shares it evenly, with no state to keep
+/// across processes.
+fn shuffle_within_ranks(ranked: Vec<Candidate>) -> Vec<Candidate> {
+    let mut seen: HashMap<Uuid, u32> = HashMap::new();
+    let mut keyed: Vec<(u32, u64, Candidate)> = ranked
+        .into_iter()
+        .map(|candidate| {
+            let rank = seen.entry(candidate.tenant_id).or_default();
+            *rank += 1;
+            (*rank, rand::random::<u64>(), candidate)
+        })
+        .collect();
+    keyed.sort_by_key(|(rank, draw, _)| (*rank, *draw));
+    keyed
+        .into_iter()
+        .map(|(_, _, candidate)| candidate)
+        .collect()
+}
+
 /// The claim with budgets, in the caller's transaction: locks the buckets the visited
 /// models and tenants count against, passes over groups nothing can be admitted from,
 /// reads the other groups' due jobs, admits them in rank order while every budget
@@ -293,12 +322,22 @@ async fn admit_and_claim(
                 // A bound on running jobs is counted under the tenant's bucket lock,
                 // so two claims cannot both fill the tenant's last slot.
                 .filter(|(_, rate)| rate.is_limited() || request.tenant_limit.is_some())
-                .map(|(tenant, _)| crate::jobs::flow::BucketKey::tenant(*tenant)),
+                .map(|(tenant, _)| BucketKey::tenant(*tenant)),
         )
         .collect();
     keys.sort();
     keys.dedup();
     let rows = crate::jobs::flow::storage::lock(transaction, &keys, round.now).await?;
+    let busy: Vec<BucketKey> = keys
+        .into_iter()
+        .filter(|key| {
+            !rows
+                .iter()
+                .any(|row| row.scope == key.scope.as_str() && row.key == key.key)
+        })
+        .collect();
+    // Budgets refill and leases run from when the buckets were ours, not from before.
+    let round = &Round::at(Timestamp::now().max(round.now), round.request);
     let running = match request.tenant_limit {
         Some(_) => running_jobs(transaction, &tenants).await?,
         None => HashMap::new(),
@@ -308,6 +347,7 @@ async fn admit_and_claim(
         visits.iter().map(|visit| visit.model.as_str()),
         &tenants,
         &rows,
+        &busy,
         request.tenant_limit,
         &running,
         round.now,
@@ -335,7 +375,7 @@ async fn admit_and_claim(
         _ => sqlite::due_jobs(transaction, &open, wanted, round).await?,
     };
     let mut admitted = Vec::with_capacity(wanted);
-    for candidate in rank(candidates, wanted) {
+    for candidate in shuffle_within_ranks(rank(candidates, wanted)) {
         if admitted.len() == wanted {
             break;
         }
