@@ -46,6 +46,7 @@ pub async fn funded_tenant(
     ledger::grant_credits(
         db,
         NewGrant {
+            expires_at: None,
             tenant_id: tenant.id,
             amount,
             idempotency_key: format!("bench-{}", Uuid::new_v4()),

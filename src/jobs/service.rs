@@ -133,7 +133,7 @@ pub async fn create_job_at(
         report_spend_limit(db, tenant_id, &refusal, now).await?;
         return Err(refusal);
     }
-    alerts::after_hold(&transaction, tenant_id, hold).await?;
+    alerts::after_balance_fell(&transaction, tenant_id, hold).await?;
     transaction.commit().await?;
     tracing::info!(job.id = %job.id, tenant.id = %tenant_id, model = %job.model, hold = %hold, "job created");
     bus.publish([created]);

@@ -203,7 +203,7 @@ async fn a_normal_scenario_audits_clean(backend: Backend) {
             "{invariant} missing from the report:\n{text}"
         );
     }
-    assert!(text.ends_with("clean: all 12 invariants hold\n"), "{text}");
+    assert!(text.ends_with("clean: all 16 invariants hold\n"), "{text}");
     assert_billing_invariants(&s.app.app.db).await;
     let snapshot = audit::audit_snapshot(&s.app.app.db).await.unwrap();
     assert_eq!(snapshot, report);
@@ -562,7 +562,7 @@ async fn the_audit_command_exits_zero_when_clean_and_one_on_a_violation(backend:
             "{stdout}"
         );
     }
-    assert!(stdout.contains("clean: all 12 invariants hold"), "{stdout}");
+    assert!(stdout.contains("clean: all 16 invariants hold"), "{stdout}");
 
     bump_tenant(&s.app, &s.tenant, tenants::Column::HeldNanos, 1).await;
     let (code, stdout, stderr) = run_audit_command(&url).await;
@@ -580,7 +580,7 @@ async fn the_audit_command_exits_zero_when_clean_and_one_on_a_violation(backend:
         "{stdout}"
     );
     assert!(
-        stdout.contains("NOT CLEAN: 1 of 12 invariants violated"),
+        stdout.contains("NOT CLEAN: 1 of 16 invariants violated"),
         "{stdout}"
     );
 

@@ -22,6 +22,7 @@ mod contract;
 mod crash;
 mod deploy;
 mod engine;
+mod expiry;
 mod fencing;
 mod flags;
 mod flow_control;

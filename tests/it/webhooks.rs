@@ -26,15 +26,15 @@ on_both_backends!(
 
 /// A request the receiver got.
 #[derive(Clone, Debug)]
-struct Received {
-    headers: HeaderMap,
-    body: String,
+pub struct Received {
+    pub headers: HeaderMap,
+    pub body: String,
 }
 
 /// A webhook endpoint in the test: answers `failing_status` to the first
 /// `failures_left` requests and 204 afterwards, and keeps every request.
 #[derive(Clone)]
-struct Receiver {
+pub struct Receiver {
     address: SocketAddr,
     received: Arc<Mutex<Vec<Received>>>,
     failures_left: Arc<AtomicUsize>,
@@ -42,7 +42,7 @@ struct Receiver {
 }
 
 impl Receiver {
-    async fn start(failures: usize, failing_status: u16) -> Self {
+    pub async fn start(failures: usize, failing_status: u16) -> Self {
         let receiver = Self {
             address: "127.0.0.1:0".parse().unwrap(),
             received: Arc::default(),
@@ -84,16 +84,16 @@ impl Receiver {
         }
     }
 
-    fn url(&self) -> String {
+    pub fn url(&self) -> String {
         format!("http://{}/hook", self.address)
     }
 
-    fn received(&self) -> Vec<Received> {
+    pub fn received(&self) -> Vec<Received> {
         self.received.lock().unwrap().clone()
     }
 
     /// Waits until at least `count` requests arrived.
-    async fn wait_for(&self, count: usize, limit: Duration) -> Vec<Received> {
+    pub async fn wait_for(&self, count: usize, limit: Duration) -> Vec<Received> {
         let deadline = Instant::now() + limit;
         loop {
             let received = self.received();
@@ -127,7 +127,7 @@ fn expected_signature(secret: &str, received: &Received) -> String {
     format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
 }
 
-async fn create_webhook(app: &TestApp, tenant: &TestTenant, url: &str, events: Value) -> Value {
+pub async fn create_webhook(app: &TestApp, tenant: &TestTenant, url: &str, events: Value) -> Value {
     app.operation(
         Some(&tenant.key),
         "CreateWebhook",

@@ -93,6 +93,7 @@ async fn racing_releases_of_one_hold_resolve_it_once(backend: Backend) {
                 granted,
                 held,
                 charged: Credits::ZERO,
+                expired: Credits::ZERO,
             }
         );
         assert_eq!(
