@@ -351,7 +351,8 @@ async fn credit_past_its_expiry_is_never_held(backend: Backend) {
     }
     // The hold carries out the expiry due before it holds anything, whether the sweep
     // got there first or not: when it is admitted, the grant has expired.
-    app.create_job_ok(&tenant, job_input("after", "hello")).await;
+    app.create_job_ok(&tenant, job_input("after", "hello"))
+        .await;
     let [.., expired, available] = balance(&app, &tenant).await;
     assert_eq!((expired, available), (Decimal::ONE, lasting - hold));
     let refused = app.create_job(&tenant, job_input("refused", "hello")).await;

@@ -21,6 +21,7 @@ mod console;
 mod contract;
 mod crash;
 mod deploy;
+mod dispatch;
 mod engine;
 mod expiry;
 mod fencing;
