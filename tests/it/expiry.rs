@@ -20,6 +20,7 @@ use uuid::Uuid;
 
 on_both_backends!(
     expiry_leaves_held_credit_intact_and_the_audit_clean,
+    a_held_jobs_charge_comes_out_of_the_expiring_grant,
     a_partly_consumed_grant_expires_only_its_remainder,
     two_sweepers_at_once_expire_each_grant_once,
     a_process_down_at_the_instant_expires_late,
@@ -198,6 +199,51 @@ async fn expiry_leaves_held_credit_intact_and_the_audit_clean(backend: Backend) 
     );
     let row = grant_row(&app, &granted["id"]).await;
     assert_eq!((row.consumed_nanos, row.expired_nanos), (0, 1_000_000_000));
+    assert_billing_invariants(&app.app.db).await;
+}
+
+/// Held credit is backed by the soonest-expiring grant: the grant that never expires
+/// survives a hold that spans the expiry, whether the job is charged or released.
+async fn a_held_jobs_charge_comes_out_of_the_expiring_grant(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.create_tenant("acme").await;
+    let lasting = grant(&app, &tenant, "1", None).await;
+    let expires_at = in_an_hour();
+    let expiring = grant(&app, &tenant, "1", Some(expires_at)).await;
+    let id = app
+        .create_job_ok(&tenant, job_input("spans", "hello"))
+        .await;
+    let [_, held, ..] = balance(&app, &tenant).await;
+    // The hold is backed by the expiring grant: only the rest of it expires, and the
+    // lasting grant is all available.
+    assert_eq!(
+        as_decimal(sweep_at(&app, expires_at).await),
+        Decimal::ONE - held
+    );
+    assert_eq!(balance(&app, &tenant).await[4], Decimal::ONE);
+    // The job runs (another process's workers) and is charged from the expiring grant.
+    let workers = app.another_process(AppOptions::default()).await;
+    let job = app
+        .wait_until_finished(&tenant, id, Duration::from_secs(30))
+        .await;
+    assert_eq!(job["status"], "SUCCEEDED", "{job}");
+    drop(workers);
+    let charge = decimal(&job["charge"]["amount"]);
+    // What the hold released expires now; the lasting grant is still whole.
+    assert_eq!(
+        as_decimal(sweep_at(&app, expires_at + chrono::Duration::seconds(1)).await),
+        held - charge
+    );
+    let [.., expired, available] = balance(&app, &tenant).await;
+    assert_eq!((expired, available), (Decimal::ONE - charge, Decimal::ONE));
+    let lasting = grant_row(&app, &lasting["id"]).await;
+    let expiring = grant_row(&app, &expiring["id"]).await;
+    assert_eq!((lasting.consumed_nanos, lasting.expired_nanos), (0, 0));
+    assert_eq!(
+        expiring.consumed_nanos + expiring.expired_nanos,
+        1_000_000_000,
+        "the expiring grant is used up"
+    );
     assert_billing_invariants(&app.app.db).await;
 }
 
