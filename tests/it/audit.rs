@@ -50,9 +50,9 @@ const LIMIT: Duration = Duration::from_secs(30);
 
 /// A tenant with one job in every state, and the app with no workers left running
 /// (so the rows stay as they are while a test corrupts them).
-struct Scenario {
-    app: TestApp,
-    tenant: TestTenant,
+pub struct Scenario {
+    pub app: TestApp,
+    pub tenant: TestTenant,
     succeeded: Uuid,
     failed: Uuid,
     /// Failed after a dropped connection: its only attempt carries a cost bound.
@@ -61,7 +61,7 @@ struct Scenario {
     queued: Uuid,
 }
 
-async fn scenario(backend: Backend) -> Scenario {
+pub async fn scenario(backend: Backend) -> Scenario {
     let app = spawn_app(backend).await;
     let tenant = app.funded_tenant("acme", "5").await;
     let succeeded = app
@@ -110,12 +110,12 @@ async fn scenario(backend: Backend) -> Scenario {
     }
 }
 
-async fn report(app: &TestApp) -> AuditReport {
+pub async fn report(app: &TestApp) -> AuditReport {
     audit::audit(&app.app.db).await.expect("the audit runs")
 }
 
 /// Asserts that the audit names exactly `invariant`, about `subject`.
-async fn assert_only_violated(app: &TestApp, invariant: Invariant, subject: Subject) {
+pub async fn assert_only_violated(app: &TestApp, invariant: Invariant, subject: Subject) {
     let report = report(app).await;
     assert_eq!(report.violated(), [invariant], "{report}");
     let check = report.check(invariant);
@@ -178,7 +178,7 @@ async fn insert_entry(
 }
 
 /// Adds `nanos` to one of the tenant's cached balance columns.
-async fn bump_tenant(app: &TestApp, tenant: &TestTenant, column: tenants::Column, nanos: i64) {
+pub async fn bump_tenant(app: &TestApp, tenant: &TestTenant, column: tenants::Column, nanos: i64) {
     use sea_orm::sea_query::ExprTrait as _;
     tenants::Entity::update_many()
         .col_expr(column, Expr::col(column).add(nanos))

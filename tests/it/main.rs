@@ -11,6 +11,7 @@ mod admin_reads;
 mod any_text;
 mod api_keys;
 mod audit;
+mod audit_grants;
 mod batching;
 mod bench;
 mod billing;
