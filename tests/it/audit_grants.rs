@@ -7,7 +7,8 @@ use crate::helpers::{ADMIN_TOKEN, Backend};
 use entity::{LedgerEntryKind, Timestamp, credit_grants, ledger_entries, tenants};
 use jobledger::billing::audit::{Invariant, Subject};
 use jobledger::billing::expiry;
-use sea_orm::sea_query::{Expr, ExprTrait};
+// `ExprTrait` only where used: in scope, its `is_null` shadows `Value::is_null`.
+use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 use serde_json::json;
 use uuid::Uuid;
@@ -81,6 +82,7 @@ async fn expiries_audit_clean(backend: Backend) {
 }
 
 async fn a_grant_losing_more_than_it_had_breaks_grant_expiry_within_grant(backend: Backend) {
+    use sea_orm::sea_query::ExprTrait as _;
     let (s, grant) = with_expiry(backend).await;
     // Half a credit more expired, everywhere it is recorded: the grant of 1 lost more
     // than it had, though every total still agrees.
