@@ -229,6 +229,10 @@ impl Application {
             )
             .run(shutdown.child_token()),
         );
+        let expiry = tokio::spawn(crate::billing::expiry::run(
+            self.app.db.clone(),
+            shutdown.child_token(),
+        ));
         if let Some(listener) = self.listener {
             let address = listener.local_addr()?;
             let schema = graphql::build_schema(self.app.clone());
@@ -253,6 +257,9 @@ impl Application {
         }
         if let Err(error) = dispatcher.await {
             tracing::error!(error = %error, "the webhook dispatcher ended abnormally");
+        }
+        if let Err(error) = expiry.await {
+            tracing::error!(error = %error, "the credit expiry sweep ended abnormally");
         }
         relay_stop.cancel();
         if let Err(error) = relay.await {

@@ -10,7 +10,7 @@ import { credits } from './money.js';
 
 const TENANTS = `query ConsoleTenants($first: Int, $after: String) {
   tenants(first: $first, after: $after) {
-    edges { cursor node { id name createdAt balance { granted held charged available } } }
+    edges { cursor node { id name createdAt balance { granted held charged expired available } } }
     pageInfo { hasNextPage endCursor }
   }
 }`;
@@ -20,7 +20,7 @@ const CREATE_TENANT = `mutation CreateTenant($name: String!) {
 }`;
 
 const GRANT = `mutation GrantCredits($input: GrantCreditsInput!) {
-  grantCredits(input: $input) { id amount }
+  grantCredits(input: $input) { id amount expiresAt }
 }`;
 
 const API_KEYS = `query ApiKeys($tenantId: UUID) {
@@ -51,6 +51,8 @@ function secret(text, value) {
 function grantForm(tenantOf, onGranted) {
   const [amountLabel, amount] = field('grant-amount', 'Amount (credits)', { inputmode: 'decimal', required: true, pattern: '[0-9]+(\\.[0-9]{1,9})?' });
   const [reasonLabel, reason] = field('grant-reason', 'Reason (optional)', { maxlength: 200 });
+  // A local date-time picker, read as UTC, the time every page shows.
+  const [expiresLabel, expires] = field('grant-expires', 'Expires at, UTC (optional)', { type: 'datetime-local' });
   const message = h('div', {});
   // One idempotency key per intended grant: a double submit grants once.
   let idempotencyKey = crypto.randomUUID();
@@ -59,16 +61,20 @@ function grantForm(tenantOf, onGranted) {
     try {
       const { grantCredits } = await gql(GRANT, { input: {
         tenantId: tenantOf(), amount: amount.value.trim(), idempotencyKey, reason: reason.value.trim() || null,
+        expiresAt: expires.value ? new Date(`${expires.value}Z`).toISOString() : null,
       } });
       idempotencyKey = crypto.randomUUID();
       amount.value = '';
       reason.value = '';
-      replace(message, notice(`Granted ${credits(grantCredits.amount)}.`));
+      expires.value = '';
+      const until = grantCredits.expiresAt
+        ? `, expiring ${new Date(grantCredits.expiresAt).toISOString().slice(0, 16).replace('T', ' ')} UTC` : '';
+      replace(message, notice(`Granted ${credits(grantCredits.amount)}${until}.`));
       onGranted();
     } catch (error) {
       replace(message, notice(`Could not grant: ${error.message}`, 'error'));
     }
-  } }, h('h3', {}, 'Grant credits'), amountLabel, amount, reasonLabel, reason, h('button', { type: 'submit' }, 'Grant credits'), message);
+  } }, h('h3', {}, 'Grant credits'), amountLabel, amount, reasonLabel, reason, expiresLabel, expires, h('button', { type: 'submit' }, 'Grant credits'), message);
 }
 
 /** Every tenant with its balance, and creating a tenant. */

@@ -8,7 +8,7 @@ import { renderLimits } from './limits.js';
 import { credits, sum } from './money.js';
 
 const ACCOUNT = `query Account {
-  account { id name balance { granted held charged available } }
+  account { id name balance { granted held charged expired available } }
 }`;
 
 const SUMMARY = `query BillingSummary($from: DateTime!, $to: DateTime!, $tenantId: UUID) {
@@ -74,7 +74,7 @@ async function inBatches(items, work) {
 /** The balance of the signed-in tenant. */
 export function balanceCards(balance) {
   return h('dl', { class: 'cards', 'data-testid': 'balance' },
-    [['Granted', balance.granted], ['Held', balance.held], ['Charged', balance.charged], ['Available', balance.available]]
+    [['Granted', balance.granted], ['Held', balance.held], ['Charged', balance.charged], ['Expired', balance.expired], ['Available', balance.available]]
       .map(([label, amount]) => h('div', { class: 'card' }, h('dt', {}, label), h('dd', { 'data-testid': `balance-${label.toLowerCase()}` }, credits(amount)))));
 }
 

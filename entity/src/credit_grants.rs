@@ -1,4 +1,4 @@
-//! Credits an admin added to a tenant's account.
+//! Credits an admin added to a tenant's account, possibly expiring.
 
 use crate::Timestamp;
 use sea_orm::entity::prelude::*;
@@ -13,6 +13,12 @@ pub struct Model {
     pub idempotency_key: String,
     pub reason: Option<String>,
     pub created_at: Timestamp,
+    /// When what is left of the grant expires; `None` never.
+    pub expires_at: Option<Timestamp>,
+    /// Charges attributed to this grant (see `billing::expiry` for the order).
+    pub consumed_nanos: i64,
+    /// What expired of it, the sum of its `expiry` ledger entries.
+    pub expired_nanos: i64,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

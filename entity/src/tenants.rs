@@ -13,6 +13,14 @@ pub struct Model {
     pub granted_nanos: i64,
     pub held_nanos: i64,
     pub charged_nanos: i64,
+    /// Credits that left the balance because their grant expired.
+    pub expired_nanos: i64,
+    /// How much of `charged_nanos` is already attributed to grants
+    /// (`credit_grants.consumed_nanos`); the rest is attributed before an expiry.
+    pub attributed_nanos: i64,
+    /// The earliest `expires_at` among the tenant's grants that may have something
+    /// left; `None` when none expires. Holds wait for an expiry due by then.
+    pub next_expiry_at: Option<Timestamp>,
     pub created_at: Timestamp,
     /// The UTC day `spend_day_nanos` counts; the counter starts over when a job is
     /// created in a later day.

@@ -71,7 +71,8 @@ pub enum ReservationStatus {
 /// A movement of credits in the append-only ledger.
 ///
 /// Amounts are always positive; the kind gives the direction:
-/// granted = Σ grant, charged = Σ charge, held = Σ hold − Σ release − Σ charge.
+/// granted = Σ grant, charged = Σ charge, held = Σ hold − Σ release − Σ charge,
+/// expired = Σ expiry.
 #[derive(
     Clone, Copy, Debug, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum, Serialize, Deserialize,
 )]
@@ -85,6 +86,9 @@ pub enum LedgerEntryKind {
     Release,
     #[sea_orm(string_value = "charge")]
     Charge,
+    /// What was left of a grant at its expiry, never more than was available.
+    #[sea_orm(string_value = "expiry")]
+    Expiry,
 }
 
 /// What happened to a job, as recorded in its event stream.

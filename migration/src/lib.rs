@@ -17,6 +17,7 @@ mod m20261130_000009_tenant_limits;
 mod m20261130_000010_webhooks;
 mod m20261130_000011_pruned_payloads;
 mod m20261130_000012_flow_control;
+mod m20261130_000013_credit_expiry;
 
 /// Applies jobledger's migrations in order.
 pub struct Migrator;
@@ -37,6 +38,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000010_webhooks::Migration),
             Box::new(m20261130_000011_pruned_payloads::Migration),
             Box::new(m20261130_000012_flow_control::Migration),
+            Box::new(m20261130_000013_credit_expiry::Migration),
         ]
     }
 }

@@ -46,6 +46,7 @@ pub async fn funded_tenant(
     ledger::grant_credits(
         db,
         NewGrant {
+            expires_at: None,
             tenant_id: tenant.id,
             amount,
             idempotency_key: format!("bench-{}", Uuid::new_v4()),
@@ -136,8 +137,13 @@ pub async fn queued_jobs(
             "INSERT INTO job_events (job_id, seq, tenant_id, kind, status, at, data)
             SELECT id, 1, tenant_id, 'created', 'queued', created_at, NULL {seeded}"
         ),
+        // The copies' holds count into the spend of the template's day and month, as
+        // creates would (they are created microseconds after it: the same day, unless
+        // the template was made in the last fraction of a second before midnight).
         format!(
-            "UPDATE tenants SET held_nanos = held_nanos + {hold} * (SELECT count(*) {seeded})
+            "UPDATE tenants SET held_nanos = held_nanos + {hold} * (SELECT count(*) {seeded}),
+                spend_day_nanos = spend_day_nanos + {hold} * (SELECT count(*) {seeded}),
+                spend_month_nanos = spend_month_nanos + {hold} * (SELECT count(*) {seeded})
             WHERE id = (SELECT tenant_id FROM jobs WHERE id = {template_row})"
         ),
     ];

@@ -13,25 +13,36 @@ use entity::{
 };
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr,
-    EntityTrait, FromQueryResult, QueryFilter, QuerySelect,
+    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DatabaseConnection, DbBackend,
+    DbErr, EntityTrait, FromQueryResult, QueryFilter, QuerySelect,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
 use uuid::Uuid;
 
-/// A tenant's credits. `available = granted − charged − held`, never below zero.
+/// A tenant's credits. `available = granted − expired − charged − held`, never below
+/// zero.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Balance {
     pub granted: Credits,
     pub held: Credits,
     pub charged: Credits,
+    /// What left the balance because its grant expired.
+    pub expired: Credits,
 }
 
 impl Balance {
     /// What new holds may still use.
     pub fn available(&self) -> Credits {
-        self.granted - self.charged - self.held
+        self.granted - self.expired - self.charged - self.held
     }
+}
+
+/// `granted − expired − charged − held` of the tenant row, in SQL.
+pub fn available_column() -> Expr {
+    Expr::col(tenants::Column::GrantedNanos)
+        .sub(Expr::col(tenants::Column::ExpiredNanos))
+        .sub(Expr::col(tenants::Column::ChargedNanos))
+        .sub(Expr::col(tenants::Column::HeldNanos))
 }
 
 impl From<&tenants::Model> for Balance {
@@ -40,6 +51,7 @@ impl From<&tenants::Model> for Balance {
             granted: Credits::from_nanos(tenant.granted_nanos),
             held: Credits::from_nanos(tenant.held_nanos),
             charged: Credits::from_nanos(tenant.charged_nanos),
+            expired: Credits::from_nanos(tenant.expired_nanos),
         }
     }
 }
@@ -51,10 +63,16 @@ pub struct NewGrant {
     pub amount: Credits,
     pub idempotency_key: String,
     pub reason: Option<String>,
+    /// When what is left of the grant expires; `None` never.
+    pub expires_at: Option<Timestamp>,
 }
 
 /// Adds credits to a tenant, once per idempotency key: a repeated key with the same
-/// amount returns the first grant; with another amount it is a conflict.
+/// amount, reason and expiry returns the first grant; anything else is a conflict.
+///
+/// An expiry must lie in the future, at most [`super::expiry::MAX_LIFETIME_DAYS`]
+/// days ahead. Charges made so far are attributed to the earlier grants first, so
+/// the new grant starts whole (see [`super::expiry`]).
 pub async fn grant(
     db: &impl ConnectionTrait,
     new: NewGrant,
@@ -66,13 +84,20 @@ pub async fn grant(
     if let Some(reason) = &new.reason {
         crate::validation::free_text("reason", reason)?;
     }
+    let now = Timestamp::now();
+    if let Some(expires_at) = new.expires_at {
+        super::expiry::check_expiry(expires_at, now)?;
+    }
     let existing = credit_grants::Entity::find()
         .filter(credit_grants::Column::TenantId.eq(new.tenant_id))
         .filter(credit_grants::Column::IdempotencyKey.eq(&new.idempotency_key))
         .one(db)
         .await?;
     if let Some(existing) = existing {
-        return if existing.amount_nanos == new.amount.nanos() && existing.reason == new.reason {
+        return if existing.amount_nanos == new.amount.nanos()
+            && existing.reason == new.reason
+            && existing.expires_at == new.expires_at
+        {
             Ok(existing)
         } else {
             Err(ServiceError::IdempotencyConflict)
@@ -88,18 +113,25 @@ pub async fn grant(
             "amount: the tenant's granted total would exceed the largest amount stored",
         ));
     }
-    let now = Timestamp::now();
-    let updated = tenants::Entity::update_many()
+    let mut update = tenants::Entity::update_many()
         .col_expr(
             tenants::Column::GrantedNanos,
             Expr::col(tenants::Column::GrantedNanos).add(new.amount.nanos()),
         )
-        .filter(tenants::Column::Id.eq(new.tenant_id))
-        .exec(db)
-        .await?;
+        .filter(tenants::Column::Id.eq(new.tenant_id));
+    if let Some(expires_at) = new.expires_at {
+        update = update.col_expr(
+            tenants::Column::NextExpiryAt,
+            super::expiry::earliest_expiry(expires_at),
+        );
+    }
+    let updated = update.exec(db).await?;
     if updated.rows_affected == 0 {
         return Err(ServiceError::NotFound);
     }
+    // The tenant's row is locked now. Charges so far consumed the grants that existed
+    // when they were made: attribute them before the new grant joins the order.
+    super::expiry::attribute_charges(db, new.tenant_id).await?;
     let row = credit_grants::ActiveModel {
         id: Set(Uuid::now_v7()),
         tenant_id: Set(new.tenant_id),
@@ -107,6 +139,9 @@ pub async fn grant(
         idempotency_key: Set(new.idempotency_key),
         reason: Set(new.reason),
         created_at: Set(now),
+        expires_at: Set(new.expires_at),
+        consumed_nanos: Set(0),
+        expired_nanos: Set(0),
     };
     let grant = credit_grants::Entity::insert(row)
         .exec_with_returning(db)
@@ -149,6 +184,10 @@ pub async fn grant_credits(
 /// Holds `amount` of a tenant's available credits for a job, or refuses when the
 /// balance is short.
 ///
+/// Credit past its grant's expiry is never held: when the tenant has an expiry due
+/// that the sweep has not carried out yet, the hold carries it out first (in this
+/// transaction, under the tenant's lock) and tries once more.
+///
 /// Runs in the caller's transaction, which a refusal must roll back: the reservation
 /// and its ledger entry are written first, so that the tenant's row — which every hold
 /// and settlement of the tenant needs — is locked by the last statement only, until
@@ -182,28 +221,42 @@ pub async fn hold(
         [(LedgerEntryKind::Hold, amount)],
     )
     .await?;
-    let available = Expr::col(tenants::Column::GrantedNanos)
-        .sub(Expr::col(tenants::Column::ChargedNanos))
-        .sub(Expr::col(tenants::Column::HeldNanos));
-    let updated = tenants::Entity::update_many()
-        .col_expr(
-            tenants::Column::HeldNanos,
-            Expr::col(tenants::Column::HeldNanos).add(amount.nanos()),
-        )
-        .filter(tenants::Column::Id.eq(tenant_id))
-        .filter(available.gte(amount.nanos()))
-        .exec(transaction)
-        .await?;
-    if updated.rows_affected == 0 {
-        let balance = balance(transaction, tenant_id)
-            .await?
-            .ok_or(ServiceError::NotFound)?;
-        return Err(ServiceError::InsufficientCredits {
-            needed: amount,
-            available: balance.available(),
-        });
+    let now = Timestamp::now();
+    let take_hold = |expiry_due: Condition| {
+        tenants::Entity::update_many()
+            .col_expr(
+                tenants::Column::HeldNanos,
+                Expr::col(tenants::Column::HeldNanos).add(amount.nanos()),
+            )
+            .filter(tenants::Column::Id.eq(tenant_id))
+            .filter(available_column().gte(amount.nanos()))
+            .filter(expiry_due)
+            .exec(transaction)
+    };
+    let no_expiry_due = Condition::any()
+        .add(tenants::Column::NextExpiryAt.is_null())
+        .add(tenants::Column::NextExpiryAt.gt(now));
+    if take_hold(no_expiry_due).await?.rows_affected == 1 {
+        return Ok(reservation);
     }
-    Ok(reservation)
+    let tenant = tenants::Entity::find_by_id(tenant_id)
+        .one(transaction)
+        .await?
+        .ok_or(ServiceError::NotFound)?;
+    if tenant.next_expiry_at.is_some_and(|due| due <= now) {
+        // Under the tenant's lock, whatever is still due after this is held credit.
+        super::expiry::expire_tenant(transaction, tenant_id, now).await?;
+        if take_hold(Condition::all()).await?.rows_affected == 1 {
+            return Ok(reservation);
+        }
+    }
+    let balance = balance(transaction, tenant_id)
+        .await?
+        .ok_or(ServiceError::NotFound)?;
+    Err(ServiceError::InsufficientCredits {
+        needed: amount,
+        available: balance.available(),
+    })
 }
 
 /// How a job's hold was resolved.
@@ -426,7 +479,7 @@ async fn mark_resolved(
 /// Most rows one multi-row insert carries: far below SQLite's bound on parameters.
 const INSERT_CHUNK: usize = 500;
 
-fn entry(
+pub(super) fn entry(
     tenant_id: Uuid,
     (job_id, grant_id): (Option<Uuid>, Option<Uuid>),
     kind: LedgerEntryKind,
@@ -534,5 +587,6 @@ pub async fn replay_balance(db: &impl ConnectionTrait, tenant_id: Uuid) -> Resul
         granted: total(LedgerEntryKind::Grant),
         held: total(LedgerEntryKind::Hold) - total(LedgerEntryKind::Release) - charged,
         charged,
+        expired: total(LedgerEntryKind::Expiry),
     })
 }

@@ -255,7 +255,10 @@ pub async fn spend_at(
 }
 
 /// Counts a new job's hold into its tenant's spend of the day and month of `created_at`,
-/// or refuses with `SpendLimitExceeded` when that passes a cap.
+/// or refuses with `SpendLimitExceeded` when that passes a cap. Returns the instant the
+/// hold was counted at: `created_at`, or the start of a newer day when another
+/// process (with a clock ahead) has begun counting it already — the job must then be
+/// dated at that instant, so that its settlement lowers the period that counted it.
 ///
 /// Runs in the create's transaction, which a refusal must roll back. It locks the
 /// tenant's row (`FOR NO KEY UPDATE` on PostgreSQL; SQLite's write transaction holds
@@ -266,7 +269,7 @@ pub async fn admit_spend(
     tenant_id: Uuid,
     hold: Credits,
     created_at: Timestamp,
-) -> Result<Spend, ServiceError> {
+) -> Result<Timestamp, ServiceError> {
     let tenant = tenants::Entity::find_by_id(tenant_id)
         // NO KEY UPDATE, the lock the ledger's UPDATE of the row takes: a plain FOR
         // UPDATE would wait for the key-share locks that other creates' inserts take on
@@ -319,7 +322,7 @@ pub async fn admit_spend(
         .filter(tenants::Column::Id.eq(tenant_id))
         .exec(transaction)
         .await?;
-    Ok(after)
+    Ok(counted_at)
 }
 
 /// Takes what settlements released out of the spend of the periods their jobs were

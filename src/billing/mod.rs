@@ -3,6 +3,7 @@
 
 pub mod audit;
 mod credits;
+pub mod expiry;
 pub mod ledger;
 pub mod limits;
 pub mod policy;

@@ -175,6 +175,9 @@ pub enum LedgerEntryKind {
     Release,
     /// What a succeeded job cost the customer, taken from its hold.
     Charge,
+    /// What was left of a grant at its `expiresAt`, at most what was available (held
+    /// credit never expires): available goes down. Dated at the expiry instant.
+    Expiry,
 }
 
 /// One entry of a tenant's append-only credit ledger.
@@ -186,7 +189,7 @@ pub struct LedgerEntry {
     pub amount: Amount,
     /// The job a hold, release or charge belongs to.
     pub job_id: Option<Uuid>,
-    /// The grant a `GRANT` entry records.
+    /// The grant a `GRANT` or `EXPIRY` entry is about.
     pub grant_id: Option<Uuid>,
     pub created_at: DateTime<Utc>,
 }

@@ -67,6 +67,10 @@ pub struct GrantCreditsInput {
     /// Repeating a grant with the same key grants once.
     pub idempotency_key: String,
     pub reason: Option<String>,
+    /// When what is left of the grant expires (in the future, at most 100 years
+    /// ahead); omitted, it never does. Charges consume the soonest-expiring grants
+    /// first, and expired credit never takes held credit.
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 /// A new tenant and its API key, shown this once.
@@ -240,6 +244,7 @@ impl JobMutation {
                 amount,
                 idempotency_key,
                 reason: input.reason,
+                expires_at: input.expires_at.map(Timestamp::from),
             },
         )
         .await?;

@@ -144,9 +144,7 @@ pub async fn state(
         tenants_low_credit: tenants::Entity::find()
             .filter(tenants::Column::GrantedNanos.gt(0))
             .filter(
-                Expr::col(tenants::Column::GrantedNanos)
-                    .sub(Expr::col(tenants::Column::HeldNanos))
-                    .sub(Expr::col(tenants::Column::ChargedNanos))
+                crate::billing::ledger::available_column()
                     .mul(10)
                     .lt(Expr::col(tenants::Column::GrantedNanos)),
             )

@@ -128,12 +128,28 @@ pub async fn create_job_at(
     // so it is held for one statement and the commit. A refusal rolls everything
     // back as the transaction drops.
     ledger::hold(&transaction, tenant_id, job.id, hold).await?;
-    if let Err(refusal) = limits::admit_spend(&transaction, tenant_id, hold, now).await {
-        transaction.rollback().await?;
-        report_spend_limit(db, tenant_id, &refusal, now).await?;
-        return Err(refusal);
-    }
-    alerts::after_hold(&transaction, tenant_id, hold).await?;
+    let counted_at = match limits::admit_spend(&transaction, tenant_id, hold, now).await {
+        Ok(counted_at) => counted_at,
+        Err(refusal) => {
+            transaction.rollback().await?;
+            report_spend_limit(db, tenant_id, &refusal, now).await?;
+            return Err(refusal);
+        }
+    };
+    // This process's clock is behind the one that started the tenant's current day:
+    // the job is dated into that day, which counted its hold (rare; one more UPDATE).
+    let job = if counted_at == job.created_at {
+        job
+    } else {
+        jobs::Entity::update(jobs::ActiveModel {
+            id: Set(job.id),
+            created_at: Set(counted_at),
+            ..Default::default()
+        })
+        .exec(&transaction)
+        .await?
+    };
+    alerts::after_balance_fell(&transaction, tenant_id, hold).await?;
     transaction.commit().await?;
     tracing::info!(job.id = %job.id, tenant.id = %tenant_id, model = %job.model, hold = %hold, "job created");
     bus.publish([created]);

@@ -12,15 +12,16 @@ use sea_orm::{ColumnTrait, Condition, ConnectionTrait, DbErr, EntityTrait, Query
 use serde_json::json;
 use uuid::Uuid;
 
-/// Queues `balance.low` when a hold of `hold` just took the tenant's available balance
-/// below its threshold and the alert is armed. It fires once; a grant re-arms it, once
-/// the balance is back at or above the threshold before a hold.
+/// Queues `balance.low` when a fall of `fall` (a hold, or credit expiring) just took
+/// the tenant's available balance below its threshold and the alert is armed. It fires
+/// once; a grant re-arms it, once the balance is back at or above the threshold before
+/// a fall.
 ///
-/// Call it in the create's transaction after the hold (the tenant's row is locked).
-pub async fn after_hold(
+/// Call it in the transaction of the fall, after it (the tenant's row is locked).
+pub async fn after_balance_fell(
     transaction: &impl ConnectionTrait,
     tenant_id: Uuid,
-    hold: Credits,
+    fall: Credits,
 ) -> Result<(), DbErr> {
     let Some(limits) = tenant_limits::Entity::find_by_id(tenant_id)
         .one(transaction)
@@ -38,7 +39,7 @@ pub async fn after_hold(
         return Ok(());
     };
     let after = Balance::from(&tenant).available();
-    let before = after + hold;
+    let before = after + fall;
     let armed = match limits.low_balance_alerted_granted_nanos {
         None => true,
         Some(granted_then) => tenant.granted_nanos > granted_then && before >= threshold,

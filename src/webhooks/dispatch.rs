@@ -4,8 +4,13 @@
 //! Each delivery is claimed with a lease by a conditional UPDATE, so two processes
 //! never send one delivery at the same time, and a process that dies mid-delivery
 //! leaves a lease that simply runs out. Deliveries run as tasks of their own, at most
-//! one per endpoint at a time in a process: a slow or dead endpoint holds one slot
-//! for at most the timeout, and never delays another endpoint's deliveries.
+//! one per endpoint at a time in a process.
+//!
+//! Slots are fair per tenant, so that a tenant's slow or dead endpoints never delay
+//! another tenant's deliveries: every tenant with a delivery due gets a slot of its
+//! own, whatever the others have in flight; beyond that first one, tenants share
+//! [`SHARED_SLOTS`], at most [`MAX_PER_TENANT`] in flight each, handed out one per
+//! tenant per round.
 
 use super::{address, signature};
 use crate::metrics::{DeliveryResult, Metrics};
@@ -17,7 +22,7 @@ use sea_orm::{
     ColumnTrait, Condition, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder,
     QuerySelect,
 };
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -27,8 +32,12 @@ use uuid::Uuid;
 
 /// How often the outbox is looked at when nothing wakes the dispatcher earlier.
 const POLL_INTERVAL: Duration = Duration::from_secs(1);
-/// Deliveries one process sends at once, across all endpoints.
-const MAX_IN_FLIGHT: usize = 32;
+/// Deliveries one process sends at once beyond each tenant's first.
+const SHARED_SLOTS: usize = 32;
+/// Most deliveries of one tenant in flight in one process.
+const MAX_PER_TENANT: usize = 4;
+/// Due deliveries read per claim, from which the fair share is picked.
+const CANDIDATES: u64 = 256;
 /// Longest one try may take, connecting included.
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a claim owns a delivery: well past the timeout.
@@ -76,44 +85,46 @@ impl Dispatcher {
     /// Delivers until `stop` is cancelled, then lets the tries under way finish (each
     /// bounded by the timeout).
     pub async fn run(self, stop: CancellationToken) {
-        let busy: Arc<Mutex<HashSet<Uuid>>> = Arc::default();
+        let in_flight: Arc<Mutex<InFlight>> = Arc::default();
         let wake = Arc::new(Notify::new());
         let mut tasks = JoinSet::new();
         loop {
             while tasks.try_join_next().is_some() {}
-            let room = MAX_IN_FLIGHT.saturating_sub(tasks.len());
-            if room > 0 {
-                let endpoints_busy: Vec<Uuid> = busy
-                    .lock()
-                    .expect("the busy set is never poisoned")
-                    .iter()
-                    .copied()
-                    .collect();
-                match claim(&self.db, room, &endpoints_busy).await {
-                    Ok(claimed) => {
-                        for claimed in claimed {
-                            busy.lock()
-                                .expect("the busy set is never poisoned")
-                                .insert(claimed.delivery.webhook_id);
-                            let (db, busy, wake) = (self.db.clone(), busy.clone(), wake.clone());
-                            let (allow_private, metrics) =
-                                (self.allow_private, self.metrics.clone());
-                            tasks.spawn(async move {
-                                let webhook_id = claimed.delivery.webhook_id;
-                                if let Err(error) = deliver(&db, claimed, allow_private, &metrics).await {
-                                    tracing::warn!(error = %error, webhook.id = %webhook_id, "recording a webhook delivery failed; its lease will run out");
-                                }
-                                busy.lock()
-                                    .expect("the busy set is never poisoned")
-                                    .remove(&webhook_id);
-                                wake.notify_one();
-                            });
-                        }
-                    }
-                    Err(error) => {
-                        tracing::warn!(error = %error, "claiming webhook deliveries failed")
-                    }
+            let snapshot = in_flight
+                .lock()
+                .expect("the in-flight set is never poisoned")
+                .clone();
+            let claimed = match claim(&self.db, &snapshot).await {
+                Ok(claimed) => claimed,
+                Err(error) => {
+                    tracing::warn!(error = %error, "claiming webhook deliveries failed");
+                    Vec::new()
                 }
+            };
+            let claimed_any = !claimed.is_empty();
+            for claimed in claimed {
+                in_flight
+                    .lock()
+                    .expect("the in-flight set is never poisoned")
+                    .start(&claimed.delivery);
+                let (db, in_flight, wake) = (self.db.clone(), in_flight.clone(), wake.clone());
+                let (allow_private, metrics) = (self.allow_private, self.metrics.clone());
+                tasks.spawn(async move {
+                    let delivery = claimed.delivery.clone();
+                    if let Err(error) = deliver(&db, claimed, allow_private, &metrics).await {
+                        tracing::warn!(error = %error, webhook.id = %delivery.webhook_id, "recording a webhook delivery failed; its lease will run out");
+                    }
+                    in_flight
+                        .lock()
+                        .expect("the in-flight set is never poisoned")
+                        .finish(&delivery);
+                    wake.notify_one();
+                });
+            }
+            // A claim that took something may have left due deliveries of tenants it
+            // excluded or did not read: look again at once.
+            if claimed_any {
+                continue;
             }
             tokio::select! {
                 () = stop.cancelled() => break,
@@ -125,13 +136,99 @@ impl Dispatcher {
     }
 }
 
-/// Claims up to `limit` due deliveries, at most one per endpoint and none of the
-/// endpoints in `busy`.
-async fn claim(
-    db: &DatabaseConnection,
-    limit: usize,
-    busy: &[Uuid],
-) -> Result<Vec<Claimed>, DbErr> {
+/// What a process has in flight: endpoints, and deliveries per tenant.
+#[derive(Clone, Debug, Default)]
+struct InFlight {
+    endpoints: HashSet<Uuid>,
+    per_tenant: HashMap<Uuid, usize>,
+}
+
+impl InFlight {
+    fn start(&mut self, delivery: &webhook_deliveries::Model) {
+        self.endpoints.insert(delivery.webhook_id);
+        *self.per_tenant.entry(delivery.tenant_id).or_default() += 1;
+    }
+
+    fn finish(&mut self, delivery: &webhook_deliveries::Model) {
+        self.endpoints.remove(&delivery.webhook_id);
+        if let Some(count) = self.per_tenant.get_mut(&delivery.tenant_id) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_tenant.remove(&delivery.tenant_id);
+            }
+        }
+    }
+
+    /// Shared slots in use: every tenant's deliveries beyond its first.
+    fn shared_in_use(&self) -> usize {
+        self.per_tenant.values().map(|count| count - 1).sum()
+    }
+
+    /// Tenants that may not start another delivery now: those at their own cap, and,
+    /// when the shared slots are all taken, every tenant with one in flight already.
+    fn tenants_full(&self) -> Vec<Uuid> {
+        let shared_full = self.shared_in_use() >= SHARED_SLOTS;
+        self.per_tenant
+            .iter()
+            .filter(|(_, count)| shared_full || **count >= MAX_PER_TENANT)
+            .map(|(tenant_id, _)| *tenant_id)
+            .collect()
+    }
+}
+
+/// Picks from due deliveries (oldest due first) what `in_flight` leaves room for:
+/// one per endpoint, round-robin over tenants — each tenant's first delivery in
+/// every round before anyone's second — within each tenant's cap and the shared
+/// slots.
+fn fair_share(
+    candidates: Vec<webhook_deliveries::Model>,
+    in_flight: &InFlight,
+) -> Vec<webhook_deliveries::Model> {
+    let mut queues: Vec<(Uuid, std::collections::VecDeque<webhook_deliveries::Model>)> = Vec::new();
+    let mut endpoints = in_flight.endpoints.clone();
+    for delivery in candidates {
+        // One per endpoint: a second delivery to an endpoint waits for the first.
+        if !endpoints.insert(delivery.webhook_id) {
+            continue;
+        }
+        match queues
+            .iter_mut()
+            .find(|(tenant_id, _)| *tenant_id == delivery.tenant_id)
+        {
+            Some((_, queue)) => queue.push_back(delivery),
+            None => queues.push((delivery.tenant_id, [delivery].into())),
+        }
+    }
+    let mut per_tenant = in_flight.per_tenant.clone();
+    let mut shared_left = SHARED_SLOTS.saturating_sub(in_flight.shared_in_use());
+    let mut picked = Vec::new();
+    loop {
+        let mut progressed = false;
+        for (tenant_id, queue) in &mut queues {
+            let count = per_tenant.entry(*tenant_id).or_default();
+            let room = *count < MAX_PER_TENANT && (*count == 0 || shared_left > 0);
+            if !room {
+                continue;
+            }
+            let Some(delivery) = queue.pop_front() else {
+                continue;
+            };
+            if *count > 0 {
+                shared_left -= 1;
+            }
+            *count += 1;
+            picked.push(delivery);
+            progressed = true;
+        }
+        if !progressed {
+            return picked;
+        }
+    }
+}
+
+/// Claims the due deliveries [`fair_share`] picks, given what this process has in
+/// flight.
+async fn claim(db: &DatabaseConnection, in_flight: &InFlight) -> Result<Vec<Claimed>, DbErr> {
     let now = Timestamp::now();
     let lease_free = Condition::any()
         .add(webhook_deliveries::Column::LeaseUntil.is_null())
@@ -140,23 +237,22 @@ async fn claim(
         .filter(webhook_deliveries::Column::Status.eq(WebhookDeliveryStatus::Pending))
         .filter(webhook_deliveries::Column::NextAttemptAt.lte(now))
         .filter(lease_free.clone());
-    if !busy.is_empty() {
-        query = query.filter(webhook_deliveries::Column::WebhookId.is_not_in(busy.iter().copied()));
+    if !in_flight.endpoints.is_empty() {
+        query = query.filter(
+            webhook_deliveries::Column::WebhookId.is_not_in(in_flight.endpoints.iter().copied()),
+        );
+    }
+    let tenants_full = in_flight.tenants_full();
+    if !tenants_full.is_empty() {
+        query = query.filter(webhook_deliveries::Column::TenantId.is_not_in(tenants_full));
     }
     let candidates = query
         .order_by_asc(webhook_deliveries::Column::NextAttemptAt)
-        .limit(limit as u64 * 4)
+        .limit(CANDIDATES)
         .all(db)
         .await?;
-    let mut endpoints = HashSet::new();
     let mut claimed = Vec::new();
-    for delivery in candidates {
-        if claimed.len() == limit {
-            break;
-        }
-        if !endpoints.insert(delivery.webhook_id) {
-            continue;
-        }
+    for delivery in fair_share(candidates, in_flight) {
         let token = Uuid::new_v4();
         // The conditions again: another process may have claimed it since the read.
         let updated = webhook_deliveries::Entity::update_many()
@@ -233,7 +329,10 @@ async fn send(
         Ok(address) => address,
         Err(error) => return failed(None, error.to_string()),
     };
+    // No proxy, whatever HTTP(S)_PROXY say: a proxy would resolve the name again
+    // and could reach an address the check above refused.
     let mut client = reqwest::Client::builder()
+        .no_proxy()
         .redirect(reqwest::redirect::Policy::none())
         .timeout(DELIVERY_TIMEOUT);
     if let Some(host) = url.host_str() {
@@ -362,6 +461,77 @@ fn backoff(attempts: i32) -> chrono::Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn due(tenant_id: Uuid, webhook_id: Uuid) -> webhook_deliveries::Model {
+        webhook_deliveries::Model {
+            id: Uuid::now_v7(),
+            tenant_id,
+            webhook_id,
+            event_type: "job.succeeded".to_owned(),
+            payload: "{}".to_owned(),
+            status: WebhookDeliveryStatus::Pending,
+            attempts: 0,
+            next_attempt_at: Timestamp::now(),
+            lease_until: None,
+            lease_token: None,
+            last_status_code: None,
+            last_error: None,
+            created_at: Timestamp::now(),
+            delivered_at: None,
+        }
+    }
+
+    fn count_per_tenant(picked: &[webhook_deliveries::Model]) -> HashMap<Uuid, usize> {
+        let mut counts = HashMap::new();
+        for delivery in picked {
+            *counts.entry(delivery.tenant_id).or_default() += 1;
+        }
+        counts
+    }
+
+    #[test]
+    fn a_tenant_with_nothing_in_flight_gets_a_slot_whatever_the_others_hold() {
+        let (noisy, quiet) = (Uuid::now_v7(), Uuid::now_v7());
+        // Every shared slot taken by tenants with hanging endpoints.
+        let mut in_flight = InFlight::default();
+        while in_flight.shared_in_use() < SHARED_SLOTS {
+            let tenant = Uuid::now_v7();
+            for _ in 0..MAX_PER_TENANT {
+                in_flight.start(&due(tenant, Uuid::now_v7()));
+            }
+        }
+        let mut candidates: Vec<_> = (0..40).map(|_| due(noisy, Uuid::now_v7())).collect();
+        candidates.push(due(quiet, Uuid::now_v7()));
+        let picked = fair_share(candidates, &in_flight);
+        let counts = count_per_tenant(&picked);
+        assert_eq!(counts.get(&quiet), Some(&1));
+        assert_eq!(
+            counts.get(&noisy),
+            Some(&1),
+            "its first only: no shared slot is free"
+        );
+    }
+
+    #[test]
+    fn shared_slots_go_round_robin_up_to_each_tenants_cap_one_per_endpoint() {
+        let (first, second, third) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
+        let endpoint = Uuid::now_v7();
+        let mut candidates: Vec<_> = (0..20).map(|_| due(first, Uuid::now_v7())).collect();
+        candidates.extend((0..20).map(|_| due(second, Uuid::now_v7())));
+        // Three deliveries to one endpoint: one at a time.
+        candidates.extend((0..3).map(|_| due(third, endpoint)));
+        let picked = fair_share(candidates, &InFlight::default());
+        let counts = count_per_tenant(&picked);
+        assert_eq!(counts[&first], MAX_PER_TENANT);
+        assert_eq!(counts[&second], MAX_PER_TENANT);
+        assert_eq!(counts[&third], 1);
+        // Round-robin: the third tenant's only delivery comes in the first round.
+        assert!(
+            picked[..3]
+                .iter()
+                .any(|delivery| delivery.tenant_id == third)
+        );
+    }
 
     #[test]
     fn the_first_retry_comes_within_ten_seconds_and_retries_go_on_for_a_day() {

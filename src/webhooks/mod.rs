@@ -7,13 +7,14 @@ pub mod dispatch;
 pub mod outbox;
 pub mod signature;
 
+use crate::db::begin_write;
 use crate::error::ServiceError;
-use entity::{Timestamp, WebhookDeliveryStatus, webhook_deliveries, webhooks};
+use entity::{Timestamp, WebhookDeliveryStatus, tenants, webhook_deliveries, webhooks};
 use reqwest::Url;
-use sea_orm::sea_query::Expr;
+use sea_orm::sea_query::{Expr, LockType};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, PaginatorTrait, QueryFilter,
-    QueryOrder, QuerySelect,
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait,
+    PaginatorTrait, QueryFilter, QueryOrder, QuerySelect,
 };
 use uuid::Uuid;
 
@@ -67,9 +68,11 @@ pub struct CreatedWebhook {
 }
 
 /// Registers an endpoint for a tenant's events. The URL must be http(s) and, unless
-/// `allow_private`, resolve to public addresses only.
+/// `allow_private`, resolve to public addresses only. The URL is checked (a name
+/// lookup) before the write transaction, which locks the tenant's row before
+/// counting its endpoints, so concurrent creates never pass the limit.
 pub async fn create_webhook(
-    db: &impl ConnectionTrait,
+    db: &DatabaseConnection,
     tenant_id: Uuid,
     url: &str,
     events: &[EventType],
@@ -94,10 +97,18 @@ pub async fn create_webhook(
             "events must name at least one event",
         ));
     }
+    let transaction = begin_write(db).await?;
+    // NO KEY UPDATE, as holds take it (see `billing::limits::admit_spend`); SQLite's
+    // write transaction holds the whole database already.
+    tenants::Entity::find_by_id(tenant_id)
+        .lock(LockType::NoKeyUpdate)
+        .one(&transaction)
+        .await?
+        .ok_or(ServiceError::NotFound)?;
     let live = webhooks::Entity::find()
         .filter(webhooks::Column::TenantId.eq(tenant_id))
         .filter(webhooks::Column::DeletedAt.is_null())
-        .count(db)
+        .count(&transaction)
         .await?;
     if live >= MAX_WEBHOOKS_PER_TENANT {
         return Err(ServiceError::validation(format!(
@@ -121,8 +132,9 @@ pub async fn create_webhook(
         deleted_at: Set(None),
     };
     let webhook = webhooks::Entity::insert(row)
-        .exec_with_returning(db)
+        .exec_with_returning(&transaction)
         .await?;
+    transaction.commit().await?;
     tracing::info!(tenant.id = %tenant_id, webhook.id = %webhook.id, "webhook created");
     Ok(CreatedWebhook { webhook, secret })
 }

@@ -84,6 +84,9 @@ const tenantKey = createTenant.apiKey;
 const tenantId = createTenant.tenant.id;
 await api(adminToken, 'mutation($i: GrantCreditsInput!) { grantCredits(input: $i) { id } }',
   { i: { tenantId, amount: '100', idempotencyKey: 'console-test' } });
+// A credit that expires a moment from now: its EXPIRY entry shows in the ledger.
+await api(adminToken, 'mutation($i: GrantCreditsInput!) { grantCredits(input: $i) { id } }',
+  { i: { tenantId, amount: '1', idempotencyKey: 'console-expiring', expiresAt: new Date(Date.now() + 2_000).toISOString() } });
 
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
@@ -419,8 +422,17 @@ async function chartTotalsMatch(key) {
 }
 
 await check('the billing charts show the same totals as billingSummary', async () => {
+  // The expiring grant has expired by now (the server's sweep runs every second).
+  for (let tries = 0; ; tries += 1) {
+    const { account } = await api(tenantKey, 'query { account { balance { expired } } }');
+    if (account.balance.expired === '1') break;
+    assert(tries < 300, `the grant never expired: ${account.balance.expired}`);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
   await page.getByRole('link', { name: 'Billing' }).click();
   await page.getByTestId('balance-available').waitFor();
+  await page.getByTestId('balance-expired').filter({ hasText: '1 cr' }).waitFor();
+  await page.getByTestId('ledger').locator('tbody tr', { hasText: 'EXPIRY' }).first().waitFor();
   await chartTotalsMatch(tenantKey);
   // A chosen period: the last three days.
   await page.locator('#period').selectOption('custom');
@@ -460,7 +472,13 @@ await check('the admin grants credits and reads the tenant’s jobs and keys', a
   await page.locator('#grant-amount').fill('5.5');
   await page.locator('#grant-amount').press('Enter');
   await page.getByText('Granted 5.5 cr.').waitFor();
-  await page.getByTestId('balance-granted').filter({ hasText: '105.5 cr' }).waitFor();
+  await page.getByTestId('balance-granted').filter({ hasText: '106.5 cr' }).waitFor();
+  // An expiring grant: the form reads the picked time as UTC.
+  await page.locator('#grant-amount').fill('2');
+  await page.locator('#grant-expires').fill('2099-01-02T03:04');
+  await page.locator('#grant-amount').press('Enter');
+  await page.getByText('Granted 2 cr, expiring 2099-01-02 03:04 UTC.').waitFor();
+  await page.getByTestId('balance-granted').filter({ hasText: '108.5 cr' }).waitFor();
   if (limitsServed) {
     await page.locator('#limit-monthlySpendLimit').fill('80');
     await page.locator('#limit-monthlySpendLimit').press('Enter');

@@ -50,9 +50,9 @@ const LIMIT: Duration = Duration::from_secs(30);
 
 /// A tenant with one job in every state, and the app with no workers left running
 /// (so the rows stay as they are while a test corrupts them).
-struct Scenario {
-    app: TestApp,
-    tenant: TestTenant,
+pub struct Scenario {
+    pub app: TestApp,
+    pub tenant: TestTenant,
     succeeded: Uuid,
     failed: Uuid,
     /// Failed after a dropped connection: its only attempt carries a cost bound.
@@ -61,7 +61,7 @@ struct Scenario {
     queued: Uuid,
 }
 
-async fn scenario(backend: Backend) -> Scenario {
+pub async fn scenario(backend: Backend) -> Scenario {
     let app = spawn_app(backend).await;
     let tenant = app.funded_tenant("acme", "5").await;
     let succeeded = app
@@ -110,12 +110,12 @@ async fn scenario(backend: Backend) -> Scenario {
     }
 }
 
-async fn report(app: &TestApp) -> AuditReport {
+pub async fn report(app: &TestApp) -> AuditReport {
     audit::audit(&app.app.db).await.expect("the audit runs")
 }
 
 /// Asserts that the audit names exactly `invariant`, about `subject`.
-async fn assert_only_violated(app: &TestApp, invariant: Invariant, subject: Subject) {
+pub async fn assert_only_violated(app: &TestApp, invariant: Invariant, subject: Subject) {
     let report = report(app).await;
     assert_eq!(report.violated(), [invariant], "{report}");
     let check = report.check(invariant);
@@ -178,7 +178,7 @@ async fn insert_entry(
 }
 
 /// Adds `nanos` to one of the tenant's cached balance columns.
-async fn bump_tenant(app: &TestApp, tenant: &TestTenant, column: tenants::Column, nanos: i64) {
+pub async fn bump_tenant(app: &TestApp, tenant: &TestTenant, column: tenants::Column, nanos: i64) {
     use sea_orm::sea_query::ExprTrait as _;
     tenants::Entity::update_many()
         .col_expr(column, Expr::col(column).add(nanos))
@@ -203,7 +203,7 @@ async fn a_normal_scenario_audits_clean(backend: Backend) {
             "{invariant} missing from the report:\n{text}"
         );
     }
-    assert!(text.ends_with("clean: all 12 invariants hold\n"), "{text}");
+    assert!(text.ends_with("clean: all 16 invariants hold\n"), "{text}");
     assert_billing_invariants(&s.app.app.db).await;
     let snapshot = audit::audit_snapshot(&s.app.app.db).await.unwrap();
     assert_eq!(snapshot, report);
@@ -562,7 +562,7 @@ async fn the_audit_command_exits_zero_when_clean_and_one_on_a_violation(backend:
             "{stdout}"
         );
     }
-    assert!(stdout.contains("clean: all 12 invariants hold"), "{stdout}");
+    assert!(stdout.contains("clean: all 16 invariants hold"), "{stdout}");
 
     bump_tenant(&s.app, &s.tenant, tenants::Column::HeldNanos, 1).await;
     let (code, stdout, stderr) = run_audit_command(&url).await;
@@ -580,7 +580,7 @@ async fn the_audit_command_exits_zero_when_clean_and_one_on_a_violation(backend:
         "{stdout}"
     );
     assert!(
-        stdout.contains("NOT CLEAN: 1 of 12 invariants violated"),
+        stdout.contains("NOT CLEAN: 1 of 16 invariants violated"),
         "{stdout}"
     );
 

@@ -370,7 +370,17 @@ impl TestApp {
 
     /// Shuts the application down as SIGTERM would, waits until it has stopped, and
     /// starts a new one on the same database and simulator, as a redeploy would.
-    pub async fn restart(mut self, options: AppOptions) -> TestApp {
+    pub async fn restart(self, options: AppOptions) -> TestApp {
+        self.restart_after(options, std::future::ready(())).await
+    }
+
+    /// [`Self::restart`] with no process running until `down` completes: whatever
+    /// was due meanwhile waits for the new process.
+    pub async fn restart_after(
+        mut self,
+        options: AppOptions,
+        down: impl std::future::Future<Output = ()>,
+    ) -> TestApp {
         self.shutdown.cancel();
         let task = self.task.take().expect("the app runs");
         tokio::time::timeout(Duration::from_secs(30), task)
@@ -378,6 +388,7 @@ impl TestApp {
             .expect("the app stops within 30 s")
             .expect("the app task does not panic")
             .expect("the app stops cleanly");
+        down.await;
         let simulator = RunningSimulator {
             simulator: self.simulator.clone(),
             address: self.simulator_address,

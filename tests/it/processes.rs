@@ -98,13 +98,18 @@ async fn concurrent_migrations_of_a_fresh_database_all_succeed(backend: Backend)
 }
 
 /// A `jobledger serve` child process on `url`, killed when dropped.
-struct ServeProcess {
+pub struct ServeProcess {
     address: std::net::SocketAddr,
     _child: tokio::process::Child,
 }
 
 impl ServeProcess {
     async fn start(url: &str) -> Self {
+        Self::start_with(url, &[], &[]).await
+    }
+
+    /// A `serve` with more arguments and environment variables.
+    pub async fn start_with(url: &str, arguments: &[&str], environment: &[(&str, &str)]) -> Self {
         let address = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -117,6 +122,8 @@ impl ServeProcess {
                 "--database-url",
                 url,
             ])
+            .args(arguments)
+            .envs(environment.iter().copied())
             .env("JOBLEDGER_ADMIN_TOKEN", crate::helpers::ADMIN_TOKEN)
             .env("RUST_LOG", "warn")
             .kill_on_drop(true)
@@ -129,7 +136,8 @@ impl ServeProcess {
         }
     }
 
-    async fn graphql(
+    /// Sends a GraphQL document with `key`.
+    pub async fn graphql(
         &self,
         key: &str,
         query: &str,

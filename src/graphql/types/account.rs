@@ -51,7 +51,9 @@ pub struct AccountBalance {
     pub held: Amount,
     /// Paid for succeeded jobs.
     pub charged: Amount,
-    /// `granted − charged − held`: what new jobs may reserve.
+    /// Left the balance because its grant expired.
+    pub expired: Amount,
+    /// `granted − expired − charged − held`: what new jobs may reserve.
     pub available: Amount,
 }
 
@@ -61,6 +63,7 @@ impl From<Balance> for AccountBalance {
             granted: balance.granted.into(),
             held: balance.held.into(),
             charged: balance.charged.into(),
+            expired: balance.expired.into(),
             available: balance.available().into(),
         }
     }
@@ -96,6 +99,13 @@ pub struct CreditGrant {
     pub idempotency_key: String,
     pub reason: Option<String>,
     pub created_at: DateTime<Utc>,
+    /// When what is left of it expires; null when it never does.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// What charges consumed of it so far, as attributed at its last expiry or at the
+    /// next grant (charges consume the soonest-expiring grants first).
+    pub consumed: Amount,
+    /// What expired of it.
+    pub expired: Amount,
 }
 
 impl From<credit_grants::Model> for CreditGrant {
@@ -107,6 +117,9 @@ impl From<credit_grants::Model> for CreditGrant {
             idempotency_key: grant.idempotency_key,
             reason: grant.reason,
             created_at: time(grant.created_at),
+            expires_at: grant.expires_at.map(time),
+            consumed: money(grant.consumed_nanos),
+            expired: money(grant.expired_nanos),
         }
     }
 }

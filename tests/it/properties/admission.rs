@@ -163,6 +163,7 @@ async fn concurrent_creates_never_admit_more_than_the_balance_holds(backend: Bac
                 granted: grant,
                 held,
                 charged: Credits::ZERO,
+                expired: Credits::ZERO,
             }
         );
         // Exactly at the boundary: one nano-credit short is short.

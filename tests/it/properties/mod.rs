@@ -92,6 +92,7 @@ async fn grant(
             amount,
             idempotency_key: key,
             reason: None,
+            expires_at: None,
         },
     )
     .await?;

@@ -4,8 +4,8 @@ use super::{Spec, grant, model_prices, new_tenant, prepared_database};
 use crate::helpers::{Backend, simulated_models};
 use crate::invariants::assert_billing_invariants;
 use entity::{JobStatus, LedgerEntryKind, jobs, ledger_entries};
-use jobledger::billing::Credits;
 use jobledger::billing::ledger::{self, Balance};
+use jobledger::billing::{Credits, limits};
 use jobledger::db::begin_write;
 use jobledger::jobs::EventBus;
 use jobledger::jobs::service;
@@ -47,9 +47,9 @@ async fn racing_releases_of_one_hold_resolve_it_once(backend: Backend) {
         )
         .await
         .unwrap();
-        job_ids.push(created.job.id);
+        job_ids.push((created.job.id, created.job.created_at));
     }
-    for job_id in job_ids {
+    for (job_id, created_at) in job_ids {
         // The first resolver ends the job and releases its hold, as a cancel does.
         let first = begin_write(&db).await.unwrap();
         let ended = jobs::Entity::update_many()
@@ -69,6 +69,10 @@ async fn racing_releases_of_one_hold_resolve_it_once(backend: Backend) {
                 released: hold,
             })
         );
+        // As every resolver of the service does: the spend counters forget the hold.
+        limits::release_spends(&first, [(tenant, created_at, hold)])
+            .await
+            .unwrap();
         let rivals: Vec<_> = (0..RIVALS)
             .map(|_| {
                 let db = db.clone();
@@ -93,6 +97,7 @@ async fn racing_releases_of_one_hold_resolve_it_once(backend: Backend) {
                 granted,
                 held,
                 charged: Credits::ZERO,
+                expired: Credits::ZERO,
             }
         );
         assert_eq!(

@@ -26,6 +26,7 @@ impl Sequence {
                 granted: Credits::from_nanos(tenant.granted),
                 held: Credits::from_nanos(tenant.held),
                 charged: Credits::from_nanos(tenant.charged),
+                expired: Credits::ZERO,
             };
             assert_eq!(balance, expected, "{at}: tenant {} balance", tenant.id);
             assert!(!balance.available().nanos().is_negative(), "{at}");

@@ -1,0 +1,428 @@
+//! Credit grants that expire.
+//!
+//! **Which credit a charge consumes.** Charges consume grants in one fixed order: the
+//! soonest-expiring first, never-expiring grants last, ties by creation time and id.
+//! Holds are not attributed to grants — a hold only reserves part of the balance — so
+//! a charge consumes from the grants that still have something left when it is
+//! attributed. Attribution is lazy: the tenant's row counts the charged credits
+//! already spread over the grants (`attributed_nanos`), and the rest is spread just
+//! before the set of grants or their remainders changes (a new grant, an expiry).
+//! Greedy consumption in a fixed order gives the same remainders whether charges are
+//! spread one by one or together, so the lazy spread equals the eager one.
+//!
+//! **What expires.** Held credit is backed by the grants in the same order charges
+//! consume them: the soonest-expiring first. At its `expires_at`, what is left of a
+//! grant (amount − consumed − already expired) leaves the balance through an `expiry`
+//! ledger entry dated at `expires_at`, except the part that backs open holds — so
+//! never more than the tenant's available balance, and held credit is never touched.
+//! The held part stays open on the grant: a charge of that hold consumes it (it is the
+//! soonest-expiring credit), and what the hold releases expires at the next sweep or
+//! before the next hold. A grant that never expires is never eaten by an expiring one.
+//!
+//! **Who expires it.** The sweep ([`run`], in every `serve` and `worker` process)
+//! finds tenants whose `next_expiry_at` has passed through a partial index, and
+//! expires each one in a transaction of its own under the tenant's row lock, so two
+//! processes sweeping at once expire each credit once. A process that was down at the
+//! instant expires late, with the same result and date. A hold never waits for the
+//! sweep: one that finds an expiry due on the tenant's row carries it out first.
+
+use super::Credits;
+use super::ledger::{self, Balance};
+use crate::db::begin_write;
+use crate::error::ServiceError;
+use entity::{LedgerEntryKind, Timestamp, credit_grants, ledger_entries, tenants};
+use sea_orm::sea_query::{Expr, ExprTrait, LockType};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder,
+    QuerySelect,
+};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// Longest a grant may live: a hundred years.
+pub const MAX_LIFETIME_DAYS: i64 = 36_500;
+/// How often the sweep looks for expiries due.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+/// Tenants read per page of one sweep.
+const SWEEP_PAGE: u64 = 200;
+
+/// Refuses an expiry that is not in the future, or further than
+/// [`MAX_LIFETIME_DAYS`] ahead.
+pub fn check_expiry(expires_at: Timestamp, now: Timestamp) -> Result<(), ServiceError> {
+    if expires_at <= now {
+        return Err(ServiceError::validation("expiresAt must be in the future"));
+    }
+    if expires_at > now.plus(chrono::Duration::days(MAX_LIFETIME_DAYS)) {
+        return Err(ServiceError::validation(format!(
+            "expiresAt must be at most {MAX_LIFETIME_DAYS} days ahead"
+        )));
+    }
+    Ok(())
+}
+
+/// `next_expiry_at` once a grant expiring at `expires_at` joins the tenant's grants.
+pub(super) fn earliest_expiry(expires_at: Timestamp) -> Expr {
+    let next = Expr::col(tenants::Column::NextExpiryAt);
+    Expr::case(
+        next.clone().is_null().or(next.clone().gt(expires_at)),
+        Expr::val(expires_at),
+    )
+    .finally(next)
+    .into()
+}
+
+/// What is left of a grant: neither consumed by charges nor expired.
+fn remaining(grant: &credit_grants::Model) -> Credits {
+    Credits::from_nanos(grant.amount_nanos - grant.consumed_nanos - grant.expired_nanos)
+}
+
+/// The tenant's grants with something left, in the order charges consume them.
+async fn open_grants(
+    db: &impl ConnectionTrait,
+    tenant_id: Uuid,
+) -> Result<Vec<credit_grants::Model>, DbErr> {
+    let mut grants = credit_grants::Entity::find()
+        .filter(credit_grants::Column::TenantId.eq(tenant_id))
+        .filter(
+            Expr::col(credit_grants::Column::ConsumedNanos)
+                .add(Expr::col(credit_grants::Column::ExpiredNanos))
+                .lt(Expr::col(credit_grants::Column::AmountNanos)),
+        )
+        .all(db)
+        .await?;
+    // `None` (never expires) sorts last.
+    grants.sort_by_key(|grant| {
+        (
+            grant.expires_at.is_none(),
+            grant.expires_at,
+            grant.created_at,
+            grant.id,
+        )
+    });
+    Ok(grants)
+}
+
+/// Spreads the tenant's charges not yet attributed over its grants, in consumption
+/// order, and returns the grants that still have something left, in that order.
+///
+/// Run it with the tenant's row locked (every charge and grant of the tenant takes
+/// that lock), so the counts it reads stay true until the commit.
+pub(super) async fn attribute_charges(
+    db: &impl ConnectionTrait,
+    tenant_id: Uuid,
+) -> Result<Vec<credit_grants::Model>, DbErr> {
+    let Some(tenant) = tenants::Entity::find_by_id(tenant_id).one(db).await? else {
+        return Ok(Vec::new());
+    };
+    let mut grants = open_grants(db, tenant_id).await?;
+    let mut unattributed = Credits::from_nanos(tenant.charged_nanos - tenant.attributed_nanos);
+    if !unattributed.is_positive() {
+        return Ok(grants);
+    }
+    let mut attributed = Credits::ZERO;
+    for grant in &mut grants {
+        let taken = remaining(grant).min(unattributed);
+        if !taken.is_positive() {
+            continue;
+        }
+        grant.consumed_nanos += taken.nanos();
+        credit_grants::Entity::update_many()
+            .col_expr(
+                credit_grants::Column::ConsumedNanos,
+                Expr::value(grant.consumed_nanos),
+            )
+            .filter(credit_grants::Column::Id.eq(grant.id))
+            .exec(db)
+            .await?;
+        attributed = attributed + taken;
+        unattributed = unattributed - taken;
+        if !unattributed.is_positive() {
+            break;
+        }
+    }
+    if unattributed.is_positive() {
+        // Σ remainders = available + held ≥ every charge not yet attributed; the
+        // audit names the tenant whose rows say otherwise.
+        tracing::error!(tenant.id = %tenant_id, unattributed = %unattributed, "charges exceed what the grants have left");
+    }
+    tenants::Entity::update_many()
+        .col_expr(
+            tenants::Column::AttributedNanos,
+            Expr::col(tenants::Column::AttributedNanos).add(attributed.nanos()),
+        )
+        .filter(tenants::Column::Id.eq(tenant_id))
+        .exec(db)
+        .await?;
+    grants.retain(|grant| remaining(grant).is_positive());
+    Ok(grants)
+}
+
+/// What expiring a tenant's grants at `now` does.
+#[derive(Debug, PartialEq, Eq)]
+struct ExpiryPlan {
+    /// `(index in the grants, credits that expire)`, only positive amounts.
+    expiries: Vec<(usize, Credits)>,
+    /// The earliest expiry among the grants with something left afterwards.
+    next_expiry_at: Option<Timestamp>,
+}
+
+/// Plans the expiry of `grants` (open, in consumption order) of a tenant whose
+/// balance is `balance`: each due grant loses what is left of it except the part
+/// that backs open holds, held credit being backed by the grants in order.
+fn plan(grants: &[credit_grants::Model], balance: Balance, now: Timestamp) -> ExpiryPlan {
+    let mut available = balance.available();
+    // Held credit not yet backed by a grant earlier in the order.
+    let mut held_left = balance.held;
+    let mut expiries = Vec::new();
+    let mut next_expiry_at = None;
+    for (index, grant) in grants.iter().enumerate() {
+        let Some(expires_at) = grant.expires_at else {
+            continue;
+        };
+        let mut left = remaining(grant);
+        if expires_at <= now {
+            let backing = left.min(held_left);
+            held_left = held_left - backing;
+            // Never above what is available, whatever the rows say.
+            let taken = (left - backing).min(available);
+            if taken.is_positive() {
+                expiries.push((index, taken));
+                available = available - taken;
+                left = left - taken;
+            }
+        }
+        if left.is_positive() && next_expiry_at.is_none() {
+            // Grants come soonest-expiring first: the first with something left.
+            next_expiry_at = Some(expires_at);
+        }
+    }
+    ExpiryPlan {
+        expiries,
+        next_expiry_at,
+    }
+}
+
+/// Expires what is due on a tenant's grants at `now` (see [`plan`]) in the caller's
+/// transaction; returns the credits that expired. Locks the tenant's row first, so
+/// concurrent callers expire one after the other, the second finding nothing left to
+/// do.
+pub async fn expire_tenant(
+    db: &impl ConnectionTrait,
+    tenant_id: Uuid,
+    now: Timestamp,
+) -> Result<Credits, DbErr> {
+    // NO KEY UPDATE, the lock holds and settlements take on the row (see
+    // `limits::admit_spend`); SQLite's write transaction holds the whole database.
+    let Some(tenant) = tenants::Entity::find_by_id(tenant_id)
+        .lock(LockType::NoKeyUpdate)
+        .one(db)
+        .await?
+    else {
+        return Ok(Credits::ZERO);
+    };
+    let grants = attribute_charges(db, tenant_id).await?;
+    let plan = plan(&grants, Balance::from(&tenant), now);
+    let mut expired = Credits::ZERO;
+    let mut entries = Vec::new();
+    for (index, taken) in &plan.expiries {
+        let grant = &grants[*index];
+        let Some(expires_at) = grant.expires_at else {
+            continue;
+        };
+        credit_grants::Entity::update_many()
+            .col_expr(
+                credit_grants::Column::ExpiredNanos,
+                Expr::value(grant.expired_nanos + taken.nanos()),
+            )
+            .filter(credit_grants::Column::Id.eq(grant.id))
+            .exec(db)
+            .await?;
+        // Dated at the expiry instant, however late the sweep came.
+        entries.push(ledger::entry(
+            tenant_id,
+            (None, Some(grant.id)),
+            LedgerEntryKind::Expiry,
+            *taken,
+            expires_at,
+        ));
+        expired = expired + *taken;
+    }
+    if !entries.is_empty() {
+        ledger_entries::Entity::insert_many(entries)
+            .exec(db)
+            .await?;
+    }
+    if expired.is_positive() || plan.next_expiry_at != tenant.next_expiry_at {
+        tenants::Entity::update_many()
+            .col_expr(
+                tenants::Column::ExpiredNanos,
+                Expr::col(tenants::Column::ExpiredNanos).add(expired.nanos()),
+            )
+            .col_expr(
+                tenants::Column::NextExpiryAt,
+                Expr::value(plan.next_expiry_at),
+            )
+            .filter(tenants::Column::Id.eq(tenant_id))
+            .exec(db)
+            .await?;
+    }
+    if expired.is_positive() {
+        tracing::info!(tenant.id = %tenant_id, expired = %expired, "expired credit left the balance");
+        crate::webhooks::alerts::after_balance_fell(db, tenant_id, expired).await?;
+    }
+    Ok(expired)
+}
+
+/// Whether expiring the tenant at `now` may change anything, judged from its rows
+/// without a lock: charges not yet attributed only lower what is left of the grants
+/// (and were already taken out of what is held), so a plan that expires nothing here
+/// expires nothing under the lock either, and the sweep need not take it.
+async fn may_expire(
+    db: &DatabaseConnection,
+    tenant_id: Uuid,
+    now: Timestamp,
+) -> Result<bool, DbErr> {
+    let Some(tenant) = tenants::Entity::find_by_id(tenant_id).one(db).await? else {
+        return Ok(false);
+    };
+    let grants = open_grants(db, tenant_id).await?;
+    let plan = plan(&grants, Balance::from(&tenant), now);
+    Ok(!plan.expiries.is_empty() || plan.next_expiry_at != tenant.next_expiry_at)
+}
+
+/// Expires everything due at `now` on every tenant, one transaction per tenant;
+/// returns the credits that expired. Tenants whose due credit is all held are not
+/// locked: there is nothing to expire until a hold is released.
+pub async fn sweep(db: &DatabaseConnection, now: Timestamp) -> Result<Credits, DbErr> {
+    let mut expired = Credits::ZERO;
+    let mut after: Option<Uuid> = None;
+    loop {
+        let mut query = tenants::Entity::find()
+            .select_only()
+            .column(tenants::Column::Id)
+            .filter(tenants::Column::NextExpiryAt.is_not_null())
+            .filter(tenants::Column::NextExpiryAt.lte(now))
+            .filter(ledger::available_column().gt(0))
+            .order_by_asc(tenants::Column::Id)
+            .limit(SWEEP_PAGE);
+        if let Some(after) = after {
+            query = query.filter(tenants::Column::Id.gt(after));
+        }
+        let page: Vec<Uuid> = query.into_tuple().all(db).await?;
+        for tenant_id in &page {
+            // Credit due but all held is looked at every sweep: cheaply, unlocked.
+            if !may_expire(db, *tenant_id, now).await? {
+                continue;
+            }
+            let transaction = begin_write(db).await?;
+            let tenant_expired = expire_tenant(&transaction, *tenant_id, now).await?;
+            transaction.commit().await?;
+            expired = expired + tenant_expired;
+        }
+        if (page.len() as u64) < SWEEP_PAGE {
+            return Ok(expired);
+        }
+        after = page.last().copied();
+    }
+}
+
+/// Sweeps every [`SWEEP_INTERVAL`] until `stop` is cancelled.
+pub async fn run(db: DatabaseConnection, stop: CancellationToken) {
+    loop {
+        if let Err(error) = sweep(&db, Timestamp::now()).await {
+            tracing::warn!(error = %error, "the credit expiry sweep failed; it runs again shortly");
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(SWEEP_INTERVAL) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: Timestamp = Timestamp(1_000_000);
+
+    fn grant(amount: i64, expires_at: Option<i64>) -> credit_grants::Model {
+        credit_grants::Model {
+            id: Uuid::now_v7(),
+            tenant_id: Uuid::nil(),
+            amount_nanos: amount,
+            idempotency_key: String::new(),
+            reason: None,
+            created_at: Timestamp(0),
+            expires_at: expires_at.map(Timestamp),
+            consumed_nanos: 0,
+            expired_nanos: 0,
+        }
+    }
+
+    fn balance(granted: i64, held: i64) -> Balance {
+        Balance {
+            granted: Credits::from_nanos(granted),
+            held: Credits::from_nanos(held),
+            ..Balance::default()
+        }
+    }
+
+    fn expired(plan: &ExpiryPlan) -> Vec<(usize, i64)> {
+        plan.expiries
+            .iter()
+            .map(|(index, amount)| (*index, amount.nanos()))
+            .collect()
+    }
+
+    #[test]
+    fn a_due_grant_expires_what_is_left_of_it_and_nothing_before_its_instant() {
+        let grants = [grant(100, Some(NOW.0)), grant(50, None)];
+        let due = plan(&grants, balance(150, 0), NOW);
+        assert_eq!(expired(&due), vec![(0, 100)]);
+        assert_eq!(due.next_expiry_at, None);
+        let early = plan(&grants, balance(150, 0), Timestamp(NOW.0 - 1));
+        assert_eq!(expired(&early), vec![]);
+        assert_eq!(early.next_expiry_at, Some(NOW));
+    }
+
+    #[test]
+    fn held_credit_is_backed_by_the_soonest_expiring_grant_and_never_expires() {
+        // 100 expiring, 100 lasting, 120 held: the expiring grant backs 100 of it.
+        let grants = [grant(100, Some(NOW.0)), grant(100, None)];
+        let all_held = plan(&grants, balance(200, 120), NOW);
+        assert_eq!(expired(&all_held), vec![]);
+        assert_eq!(
+            all_held.next_expiry_at,
+            Some(NOW),
+            "still due once released"
+        );
+        // 30 held: 70 expires, the lasting grant stays whole.
+        assert_eq!(
+            expired(&plan(&grants, balance(200, 30), NOW)),
+            vec![(0, 70)]
+        );
+    }
+
+    #[test]
+    fn never_more_than_available_expires_whatever_the_rows_say() {
+        let grants = [grant(100, Some(NOW.0))];
+        let short = Balance {
+            charged: Credits::from_nanos(90),
+            ..balance(100, 0)
+        };
+        assert_eq!(expired(&plan(&grants, short, NOW)), vec![(0, 10)]);
+    }
+
+    #[test]
+    fn grants_due_together_back_holds_in_order() {
+        let grants = [
+            grant(40, Some(NOW.0 - 10)),
+            grant(40, Some(NOW.0)),
+            grant(40, Some(NOW.0 + 10)),
+        ];
+        let due = plan(&grants, balance(120, 50), NOW);
+        assert_eq!(expired(&due), vec![(1, 30)]);
+        assert_eq!(due.next_expiry_at, Some(Timestamp(NOW.0 - 10)));
+    }
+}
