@@ -234,7 +234,23 @@ async fn a_finished_call_gives_back_the_tokens_it_did_not_use(backend: Backend) 
     let used = attempt.input_tokens.unwrap() + attempt.output_tokens.unwrap();
     // Admitted by a full bucket (1,000) at its bound, then given back all it did not
     // use (written back within a moment): what stays taken is exactly what it used.
-    let expected = Some(1_000.0 - used as f64);
+    wait_for_model_tokens(&app, 1_000.0 - used as f64).await;
+    // A call the provider refuses cannot have been billed: it gives its whole bound
+    // back, and the bucket (full again when this claim read it) stays full.
+    let mut refused = job_input("refused", "no [mock:status=400]");
+    refused["maxOutputTokens"] = json!(4_000);
+    refused["maxAttempts"] = json!(1);
+    let refused = app.create_job_ok(&tenant, refused).await;
+    let job = app
+        .wait_until_finished(&tenant, refused, Duration::from_secs(30))
+        .await;
+    assert_eq!(job["status"], "FAILED", "{job}");
+    wait_for_model_tokens(&app, 1_000.0).await;
+    assert_billing_invariants(&app.app.db).await;
+}
+
+/// Waits until the stored token level of gpt-4o-mini's bucket is `expected`.
+async fn wait_for_model_tokens(app: &TestApp, expected: f64) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let bucket =
@@ -243,16 +259,15 @@ async fn a_finished_call_gives_back_the_tokens_it_did_not_use(backend: Backend) 
                 .await
                 .unwrap()
                 .expect("the claim wrote the model's bucket");
-        if bucket.tokens == expected {
-            break;
+        if bucket.tokens == Some(expected) {
+            return;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "{bucket:?}, expected {expected:?}"
+            "{bucket:?}, expected {expected}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_billing_invariants(&app.app.db).await;
 }
 
 async fn a_tenant_limit_paces_that_tenant_only(backend: Backend) {
@@ -429,4 +444,59 @@ fn rate_limits_in_the_config_file_are_whole_positive_numbers() {
         let error = parse(text).unwrap_err().to_string();
         assert!(error.contains(key), "{error}");
     }
+}
+
+/// A claim never waits for a bucket another transaction holds (a stalled process
+/// mid-claim): it takes what needs no such bucket and leaves the rest for later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_bucket_defers_its_jobs_without_stalling_the_claim() {
+    use jobledger::jobs::flow::{FlowLimits, RateLimit};
+    use jobledger::jobs::queue::{self, ClaimRequest};
+    use sea_orm::{ConnectionTrait, TransactionTrait};
+    let Some(backend @ Backend::Postgres(_)) = Backend::postgres() else {
+        return;
+    };
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("held", "20").await;
+    let limited = app.create_job_ok(&tenant, job_input("limited", "hi")).await;
+    let mut free = job_input("free", "hi");
+    free["model"] = json!("gpt-4o");
+    let free = app.create_job_ok(&tenant, free).await;
+    let flow = FlowLimits::new(
+        std::collections::BTreeMap::from([(
+            "gpt-4o-mini".to_owned(),
+            RateLimit {
+                requests_per_minute: std::num::NonZeroU32::new(6_000),
+                tokens_per_minute: None,
+            },
+        )]),
+        std::collections::BTreeMap::new(),
+        crate::helpers::simulated_models(),
+    );
+    let db = &app.app.db;
+    db.execute_unprepared(
+        "INSERT INTO rate_limit_buckets (scope, key, refilled_at) VALUES ('model', 'gpt-4o-mini', 0)",
+    )
+    .await
+    .unwrap();
+    let stalled = db.begin().await.unwrap();
+    stalled
+        .execute_unprepared("SELECT * FROM rate_limit_buckets FOR UPDATE")
+        .await
+        .unwrap();
+    let request = ClaimRequest {
+        flow: &flow,
+        ..ClaimRequest::new(10, Duration::from_secs(60))
+    };
+    // A deadline only to fail rather than hang: the claim waits for nothing.
+    let claimed = tokio::time::timeout(Duration::from_secs(30), queue::claim(db, request))
+        .await
+        .expect("the claim waited for the held bucket")
+        .unwrap();
+    let ids: Vec<Uuid> = claimed.iter().map(|claim| claim.job.id).collect();
+    assert_eq!(ids, [free]);
+    stalled.rollback().await.unwrap();
+    let claimed = queue::claim(db, request).await.unwrap();
+    let ids: Vec<Uuid> = claimed.iter().map(|claim| claim.job.id).collect();
+    assert_eq!(ids, [limited], "once the bucket is free its job is claimed");
 }

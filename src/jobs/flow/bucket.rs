@@ -77,11 +77,6 @@ impl Bucket {
         None
     }
 
-    /// Whether no call at all can start now.
-    pub fn is_spent(&self) -> bool {
-        self.shortage(1).is_some()
-    }
-
     /// Takes one call of `tokens`.
     pub fn take(&mut self, tokens: u64) {
         if self.limit.requests_per_minute.is_some() {

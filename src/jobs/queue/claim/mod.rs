@@ -454,4 +454,30 @@ mod tests {
         // older first; rank 2: tenant 1's oldest priority 5 and tenant 2's next.
         assert_eq!(ids, [4, 2, 3, 5]);
     }
+
+    #[test]
+    fn a_limited_claim_keeps_each_tenants_order_and_gives_every_tenant_first_turns() {
+        let ranked = rank(
+            vec![
+                candidate(1, 5, 10, 1),
+                candidate(1, 5, 20, 2),
+                candidate(2, 5, 30, 3),
+                candidate(2, 5, 40, 4),
+            ],
+            2,
+        );
+        let mut first_turns = std::collections::BTreeMap::new();
+        for _ in 0..200 {
+            let ids: Vec<u128> = shuffle_within_ranks(ranked.clone())
+                .iter()
+                .map(|c| c.id.as_u128())
+                .collect();
+            // Rank by rank, each tenant's jobs in its own order.
+            assert!(ids[..2].contains(&1) && ids[..2].contains(&3), "{ids:?}");
+            assert!(ids[2..].contains(&2) && ids[2..].contains(&4), "{ids:?}");
+            *first_turns.entry(ids[0]).or_insert(0) += 1;
+        }
+        // Oldest first would give tenant 1 every first turn.
+        assert_eq!(first_turns.len(), 2, "{first_turns:?}");
+    }
 }
