@@ -1,6 +1,7 @@
 //! Connecting to the database and the transaction rules both backends share.
 
 use migration::{Migrator, MigratorTrait};
+use sea_orm::sqlx::postgres::PgConnectOptions;
 use sea_orm::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DatabaseTransaction, DbBackend,
@@ -18,11 +19,18 @@ use tokio::sync::OwnedMutexGuard;
 pub const POOL_SIZE: u32 = 16;
 /// How long a SQLite writer waits for the write lock before giving up.
 const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long PostgreSQL lets a session sit idle inside a transaction before ending it.
+/// Every transaction here runs its statements back to back; one that idles is a
+/// process stopped or frozen mid-transaction (a paused VM, a SIGSTOP, a stuck
+/// thread), and the rows it locked (a tenant's balance, a job) would stop every other
+/// process's writes to them until it resumes.
+pub const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Opens a pool on `url` (`sqlite:…` or `postgres://…`).
 ///
 /// SQLite runs in WAL mode with a busy timeout, so that several connections can share
 /// one file; every read-then-write transaction begins IMMEDIATE (see [`begin_write`]).
+/// PostgreSQL ends a transaction left idle for [`IDLE_IN_TRANSACTION_TIMEOUT`].
 pub async fn connect(url: &str) -> Result<DatabaseConnection, DbErr> {
     let mut options = ConnectOptions::new(url);
     options
@@ -36,6 +44,12 @@ pub async fn connect(url: &str) -> Result<DatabaseConnection, DbErr> {
                 .synchronous(SqliteSynchronous::Normal)
                 .busy_timeout(SQLITE_BUSY_TIMEOUT)
                 .foreign_keys(true)
+        })
+        .map_sqlx_postgres_opts(|options: PgConnectOptions| {
+            options.options([(
+                "idle_in_transaction_session_timeout",
+                format!("{}ms", IDLE_IN_TRANSACTION_TIMEOUT.as_millis()),
+            )])
         });
     Database::connect(options).await
 }

@@ -256,3 +256,27 @@ async fn live_updates_and_revocations_cross_two_serve_processes() {
     let db = jobledger::db::connect(&database.url).await.unwrap();
     assert_billing_invariants(&db).await;
 }
+
+/// A process frozen mid-transaction (a SIGSTOP, a paused VM) must not hold the rows it
+/// locked until it resumes: PostgreSQL ends every transaction of the service's
+/// connections that sits idle for 30 seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_ends_a_transaction_left_idle() {
+    use sea_orm::{ConnectionTrait, DbBackend, Statement};
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let row = app
+        .app
+        .db
+        .query_one_raw(Statement::from_string(
+            DbBackend::Postgres,
+            "SHOW idle_in_transaction_session_timeout",
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    let timeout: String = row.try_get_by_index(0).unwrap();
+    assert_eq!(timeout, "30s");
+}
