@@ -13,7 +13,8 @@
 //! - drain under a backlog: 20,000 jobs run while 200,000 are queued;
 //! - claim and drain again with rate limits configured on the model and on every
 //!   tenant, far above what the run reaches: what admission by budget costs when it
-//!   never says no;
+//!   never says no — the drain by one process and by three sharing the budgets' rows,
+//!   each against the same drain without limits;
 //! - createJob over GraphQL at concurrency 1 and 32: latency p50/p99 and jobs/s;
 //! - against a `serve` child process (`live`): pickup and subscription latency,
 //!   1,000 attempts in flight, 10,000 idle subscriptions.
@@ -94,6 +95,8 @@ const CLAIM_SAMPLES: usize = 15;
 const WORKERS: usize = 32;
 /// How long a drain may make no progress before the benchmark gives up.
 const STALL: Duration = Duration::from_secs(60);
+/// Worker processes of the drain that shares the budgets' rows.
+const DRAIN_PROCESSES: usize = 3;
 /// Concurrent connections of the bare-SQL queue: jobledger's pool size.
 const NAIVE_CONNECTIONS: usize = 16;
 
@@ -231,6 +234,7 @@ fn limits_never_reached() -> FlowLimits {
     let limit = RateLimit {
         requests_per_minute: NonZeroU32::new(1_000_000_000),
         tokens_per_minute: NonZeroU32::new(4_000_000_000),
+        tokens_counted: None,
     };
     FlowLimits::new(
         std::collections::BTreeMap::from([(seed::MODEL.to_owned(), limit)]),
@@ -324,39 +328,48 @@ async fn claim_latency(engine: &Engine, scale: Scale) -> Result<Vec<Figure>, Ben
     ])
 }
 
-/// Runs a worker process on `database` until `jobs` jobs have ended; jobs per second.
+/// Runs `processes` worker processes (each its own pool, workers and simulator, the
+/// benchmark's workers shared among them) on `database` until `jobs` jobs have ended;
+/// jobs per second.
 async fn drain_rate(
     database: &ScratchDatabase,
     jobs: u64,
     flow: FlowLimits,
+    processes: usize,
 ) -> Result<f64, BenchError> {
-    let settings = Settings {
-        listen: None,
-        database_url: database.url.clone(),
-        admin_token: Some("benchmark-admin-token-with-32-characters".to_owned()),
-        worker: Some(WorkerSettings {
-            concurrency: WORKERS,
-            lease: Duration::from_secs(30),
-            attempt_timeout: Duration::from_secs(60),
-            shutdown_grace: Duration::from_secs(30),
-            tenant_concurrency: None,
-            poll_interval: Duration::from_millis(500),
-            charging: crate::billing::ChargingPolicy::default(),
-            flow,
-        }),
-        providers: ProviderSettings::default(),
-        customer_markup: rust_decimal::Decimal::from_str_exact(
-            crate::billing::prices::DEFAULT_CUSTOMER_MARKUP,
-        )
-        .expect("the default markup is a decimal"),
-        config_file: None,
-        operations: Default::default(),
-        allow_private_webhooks: false,
-    };
-    let application = Application::build(settings).await?;
+    let mut applications = Vec::with_capacity(processes);
+    for _ in 0..processes {
+        let settings = Settings {
+            listen: None,
+            database_url: database.url.clone(),
+            admin_token: Some("benchmark-admin-token-with-32-characters".to_owned()),
+            worker: Some(WorkerSettings {
+                concurrency: WORKERS.div_ceil(processes),
+                lease: Duration::from_secs(30),
+                attempt_timeout: Duration::from_secs(60),
+                shutdown_grace: Duration::from_secs(30),
+                tenant_concurrency: None,
+                poll_interval: Duration::from_millis(500),
+                charging: crate::billing::ChargingPolicy::default(),
+                flow: flow.clone(),
+            }),
+            providers: ProviderSettings::default(),
+            customer_markup: rust_decimal::Decimal::from_str_exact(
+                crate::billing::prices::DEFAULT_CUSTOMER_MARKUP,
+            )
+            .expect("the default markup is a decimal"),
+            config_file: None,
+            operations: Default::default(),
+            allow_private_webhooks: false,
+        };
+        applications.push(Application::build(settings).await?);
+    }
     let shutdown = CancellationToken::new();
     let started = Instant::now();
-    let running = tokio::spawn(application.run(shutdown.clone()));
+    let running: Vec<_> = applications
+        .into_iter()
+        .map(|application| tokio::spawn(application.run(shutdown.clone())))
+        .collect();
     let (mut done, mut progress_at) = (0, Instant::now());
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -371,16 +384,18 @@ async fn drain_rate(
                 "the drain stalled at {done} of {jobs} jobs"
             )));
         }
-        if running.is_finished() {
-            return Err(BenchError::Failed("the worker process stopped".into()));
+        if running.iter().any(|process| process.is_finished()) {
+            return Err(BenchError::Failed("a worker process stopped".into()));
         }
     }
     let elapsed = started.elapsed().as_secs_f64();
     shutdown.cancel();
-    running
-        .await
-        .map_err(|error| BenchError::Failed(error.to_string()))?
-        .map_err(|error| BenchError::Failed(error.to_string()))?;
+    for process in running {
+        process
+            .await
+            .map_err(|error| BenchError::Failed(error.to_string()))?
+            .map_err(|error| BenchError::Failed(error.to_string()))?;
+    }
     let failed = jobs::Entity::find()
         .filter(jobs::Column::Status.ne(JobStatus::Succeeded))
         .filter(jobs::Column::FinishedAt.is_not_null())
@@ -411,21 +426,36 @@ async fn drain(engine: &Engine, scale: Scale) -> Result<Vec<Figure>, BenchError>
     let one_row = naive::ceiling(&database.db, scale.drain, 1, NAIVE_CONNECTIONS).await?;
     let batched = naive::ceiling(&database.db, scale.drain, 50, NAIVE_CONNECTIONS).await?;
     seeded(&database, scale.drain).await?;
-    let drained = drain_rate(&database, scale.drain, FlowLimits::default()).await?;
+    let drained = drain_rate(&database, scale.drain, FlowLimits::default(), 1).await?;
     audited(database).await?;
 
-    let database = ScratchDatabase::create(engine).await?;
-    seeded(&database, scale.drain).await?;
-    limit_every_tenant(&database.db).await?;
-    let limited = drain_rate(&database, scale.drain, limits_never_reached()).await?;
-    audited(database).await?;
+    // One process, then several sharing the budgets' rows: limits configured on the
+    // model and every tenant, never reached.
+    let mut limited = Vec::new();
+    for processes in [1, DRAIN_PROCESSES] {
+        let mut rates = Vec::new();
+        for flow in [FlowLimits::default(), limits_never_reached()] {
+            if processes == 1 && flow.is_empty() {
+                rates.push(drained);
+                continue;
+            }
+            let database = ScratchDatabase::create(engine).await?;
+            seeded(&database, scale.drain).await?;
+            if !flow.is_empty() {
+                limit_every_tenant(&database.db).await?;
+            }
+            rates.push(drain_rate(&database, scale.drain, flow, processes).await?);
+            audited(database).await?;
+        }
+        limited.push((processes, rates[0], rates[1]));
+    }
 
     let database = ScratchDatabase::create(engine).await?;
     seeded(&database, scale.backlog).await?;
-    let under_backlog = drain_rate(&database, scale.drain, FlowLimits::default()).await?;
+    let under_backlog = drain_rate(&database, scale.drain, FlowLimits::default(), 1).await?;
     audited(database).await?;
     let one_row_name = "bare SQL, one row per claim".to_owned();
-    Ok(vec![
+    let mut figures = vec![
         Figure {
             engine: name,
             name: one_row_name.clone(),
@@ -449,13 +479,6 @@ async fn drain(engine: &Engine, scale: Scale) -> Result<Vec<Figure>, BenchError>
         },
         Figure {
             engine: name,
-            name: format!("drain of {} jobs, limits not reached", scale.drain),
-            value: limited,
-            unit: "jobs/s",
-            ratio: Some((limited / drained, format!("the drain of {}", scale.drain))),
-        },
-        Figure {
-            engine: name,
             name: format!(
                 "drain of {} jobs with {} queued",
                 scale.drain, scale.backlog
@@ -467,7 +490,33 @@ async fn drain(engine: &Engine, scale: Scale) -> Result<Vec<Figure>, BenchError>
                 format!("the drain of {}", scale.drain),
             )),
         },
-    ])
+    ];
+    for (processes, unlimited, limited) in limited {
+        let by = match processes {
+            1 => String::new(),
+            processes => format!(" by {processes} processes"),
+        };
+        if processes > 1 {
+            figures.push(Figure {
+                engine: name,
+                name: format!("drain of {} jobs{by}", scale.drain),
+                value: unlimited,
+                unit: "jobs/s",
+                ratio: Some((unlimited / drained, format!("the drain of {}", scale.drain))),
+            });
+        }
+        figures.push(Figure {
+            engine: name,
+            name: format!("drain of {} jobs{by}, limits not reached", scale.drain),
+            value: limited,
+            unit: "jobs/s",
+            ratio: Some((
+                limited / unlimited,
+                format!("the drain of {}{by} without limits", scale.drain),
+            )),
+        });
+    }
+    Ok(figures)
 }
 
 /// createJob over GraphQL (real HTTP to the in-process API) at concurrency 1 and 32.
