@@ -9,7 +9,7 @@
 
 use crate::billing::prices::{self, ConfiguredPrice, ListPrice, PricePerMillion, Rates};
 use crate::billing::{ChargingPolicy, Credits, UnfinishedCall};
-use crate::jobs::flow::RateLimit;
+use crate::jobs::flow::{RateLimit, TokenCounting};
 use crate::llm::routing::ModelPattern;
 use rust_decimal::Decimal;
 use serde::Deserialize;
@@ -151,6 +151,7 @@ struct RawProvider {
     api_key: Option<de::IgnoredAny>,
     requests_per_minute: Option<i64>,
     tokens_per_minute: Option<i64>,
+    tokens_counted: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -163,6 +164,7 @@ struct RawModel {
     source: Option<String>,
     requests_per_minute: Option<i64>,
     tokens_per_minute: Option<i64>,
+    tokens_counted: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -411,8 +413,12 @@ impl Checker<'_> {
             {
                 return Err(self.invalid(format!("{key}.source"), "is empty"));
             }
-            let rate_limit =
-                self.rate_limit(&key, model.requests_per_minute, model.tokens_per_minute)?;
+            let rate_limit = self.rate_limit(
+                &key,
+                model.requests_per_minute,
+                model.tokens_per_minute,
+                model.tokens_counted.as_deref(),
+            )?;
             models.insert(
                 name,
                 ModelConfig {
@@ -478,7 +484,12 @@ impl Checker<'_> {
                  name that variable with `api_key_env`",
             ));
         }
-        let rate_limit = self.rate_limit(&key, raw.requests_per_minute, raw.tokens_per_minute)?;
+        let rate_limit = self.rate_limit(
+            &key,
+            raw.requests_per_minute,
+            raw.tokens_per_minute,
+            raw.tokens_counted.as_deref(),
+        )?;
         let kind = match raw.kind.as_str() {
             "openai" => ProviderKind::OpenAi,
             "anthropic" => ProviderKind::Anthropic,
@@ -565,12 +576,14 @@ impl Checker<'_> {
     }
 
     /// `requests_per_minute` and `tokens_per_minute` under `key`: each a whole number
-    /// from 1 up, or absent for no limit.
+    /// from 1 up, or absent for no limit; and `tokens_counted`, how the provider counts
+    /// a call's tokens.
     fn rate_limit(
         &self,
         key: &str,
         requests: Option<i64>,
         tokens: Option<i64>,
+        tokens_counted: Option<&str>,
     ) -> Result<RateLimit, ConfigError> {
         let per_minute = |field: &str, value: Option<i64>| {
             value
@@ -591,9 +604,24 @@ impl Checker<'_> {
                 })
                 .transpose()
         };
+        let tokens_counted = tokens_counted
+            .map(|value| {
+                TokenCounting::parse(value).ok_or_else(|| {
+                    self.invalid(
+                        format!("{key}.tokens_counted"),
+                        format!(
+                            "is {value:?}; expected \"used\" (the provider counts the tokens a \
+                             call used) or \"requested\" (it counts what a request may use, \
+                             when it arrives)"
+                        ),
+                    )
+                })
+            })
+            .transpose()?;
         Ok(RateLimit {
             requests_per_minute: per_minute("requests_per_minute", requests)?,
             tokens_per_minute: per_minute("tokens_per_minute", tokens)?,
+            tokens_counted,
         })
     }
 

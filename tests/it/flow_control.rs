@@ -8,6 +8,7 @@ use crate::helpers::{
 use crate::invariants::assert_billing_invariants;
 use entity::{Timestamp, attempts, rate_limit_buckets};
 use jobledger::config::file::ConfigFile;
+use jobledger::jobs::flow::TokenCounting;
 use jobledger::jobs::worker::WorkerSettings;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder};
 use serde_json::{Value, json};
@@ -20,6 +21,7 @@ on_both_backends!(
     a_provider_limit_covers_every_model_it_serves,
     a_tokens_limit_admits_jobs_by_their_token_bound,
     a_finished_call_gives_back_the_tokens_it_did_not_use,
+    a_provider_counting_requested_tokens_gets_nothing_back,
     a_tenant_limit_paces_that_tenant_only,
     a_rate_limited_answer_pauses_the_model_for_every_worker,
 );
@@ -249,6 +251,45 @@ async fn a_finished_call_gives_back_the_tokens_it_did_not_use(backend: Backend) 
     assert_billing_invariants(&app.app.db).await;
 }
 
+async fn a_provider_counting_requested_tokens_gets_nothing_back(backend: Backend) {
+    // The provider says it counts what a request may use, answered or refused (as
+    // OpenAI does): the model's bucket, which counts as its provider does, keeps every
+    // call's whole bound.
+    let (_folder, config) = config_file(
+        "[providers.sim]\nkind = \"simulator\"\ntokens_counted = \"requested\"\n\n\
+         [routes]\n\"gpt-*\" = \"sim\"\n\n\
+         [models.\"gpt-4o-mini\"]\ntokens_per_minute = 60000\n",
+    );
+    let app = spawn_app_with(backend, with_config(&config)).await;
+    let tenant = app.funded_tenant("requested", "20").await;
+    let mut input = job_input("large-bound", "short answer please");
+    input["maxOutputTokens"] = json!(4_000);
+    let answered = run_all(&app, &tenant, vec![input]).await;
+    let bound = token_bounds(&app, &answered).await[&answered[0]];
+    let attempt = attempts_of(&app, &answered).await.remove(0);
+    assert!(
+        attempt.input_tokens.unwrap() + attempt.output_tokens.unwrap() < 100,
+        "the call used a few tokens of its bound: {attempt:?}"
+    );
+    // A bucket of 1,000 admitted the call by its bound; returns are written every
+    // 250 ms, so after a second one would be on record.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    wait_for_model_tokens(&app, 1_000.0 - bound).await;
+    let mut refused = job_input("refused", "no [mock:status=400]");
+    refused["maxOutputTokens"] = json!(4_000);
+    refused["maxAttempts"] = json!(1);
+    let refused = app.create_job_ok(&tenant, refused).await;
+    // In debt, the bucket admits the refused job only once it is full again.
+    let job = app
+        .wait_until_finished(&tenant, refused, Duration::from_secs(30))
+        .await;
+    assert_eq!(job["status"], "FAILED", "{job}");
+    let refused_bound = token_bounds(&app, &[refused]).await[&refused];
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    wait_for_model_tokens(&app, 1_000.0 - refused_bound).await;
+    assert_billing_invariants(&app.app.db).await;
+}
+
 /// Waits until the stored token level of gpt-4o-mini's bucket is `expected`.
 async fn wait_for_model_tokens(app: &TestApp, expected: f64) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -367,7 +408,7 @@ async fn a_rate_limited_answer_pauses_the_model_for_every_worker(backend: Backen
     // The same model waits on every worker; another model does not.
     let mut other = job_input("other-model", "hello");
     other["model"] = json!("gpt-4o");
-    let mut all = inputs("same-model", 4, "hello");
+    let mut all = inputs("same-model", 6, "hello");
     all.push(other);
     let mut same_model = run_all(&api, &tenant, all).await;
     let other_model = vec![same_model.pop().unwrap()];
@@ -378,6 +419,21 @@ async fn a_rate_limited_answer_pauses_the_model_for_every_worker(backend: Backen
             attempt.started_at
         );
     }
+    // Then the model ramps back up from one call a second: the eight free slots of
+    // the two processes do not all call the provider the moment the pause ends.
+    same_model.push(first);
+    let first_second = attempts_of(&api, &same_model)
+        .await
+        .iter()
+        .filter(|attempt| {
+            attempt.started_at >= paused_until
+                && attempt.started_at.micros() < paused_until.micros() + 1_000_000
+        })
+        .count();
+    assert!(
+        first_second <= 1,
+        "{first_second} calls started in the first second after the pause"
+    );
     let other_attempt = attempts_of(&api, &other_model).await.remove(0);
     assert!(
         other_attempt.started_at < paused_until,
@@ -427,6 +483,19 @@ fn rate_limits_in_the_config_file_are_whole_positive_numbers() {
             .map(|count| count.get()),
         Some(90_000)
     );
+    let counted = parse(
+        "[providers.sim]\nkind = \"simulator\"\ntokens_counted = \"requested\"\n\n\
+         [models.m]\ntokens_counted = \"used\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        counted.providers["sim"].rate_limit.tokens_counted,
+        Some(TokenCounting::Requested)
+    );
+    assert_eq!(
+        counted.models["m"].rate_limit.tokens_counted,
+        Some(TokenCounting::Used)
+    );
     for (text, key) in [
         (
             "[models.\"gpt-4o-mini\"]\nrequests_per_minute = 0\n",
@@ -439,6 +508,10 @@ fn rate_limits_in_the_config_file_are_whole_positive_numbers() {
         (
             "[models.\"gpt-4o-mini\"]\nrequests_per_minute = 99999999999\n",
             "models.gpt-4o-mini.requests_per_minute",
+        ),
+        (
+            "[providers.sim]\nkind = \"simulator\"\ntokens_counted = \"billed\"\n",
+            "providers.sim.tokens_counted",
         ),
     ] {
         let error = parse(text).unwrap_err().to_string();
@@ -467,7 +540,7 @@ async fn a_held_bucket_defers_its_jobs_without_stalling_the_claim() {
             "gpt-4o-mini".to_owned(),
             RateLimit {
                 requests_per_minute: std::num::NonZeroU32::new(6_000),
-                tokens_per_minute: None,
+                ..RateLimit::default()
             },
         )]),
         std::collections::BTreeMap::new(),

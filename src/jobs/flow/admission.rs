@@ -4,6 +4,7 @@ use super::bucket::Bucket;
 use super::{BucketKey, Deferral, DeferralReason, FlowLimits, RateLimit, Scope};
 use entity::{Timestamp, rate_limit_buckets};
 use std::collections::HashMap;
+use std::num::NonZeroU32;
 use uuid::Uuid;
 
 /// A queued job as the claim weighs it.
@@ -31,14 +32,15 @@ pub struct Admission {
 }
 
 impl Admission {
-    /// Budgets for calls of `models` and jobs of the `tenants` with their limits.
+    /// Budgets for calls of `models` (each with its ramp after a pause, if it is
+    /// ramping back up) and jobs of the `tenants` with their limits.
     /// `rows` are the stored buckets the caller locked; `busy` are those another claim
     /// held, which admit nothing now; `running` is how many jobs each tenant runs, when
     /// `tenant_concurrency` bounds it.
     #[allow(clippy::too_many_arguments)]
     pub fn new<'a>(
         flow: &FlowLimits,
-        models: impl IntoIterator<Item = &'a str>,
+        models: impl IntoIterator<Item = (&'a str, Option<NonZeroU32>)>,
         tenants: &[(Uuid, RateLimit)],
         rows: &[rate_limit_buckets::Model],
         busy: &[BucketKey],
@@ -57,12 +59,12 @@ impl Admission {
                 Bucket::refilled(row, limit, now)
             });
         };
-        for model in models {
+        for (model, ramp) in models {
             if admission.model_buckets.contains_key(model) {
                 continue;
             }
             let keys = flow
-                .buckets_of(model)
+                .ramping_buckets_of(model, ramp)
                 .into_iter()
                 .map(|(key, limit)| {
                     add(&mut admission, &key, limit);
@@ -204,7 +206,7 @@ mod tests {
         let running = HashMap::from([(busy_tenant, 2)]);
         let mut admission = Admission::new(
             &flow,
-            ["m", "free"],
+            [("m", None), ("free", None)],
             &[
                 (busy_tenant, RateLimit::default()),
                 (limited_tenant, limit(Some(60), None)),
@@ -250,7 +252,7 @@ mod tests {
                 BTreeMap::new(),
                 ProviderRegistry::new(None),
             ),
-            ["t"],
+            [("t", None)],
             &[],
             &[],
             &[],
@@ -277,6 +279,39 @@ mod tests {
         assert_eq!(
             taken,
             [BucketKey::model("m"), BucketKey::tenant(limited_tenant)]
+        );
+    }
+
+    #[test]
+    fn a_model_ramping_up_after_a_pause_admits_one_call_in_its_first_second() {
+        let tenant = Uuid::from_u128(1);
+        let mut admission = Admission::new(
+            &FlowLimits::none(),
+            [("free", NonZeroU32::new(60))],
+            &[(tenant, RateLimit::default())],
+            &[],
+            &[],
+            None,
+            &HashMap::new(),
+            at(0.0),
+        );
+        let call = Weighed {
+            tenant_id: tenant,
+            model: "free",
+            tokens: 100,
+        };
+        assert_eq!(admission.admit(&call), Ok(()));
+        assert_eq!(
+            admission.admit(&call),
+            Err(Deferral {
+                scope: Scope::Model,
+                reason: DeferralReason::Requests,
+            })
+        );
+        assert_eq!(
+            admission.taken()[0].1.requests(),
+            Some(0.0),
+            "the ramp's bucket is written back"
         );
     }
 }

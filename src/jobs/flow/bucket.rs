@@ -138,6 +138,7 @@ pub(super) mod tests {
         RateLimit {
             requests_per_minute: requests.and_then(NonZeroU32::new),
             tokens_per_minute: tokens.and_then(NonZeroU32::new),
+            tokens_counted: None,
         }
     }
 

@@ -13,7 +13,8 @@
 //! use. A job waiting for budget stays queued: it is not an attempt and costs nothing.
 //!
 //! A provider that answers 429 pauses its model for every worker until its
-//! `Retry-After` (or [`DEFAULT_PAUSE`]).
+//! `Retry-After` (or [`DEFAULT_PAUSE`]), and then lets its calls ramp back up over
+//! [`RAMP`] ([`ramp_limit`]) instead of letting every worker call at once.
 
 mod admission;
 mod bucket;
@@ -33,12 +34,43 @@ use uuid::Uuid;
 pub const DEFAULT_PAUSE: Duration = Duration::from_secs(5);
 /// The longest pause a provider's `Retry-After` can impose on a model.
 pub const LONGEST_PAUSE: Duration = Duration::from_secs(600);
+/// How long a model's calls ramp back up after its pause ends.
+pub const RAMP: Duration = Duration::from_secs(10);
 
 /// What may start per minute; `None` is no limit.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RateLimit {
     pub requests_per_minute: Option<NonZeroU32>,
     pub tokens_per_minute: Option<NonZeroU32>,
+    /// How the provider counts a call's tokens; `None`: as the model's provider says,
+    /// and [`TokenCounting::Used`] when nothing says.
+    pub tokens_counted: Option<TokenCounting>,
+}
+
+/// How a provider counts a call against its tokens-per-minute limit, which decides
+/// what a finished call gives back to its bucket.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TokenCounting {
+    /// By the tokens the call used (Anthropic counts output tokens as they are made):
+    /// what the call did not use goes back, all of it when it cannot have been billed.
+    #[default]
+    Used,
+    /// By what the request may use, counted when it arrives, answered or refused
+    /// (OpenAI counts the prompt's estimate plus `max_tokens`, and counts refused
+    /// requests too): a call that reached the provider gives nothing back, so the
+    /// bucket never admits more than the provider's own count allows.
+    Requested,
+}
+
+impl TokenCounting {
+    /// The config file's spelling.
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "used" => Some(Self::Used),
+            "requested" => Some(Self::Requested),
+            _ => None,
+        }
+    }
 }
 
 impl RateLimit {
@@ -52,6 +84,7 @@ impl RateLimit {
         Self {
             requests_per_minute: count(requests),
             tokens_per_minute: count(tokens),
+            tokens_counted: None,
         }
     }
 
@@ -117,6 +150,9 @@ impl BucketKey {
 pub struct FlowLimits {
     models: BTreeMap<String, RateLimit>,
     providers: BTreeMap<String, RateLimit>,
+    /// How each provider that says so counts tokens, limited or not: its models'
+    /// buckets count the same way unless a model says otherwise.
+    provider_counting: BTreeMap<String, TokenCounting>,
     /// Which provider serves a model, for its provider's limit.
     routes: Option<ProviderRegistry>,
 }
@@ -130,6 +166,7 @@ impl FlowLimits {
         Self {
             models: BTreeMap::new(),
             providers: BTreeMap::new(),
+            provider_counting: BTreeMap::new(),
             routes: None,
         }
     }
@@ -147,9 +184,14 @@ impl FlowLimits {
                 .filter(|(_, limit)| limit.is_limited())
                 .collect()
         };
+        let provider_counting = providers
+            .iter()
+            .filter_map(|(name, limit)| Some((name.clone(), limit.tokens_counted?)))
+            .collect();
         Self {
             models: limited(models),
             providers: limited(providers),
+            provider_counting,
             routes: Some(routes),
         }
     }
@@ -159,23 +201,90 @@ impl FlowLimits {
         self.models.is_empty() && self.providers.is_empty()
     }
 
-    /// The limited buckets a call of `model` takes from: its provider's, then its own.
+    /// The limited buckets a call of `model` takes from: its provider's, then its own,
+    /// each with how its tokens are counted settled.
     pub fn buckets_of(&self, model: &str) -> Vec<(BucketKey, RateLimit)> {
         let mut buckets = Vec::new();
-        if !self.providers.is_empty()
-            && let Some(provider) = self
-                .routes
-                .as_ref()
-                .and_then(|routes| routes.provider_for(model))
-            && let Some(limit) = self.providers.get(provider.name())
+        let provider = self
+            .routes
+            .as_ref()
+            .and_then(|routes| routes.provider_for(model))
+            .map(|provider| provider.name().to_owned());
+        let provider = provider.as_deref();
+        let provider_counting = provider
+            .and_then(|name| self.provider_counting.get(name))
+            .copied()
+            .unwrap_or_default();
+        if let Some(provider) = provider
+            && let Some(limit) = self.providers.get(provider)
         {
-            buckets.push((BucketKey::provider(provider.name()), *limit));
+            let limit = RateLimit {
+                tokens_counted: Some(provider_counting),
+                ..*limit
+            };
+            buckets.push((BucketKey::provider(provider), limit));
         }
         if let Some(limit) = self.models.get(model) {
-            buckets.push((BucketKey::model(model), *limit));
+            let limit = RateLimit {
+                tokens_counted: Some(limit.tokens_counted.unwrap_or(provider_counting)),
+                ..*limit
+            };
+            buckets.push((BucketKey::model(model), limit));
         }
         buckets
     }
+}
+
+impl FlowLimits {
+    /// The buckets a call of `model` takes from while the model ramps back up after a
+    /// pause, admitting at most `ramp` requests a minute ([`ramp_limit`]): its own
+    /// bucket — one just for the ramp when the model has no limits — counts the lower
+    /// of its requests limit and the ramp.
+    pub fn ramping_buckets_of(
+        &self,
+        model: &str,
+        ramp: Option<NonZeroU32>,
+    ) -> Vec<(BucketKey, RateLimit)> {
+        let mut buckets = self.buckets_of(model);
+        let Some(ramp) = ramp else {
+            return buckets;
+        };
+        match buckets
+            .iter_mut()
+            .find(|(key, _)| key.scope == Scope::Model)
+        {
+            Some((_, limit)) => {
+                limit.requests_per_minute = Some(
+                    limit
+                        .requests_per_minute
+                        .map_or(ramp, |configured| configured.min(ramp)),
+                );
+            }
+            None => buckets.push((
+                BucketKey::model(model),
+                RateLimit {
+                    requests_per_minute: Some(ramp),
+                    ..RateLimit::default()
+                },
+            )),
+        }
+        buckets
+    }
+}
+
+/// The requests a minute a model paused until `paused_until` may start at `now` while
+/// it ramps back up: one call in the first second after the pause, twice as many in
+/// each second after that (a slow start: a provider still over its limit answers the
+/// first calls with another 429, not a burst from every worker), and no bound from
+/// the ramp once [`RAMP`] is over. `None` while paused or after the ramp.
+pub fn ramp_limit(paused_until: Timestamp, now: Timestamp) -> Option<NonZeroU32> {
+    let since = now.micros() - paused_until.micros();
+    let ramp = i64::try_from(RAMP.as_micros()).unwrap_or(i64::MAX);
+    if !(0..ramp).contains(&since) {
+        return None;
+    }
+    let second = u32::try_from(since / 1_000_000).unwrap_or(u32::MAX);
+    NonZeroU32::new(60_u32.checked_shl(second).unwrap_or(u32::MAX))
 }
 
 /// What kept a job queued at a claim.
@@ -210,18 +319,38 @@ impl DeferralReason {
         }
     }
 }
+/// How a finished call used the tokens its buckets counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallUse {
+    /// The request never reached the provider.
+    NotSent,
+    /// The provider refused it: it cannot have been billed.
+    Refused,
+    /// The provider reported this many tokens used.
+    Used(u64),
+    /// Sent, and what it used is not known.
+    Unknown,
+}
+
 /// What a finished call gives back to a bucket under `limit` that admitted it by its
-/// `token_bound`: what the bucket counted less what the provider reported using (none
-/// when the call cannot have been billed). A call whose usage is unknown gives nothing
-/// back.
-pub fn unused_tokens(limit: RateLimit, token_bound: Option<i64>, used: Option<u64>) -> f64 {
-    match (token_bound, used) {
-        (Some(bound), Some(used)) => {
-            let counted = bucket::counted_tokens(limit, u64::try_from(bound).unwrap_or(0));
-            (counted - used as f64).max(0.0)
+/// `token_bound`: what the bucket counted less what the provider counts for the call.
+/// A provider that counts used tokens counts none for a refused call; one that counts
+/// requested tokens counts the whole bound of any call that reached it. A call whose
+/// usage is unknown gives nothing back.
+pub fn unused_tokens(limit: RateLimit, token_bound: Option<i64>, call: CallUse) -> f64 {
+    let Some(bound) = token_bound else {
+        return 0.0;
+    };
+    let counted = bucket::counted_tokens(limit, u64::try_from(bound).unwrap_or(0));
+    let provider_counts = match (limit.tokens_counted.unwrap_or_default(), call) {
+        (_, CallUse::NotSent) => 0,
+        (TokenCounting::Used, CallUse::Refused) => 0,
+        (TokenCounting::Used, CallUse::Used(used)) => used,
+        (TokenCounting::Used, CallUse::Unknown) | (TokenCounting::Requested, _) => {
+            return 0.0;
         }
-        _ => 0.0,
-    }
+    };
+    (counted - provider_counts as f64).max(0.0)
 }
 
 /// The instant a model paused by a 429 may be called again: `Retry-After` if the
@@ -238,15 +367,141 @@ mod tests {
     #[test]
     fn unused_tokens_go_back_only_when_usage_is_known() {
         let limit = RateLimit {
-            requests_per_minute: None,
             tokens_per_minute: NonZeroU32::new(6_000),
+            ..RateLimit::default()
         };
-        assert_eq!(unused_tokens(limit, Some(1_000), Some(300)), 700.0);
-        assert_eq!(unused_tokens(limit, Some(1_000), Some(0)), 1_000.0);
-        assert_eq!(unused_tokens(limit, Some(1_000), None), 0.0);
-        assert_eq!(unused_tokens(limit, None, Some(300)), 0.0);
-        assert_eq!(unused_tokens(limit, Some(100), Some(300)), 0.0);
+        assert_eq!(unused_tokens(limit, Some(1_000), CallUse::Used(300)), 700.0);
+        assert_eq!(unused_tokens(limit, Some(1_000), CallUse::Refused), 1_000.0);
+        assert_eq!(unused_tokens(limit, Some(1_000), CallUse::NotSent), 1_000.0);
+        assert_eq!(unused_tokens(limit, Some(1_000), CallUse::Unknown), 0.0);
+        assert_eq!(unused_tokens(limit, None, CallUse::Used(300)), 0.0);
+        assert_eq!(unused_tokens(limit, Some(100), CallUse::Used(300)), 0.0);
         // A bound above a minute's worth was counted as a minute's worth.
-        assert_eq!(unused_tokens(limit, Some(240_000), Some(1_000)), 5_000.0);
+        assert_eq!(
+            unused_tokens(limit, Some(240_000), CallUse::Used(1_000)),
+            5_000.0
+        );
+    }
+
+    #[test]
+    fn a_provider_counting_requested_tokens_keeps_the_bound_of_every_call_it_saw() {
+        let limit = RateLimit {
+            tokens_per_minute: NonZeroU32::new(6_000),
+            tokens_counted: Some(TokenCounting::Requested),
+            ..RateLimit::default()
+        };
+        assert_eq!(unused_tokens(limit, Some(1_000), CallUse::Used(300)), 0.0);
+        assert_eq!(unused_tokens(limit, Some(1_000), CallUse::Refused), 0.0);
+        assert_eq!(unused_tokens(limit, Some(1_000), CallUse::Unknown), 0.0);
+        assert_eq!(unused_tokens(limit, Some(1_000), CallUse::NotSent), 1_000.0);
+    }
+
+    #[test]
+    fn a_paused_model_ramps_up_from_one_call_a_second() {
+        let end = Timestamp(100_000_000);
+        let at = |seconds: f64| Timestamp(end.0 + (seconds * 1_000_000.0) as i64);
+        let ramp = |seconds| ramp_limit(end, at(seconds)).map(NonZeroU32::get);
+        assert_eq!(ramp(-0.5), None, "still paused");
+        assert_eq!(ramp(0.0), Some(60));
+        assert_eq!(ramp(0.9), Some(60));
+        assert_eq!(ramp(1.0), Some(120));
+        assert_eq!(ramp(9.5), Some(60 << 9));
+        assert_eq!(ramp(10.0), None, "ramped up");
+    }
+
+    #[test]
+    fn a_ramp_lowers_a_models_requests_limit_or_gives_it_one() {
+        let limits = FlowLimits::new(
+            BTreeMap::from([(
+                "limited".to_owned(),
+                RateLimit {
+                    requests_per_minute: NonZeroU32::new(90),
+                    tokens_per_minute: NonZeroU32::new(6_000),
+                    tokens_counted: None,
+                },
+            )]),
+            BTreeMap::new(),
+            ProviderRegistry::new(None),
+        );
+        let requests = |model: &str, ramp: u32| {
+            limits
+                .ramping_buckets_of(model, NonZeroU32::new(ramp))
+                .into_iter()
+                .map(|(key, limit)| {
+                    (
+                        key.key,
+                        limit.requests_per_minute.map(NonZeroU32::get),
+                        limit.tokens_per_minute.map(NonZeroU32::get),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            requests("limited", 60),
+            [("limited".to_owned(), Some(60), Some(6_000))]
+        );
+        assert_eq!(
+            requests("limited", 120),
+            [("limited".to_owned(), Some(90), Some(6_000))]
+        );
+        assert_eq!(requests("free", 60), [("free".to_owned(), Some(60), None)]);
+        assert!(limits.ramping_buckets_of("free", None).is_empty());
+    }
+
+    #[test]
+    fn a_model_counts_tokens_as_its_provider_unless_it_says_otherwise() {
+        use crate::llm::openai::OpenAiClient;
+        use crate::llm::routing::ModelPattern;
+        let limited = RateLimit {
+            tokens_per_minute: NonZeroU32::new(6_000),
+            ..RateLimit::default()
+        };
+        let openai = OpenAiClient::new("openai", "http://127.0.0.1:9/v1", None);
+        let routes = ProviderRegistry::new(None).route_pattern(
+            &ModelPattern::Prefix("gpt-".to_owned()),
+            std::sync::Arc::new(openai),
+        );
+        let limits = FlowLimits::new(
+            BTreeMap::from([
+                ("gpt-a".to_owned(), limited),
+                (
+                    "gpt-b".to_owned(),
+                    RateLimit {
+                        tokens_counted: Some(TokenCounting::Used),
+                        ..limited
+                    },
+                ),
+                ("other".to_owned(), limited),
+            ]),
+            // The provider limits nothing itself; its way of counting still applies.
+            BTreeMap::from([(
+                "openai".to_owned(),
+                RateLimit {
+                    tokens_counted: Some(TokenCounting::Requested),
+                    ..RateLimit::default()
+                },
+            )]),
+            routes,
+        );
+        let counting = |model: &str| {
+            limits
+                .buckets_of(model)
+                .into_iter()
+                .map(|(key, limit)| (key.scope, limit.tokens_counted))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            counting("gpt-a"),
+            [(Scope::Model, Some(TokenCounting::Requested))]
+        );
+        assert_eq!(
+            counting("gpt-b"),
+            [(Scope::Model, Some(TokenCounting::Used))]
+        );
+        // No provider serves it: counted as used.
+        assert_eq!(
+            counting("other"),
+            [(Scope::Model, Some(TokenCounting::Used))]
+        );
     }
 }

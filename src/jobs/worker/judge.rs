@@ -37,6 +37,24 @@ pub(super) enum CallEnd {
     Aborted,
 }
 
+impl CallEnd {
+    /// Whether the request left for the provider (which may then count it against
+    /// its limits, answered or not).
+    pub(super) fn was_sent(&self) -> bool {
+        match self {
+            Self::Answered(Err(ProviderError::NotSent { .. }))
+            | Self::CancelledBeforeSending
+            | Self::BudgetSpent
+            | Self::NotServed => false,
+            Self::Answered(_)
+            | Self::TimedOut
+            | Self::Cancelled
+            | Self::LeaseLost
+            | Self::Aborted => true,
+        }
+    }
+}
+
 /// What an attempt's end is judged with besides the attempt itself.
 pub(super) struct CallContext<'a> {
     pub(super) input: &'a JobInput,

@@ -534,6 +534,7 @@ impl Worker {
             latency,
             streamed_bytes,
         };
+        let sent = end.was_sent();
         let (report, outcome) = context.facts(&claim, &attempt, &start.price).judge(end);
         let (job_id, number, report_outcome) = (claim.job.id, attempt.number, report.outcome);
         if let Some(until) = report.model_paused_until {
@@ -547,7 +548,7 @@ impl Worker {
             outcome,
         };
         let tally = observe::AttemptTally::of(&end);
-        let unused_tokens = self.unused_tokens(&end.claim, &end.report);
+        let unused_tokens = self.unused_tokens(&end.claim, &end.report, sent);
         let finished = match inner.finisher.finish(end).await {
             Finished::Recorded(finished) => finished,
             Finished::Alone(end) => {

@@ -2,7 +2,7 @@
 //! worker, and a finished call gives back the tokens it did not use.
 
 use super::Worker;
-use crate::jobs::flow::{self, BucketKey};
+use crate::jobs::flow::{self, BucketKey, CallUse};
 use crate::jobs::queue::{AttemptReport, Claim};
 use entity::Timestamp;
 use sea_orm::DatabaseConnection;
@@ -70,27 +70,31 @@ impl Worker {
         }
     }
 
-    /// Each bucket that counted a finished call's tokens, with what the call did not
-    /// use — all of it when the call cannot have been billed (refused, never sent): a
-    /// provider's refusal must not spend a budget.
+    /// Each bucket that counted a finished call's tokens, with what it gives back: what
+    /// the call did not use, as its provider counts (all of it when the request never
+    /// left). A tenant's own budget counts what the call used, like a provider that
+    /// counts used tokens.
     pub(super) fn unused_tokens(
         &self,
         claim: &Claim,
         report: &AttemptReport,
+        sent: bool,
     ) -> Vec<(BucketKey, f64)> {
-        let used = if report.not_billed {
-            Some(0)
+        let call = if !sent {
+            CallUse::NotSent
+        } else if report.not_billed {
+            CallUse::Refused
         } else {
-            report
-                .usage
-                .map(|usage| usage.input_tokens.saturating_add(usage.output_tokens))
+            report.usage.map_or(CallUse::Unknown, |usage| {
+                CallUse::Used(usage.input_tokens.saturating_add(usage.output_tokens))
+            })
         };
         let mut buckets = self.inner.settings.flow.buckets_of(&claim.job.model);
         buckets.push((BucketKey::tenant(claim.job.tenant_id), claim.tenant_rate));
         buckets
             .into_iter()
             .filter(|(_, limit)| limit.tokens_per_minute.is_some())
-            .map(|(key, limit)| (key, flow::unused_tokens(limit, claim.job.token_bound, used)))
+            .map(|(key, limit)| (key, flow::unused_tokens(limit, claim.job.token_bound, call)))
             .filter(|(_, unused)| *unused > 0.0)
             .collect()
     }

@@ -13,7 +13,8 @@
 //! O(claimed × groups + tenants with queued jobs), never the backlog.
 //!
 //! A group whose model is paused (the provider answered 429) or whose budget is spent
-//! is passed over with its one probe, without reading its jobs. When a visited model,
+//! is passed over with its one probe, without reading its jobs; a model whose pause
+//! just ended is admitted by a ramp that starts at one call a second. When a visited model,
 //! its provider or a visited tenant is limited, the claim locks those buckets, admits
 //! jobs in rank order while every budget they count against allows ([`flow`]) and
 //! writes back what it took, all in the transaction that claims them. Without limits
@@ -38,6 +39,7 @@ use sea_orm::{
     FromQueryResult, QueryFilter, QuerySelect,
 };
 use std::collections::{HashMap, HashSet};
+use std::num::NonZeroU32;
 use std::time::Duration;
 use uuid::Uuid;
 use visit::Visit;
@@ -135,8 +137,8 @@ pub async fn claim_in_turn(
         // After wrapping round, visit only up to where this claim began.
         let until = if wrapped { started_after } else { None };
         let visits = match &sqlite {
-            Some(transaction) => visit::visit(transaction, after, until, turn_size, now).await?,
-            None => visit::visit(db, after, until, turn_size, now).await?,
+            Some(transaction) => visit::visit(transaction, after, until, turn_size).await?,
+            None => visit::visit(db, after, until, turn_size).await?,
         };
         let visited_tenants = visit::tenants(&visits);
         tenant_rates.extend(
@@ -149,7 +151,7 @@ pub async fn claim_in_turn(
             let wanted = request.limit as usize - jobs.len();
             let mut open = Vec::with_capacity(visits.len());
             for visit in visits {
-                match visit.pause() {
+                match visit.pause(now) {
                     Some(deferral) => {
                         claimed.deferred.insert(deferral);
                     }
@@ -158,9 +160,12 @@ pub async fn claim_in_turn(
             }
             let limited = request.tenant_limit.is_some()
                 || open.iter().any(|visit| visit.tenant_rate().is_limited())
-                || open
-                    .iter()
-                    .any(|visit| !request.flow.buckets_of(&visit.model).is_empty());
+                || open.iter().any(|visit| {
+                    !request
+                        .flow
+                        .ramping_buckets_of(&visit.model, visit.ramp(now))
+                        .is_empty()
+                });
             let taken = match (&sqlite, limited) {
                 (Some(transaction), _) => {
                     admit_and_claim(transaction, &open, wanted, &round, &mut claimed.deferred)
@@ -312,9 +317,15 @@ async fn admit_and_claim(
             tenants.push((visit.tenant_id, visit.tenant_rate()));
         }
     }
-    let mut keys: Vec<_> = visits
+    // Ramps are read at the claim's first instant, so that the buckets locked are the
+    // buckets admission counts.
+    let models: Vec<(&str, Option<NonZeroU32>)> = visits
         .iter()
-        .flat_map(|visit| request.flow.buckets_of(&visit.model))
+        .map(|visit| (visit.model.as_str(), visit.ramp(round.now)))
+        .collect();
+    let mut keys: Vec<_> = models
+        .iter()
+        .flat_map(|(model, ramp)| request.flow.ramping_buckets_of(model, *ramp))
         .map(|(key, _)| key)
         .chain(
             tenants
@@ -344,7 +355,7 @@ async fn admit_and_claim(
     };
     let mut admission = Admission::new(
         request.flow,
-        visits.iter().map(|visit| visit.model.as_str()),
+        models,
         &tenants,
         &rows,
         &busy,

@@ -1,10 +1,11 @@
 //! Which groups of queued jobs a claim visits: each (tenant, model, priority) with
 //! queued jobs, found by a skip scan of the queued-jobs index — one probe per group —
-//! with the tenant's rate limits and whether the model is paused.
+//! with the tenant's rate limits and until when the model was last paused.
 
-use crate::jobs::flow::{Deferral, DeferralReason, RateLimit, Scope};
+use crate::jobs::flow::{self, Deferral, DeferralReason, RateLimit, Scope};
 use entity::Timestamp;
 use sea_orm::{ConnectionTrait, DbErr, FromQueryResult, Statement};
+use std::num::NonZeroU32;
 use uuid::Uuid;
 
 /// One group of a tenant's queued jobs: same model, same priority.
@@ -15,8 +16,8 @@ pub struct Visit {
     pub priority: i32,
     requests_per_minute: Option<i32>,
     tokens_per_minute: Option<i32>,
-    /// 1 when the provider paused the model (a 429) until after now.
-    paused: i32,
+    /// Until when the provider paused the model (its latest 429), if it ever did.
+    paused_until: Option<Timestamp>,
 }
 
 impl Visit {
@@ -25,12 +26,20 @@ impl Visit {
         RateLimit::from_counts(self.requests_per_minute, self.tokens_per_minute)
     }
 
-    /// Why the group waits whatever the budgets say: its model is paused.
-    pub fn pause(&self) -> Option<Deferral> {
-        (self.paused != 0).then_some(Deferral {
-            scope: Scope::Model,
-            reason: DeferralReason::Paused,
-        })
+    /// Why the group waits at `now` whatever the budgets say: its model is paused.
+    pub fn pause(&self, now: Timestamp) -> Option<Deferral> {
+        self.paused_until
+            .is_some_and(|until| until > now)
+            .then_some(Deferral {
+                scope: Scope::Model,
+                reason: DeferralReason::Paused,
+            })
+    }
+
+    /// The requests a minute the model may start at `now` while it ramps back up after
+    /// a pause ([`flow::ramp_limit`]).
+    pub fn ramp(&self, now: Timestamp) -> Option<NonZeroU32> {
+        flow::ramp_limit(self.paused_until?, now)
     }
 }
 
@@ -63,14 +72,12 @@ pub async fn visit(
     after: Option<Uuid>,
     until: Option<Uuid>,
     limit: u64,
-    now: Timestamp,
 ) -> Result<Vec<Visit>, DbErr> {
     let backend = db.get_database_backend();
     let mut parameters = crate::db::Parameters::new(backend);
     let after = parameters.bind(after.unwrap_or(Uuid::nil()));
     let until = parameters.bind(until.unwrap_or(Uuid::max()));
     let limit = parameters.bind(limit as i64);
-    let now = parameters.bind(now);
     let probe = |column: &str, condition: &str, order: &str| {
         format!(
             "(SELECT queued.{column} FROM jobs AS queued
@@ -116,11 +123,8 @@ pub async fn visit(
         )
         SELECT visit.tenant_id, visit.model, visit.priority,
                limits.requests_per_minute, limits.tokens_per_minute,
-               CASE WHEN EXISTS (
-                   SELECT 1 FROM rate_limit_buckets AS pause
-                   WHERE pause.scope = 'model' AND pause.key = visit.model
-                     AND pause.paused_until > {now}
-               ) THEN 1 ELSE 0 END AS paused
+               (SELECT pause.paused_until FROM rate_limit_buckets AS pause
+                WHERE pause.scope = 'model' AND pause.key = visit.model) AS paused_until
         FROM visit LEFT JOIN tenant_limits AS limits ON limits.tenant_id = visit.tenant_id
         WHERE visit.tenant_id IS NOT NULL AND visit.priority IS NOT NULL AND visit.turn <= {limit}
         ORDER BY visit.tenant_id, visit.model, visit.priority",
