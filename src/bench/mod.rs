@@ -328,6 +328,29 @@ async fn claim_latency(engine: &Engine, scale: Scale) -> Result<Vec<Figure>, Ben
     ])
 }
 
+/// A service in this process on `database`, with the built-in simulator and default
+/// prices: an API on `listen`, workers by `worker`.
+fn in_process_settings(
+    database: &ScratchDatabase,
+    listen: Option<std::net::SocketAddr>,
+    worker: Option<WorkerSettings>,
+) -> Settings {
+    Settings {
+        listen,
+        database_url: database.url.clone(),
+        admin_token: Some("benchmark-admin-token-with-32-characters".to_owned()),
+        worker,
+        providers: ProviderSettings::default(),
+        customer_markup: rust_decimal::Decimal::from_str_exact(
+            crate::billing::prices::DEFAULT_CUSTOMER_MARKUP,
+        )
+        .expect("the default markup is a decimal"),
+        config_file: None,
+        operations: Default::default(),
+        allow_private_webhooks: false,
+    }
+}
+
 /// Runs `processes` worker processes (each its own pool, workers and simulator, the
 /// benchmark's workers shared among them) on `database` until `jobs` jobs have ended;
 /// jobs per second.
@@ -339,29 +362,17 @@ async fn drain_rate(
 ) -> Result<f64, BenchError> {
     let mut applications = Vec::with_capacity(processes);
     for _ in 0..processes {
-        let settings = Settings {
-            listen: None,
-            database_url: database.url.clone(),
-            admin_token: Some("benchmark-admin-token-with-32-characters".to_owned()),
-            worker: Some(WorkerSettings {
-                concurrency: WORKERS.div_ceil(processes),
-                lease: Duration::from_secs(30),
-                attempt_timeout: Duration::from_secs(60),
-                shutdown_grace: Duration::from_secs(30),
-                tenant_concurrency: None,
-                poll_interval: Duration::from_millis(500),
-                charging: crate::billing::ChargingPolicy::default(),
-                flow: flow.clone(),
-            }),
-            providers: ProviderSettings::default(),
-            customer_markup: rust_decimal::Decimal::from_str_exact(
-                crate::billing::prices::DEFAULT_CUSTOMER_MARKUP,
-            )
-            .expect("the default markup is a decimal"),
-            config_file: None,
-            operations: Default::default(),
-            allow_private_webhooks: false,
+        let worker = WorkerSettings {
+            concurrency: WORKERS.div_ceil(processes),
+            lease: Duration::from_secs(30),
+            attempt_timeout: Duration::from_secs(60),
+            shutdown_grace: Duration::from_secs(30),
+            tenant_concurrency: None,
+            poll_interval: Duration::from_millis(500),
+            charging: crate::billing::ChargingPolicy::default(),
+            flow: flow.clone(),
         };
+        let settings = in_process_settings(database, None, Some(worker));
         applications.push(Application::build(settings).await?);
     }
     let shutdown = CancellationToken::new();
@@ -523,20 +534,8 @@ async fn drain(engine: &Engine, scale: Scale) -> Result<Vec<Figure>, BenchError>
 async fn create_latency(engine: &Engine, scale: Scale) -> Result<Vec<Figure>, BenchError> {
     let database = ScratchDatabase::create(engine).await?;
     let (_, key) = seed::funded_tenant(&database.db, "creator", scale.creates * 2).await?;
-    let settings = Settings {
-        listen: Some("127.0.0.1:0".parse().expect("a socket address")),
-        database_url: database.url.clone(),
-        admin_token: Some("benchmark-admin-token-with-32-characters".to_owned()),
-        worker: None,
-        providers: ProviderSettings::default(),
-        customer_markup: rust_decimal::Decimal::from_str_exact(
-            crate::billing::prices::DEFAULT_CUSTOMER_MARKUP,
-        )
-        .expect("the default markup is a decimal"),
-        config_file: None,
-        operations: Default::default(),
-        allow_private_webhooks: false,
-    };
+    let listen = "127.0.0.1:0".parse().expect("a socket address");
+    let settings = in_process_settings(&database, Some(listen), None);
     let application = Application::build(settings).await?;
     let address = application
         .address()

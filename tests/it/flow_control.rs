@@ -239,14 +239,7 @@ async fn a_finished_call_gives_back_the_tokens_it_did_not_use(backend: Backend) 
     wait_for_model_tokens(&app, 1_000.0 - used as f64).await;
     // A call the provider refuses cannot have been billed: it gives its whole bound
     // back, and the bucket (full again when this claim read it) stays full.
-    let mut refused = job_input("refused", "no [mock:status=400]");
-    refused["maxOutputTokens"] = json!(4_000);
-    refused["maxAttempts"] = json!(1);
-    let refused = app.create_job_ok(&tenant, refused).await;
-    let job = app
-        .wait_until_finished(&tenant, refused, Duration::from_secs(30))
-        .await;
-    assert_eq!(job["status"], "FAILED", "{job}");
+    run_refused(&app, &tenant).await;
     wait_for_model_tokens(&app, 1_000.0).await;
     assert_billing_invariants(&app.app.db).await;
 }
@@ -275,19 +268,25 @@ async fn a_provider_counting_requested_tokens_gets_nothing_back(backend: Backend
     // 250 ms, so after a second one would be on record.
     tokio::time::sleep(Duration::from_secs(1)).await;
     wait_for_model_tokens(&app, 1_000.0 - bound).await;
-    let mut refused = job_input("refused", "no [mock:status=400]");
-    refused["maxOutputTokens"] = json!(4_000);
-    refused["maxAttempts"] = json!(1);
-    let refused = app.create_job_ok(&tenant, refused).await;
     // In debt, the bucket admits the refused job only once it is full again.
-    let job = app
-        .wait_until_finished(&tenant, refused, Duration::from_secs(30))
-        .await;
-    assert_eq!(job["status"], "FAILED", "{job}");
+    let refused = run_refused(&app, &tenant).await;
     let refused_bound = token_bounds(&app, &[refused]).await[&refused];
     tokio::time::sleep(Duration::from_secs(1)).await;
     wait_for_model_tokens(&app, 1_000.0 - refused_bound).await;
     assert_billing_invariants(&app.app.db).await;
+}
+
+/// Runs a job with a bound of over 4,000 tokens that the provider refuses (400).
+async fn run_refused(app: &TestApp, tenant: &TestTenant) -> Uuid {
+    let mut refused = job_input("refused", "no [mock:status=400]");
+    refused["maxOutputTokens"] = json!(4_000);
+    refused["maxAttempts"] = json!(1);
+    let refused = app.create_job_ok(tenant, refused).await;
+    let job = app
+        .wait_until_finished(tenant, refused, Duration::from_secs(30))
+        .await;
+    assert_eq!(job["status"], "FAILED", "{job}");
+    refused
 }
 
 /// Waits until the stored token level of gpt-4o-mini's bucket is `expected`.

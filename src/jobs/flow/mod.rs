@@ -353,6 +353,14 @@ pub fn unused_tokens(limit: RateLimit, token_bound: Option<i64>, call: CallUse) 
     (counted - provider_counts as f64).max(0.0)
 }
 
+/// Whether an error answer pauses its model for every worker: a rate limit always; an
+/// overloaded provider (503, Anthropic's 529) when it says how long to wait, since it
+/// would tell every worker the same. Without a `Retry-After` an overload may be one
+/// busy replica, and the job's own backoff is enough.
+pub fn pauses_model(status: u16, retry_after: Option<Duration>) -> bool {
+    status == 429 || (matches!(status, 503 | 529) && retry_after.is_some())
+}
+
 /// The instant a model paused by a 429 may be called again: `Retry-After` if the
 /// provider sent one (at most [`LONGEST_PAUSE`]), [`DEFAULT_PAUSE`] otherwise.
 pub fn paused_until(now: Timestamp, retry_after: Option<Duration>) -> Timestamp {
@@ -394,6 +402,19 @@ mod tests {
         assert_eq!(unused_tokens(limit, Some(1_000), CallUse::Refused), 0.0);
         assert_eq!(unused_tokens(limit, Some(1_000), CallUse::Unknown), 0.0);
         assert_eq!(unused_tokens(limit, Some(1_000), CallUse::NotSent), 1_000.0);
+    }
+
+    #[test]
+    fn a_rate_limit_or_an_overload_with_a_retry_after_pauses_the_model() {
+        let wait = Some(Duration::from_secs(3));
+        assert!(pauses_model(429, None));
+        assert!(pauses_model(429, wait));
+        assert!(pauses_model(503, wait));
+        assert!(pauses_model(529, wait));
+        assert!(!pauses_model(503, None));
+        assert!(!pauses_model(529, None));
+        assert!(!pauses_model(500, wait));
+        assert!(!pauses_model(502, wait));
     }
 
     #[test]

@@ -302,7 +302,7 @@ impl CallFacts<'_> {
                 let mut report = failed(AttemptOutcome::RetryableError, error.clone(), request_id);
                 // A rate limit is the provider's, not this job's: every worker holds
                 // off the model, not only this job's retry.
-                if status == 429 {
+                if flow::pauses_model(status, retry_after) {
                     report.model_paused_until =
                         Some(flow::paused_until(Timestamp::now(), retry_after));
                 }

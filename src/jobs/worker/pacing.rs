@@ -1,5 +1,6 @@
-//! What a worker tells the flow control: a provider's 429 pauses the model for every
-//! worker, and a finished call gives back the tokens it did not use.
+//! What a worker tells the flow control: a provider's 429 (or an overload with a
+//! `Retry-After`) pauses the model for every worker, and a finished call gives back
+//! the tokens it did not use.
 
 use super::Worker;
 use crate::jobs::flow::{self, BucketKey, CallUse};
@@ -60,7 +61,7 @@ impl TokenReturns {
 impl Worker {
     /// Holds off `model` for every worker until `until`, as its provider asked.
     pub(super) async fn pause_model(&self, model: &str, until: Timestamp) {
-        tracing::warn!(model = %model, paused_until = %until.to_datetime().to_rfc3339(), "the provider rate-limited the model: pausing it for every worker");
+        tracing::warn!(model = %model, paused_until = %until.to_datetime().to_rfc3339(), "the provider asked to wait (a rate limit or an overload): pausing the model for every worker");
         self.inner.metrics.model_paused(model);
         if let Err(error) =
             flow::storage::pause_model(&self.inner.db, model, until, Timestamp::now()).await
