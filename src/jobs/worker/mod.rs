@@ -5,26 +5,26 @@
 //! one transaction, and attempts that end at about the same moment finish in one
 //! transaction ([`finisher`]); each job is still fenced by its own run token.
 
+mod attempt;
 mod deltas;
 mod finisher;
 mod judge;
 mod pacing;
 
-use super::bus::{EventBus, TopicReceiver, Wake};
+use super::bus::{EventBus, TopicReceiver};
 use super::flow::FlowLimits;
 use super::input::JobInput;
 use super::leases::LeaseKeeper;
 use super::observe;
 use super::queue::{
-    self, AttemptEnd, AttemptStart, Claim, ClaimRequest, Claimed, ErrorCode, JobError, Renewal,
-    StartedAttempt, TenantCursor,
+    self, AttemptStart, Claim, ClaimRequest, Claimed, ErrorCode, JobError, StartedAttempt,
+    TenantCursor,
 };
 use crate::billing::{AttemptEnding, ChargingPolicy, ModelPrice, prices};
-use crate::llm::{ChatRequest, Provider, ProviderRegistry};
+use crate::llm::{Provider, ProviderRegistry};
 use crate::metrics::Metrics;
-use entity::{EventKind, Timestamp};
-use finisher::{Finished, Finisher};
-use judge::{CallContext, CallEnd};
+use entity::Timestamp;
+use finisher::Finisher;
 use pacing::TokenReturns;
 use sea_orm::{DatabaseConnection, DbErr};
 use serde::Deserialize;
@@ -34,7 +34,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 /// Most jobs one claim takes, so one worker does not hoard a burst.
 const CLAIM_BATCH: usize = 16;
@@ -394,257 +393,5 @@ impl Worker {
             .await;
         }
         None
-    }
-
-    async fn run_attempt(&self, ready: Ready) {
-        let job_id = ready.prepared.claim.job.id;
-        let span = tracing::info_span!(
-            "attempt",
-            job.id = %job_id,
-            tenant.id = %ready.prepared.claim.job.tenant_id,
-            model = %ready.prepared.claim.job.model,
-            attempt.number = ready.started.attempt.number,
-            provider = %ready.started.attempt.provider,
-            trace_id = tracing::field::Empty,
-        );
-        crate::telemetry::record_trace_id(&span);
-        if let Err(error) = self.try_run_attempt(ready).instrument(span).await {
-            // The job keeps its lease until it lapses; then it is taken back and retried.
-            tracing::error!(job.id = %job_id, error = %error, "attempt failed to record its outcome");
-        }
-    }
-
-    async fn try_run_attempt(&self, ready: Ready) -> Result<(), DbErr> {
-        let inner = &self.inner;
-        let Ready {
-            prepared:
-                Prepared {
-                    claim,
-                    input,
-                    start,
-                    provider,
-                    mut notices,
-                },
-            started:
-                StartedAttempt {
-                    attempt,
-                    notice: started,
-                    cancel_requested,
-                    budget_spent,
-                },
-        } = ready;
-        let request = ChatRequest {
-            model: claim.job.model.clone(),
-            messages: input.messages.clone(),
-            max_output_tokens: input.max_output_tokens,
-            response_schema: input.response_schema.clone(),
-        };
-        // A streaming attempt sends its text to a forwarder that batches it into
-        // OUTPUT_DELTA notices; the forwarder is drained before the attempt finishes,
-        // so every delta reaches subscribers before the terminal event.
-        let (deltas, forwarder) = if input.stream_output {
-            let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
-            let forwarder = tokio::spawn(deltas::forward_deltas(
-                inner.db.clone(),
-                inner.bus.clone(),
-                started,
-                receiver,
-            ));
-            (Some(sender), Some(forwarder))
-        } else {
-            (None, None)
-        };
-        let began = Instant::now();
-        // A cancel that landed after the claim but before the attempt was recorded is
-        // in the row start_attempts locked; one landing later reaches `notices`, to
-        // which this attempt subscribed before starting.
-        let end = if cancel_requested {
-            CallEnd::CancelledBeforeSending
-        } else if budget_spent {
-            CallEnd::BudgetSpent
-        } else if let Some(provider) = provider {
-            let call_span = tracing::info_span!(
-                "provider call",
-                provider = %provider.name(),
-                provider.request_id = tracing::field::Empty,
-            );
-            let call = async {
-                match &deltas {
-                    Some(sender) => provider.stream(&request, sender).await,
-                    None => provider.complete(&request).await,
-                }
-            }
-            .instrument(call_span.clone());
-            tokio::pin!(call);
-            let deadline = tokio::time::sleep(inner.settings.attempt_timeout);
-            tokio::pin!(deadline);
-            // The keeper renews beside the call, so that a slow database never stalls
-            // the stream, the deadline or a cancel.
-            let mut lease = inner.leases.hold(&claim);
-            let _in_flight = inner.metrics.provider_call();
-            loop {
-                tokio::select! {
-                    // An answer that is ready wins over a deadline, a cancel or an
-                    // abort that became ready at the same moment: it is paid for.
-                    biased;
-                    answer = &mut call => {
-                        let request_id = match &answer {
-                            Ok(completion) => completion.request_id.as_deref(),
-                            Err(error) => error.request_id(),
-                        };
-                        call_span.record("provider.request_id", request_id);
-                        break CallEnd::Answered(answer);
-                    }
-                    renewal = lease.next() => match renewal {
-                        Renewal::Renewed { cancel_requested: true } => break CallEnd::Cancelled,
-                        Renewal::Renewed { cancel_requested: false } => {}
-                        Renewal::Lost => break CallEnd::LeaseLost,
-                    },
-                    wake = notices.next() => match wake {
-                        Wake::Notice(notice) if notice.kind == EventKind::CancelRequested => {
-                            break CallEnd::Cancelled;
-                        }
-                        Wake::Notice(_) => {}
-                        // Missed notices may have held a cancel: ask the row now.
-                        Wake::Missed => lease.renew_now(),
-                    },
-                    _ = &mut deadline => break CallEnd::TimedOut,
-                    _ = inner.abort.cancelled() => break CallEnd::Aborted,
-                }
-            }
-        } else {
-            CallEnd::NotServed
-        };
-        drop(deltas);
-        let streamed_bytes = match forwarder {
-            Some(forwarder) => forwarder.await.unwrap_or_else(|error| {
-                tracing::warn!(job.id = %claim.job.id, error = %error, "the delta forwarder ended abnormally");
-                0
-            }),
-            None => 0,
-        };
-        let latency = began.elapsed();
-        if matches!(end, CallEnd::LeaseLost) {
-            tracing::warn!(job.id = %claim.job.id, attempt = attempt.number, "lease lost: the attempt writes nothing more");
-            return Ok(());
-        }
-        let context = CallContext {
-            input: &input,
-            charging: inner.settings.charging,
-            latency,
-            streamed_bytes,
-        };
-        let sent = end.was_sent();
-        let (report, outcome) = context.facts(&claim, &attempt, &start.price).judge(end);
-        let (job_id, number, report_outcome) = (claim.job.id, attempt.number, report.outcome);
-        if let Some(until) = report.model_paused_until {
-            self.pause_model(&claim.job.model, until).await;
-        }
-        let end = AttemptEnd {
-            claim,
-            attempt,
-            price: start.price,
-            report,
-            outcome,
-        };
-        let tally = observe::AttemptTally::of(&end);
-        let unused_tokens = self.unused_tokens(&end.claim, &end.report, sent);
-        let finished = match inner.finisher.finish(end).await {
-            Finished::Recorded(finished) => finished,
-            Finished::Alone(end) => {
-                let end = *end;
-                match finish_with_retries(&inner.db, end.clone()).await {
-                    Err(FinishError::Refused(error)) => {
-                        // Trying again cannot help, and leaving the job to lease expiry
-                        // would lose the exact usage and run it again: record what is
-                        // known.
-                        tracing::error!(job.id = %job_id, error = %error, "the database refused the attempt's outcome; recording the call without it");
-                        let (report, outcome) = context
-                            .facts(&end.claim, &end.attempt, &end.price)
-                            .not_stored(end.report.clone());
-                        finish_with_retries(
-                            &inner.db,
-                            AttemptEnd {
-                                report,
-                                outcome,
-                                ..end
-                            },
-                        )
-                        .await
-                    }
-                    other => other,
-                }
-                .map_err(FinishError::into_db_error)?
-            }
-            Finished::Stopped => {
-                return Err(DbErr::Custom(
-                    "the task recording finished attempts stopped".into(),
-                ));
-            }
-        };
-        match finished {
-            Some(notices) => {
-                tracing::info!(
-                    job.id = %job_id, attempt = number, outcome = ?report_outcome,
-                    duration_ms = latency.as_millis() as u64, "attempt finished"
-                );
-                observe::attempt_finished(&inner.metrics, &tally, &notices);
-                inner.bus.publish(notices);
-                self.return_tokens(unused_tokens);
-            }
-            None => {
-                tracing::warn!(job.id = %job_id, "lease lost before the attempt finished")
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Tries to record a finished attempt before giving up to lease expiry.
-const FINISH_TRIES: u32 = 5;
-
-/// Why an attempt's end could not be recorded.
-#[derive(Debug)]
-enum FinishError {
-    /// The database refused the statement for what it holds: trying it again fails
-    /// the same way.
-    Refused(DbErr),
-    /// The database stayed unreachable or busy through every try.
-    Unavailable(DbErr),
-}
-
-impl FinishError {
-    fn into_db_error(self) -> DbErr {
-        match self {
-            Self::Refused(error) | Self::Unavailable(error) => error,
-        }
-    }
-}
-
-/// Records one attempt's end in a transaction of its own, retrying a transient
-/// failure with backoff: the answer may be paid for, and losing it to one busy moment
-/// of the database would leave only a cost bound and make the job run again. The
-/// write is fenced, so retrying it is safe; once the lease has lapsed it matches
-/// nothing.
-async fn finish_with_retries(
-    db: &DatabaseConnection,
-    end: AttemptEnd,
-) -> Result<Option<Vec<super::bus::EventNotice>>, FinishError> {
-    let mut pause = Duration::from_millis(500);
-    let mut try_number = 1;
-    loop {
-        match queue::finish_attempts(db, std::slice::from_ref(&end)).await {
-            Ok(mut finished) => return Ok(finished.remove(0)),
-            Err(error) if !crate::db::is_transient(&error) => {
-                return Err(FinishError::Refused(error));
-            }
-            Err(error) if try_number < FINISH_TRIES => {
-                tracing::warn!(job.id = %end.claim.job.id, error = %error, try_number, "recording the attempt failed; trying again");
-                tokio::time::sleep(pause).await;
-                pause *= 2;
-                try_number += 1;
-            }
-            Err(error) => return Err(FinishError::Unavailable(error)),
-        }
     }
 }

@@ -1,0 +1,74 @@
+//! Jobs through the contract: inputs, creating them, reading them and waiting for
+//! their end.
+
+use super::app::TestApp;
+use super::tenants::TestTenant;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+impl TestApp {
+    /// `CreateJob`, returning the whole response.
+    pub async fn create_job(&self, tenant: &TestTenant, input: Value) -> Value {
+        self.operation(Some(&tenant.key), "CreateJob", json!({"input": input}))
+            .await
+    }
+
+    /// `CreateJob` that must succeed; returns the job's id.
+    pub async fn create_job_ok(&self, tenant: &TestTenant, input: Value) -> Uuid {
+        let response = self.create_job(tenant, input).await;
+        assert!(response["errors"].is_null(), "createJob failed: {response}");
+        response["data"]["createJob"]["job"]["id"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    /// The contract's `Job` query, returning `data.job`.
+    pub async fn job(&self, tenant: &TestTenant, id: Uuid) -> Value {
+        let response = self
+            .operation(Some(&tenant.key), "Job", json!({"id": id}))
+            .await;
+        assert!(response["errors"].is_null(), "job query failed: {response}");
+        response["data"]["job"].clone()
+    }
+
+    /// Polls the job until its status is terminal (bounded by `limit`).
+    pub async fn wait_until_finished(
+        &self,
+        tenant: &TestTenant,
+        id: Uuid,
+        limit: Duration,
+    ) -> Value {
+        let deadline = Instant::now() + limit;
+        loop {
+            let job = self.job(tenant, id).await;
+            if ["SUCCEEDED", "FAILED", "CANCELLED"].contains(&job["status"].as_str().unwrap()) {
+                return job;
+            }
+            assert!(Instant::now() < deadline, "job never finished: {job}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// The kinds of a job's stored events, in order (from the contract's `Job` query).
+pub fn event_kinds(job: &Value) -> Vec<String> {
+    job["events"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no events in {job}"))
+        .iter()
+        .map(|event| event["kind"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// A small valid job input.
+pub fn job_input(idempotency_key: &str, content: &str) -> Value {
+    json!({
+        "idempotencyKey": idempotency_key,
+        "model": "gpt-4o-mini",
+        "messages": [{"role": "user", "content": content}],
+        "maxOutputTokens": 100,
+    })
+}
