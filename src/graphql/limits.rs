@@ -92,8 +92,9 @@ fn rate_change(field: &str, value: MaybeUndefined<i32>) -> async_graphql::Result
         MaybeUndefined::Undefined => LimitChange::Keep,
         MaybeUndefined::Null => LimitChange::Clear,
         MaybeUndefined::Value(rate) => {
+            // The same words as the limit's own check of zero (billing::limits).
             LimitChange::Set(u32::try_from(rate).map_err(|_| {
-                ErrorCode::Validation.error(format!("{field} must not be negative"))
+                ErrorCode::Validation.error(format!("{field} must be 1 to {}", i32::MAX))
             })?)
         }
     })

@@ -25,9 +25,8 @@ pub struct Admission {
     tenant_buckets: HashMap<Uuid, BucketKey>,
     /// Jobs each tenant may still start, when its concurrency is bounded.
     tenant_slots: HashMap<Uuid, u32>,
-    /// Buckets a job was refused by in this claim: no later job overtakes it there, or
-    /// small calls would keep a large one from ever finding the bucket full. Buckets
-    /// another claim held are closed from the start.
+    /// Buckets a job was refused by in this claim, which admit nothing more in it;
+    /// buckets another claim held are closed from the start.
     closed: HashMap<BucketKey, DeferralReason>,
 }
 
@@ -104,19 +103,19 @@ impl Admission {
     /// Why no job of `model` can start now, if none can.
     pub fn model_blocked(&self, model: &str) -> Option<Deferral> {
         self.model_buckets.get(model)?.iter().find_map(|key| {
-            self.shortage(key, 1).map(|reason| Deferral {
+            self.shortage(key).map(|reason| Deferral {
                 scope: key.scope,
                 reason,
             })
         })
     }
 
-    /// Why `key`'s bucket cannot take a call of `tokens` now, if it cannot.
-    fn shortage(&self, key: &BucketKey, tokens: u64) -> Option<DeferralReason> {
+    /// Why `key`'s bucket cannot take a call now, if it cannot.
+    fn shortage(&self, key: &BucketKey) -> Option<DeferralReason> {
         self.closed
             .get(key)
             .copied()
-            .or_else(|| self.buckets.get(key)?.shortage(tokens))
+            .or_else(|| self.buckets.get(key)?.shortage())
     }
 
     /// Why no job of `tenant_id` can start now, if none can.
@@ -134,7 +133,7 @@ impl Admission {
                 reason: DeferralReason::Concurrency,
             });
         }
-        self.shortage(key?, 1).map(|reason| Deferral {
+        self.shortage(key?).map(|reason| Deferral {
             scope: Scope::Tenant,
             reason,
         })
@@ -157,7 +156,7 @@ impl Admission {
             .chain(self.tenant_buckets.get(&job.tenant_id))
             .collect();
         for key in &keys {
-            if let Some(reason) = self.shortage(key, job.tokens) {
+            if let Some(reason) = self.shortage(key) {
                 self.closed.insert((*key).clone(), reason);
                 return Err(Deferral {
                     scope: key.scope,
@@ -245,7 +244,7 @@ mod tests {
             })
         );
         assert_eq!(admission.model_blocked("free"), None);
-        // A refused job closes its bucket for the rest of the claim.
+        // Tokens: any call while some are left, none in debt.
         let mut tokens = Admission::new(
             &FlowLimits::new(
                 BTreeMap::from([("t".to_owned(), limit(None, Some(600)))]), // 10 a second
@@ -266,11 +265,9 @@ mod tests {
             tokens,
         };
         assert_eq!(tokens.admit(&sized(6)), Ok(()));
-        assert!(tokens.admit(&sized(8)).is_err());
-        assert!(
-            tokens.admit(&sized(1)).is_err(),
-            "a small call overtook a refused one"
-        );
+        // Four tokens left: a call of eight starts and leaves the bucket in debt.
+        assert_eq!(tokens.admit(&sized(8)), Ok(()));
+        assert!(tokens.admit(&sized(1)).is_err(), "nothing starts in debt");
         let taken: Vec<_> = admission
             .taken()
             .into_iter()

@@ -63,15 +63,19 @@ impl Bucket {
         }
     }
 
-    /// Why a call of `tokens` cannot start now, if it cannot.
-    pub fn shortage(&self, tokens: u64) -> Option<DeferralReason> {
+    /// Why a call cannot start now, if it cannot: no request left, or tokens in debt.
+    ///
+    /// Any call starts while the token level is above zero, whatever its size, and may
+    /// leave the bucket in debt; none starts until refill has paid the debt back. So
+    /// the average rate holds, and a large call competes with small ones on equal
+    /// terms: were it to wait until the level covered it, small calls admitted
+    /// whenever the level covers them would keep it waiting for as long as they keep
+    /// coming, in every process.
+    pub fn shortage(&self) -> Option<DeferralReason> {
         if self.limit.requests_per_minute.is_some() && self.requests < 1.0 {
             return Some(DeferralReason::Requests);
         }
-        if self.limit.tokens_per_minute.is_some()
-            && self.tokens < counted_tokens(self.limit, tokens)
-            && self.tokens < token_capacity(self.limit)
-        {
+        if self.limit.tokens_per_minute.is_some() && self.tokens <= 0.0 {
             return Some(DeferralReason::Tokens);
         }
         None
@@ -161,40 +165,40 @@ pub(super) mod tests {
     fn sixty_requests_a_minute_start_one_call_a_second() {
         let limit = limit(Some(60), None);
         let mut bucket = Bucket::refilled(None, limit, at(100.0));
-        assert_eq!(bucket.shortage(1), None);
+        assert_eq!(bucket.shortage(), None);
         bucket.take(1);
-        assert_eq!(bucket.shortage(1), Some(DeferralReason::Requests));
+        assert_eq!(bucket.shortage(), Some(DeferralReason::Requests));
         let stored = row(bucket.requests(), bucket.tokens(), 100.0);
         let half = Bucket::refilled(Some(&stored), limit, at(100.5));
-        assert_eq!(half.shortage(1), Some(DeferralReason::Requests));
+        assert_eq!(half.shortage(), Some(DeferralReason::Requests));
         let second = Bucket::refilled(Some(&stored), limit, at(101.0));
-        assert_eq!(second.shortage(1), None);
+        assert_eq!(second.shortage(), None);
         // An idle minute does not save up sixty calls.
         let idle = Bucket::refilled(Some(&stored), limit, at(160.0));
         assert_eq!(idle.requests(), Some(1.0));
     }
 
     #[test]
-    fn a_call_larger_than_the_bucket_waits_for_a_full_one_and_leaves_debt() {
+    fn any_call_starts_while_tokens_are_left_and_none_while_in_debt() {
         let limit = limit(None, Some(6_000)); // 100 tokens a second
         let mut bucket = Bucket::refilled(None, limit, at(0.0));
-        assert_eq!(bucket.shortage(500), None, "a full bucket admits any call");
+        assert_eq!(bucket.shortage(), None, "a full bucket admits any call");
         bucket.take(500);
         assert_eq!(bucket.tokens(), Some(-400.0));
+        assert_eq!(bucket.shortage(), Some(DeferralReason::Tokens));
         let stored = row(None, bucket.tokens(), 0.0);
         assert_eq!(
-            Bucket::refilled(Some(&stored), limit, at(4.9)).shortage(500),
-            Some(DeferralReason::Tokens)
+            Bucket::refilled(Some(&stored), limit, at(4.0)).shortage(),
+            Some(DeferralReason::Tokens),
+            "the debt is paid back first"
         );
-        assert_eq!(
-            Bucket::refilled(Some(&stored), limit, at(4.5)).shortage(50),
-            None,
-            "a small call fits in what refilled"
-        );
-        assert_eq!(
-            Bucket::refilled(Some(&stored), limit, at(5.0)).shortage(500),
-            None
-        );
+        // A little left: a call of any size starts, a large one as soon as a small one.
+        let mut paid = Bucket::refilled(Some(&stored), limit, at(4.1));
+        assert_eq!(paid.shortage(), None);
+        paid.take(5_000);
+        let debt = paid.tokens().unwrap();
+        assert!((debt - (10.0 - 5_000.0)).abs() < 1e-3, "{debt}");
+        assert_eq!(paid.shortage(), Some(DeferralReason::Tokens));
     }
 
     #[test]

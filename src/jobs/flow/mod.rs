@@ -6,9 +6,10 @@
 //! least one request) and refills continuously, so a limit of 60 requests a minute
 //! starts one call a second rather than 60 at once: providers enforce their minute
 //! limits over shorter windows too. A job is admitted by one request and by its token
-//! bound (prompt plus allowed output); a job larger than a full token bucket is
-//! admitted when the bucket is full and leaves it in debt, so the average rate holds
-//! and no job waits for ever. The claim takes what it admits in the transaction that
+//! bound (prompt plus allowed output) while the token bucket is not in debt, whatever
+//! the bound; the call may leave it in debt, which refill pays back before any other
+//! call starts, so the average rate holds and a large job never waits for a full
+//! bucket that small jobs keep from filling. The claim takes what it admits in the transaction that
 //! claims the jobs ([`storage`]), and a finished call gives back the tokens it did not
 //! use. A job waiting for budget stays queued: it is not an attempt and costs nothing.
 //!
@@ -32,6 +33,9 @@ use uuid::Uuid;
 
 /// How long a 429 without a usable `Retry-After` pauses its model.
 pub const DEFAULT_PAUSE: Duration = Duration::from_secs(5);
+/// The shortest pause a 429 imposes on a model, whatever its `Retry-After` says (a
+/// `Retry-After: 0` with a 429 is still a provider over its limit).
+pub const SHORTEST_PAUSE: Duration = Duration::from_secs(1);
 /// The longest pause a provider's `Retry-After` can impose on a model.
 pub const LONGEST_PAUSE: Duration = Duration::from_secs(600);
 /// How long a model's calls ramp back up after its pause ends.
@@ -362,9 +366,12 @@ pub fn pauses_model(status: u16, retry_after: Option<Duration>) -> bool {
 }
 
 /// The instant a model paused by a 429 may be called again: `Retry-After` if the
-/// provider sent one (at most [`LONGEST_PAUSE`]), [`DEFAULT_PAUSE`] otherwise.
+/// provider sent one (from [`SHORTEST_PAUSE`] to [`LONGEST_PAUSE`]), [`DEFAULT_PAUSE`]
+/// otherwise.
 pub fn paused_until(now: Timestamp, retry_after: Option<Duration>) -> Timestamp {
-    let pause = retry_after.unwrap_or(DEFAULT_PAUSE).min(LONGEST_PAUSE);
+    let pause = retry_after
+        .unwrap_or(DEFAULT_PAUSE)
+        .clamp(SHORTEST_PAUSE, LONGEST_PAUSE);
     now.plus(chrono::Duration::from_std(pause).unwrap_or(chrono::Duration::zero()))
 }
 
@@ -402,6 +409,18 @@ mod tests {
         assert_eq!(unused_tokens(limit, Some(1_000), CallUse::Refused), 0.0);
         assert_eq!(unused_tokens(limit, Some(1_000), CallUse::Unknown), 0.0);
         assert_eq!(unused_tokens(limit, Some(1_000), CallUse::NotSent), 1_000.0);
+    }
+
+    #[test]
+    fn a_pause_lasts_from_one_second_to_ten_minutes() {
+        let now = Timestamp(1_000_000_000);
+        let pause = |retry_after: Option<u64>| {
+            (paused_until(now, retry_after.map(Duration::from_secs)).0 - now.0) / 1_000_000
+        };
+        assert_eq!(pause(None), 5);
+        assert_eq!(pause(Some(0)), 1, "a zero Retry-After still pauses");
+        assert_eq!(pause(Some(30)), 30);
+        assert_eq!(pause(Some(86_400)), 600);
     }
 
     #[test]

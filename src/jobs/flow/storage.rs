@@ -6,11 +6,46 @@ use crate::db::Parameters;
 use entity::{Timestamp, rate_limit_buckets};
 use sea_orm::{ConnectionTrait, DbBackend, DbErr, EntityTrait};
 
+/// Creates the buckets of `keys` that do not exist yet, full, each insert committed
+/// at once (call it outside the claim's transaction, PostgreSQL only). An insert waits
+/// for any other transaction that inserted the same key and has not committed, which
+/// `SKIP LOCKED` cannot pass over: were the rows created inside claims, one claim
+/// stalled after creating a bucket would stop every claim of every process that
+/// wants it.
+pub async fn create_missing(
+    db: &impl ConnectionTrait,
+    keys: &[BucketKey],
+    now: Timestamp,
+) -> Result<(), DbErr> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let mut parameters = Parameters::new(db.get_database_backend());
+    let rows: Vec<String> = keys
+        .iter()
+        .map(|key| {
+            parameters.row([
+                key.scope.as_str().into(),
+                key.key.clone().into(),
+                now.into(),
+            ])
+        })
+        .collect();
+    let sql = format!(
+        "INSERT INTO rate_limit_buckets (scope, key, refilled_at) VALUES {}
+         ON CONFLICT (scope, key) DO NOTHING",
+        rows.join(", ")
+    );
+    db.execute_raw(parameters.statement(sql)).await?;
+    Ok(())
+}
+
 /// The buckets of `keys` (sorted and distinct) this claim now holds until its
-/// transaction ends, created full where missing. On PostgreSQL a bucket another claim
-/// holds is skipped, not waited for (`SKIP LOCKED`): its jobs wait for the next claim,
-/// and a stalled process holding a bucket cannot stall every other worker. On SQLite
-/// the caller's transaction holds the database's write lock, so every bucket is held.
+/// transaction ends. On PostgreSQL the rows exist already ([`create_missing`]) and a
+/// bucket another claim holds is skipped, not waited for (`SKIP LOCKED`): its jobs
+/// wait for the next claim, and a stalled process holding a bucket cannot stall every
+/// other worker. On SQLite the caller's transaction holds the database's write lock,
+/// so every bucket is held, created full where missing.
 pub async fn lock(
     transaction: &impl ConnectionTrait,
     keys: &[BucketKey],
@@ -22,37 +57,29 @@ pub async fn lock(
     debug_assert!(keys.windows(2).all(|pair| pair[0] < pair[1]));
     let backend = transaction.get_database_backend();
     let mut parameters = Parameters::new(backend);
-    let rows: Vec<String> = keys
-        .iter()
-        .map(|key| {
-            parameters.row([
-                key.scope.as_str().into(),
-                key.key.clone().into(),
-                now.into(),
-            ])
-        })
-        .collect();
     let sql = if backend == DbBackend::Postgres {
-        // Rows the insert creates are this transaction's; the others are locked unless
-        // another claim holds them (the locking read does not see the new rows: same
-        // snapshot, so nothing comes back twice).
+        let rows: Vec<String> = keys
+            .iter()
+            .map(|key| parameters.row([key.scope.as_str().into(), key.key.clone().into()]))
+            .collect();
         format!(
-            "WITH wanted (scope, key, refilled_at) AS (VALUES {}),
-             created AS (
-                INSERT INTO rate_limit_buckets (scope, key, refilled_at)
-                SELECT scope, key, refilled_at FROM wanted
-                ON CONFLICT (scope, key) DO NOTHING
-                RETURNING *
-             ),
-             held AS (
-                SELECT buckets.* FROM rate_limit_buckets AS buckets
-                JOIN wanted ON buckets.scope = wanted.scope AND buckets.key = wanted.key
-                FOR UPDATE OF buckets SKIP LOCKED
-             )
-             SELECT * FROM created UNION ALL SELECT * FROM held",
+            "SELECT buckets.* FROM rate_limit_buckets AS buckets
+             JOIN (VALUES {}) AS wanted (scope, key)
+               ON buckets.scope = wanted.scope AND buckets.key = wanted.key
+             FOR UPDATE OF buckets SKIP LOCKED",
             rows.join(", ")
         )
     } else {
+        let rows: Vec<String> = keys
+            .iter()
+            .map(|key| {
+                parameters.row([
+                    key.scope.as_str().into(),
+                    key.key.clone().into(),
+                    now.into(),
+                ])
+            })
+            .collect();
         // The no-op update returns an existing row beside the created ones.
         format!(
             "INSERT INTO rate_limit_buckets (scope, key, refilled_at) VALUES {}

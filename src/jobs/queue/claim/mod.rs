@@ -173,6 +173,9 @@ pub async fn claim_in_turn(
                 }
                 (None, false) => postgres::claim_unlimited(db, &open, wanted, &round).await?,
                 (None, true) => {
+                    // Created outside the transaction: see `create_missing`.
+                    let keys = budgets(&open, &round).keys;
+                    crate::jobs::flow::storage::create_missing(db, &keys, round.now).await?;
                     let transaction = begin_write(db).await?;
                     let taken =
                         admit_and_claim(&transaction, &open, wanted, &round, &mut claimed.deferred)
@@ -299,17 +302,19 @@ fn shuffle_within_ranks(ranked: Vec<Candidate>) -> Vec<Candidate> {
         .collect()
 }
 
-/// The claim with budgets, in the caller's transaction: locks the buckets the visited
-/// models and tenants count against, passes over groups nothing can be admitted from,
-/// reads the other groups' due jobs, admits them in rank order while every budget
-/// allows, writes back what was taken and claims what was admitted.
-async fn admit_and_claim(
-    transaction: &impl ConnectionTrait,
-    visits: &[Visit],
-    wanted: usize,
-    round: &Round<'_>,
-    deferred: &mut HashSet<Deferral>,
-) -> Result<Vec<jobs::Model>, DbErr> {
+/// What the visited groups count against.
+struct Budgets<'v> {
+    /// Each group's model, with its ramp after a pause if it is ramping back up.
+    models: Vec<(&'v str, Option<NonZeroU32>)>,
+    /// The visited tenants with their own limits.
+    tenants: Vec<(Uuid, RateLimit)>,
+    /// Every bucket the models and tenants count against, sorted and distinct.
+    keys: Vec<BucketKey>,
+}
+
+/// The budgets `visits` count against. Ramps are read at the claim's first instant,
+/// so that the buckets locked are the buckets admission counts.
+fn budgets<'v>(visits: &'v [Visit], round: &Round<'_>) -> Budgets<'v> {
     let request = &round.request;
     let mut tenants: Vec<(Uuid, RateLimit)> = Vec::new();
     for visit in visits {
@@ -317,8 +322,6 @@ async fn admit_and_claim(
             tenants.push((visit.tenant_id, visit.tenant_rate()));
         }
     }
-    // Ramps are read at the claim's first instant, so that the buckets locked are the
-    // buckets admission counts.
     let models: Vec<(&str, Option<NonZeroU32>)> = visits
         .iter()
         .map(|visit| (visit.model.as_str(), visit.ramp(round.now)))
@@ -338,6 +341,30 @@ async fn admit_and_claim(
         .collect();
     keys.sort();
     keys.dedup();
+    Budgets {
+        models,
+        tenants,
+        keys,
+    }
+}
+
+/// The claim with budgets, in the caller's transaction: locks the buckets the visited
+/// models and tenants count against, passes over groups nothing can be admitted from,
+/// reads the other groups' due jobs, admits them in rank order while every budget
+/// allows, writes back what was taken and claims what was admitted.
+async fn admit_and_claim(
+    transaction: &impl ConnectionTrait,
+    visits: &[Visit],
+    wanted: usize,
+    round: &Round<'_>,
+    deferred: &mut HashSet<Deferral>,
+) -> Result<Vec<jobs::Model>, DbErr> {
+    let request = &round.request;
+    let Budgets {
+        models,
+        tenants,
+        keys,
+    } = budgets(visits, round);
     let rows = crate::jobs::flow::storage::lock(transaction, &keys, round.now).await?;
     let busy: Vec<BucketKey> = keys
         .into_iter()
