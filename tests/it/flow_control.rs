@@ -650,7 +650,7 @@ async fn a_held_bucket_defers_its_jobs_without_stalling_the_claim() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_creates_its_buckets_before_its_transaction() {
     use jobledger::jobs::flow::{BucketKey, storage};
-    use sea_orm::TransactionTrait;
+    use sea_orm::{ConnectionTrait, TransactionTrait};
     let Some(backend @ Backend::Postgres(_)) = Backend::postgres() else {
         return;
     };
@@ -677,5 +677,27 @@ async fn a_claim_creates_its_buckets_before_its_transaction() {
         .await
         .unwrap();
     assert_eq!(held.len(), 1, "the committed bucket is locked");
+    // A claim stalled after writing its levels back holds an updated row: the next
+    // claims, which make sure their buckets exist, do not wait for it either.
+    stalled
+        .execute_unprepared("UPDATE rate_limit_buckets SET requests = 0")
+        .await
+        .unwrap();
+    let wanted = [BucketKey::model("gpt-4o"), BucketKey::model("gpt-4o-mini")];
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        storage::create_missing(db, &wanted, Timestamp::now()),
+    )
+    .await
+    .expect("making sure the buckets exist waited for the stalled claim's update")
+    .unwrap();
     stalled.rollback().await.unwrap();
+    assert_eq!(
+        rate_limit_buckets::Entity::find()
+            .all(db)
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
 }

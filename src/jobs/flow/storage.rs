@@ -8,10 +8,10 @@ use sea_orm::{ConnectionTrait, DbBackend, DbErr, EntityTrait};
 
 /// Creates the buckets of `keys` that do not exist yet, full, each insert committed
 /// at once (call it outside the claim's transaction, PostgreSQL only). An insert waits
-/// for any other transaction that inserted the same key and has not committed, which
-/// `SKIP LOCKED` cannot pass over: were the rows created inside claims, one claim
-/// stalled after creating a bucket would stop every claim of every process that
-/// wants it.
+/// for any other transaction that inserted the same key, or updated its row, and has
+/// not committed, which `SKIP LOCKED` cannot pass over: were the rows created inside
+/// claims, or existing ones met by the insert, one claim stalled after creating or
+/// writing a bucket would stop every claim of every process that wants it.
 pub async fn create_missing(
     db: &impl ConnectionTrait,
     keys: &[BucketKey],
@@ -31,8 +31,18 @@ pub async fn create_missing(
             ])
         })
         .collect();
+    // Only keys with no row are inserted: an insert that meets an existing row
+    // waits for a transaction that updated it (a claim writing its levels back), and
+    // the NOT EXISTS reads the row without waiting. Two processes creating the same
+    // bucket at once still meet in ON CONFLICT, each insert committed at once.
     let sql = format!(
-        "INSERT INTO rate_limit_buckets (scope, key, refilled_at) VALUES {}
+        "INSERT INTO rate_limit_buckets (scope, key, refilled_at)
+         SELECT wanted.scope, wanted.key, wanted.refilled_at
+         FROM (VALUES {}) AS wanted (scope, key, refilled_at)
+         WHERE NOT EXISTS (
+            SELECT 1 FROM rate_limit_buckets AS existing
+            WHERE existing.scope = wanted.scope AND existing.key = wanted.key
+         )
          ON CONFLICT (scope, key) DO NOTHING",
         rows.join(", ")
     );
