@@ -701,3 +701,63 @@ async fn a_claim_creates_its_buckets_before_its_transaction() {
         2
     );
 }
+
+/// A 429's pause is written beside the attempt's finish: a claim of a stalled process
+/// holding the model's bucket row does not hold up recording the attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_bucket_does_not_delay_recording_a_rate_limited_attempt() {
+    use sea_orm::{ConnectionTrait, TransactionTrait};
+    let Some(backend @ Backend::Postgres(_)) = Backend::postgres() else {
+        return;
+    };
+    let app = spawn_app_with(backend, AppOptions::default()).await;
+    let tenant = app.funded_tenant("held-pause", "20").await;
+    let db = &app.app.db;
+    db.execute_unprepared(
+        "INSERT INTO rate_limit_buckets (scope, key, refilled_at) VALUES ('model', 'gpt-4o-mini', 0)",
+    )
+    .await
+    .unwrap();
+    let stalled = db.begin().await.unwrap();
+    stalled
+        .execute_unprepared("SELECT * FROM rate_limit_buckets FOR UPDATE")
+        .await
+        .unwrap();
+    let job = app
+        .create_job_ok(
+            &tenant,
+            job_input(
+                "limited-while-held",
+                "hello [mock:status=429][mock:retry_after=1][mock:fail_first=1]",
+            ),
+        )
+        .await;
+    // Recording takes milliseconds; waiting for the held row took seconds.
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let response = app
+            .graphql(
+                Some(&tenant.key),
+                "query($id: UUID!) { job(id: $id) { events { kind } } }",
+                json!({"id": job}),
+            )
+            .await;
+        if crate::helpers::event_kinds(&response["data"]["job"])
+            .iter()
+            .any(|kind| kind == "RETRY_SCHEDULED")
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the attempt was not recorded while the bucket was held: {response}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stalled.rollback().await.unwrap();
+    let finished = app
+        .wait_until_finished(&tenant, job, Duration::from_secs(30))
+        .await;
+    assert_eq!(finished["status"], "SUCCEEDED", "{finished}");
+    assert_billing_invariants(db).await;
+}

@@ -59,16 +59,22 @@ impl TokenReturns {
 }
 
 impl Worker {
-    /// Holds off `model` for every worker until `until`, as its provider asked.
-    pub(super) async fn pause_model(&self, model: &str, until: Timestamp) {
+    /// Holds off `model` for every worker until `until`, as its provider asked. The
+    /// write runs beside the attempt's finish, which never waits for it: the model's
+    /// row may be held for a while by a claim of a stalled process.
+    pub(super) fn pause_model(&self, model: &str, until: Timestamp) {
         tracing::warn!(model = %model, paused_until = %until.to_datetime().to_rfc3339(), "the provider asked to wait (a rate limit or an overload): pausing the model for every worker");
         self.inner.metrics.model_paused(model);
-        if let Err(error) =
-            flow::storage::pause_model(&self.inner.db, model, until, Timestamp::now()).await
-        {
-            // The job's own retry still waits for the Retry-After.
-            tracing::error!(model = %model, error = %error, "recording the model's pause failed");
-        }
+        let db = self.inner.db.clone();
+        let model = model.to_owned();
+        tokio::spawn(async move {
+            if let Err(error) =
+                flow::storage::pause_model(&db, &model, until, Timestamp::now()).await
+            {
+                // The job's own retry still waits for the Retry-After.
+                tracing::error!(model = %model, error = %error, "recording the model's pause failed");
+            }
+        });
     }
 
     /// Each bucket that counted a finished call's tokens, with what it gives back: what
