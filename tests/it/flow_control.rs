@@ -588,13 +588,29 @@ fn rate_limits_in_the_config_file_are_whole_positive_numbers() {
     }
 }
 
+/// gpt-4o-mini's bucket, held as by a claim of a stalled process until the returned
+/// transaction ends.
+async fn hold_model_bucket(db: &sea_orm::DatabaseConnection) -> sea_orm::DatabaseTransaction {
+    use sea_orm::{ConnectionTrait, TransactionTrait};
+    db.execute_unprepared(
+        "INSERT INTO rate_limit_buckets (scope, key, refilled_at) VALUES ('model', 'gpt-4o-mini', 0)",
+    )
+    .await
+    .unwrap();
+    let stalled = db.begin().await.unwrap();
+    stalled
+        .execute_unprepared("SELECT * FROM rate_limit_buckets FOR UPDATE")
+        .await
+        .unwrap();
+    stalled
+}
+
 /// A claim never waits for a bucket another transaction holds (a stalled process
 /// mid-claim): it takes what needs no such bucket and leaves the rest for later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_bucket_defers_its_jobs_without_stalling_the_claim() {
     use jobledger::jobs::flow::{FlowLimits, RateLimit};
     use jobledger::jobs::queue::{self, ClaimRequest};
-    use sea_orm::{ConnectionTrait, TransactionTrait};
     let Some(backend @ Backend::Postgres(_)) = Backend::postgres() else {
         return;
     };
@@ -616,16 +632,7 @@ async fn a_held_bucket_defers_its_jobs_without_stalling_the_claim() {
         crate::helpers::simulated_models(),
     );
     let db = &app.app.db;
-    db.execute_unprepared(
-        "INSERT INTO rate_limit_buckets (scope, key, refilled_at) VALUES ('model', 'gpt-4o-mini', 0)",
-    )
-    .await
-    .unwrap();
-    let stalled = db.begin().await.unwrap();
-    stalled
-        .execute_unprepared("SELECT * FROM rate_limit_buckets FOR UPDATE")
-        .await
-        .unwrap();
+    let stalled = hold_model_bucket(db).await;
     let request = ClaimRequest {
         flow: &flow,
         ..ClaimRequest::new(10, Duration::from_secs(60))
@@ -706,23 +713,13 @@ async fn a_claim_creates_its_buckets_before_its_transaction() {
 /// holding the model's bucket row does not hold up recording the attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_bucket_does_not_delay_recording_a_rate_limited_attempt() {
-    use sea_orm::{ConnectionTrait, TransactionTrait};
     let Some(backend @ Backend::Postgres(_)) = Backend::postgres() else {
         return;
     };
     let app = spawn_app_with(backend, AppOptions::default()).await;
     let tenant = app.funded_tenant("held-pause", "20").await;
     let db = &app.app.db;
-    db.execute_unprepared(
-        "INSERT INTO rate_limit_buckets (scope, key, refilled_at) VALUES ('model', 'gpt-4o-mini', 0)",
-    )
-    .await
-    .unwrap();
-    let stalled = db.begin().await.unwrap();
-    stalled
-        .execute_unprepared("SELECT * FROM rate_limit_buckets FOR UPDATE")
-        .await
-        .unwrap();
+    let stalled = hold_model_bucket(db).await;
     let job = app
         .create_job_ok(
             &tenant,

@@ -21,16 +21,7 @@ pub async fn create_missing(
         return Ok(());
     }
     let mut parameters = Parameters::new(db.get_database_backend());
-    let rows: Vec<String> = keys
-        .iter()
-        .map(|key| {
-            parameters.row([
-                key.scope.as_str().into(),
-                key.key.clone().into(),
-                now.into(),
-            ])
-        })
-        .collect();
+    let rows = new_bucket_rows(&mut parameters, keys, now);
     // Only keys with no row are inserted: an insert that meets an existing row
     // waits for a transaction that updated it (a claim writing its levels back), and
     // the NOT EXISTS reads the row without waiting. Two processes creating the same
@@ -48,6 +39,19 @@ pub async fn create_missing(
     );
     db.execute_raw(parameters.statement(sql)).await?;
     Ok(())
+}
+
+/// `(scope, key, refilled_at)` rows of full buckets for `keys`, refilled at `now`.
+fn new_bucket_rows(parameters: &mut Parameters, keys: &[BucketKey], now: Timestamp) -> Vec<String> {
+    keys.iter()
+        .map(|key| {
+            parameters.row([
+                key.scope.as_str().into(),
+                key.key.clone().into(),
+                now.into(),
+            ])
+        })
+        .collect()
 }
 
 /// The buckets of `keys` (sorted and distinct) this claim now holds until its
@@ -80,16 +84,7 @@ pub async fn lock(
             rows.join(", ")
         )
     } else {
-        let rows: Vec<String> = keys
-            .iter()
-            .map(|key| {
-                parameters.row([
-                    key.scope.as_str().into(),
-                    key.key.clone().into(),
-                    now.into(),
-                ])
-            })
-            .collect();
+        let rows = new_bucket_rows(&mut parameters, keys, now);
         // The no-op update returns an existing row beside the created ones.
         format!(
             "INSERT INTO rate_limit_buckets (scope, key, refilled_at) VALUES {}
