@@ -3,7 +3,7 @@
 use super::bucket::Bucket;
 use super::{BucketKey, Deferral, DeferralReason, FlowLimits, RateLimit, Scope};
 use entity::{Timestamp, rate_limit_buckets};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU32;
 use uuid::Uuid;
 
@@ -25,9 +25,8 @@ pub struct Admission {
     tenant_buckets: HashMap<Uuid, BucketKey>,
     /// Jobs each tenant may still start, when its concurrency is bounded.
     tenant_slots: HashMap<Uuid, u32>,
-    /// Buckets a job was refused by in this claim, which admit nothing more in it;
-    /// buckets another claim held are closed from the start.
-    closed: HashMap<BucketKey, DeferralReason>,
+    /// Buckets another claim holds: they admit nothing in this one.
+    held: HashSet<BucketKey>,
 }
 
 impl Admission {
@@ -86,7 +85,7 @@ impl Admission {
             }
         }
         for key in busy {
-            admission.closed.insert(key.clone(), DeferralReason::Busy);
+            admission.held.insert(key.clone());
             // Its running jobs may be changing under another claim: none start here.
             if key.scope == Scope::Tenant
                 && let Some((tenant_id, _)) = tenants
@@ -112,19 +111,19 @@ impl Admission {
 
     /// Why `key`'s bucket cannot take a call now, if it cannot.
     fn shortage(&self, key: &BucketKey) -> Option<DeferralReason> {
-        self.closed
-            .get(key)
-            .copied()
-            .or_else(|| self.buckets.get(key)?.shortage())
+        if self.held.contains(key) {
+            return Some(DeferralReason::Busy);
+        }
+        self.buckets.get(key)?.shortage()
     }
 
     /// Why no job of `tenant_id` can start now, if none can.
     pub fn tenant_blocked(&self, tenant_id: Uuid) -> Option<Deferral> {
         let key = self.tenant_buckets.get(&tenant_id);
-        if let Some(reason) = key.and_then(|key| self.closed.get(key)) {
+        if key.is_some_and(|key| self.held.contains(key)) {
             return Some(Deferral {
                 scope: Scope::Tenant,
-                reason: *reason,
+                reason: DeferralReason::Busy,
             });
         }
         if self.tenant_slots.get(&tenant_id) == Some(&0) {
@@ -157,7 +156,6 @@ impl Admission {
             .collect();
         for key in &keys {
             if let Some(reason) = self.shortage(key) {
-                self.closed.insert((*key).clone(), reason);
                 return Err(Deferral {
                     scope: key.scope,
                     reason,

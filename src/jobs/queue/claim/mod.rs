@@ -158,28 +158,35 @@ pub async fn claim_in_turn(
                     None => open.push(visit),
                 }
             }
-            let limited = request.tenant_limit.is_some()
-                || open.iter().any(|visit| visit.tenant_rate().is_limited())
-                || open.iter().any(|visit| {
-                    !request
-                        .flow
-                        .ramping_buckets_of(&visit.model, visit.ramp(now))
-                        .is_empty()
-                });
-            let taken = match (&sqlite, limited) {
+            // Without a bucket to count against, nothing limits these groups.
+            let budgets = budgets(&open, &round);
+            let taken = match (&sqlite, budgets.keys.is_empty()) {
                 (Some(transaction), _) => {
-                    admit_and_claim(transaction, &open, wanted, &round, &mut claimed.deferred)
-                        .await?
+                    admit_and_claim(
+                        transaction,
+                        &open,
+                        budgets,
+                        wanted,
+                        &round,
+                        &mut claimed.deferred,
+                    )
+                    .await?
                 }
-                (None, false) => postgres::claim_unlimited(db, &open, wanted, &round).await?,
-                (None, true) => {
+                (None, true) => postgres::claim_unlimited(db, &open, wanted, &round).await?,
+                (None, false) => {
                     // Created outside the transaction: see `create_missing`.
-                    let keys = budgets(&open, &round).keys;
-                    crate::jobs::flow::storage::create_missing(db, &keys, round.now).await?;
+                    crate::jobs::flow::storage::create_missing(db, &budgets.keys, round.now)
+                        .await?;
                     let transaction = begin_write(db).await?;
-                    let taken =
-                        admit_and_claim(&transaction, &open, wanted, &round, &mut claimed.deferred)
-                            .await?;
+                    let taken = admit_and_claim(
+                        &transaction,
+                        &open,
+                        budgets,
+                        wanted,
+                        &round,
+                        &mut claimed.deferred,
+                    )
+                    .await?;
                     transaction.commit().await?;
                     taken
                 }
@@ -348,13 +355,14 @@ fn budgets<'v>(visits: &'v [Visit], round: &Round<'_>) -> Budgets<'v> {
     }
 }
 
-/// The claim with budgets, in the caller's transaction: locks the buckets the visited
-/// models and tenants count against, passes over groups nothing can be admitted from,
-/// reads the other groups' due jobs, admits them in rank order while every budget
-/// allows, writes back what was taken and claims what was admitted.
+/// The claim with the `budgets` of `visits`, in the caller's transaction: locks the
+/// buckets, passes over groups nothing can be admitted from, reads the other groups'
+/// due jobs, admits them in rank order while every budget allows, writes back what
+/// was taken and claims what was admitted.
 async fn admit_and_claim(
     transaction: &impl ConnectionTrait,
     visits: &[Visit],
+    budgets: Budgets<'_>,
     wanted: usize,
     round: &Round<'_>,
     deferred: &mut HashSet<Deferral>,
@@ -364,7 +372,7 @@ async fn admit_and_claim(
         models,
         tenants,
         keys,
-    } = budgets(visits, round);
+    } = budgets;
     let rows = crate::jobs::flow::storage::lock(transaction, &keys, round.now).await?;
     let busy: Vec<BucketKey> = keys
         .into_iter()
