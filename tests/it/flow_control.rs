@@ -729,7 +729,7 @@ async fn a_held_bucket_does_not_delay_recording_a_rate_limited_attempt() {
             ),
         )
         .await;
-    // Recording takes milliseconds; waiting for the held row took seconds.
+    // Recording waits at most a second for the pause to be written, not for the row.
     let deadline = std::time::Instant::now() + Duration::from_secs(3);
     loop {
         let response = app

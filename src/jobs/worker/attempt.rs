@@ -157,7 +157,7 @@ impl Worker {
         let (report, outcome) = context.facts(&claim, &attempt, &start.price).judge(end);
         let (job_id, number, report_outcome) = (claim.job.id, attempt.number, report.outcome);
         if let Some(until) = report.model_paused_until {
-            self.pause_model(&claim.job.model, until);
+            self.pause_model(&claim.job.model, until).await;
         }
         let end = AttemptEnd {
             claim,

@@ -12,6 +12,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+/// How long an attempt's end waits for its model's pause to be written.
+const PAUSE_WRITE_WAIT: Duration = Duration::from_secs(1);
 /// How often unused tokens are written back.
 const RETURN_EVERY: Duration = Duration::from_millis(250);
 
@@ -60,14 +62,16 @@ impl TokenReturns {
 
 impl Worker {
     /// Holds off `model` for every worker until `until`, as its provider asked. The
-    /// write runs beside the attempt's finish, which never waits for it: the model's
-    /// row may be held for a while by a claim of a stalled process.
-    pub(super) fn pause_model(&self, model: &str, until: Timestamp) {
+    /// attempt's end is recorded after the pause, so that no claim starts the model
+    /// once the 429 is on record; but it waits at most [`PAUSE_WRITE_WAIT`] for it:
+    /// the model's row may be held by a claim of a stalled process, and the write
+    /// then finishes on its own.
+    pub(super) async fn pause_model(&self, model: &str, until: Timestamp) {
         tracing::warn!(model = %model, paused_until = %until.to_datetime().to_rfc3339(), "the provider asked to wait (a rate limit or an overload): pausing the model for every worker");
         self.inner.metrics.model_paused(model);
         let db = self.inner.db.clone();
         let model = model.to_owned();
-        tokio::spawn(async move {
+        let write = tokio::spawn(async move {
             if let Err(error) =
                 flow::storage::pause_model(&db, &model, until, Timestamp::now()).await
             {
@@ -75,6 +79,7 @@ impl Worker {
                 tracing::error!(model = %model, error = %error, "recording the model's pause failed");
             }
         });
+        let _ = tokio::time::timeout(PAUSE_WRITE_WAIT, write).await;
     }
 
     /// Each bucket that counted a finished call's tokens, with what it gives back: what
