@@ -25,7 +25,7 @@ use crate::llm::{Provider, ProviderRegistry};
 use crate::metrics::Metrics;
 use entity::Timestamp;
 use finisher::Finisher;
-use pacing::TokenReturns;
+use pacing::{PauseWrites, TokenReturns};
 use sea_orm::{DatabaseConnection, DbErr};
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -80,6 +80,8 @@ struct Inner {
     finisher: Finisher,
     /// Unused tokens on their way back to their buckets.
     token_returns: TokenReturns,
+    /// Model pauses on their way to the database.
+    pause_writes: PauseWrites,
     metrics: Metrics,
     /// Cancelled when the grace period is over: running attempts stop waiting for the
     /// provider and hand their jobs back.
@@ -120,6 +122,7 @@ impl Worker {
                 leases: LeaseKeeper::new(db.clone(), settings.lease),
                 finisher: Finisher::spawn(db.clone()),
                 token_returns: TokenReturns::default(),
+                pause_writes: PauseWrites::default(),
                 db,
                 bus,
                 providers,
@@ -139,6 +142,12 @@ impl Worker {
         let keeper_stop = CancellationToken::new();
         let _stop_keeper = keeper_stop.clone().drop_guard();
         tokio::spawn(self.inner.leases.clone().run(keeper_stop.clone()));
+        tokio::spawn(
+            self.inner
+                .pause_writes
+                .clone()
+                .run(self.inner.db.clone(), keeper_stop.clone()),
+        );
         tokio::spawn(
             self.inner
                 .token_returns

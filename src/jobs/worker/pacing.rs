@@ -1,6 +1,7 @@
 //! What a worker tells the flow control: a provider's 429 (or an overload with a
 //! `Retry-After`) pauses the model for every worker, and a finished call gives back
-//! the tokens it did not use.
+//! the tokens it did not use. Both are written by one background writer each per
+//! process.
 
 use super::Worker;
 use crate::jobs::flow::{self, BucketKey, CallUse};
@@ -10,6 +11,7 @@ use sea_orm::DatabaseConnection;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
 
 /// How long an attempt's end waits for its model's pause to be written.
@@ -60,6 +62,75 @@ impl TokenReturns {
     }
 }
 
+/// Model pauses on their way to the database: one writer per process writes them, the
+/// latest instant per model, so that a burst of 429s while a model's row is held (by a
+/// claim of a stalled process) takes one pool connection, not one per attempt.
+#[derive(Clone, Debug, Default)]
+pub(super) struct PauseWrites {
+    pending: Arc<Mutex<HashMap<String, PendingPause>>>,
+    wake: Arc<Notify>,
+}
+
+/// One model's pause waiting to be written, and who waits for it.
+#[derive(Debug)]
+struct PendingPause {
+    until: Timestamp,
+    written: Vec<oneshot::Sender<()>>,
+}
+
+impl PauseWrites {
+    /// Queues `model`'s pause until `until`; the receiver hears once it is written.
+    fn add(&self, model: &str, until: Timestamp) -> oneshot::Receiver<()> {
+        let (sender, receiver) = oneshot::channel();
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let pause = pending
+            .entry(model.to_owned())
+            .or_insert_with(|| PendingPause {
+                until,
+                written: Vec::new(),
+            });
+        pause.until = pause.until.max(until);
+        pause.written.push(sender);
+        drop(pending);
+        self.wake.notify_one();
+        receiver
+    }
+
+    async fn write(&self, db: &DatabaseConnection) {
+        let pauses: Vec<(String, PendingPause)> =
+            std::mem::take(&mut *self.pending.lock().unwrap_or_else(PoisonError::into_inner))
+                .into_iter()
+                .collect();
+        for (model, pause) in pauses {
+            match flow::storage::pause_model(db, &model, pause.until, Timestamp::now()).await {
+                Ok(()) => {
+                    for waiting in pause.written {
+                        let _ = waiting.send(());
+                    }
+                }
+                // The jobs' own retries still wait for the Retry-After.
+                Err(error) => {
+                    tracing::error!(model = %model, error = %error, "recording the model's pause failed")
+                }
+            }
+        }
+    }
+
+    /// Writes pauses as they come until `stop`, then once more.
+    pub(super) async fn run(self, db: DatabaseConnection, stop: CancellationToken) {
+        loop {
+            let stopped = tokio::select! {
+                _ = stop.cancelled() => true,
+                _ = self.wake.notified() => false,
+            };
+            self.write(&db).await;
+            if stopped {
+                return;
+            }
+        }
+    }
+}
+
 impl Worker {
     /// Holds off `model` for every worker until `until`, as its provider asked. The
     /// attempt's end is recorded after the pause, so that no claim starts the model
@@ -69,17 +140,8 @@ impl Worker {
     pub(super) async fn pause_model(&self, model: &str, until: Timestamp) {
         tracing::warn!(model = %model, paused_until = %until.to_datetime().to_rfc3339(), "the provider asked to wait (a rate limit or an overload): pausing the model for every worker");
         self.inner.metrics.model_paused(model);
-        let db = self.inner.db.clone();
-        let model = model.to_owned();
-        let write = tokio::spawn(async move {
-            if let Err(error) =
-                flow::storage::pause_model(&db, &model, until, Timestamp::now()).await
-            {
-                // The job's own retry still waits for the Retry-After.
-                tracing::error!(model = %model, error = %error, "recording the model's pause failed");
-            }
-        });
-        let _ = tokio::time::timeout(PAUSE_WRITE_WAIT, write).await;
+        let written = self.inner.pause_writes.add(model, until);
+        let _ = tokio::time::timeout(PAUSE_WRITE_WAIT, written).await;
     }
 
     /// Each bucket that counted a finished call's tokens, with what it gives back: what
