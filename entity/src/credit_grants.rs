@@ -19,6 +19,9 @@ pub struct Model {
     pub consumed_nanos: i64,
     /// What expired of it, the sum of its `expiry` ledger entries.
     pub expired_nanos: i64,
+    /// Its instant has come and been carried out: what is left of it only backs the
+    /// holds listed in `hold_backings`, and no other charge consumes it.
+    pub lapsed: bool,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -17,6 +17,8 @@ pub struct Model {
     pub released_amount_nanos: i64,
     pub created_at: Timestamp,
     pub resolved_at: Option<Timestamp>,
+    /// The part of the hold backed by lapsed grants (the sum of its `hold_backings`).
+    pub backed_nanos: i64,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

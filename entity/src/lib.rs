@@ -13,6 +13,7 @@ pub mod attempts;
 pub mod charges;
 pub mod credit_grants;
 pub mod credit_reservations;
+pub mod hold_backings;
 pub mod job_events;
 pub mod jobs;
 mod json_text;

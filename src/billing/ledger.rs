@@ -142,6 +142,7 @@ pub async fn grant(
         expires_at: Set(new.expires_at),
         consumed_nanos: Set(0),
         expired_nanos: Set(0),
+        lapsed: Set(false),
     };
     let grant = credit_grants::Entity::insert(row)
         .exec_with_returning(db)
@@ -200,6 +201,9 @@ pub async fn hold(
     job_id: Uuid,
     amount: Credits,
 ) -> Result<credit_reservations::Model, ServiceError> {
+    // One instant for the row and the expiry check: a hold dated before a grant's
+    // instant may be backed by the grant, so one that checks after it must not be.
+    let now = Timestamp::now();
     let row = credit_reservations::ActiveModel {
         id: Set(Uuid::now_v7()),
         job_id: Set(job_id),
@@ -208,8 +212,9 @@ pub async fn hold(
         status: Set(ReservationStatus::Held),
         settled_amount_nanos: Set(0),
         released_amount_nanos: Set(0),
-        created_at: Set(Timestamp::now()),
+        created_at: Set(now),
         resolved_at: Set(None),
+        backed_nanos: Set(0),
     };
     let reservation = credit_reservations::Entity::insert(row)
         .exec_with_returning(transaction)
@@ -221,7 +226,6 @@ pub async fn hold(
         [(LedgerEntryKind::Hold, amount)],
     )
     .await?;
-    let now = Timestamp::now();
     let take_hold = |expiry_due: Condition| {
         tenants::Entity::update_many()
             .col_expr(
@@ -347,8 +351,9 @@ pub async fn resolve_holds(
     let mut settlements = Vec::with_capacity(resolutions.len());
     let mut charge_rows = Vec::new();
     let mut entry_rows = Vec::new();
-    // Per tenant: credits no longer held, and credits charged.
-    let mut tenant_moves: BTreeMap<Uuid, (Credits, Credits)> = BTreeMap::new();
+    // Per tenant: credits no longer held, credits charged, and whether a hold backed
+    // by a lapsed grant resolved (what it leaves of the grant is due to expire now).
+    let mut tenant_moves: BTreeMap<Uuid, (Credits, Credits, bool)> = BTreeMap::new();
     for (resolution, plan) in resolutions.iter().zip(planned) {
         // The status condition makes resolution happen once even if two callers
         // raced past the read above.
@@ -386,10 +391,16 @@ pub async fn resolve_holds(
                 now,
             ));
         }
-        let moves = tenant_moves
-            .entry(reservation.tenant_id)
-            .or_insert((Credits::ZERO, Credits::ZERO));
-        *moves = (moves.0 + charged + released, moves.1 + charged);
+        let moves = tenant_moves.entry(reservation.tenant_id).or_insert((
+            Credits::ZERO,
+            Credits::ZERO,
+            false,
+        ));
+        *moves = (
+            moves.0 + charged + released,
+            moves.1 + charged,
+            moves.2 || reservation.backed_nanos > 0,
+        );
         settlements.push(Some(settlement));
     }
     for chunk in charge_rows.chunks(INSERT_CHUNK) {
@@ -404,8 +415,8 @@ pub async fn resolve_holds(
     }
     // Last: a tenant's row is what every hold and settlement of the tenant needs, so
     // it stays locked for these statements and the caller's commit only.
-    for (tenant_id, (unheld, charged)) in tenant_moves {
-        tenants::Entity::update_many()
+    for (tenant_id, (unheld, charged, backed)) in tenant_moves {
+        let mut update = tenants::Entity::update_many()
             .col_expr(
                 tenants::Column::HeldNanos,
                 Expr::col(tenants::Column::HeldNanos).sub(unheld.nanos()),
@@ -414,9 +425,16 @@ pub async fn resolve_holds(
                 tenants::Column::ChargedNanos,
                 Expr::col(tenants::Column::ChargedNanos).add(charged.nanos()),
             )
-            .filter(tenants::Column::Id.eq(tenant_id))
-            .exec(db)
-            .await?;
+            .filter(tenants::Column::Id.eq(tenant_id));
+        if backed {
+            // Due at once: the next hold carries the expiry out before it can take
+            // the released credit, and so does the sweep.
+            update = update.col_expr(
+                tenants::Column::NextExpiryAt,
+                super::expiry::earliest_expiry(now),
+            );
+        }
+        update.exec(db).await?;
     }
     Ok(settlements)
 }

@@ -20,6 +20,7 @@ on_both_backends!(
     an_expiry_the_grant_does_not_record_breaks_expired_equals_grant_expiries,
     charges_counted_twice_break_charges_attributed_to_grants,
     a_drifted_spend_counter_breaks_spend_counters_match_jobs,
+    a_charge_moved_onto_a_lapsed_grant_breaks_no_charge_after_expiry,
 );
 
 /// The audit scenario, plus a grant of 1 that expired (half-held at its instant: the
@@ -98,9 +99,58 @@ async fn a_grant_losing_more_than_it_had_breaks_grant_expiry_within_grant(backen
         .unwrap();
     bump_expiry_entry(&s, half).await;
     bump_tenant(&s.app, &s.tenant, tenants::Column::ExpiredNanos, half).await;
+    // The grant lapsed backing the queued job's hold: what it has left no longer
+    // matches that backing either.
+    let report = report(&s.app).await;
+    assert_eq!(
+        report.violated(),
+        [
+            Invariant::GrantExpiryWithinGrant,
+            Invariant::NoChargeAfterExpiry
+        ],
+        "{report}"
+    );
+    for invariant in report.violated() {
+        assert!(
+            report
+                .check(invariant)
+                .violations
+                .iter()
+                .any(|v| v.subject == Subject::Grant(grant)),
+            "{report}"
+        );
+    }
+}
+
+/// A later charge spread onto the lapsed grant instead of the lasting one (what
+/// re-matching held credit at every sweep did): every total still agrees, but the
+/// grant has less left than it backs.
+async fn a_charge_moved_onto_a_lapsed_grant_breaks_no_charge_after_expiry(backend: Backend) {
+    use sea_orm::sea_query::ExprTrait as _;
+    let (s, grant) = with_expiry(backend).await;
+    let lasting = credit_grants::Entity::find()
+        .filter(credit_grants::Column::TenantId.eq(s.tenant.id))
+        .filter(credit_grants::Column::Id.ne(grant))
+        .one(&s.app.app.db)
+        .await
+        .unwrap()
+        .expect("the scenario's grant");
+    assert!(lasting.consumed_nanos > 0, "the scenario charged something");
+    let moved = Ord::min(lasting.consumed_nanos, 1_000);
+    for (id, by) in [(grant, moved), (lasting.id, -moved)] {
+        credit_grants::Entity::update_many()
+            .col_expr(
+                credit_grants::Column::ConsumedNanos,
+                Expr::col(credit_grants::Column::ConsumedNanos).add(by),
+            )
+            .filter(credit_grants::Column::Id.eq(id))
+            .exec(&s.app.app.db)
+            .await
+            .unwrap();
+    }
     assert_only_violated(
         &s.app,
-        Invariant::GrantExpiryWithinGrant,
+        Invariant::NoChargeAfterExpiry,
         Subject::Grant(grant),
     )
     .await;

@@ -27,6 +27,7 @@ on_both_backends!(
     credit_past_its_expiry_is_never_held,
     balance_low_fires_after_an_expiry_crossing,
     grants_refuse_expiries_in_the_past_or_too_far_ahead,
+    a_hold_taken_after_the_instant_never_spends_expired_credit,
 );
 
 const GRANT: &str = "mutation Grant($input: GrantCreditsInput!) {
@@ -498,5 +499,60 @@ async fn grants_refuse_expiries_in_the_past_or_too_far_ahead(backend: Backend) {
     assert_eq!(error_code(&never), "IDEMPOTENCY_CONFLICT", "{never}");
     let [granted, ..] = balance(&app, &tenant).await;
     assert_eq!(granted, Decimal::ONE);
+    assert_billing_invariants(&app.app.db).await;
+}
+
+/// A hold open at a grant's instant keeps the grant's credit it backs; holds taken
+/// after the instant are funded by other grants and never inherit that backing, so
+/// when the old hold is released everything left of the expired grant expires.
+/// (Re-matching held credit at every sweep let ten later jobs spend expired credit.)
+async fn a_hold_taken_after_the_instant_never_spends_expired_credit(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let tenant = app.create_tenant("acme").await;
+    grant(&app, &tenant, "5", None).await;
+    let expires_at = Timestamp::from(Utc::now() + chrono::Duration::seconds(3)).to_datetime();
+    let expiring = grant(&app, &tenant, "5", Some(expires_at)).await;
+    let mut parked = job_input("parked", "hello");
+    parked["maxOutputTokens"] = json!(4000);
+    parked["runAt"] = json!((Utc::now() + chrono::Duration::days(1)).to_rfc3339());
+    let parked = app.create_job_ok(&tenant, parked).await;
+    let [_, held, ..] = balance(&app, &tenant).await;
+    assert!(held > Decimal::ZERO && held < Decimal::from(5), "{held}");
+
+    // Past the instant, ten jobs run: their holds and charges come from the lasting
+    // grant, whatever the parked hold still backs of the expired one.
+    let wait = (expires_at - Utc::now()).to_std().unwrap_or_default();
+    tokio::time::sleep(wait + Duration::from_millis(1500)).await;
+    let mut charged = Decimal::ZERO;
+    for n in 0..10 {
+        let id = app
+            .create_job_ok(&tenant, job_input(&format!("after-{n}"), "hello"))
+            .await;
+        let job = app
+            .wait_until_finished(&tenant, id, Duration::from_secs(30))
+            .await;
+        assert_eq!(job["status"], "SUCCEEDED", "{job}");
+        charged += decimal(&job["charge"]["amount"]);
+    }
+    let cancelled = app
+        .operation(Some(&tenant.key), "CancelJob", json!({"id": parked}))
+        .await;
+    assert_eq!(cancelled["data"]["cancelJob"]["status"], "CANCELLED");
+    sweep_at(&app, Utc::now()).await;
+
+    let [granted, held, charged_total, expired, available] = balance(&app, &tenant).await;
+    assert_eq!(
+        (granted, held, charged_total, expired, available),
+        (
+            Decimal::from(10),
+            Decimal::ZERO,
+            charged,
+            Decimal::from(5),
+            Decimal::from(5) - charged
+        ),
+        "all of the expired grant expired; the later jobs paid from the lasting one"
+    );
+    let row = grant_row(&app, &expiring["id"]).await;
+    assert_eq!((row.consumed_nanos, row.expired_nanos), (0, 5_000_000_000));
     assert_billing_invariants(&app.app.db).await;
 }

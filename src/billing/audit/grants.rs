@@ -1,8 +1,12 @@
-//! Each credit grant against its expiry: never more lost than it had, and its expiry
-//! entries in the ledger agreeing with what it records as expired.
+//! Each credit grant against its expiry: never more lost than it had, its expiry
+//! entries in the ledger agreeing with what it records as expired, and after its
+//! instant consumed only through the holds it backed.
 
 use super::report::{Invariant, Recorder, Subject, VIOLATIONS_SHOWN, Violation, credits};
-use entity::{LedgerEntryKind, Timestamp, credit_grants, ledger_entries};
+use entity::{
+    LedgerEntryKind, ReservationStatus, Timestamp, credit_grants, credit_reservations,
+    hold_backings, ledger_entries,
+};
 use sea_orm::sea_query::{Expr, ExprTrait, IntoColumnRef, Query};
 use sea_orm::{
     ColumnTrait, Condition, ConnectionTrait, DbErr, EntityTrait, FromQueryResult, PaginatorTrait,
@@ -40,6 +44,7 @@ pub(super) async fn audit_grants(
         };
         after = Some(last.id);
         audit_grant_page(db, recorder, &page).await?;
+        audit_backings(db, recorder, &page).await?;
         if (page.len() as u64) < page_size {
             break;
         }
@@ -130,6 +135,129 @@ async fn audit_grant_page(
                     ))
                 }
                 Some(_) => {}
+            }
+        }
+        if !problems.is_empty() {
+            recorder.violation(invariant, Subject::Grant(grant.id), problems.join("; "));
+        }
+    }
+    Ok(())
+}
+
+/// After a grant's instant only the holds taken before it consume it: what is left of
+/// a lapsed grant equals its open backings, and each backing is used up by its own
+/// hold alone.
+async fn audit_backings(
+    db: &impl ConnectionTrait,
+    recorder: &mut Recorder,
+    page: &[credit_grants::Model],
+) -> Result<(), DbErr> {
+    let invariant = Invariant::NoChargeAfterExpiry;
+    recorder.checked(invariant, page.len() as u64);
+    let of_page = hold_backings::Entity::find()
+        .filter(hold_backings::Column::GrantId.is_in(page.iter().map(|grant| grant.id)))
+        .all(db)
+        .await?;
+    let reservations: HashMap<Uuid, credit_reservations::Model> =
+        credit_reservations::Entity::find()
+            .filter(
+                credit_reservations::Column::Id
+                    .is_in(of_page.iter().map(|backing| backing.reservation_id)),
+            )
+            .all(db)
+            .await?
+            .into_iter()
+            .map(|reservation| (reservation.id, reservation))
+            .collect();
+    // Every backing of those holds, of any grant: (backed, consumed) per hold.
+    let mut per_hold: HashMap<Uuid, (i64, i64)> = HashMap::new();
+    for backing in hold_backings::Entity::find()
+        .filter(hold_backings::Column::ReservationId.is_in(reservations.keys().copied()))
+        .all(db)
+        .await?
+    {
+        let sums = per_hold.entry(backing.reservation_id).or_insert((0, 0));
+        *sums = (
+            sums.0 + backing.amount_nanos,
+            sums.1 + backing.consumed_nanos,
+        );
+    }
+    let mut by_grant: HashMap<Uuid, Vec<&hold_backings::Model>> = HashMap::new();
+    for backing in &of_page {
+        by_grant.entry(backing.grant_id).or_default().push(backing);
+    }
+    for grant in page {
+        let mut problems = Vec::new();
+        let backings = by_grant.remove(&grant.id).unwrap_or_default();
+        let left = grant.amount_nanos - grant.consumed_nanos - grant.expired_nanos;
+        let still_backed: i64 = backings
+            .iter()
+            .filter(|backing| !backing.resolved)
+            .map(|backing| backing.amount_nanos)
+            .sum();
+        if grant.lapsed && left != still_backed {
+            problems.push(format!(
+                "lapsed with {} left but backing {} of open holds",
+                credits(left),
+                credits(still_backed)
+            ));
+        }
+        if !grant.lapsed && !backings.is_empty() {
+            problems.push(format!("{} backings of a grant not lapsed", backings.len()));
+        }
+        for backing in backings {
+            let (amount, consumed, expired) = (
+                backing.amount_nanos,
+                backing.consumed_nanos,
+                backing.expired_nanos,
+            );
+            let used_up = consumed >= 0 && expired >= 0 && consumed + expired == amount;
+            let untouched = consumed == 0 && expired == 0;
+            if amount <= 0 || (backing.resolved && !used_up) || (!backing.resolved && !untouched) {
+                problems.push(format!(
+                    "backing {} of {} has consumed {} and expired {} (resolved: {})",
+                    backing.id,
+                    credits(amount),
+                    credits(consumed),
+                    credits(expired),
+                    backing.resolved
+                ));
+            }
+            let Some(hold) = reservations.get(&backing.reservation_id) else {
+                problems.push(format!("backing {} names no hold", backing.id));
+                continue;
+            };
+            if grant
+                .expires_at
+                .is_none_or(|instant| hold.created_at >= instant)
+                || hold.tenant_id != grant.tenant_id
+            {
+                problems.push(format!(
+                    "backs hold {}, taken after the grant's instant or of another tenant",
+                    hold.id
+                ));
+            }
+            if backing.resolved && hold.status == ReservationStatus::Held {
+                problems.push(format!(
+                    "backing {} used up while its hold is open",
+                    backing.id
+                ));
+            }
+            let (backed, consumed_by_hold) = per_hold.get(&hold.id).copied().unwrap_or((0, 0));
+            if backed != hold.backed_nanos
+                || backed > hold.amount_nanos
+                || consumed_by_hold > hold.settled_amount_nanos
+            {
+                problems.push(format!(
+                    "hold {} of {} records {} backed, its backings {} of which {} consumed, \
+                     it settled {}",
+                    hold.id,
+                    credits(hold.amount_nanos),
+                    credits(hold.backed_nanos),
+                    credits(backed),
+                    credits(consumed_by_hold),
+                    credits(hold.settled_amount_nanos)
+                ));
             }
         }
         if !problems.is_empty() {

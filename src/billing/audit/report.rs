@@ -38,6 +38,12 @@ pub enum Invariant {
     /// negative; only a grant with an expiry has expiry entries, dated at it, summing
     /// to what expired of it; every expiry entry names a grant of its own tenant.
     GrantExpiryWithinGrant,
+    /// No charge consumes credit after its grant's expiry: what is left of a lapsed
+    /// grant is exactly what it still backs of holds taken before its instant, each
+    /// backing used up only by its own hold's charge (never more than the hold
+    /// settled) or expired once the hold resolved, and a hold's backings sum to what
+    /// it records as backed.
+    NoChargeAfterExpiry,
     /// A held reservation has settled = released = 0; a resolved one settled ≤ amount
     /// and settled + released = amount; a released one settled = 0.
     ReservationAmountsConsistent,
@@ -67,7 +73,7 @@ pub enum Invariant {
 
 impl Invariant {
     /// Every invariant, in report order.
-    pub const ALL: [Self; 16] = [
+    pub const ALL: [Self; 17] = [
         Self::BalanceMatchesLedger,
         Self::AvailableNonNegative,
         Self::GrantedEqualsGrants,
@@ -77,6 +83,7 @@ impl Invariant {
         Self::ChargesAttributedToGrants,
         Self::SpendCountersMatchJobs,
         Self::GrantExpiryWithinGrant,
+        Self::NoChargeAfterExpiry,
         Self::ReservationAmountsConsistent,
         Self::ReservationResolvedOnce,
         Self::ReservationMatchesJobStatus,
@@ -98,6 +105,7 @@ impl Invariant {
             Self::ChargesAttributedToGrants => "charges_attributed_to_grants",
             Self::SpendCountersMatchJobs => "spend_counters_match_jobs",
             Self::GrantExpiryWithinGrant => "grant_expiry_within_grant",
+            Self::NoChargeAfterExpiry => "no_charge_after_expiry",
             Self::ReservationAmountsConsistent => "reservation_amounts_consistent",
             Self::ReservationResolvedOnce => "reservation_resolved_once",
             Self::ReservationMatchesJobStatus => "reservation_matches_job_status",
@@ -119,7 +127,7 @@ impl Invariant {
             | Self::ExpiredEqualsGrantExpiries
             | Self::ChargesAttributedToGrants
             | Self::SpendCountersMatchJobs => "tenants",
-            Self::GrantExpiryWithinGrant => "grants",
+            Self::GrantExpiryWithinGrant | Self::NoChargeAfterExpiry => "grants",
             Self::ReservationAmountsConsistent | Self::ReservationResolvedOnce => "reservations",
             Self::ReservationMatchesJobStatus
             | Self::OneReservationPerJob

@@ -10,21 +10,26 @@
 //! Greedy consumption in a fixed order gives the same remainders whether charges are
 //! spread one by one or together, so the lazy spread equals the eager one.
 //!
-//! **What expires.** Held credit is backed by the grants in the same order charges
-//! consume them: the soonest-expiring first. At its `expires_at`, what is left of a
-//! grant (amount − consumed − already expired) leaves the balance through an `expiry`
-//! ledger entry dated at `expires_at`, except the part that backs open holds — so
-//! never more than the tenant's available balance, and held credit is never touched.
-//! The held part stays open on the grant: a charge of that hold consumes it (it is the
-//! soonest-expiring credit), and what the hold releases expires at the next sweep or
-//! before the next hold. A grant that never expires is never eaten by an expiring one.
+//! **What expires.** At a grant's instant (`expires_at`) the grant *lapses*: what is
+//! left of it (amount − consumed − already expired) leaves the balance through an
+//! `expiry` ledger entry dated at the instant, except the part that backs holds taken
+//! before the instant — held credit is backed by the grants in the order charges
+//! consume them, the soonest-expiring first. That part is tied to those very holds
+//! ([`backings`]): their charges consume it, and what they leave expires when they
+//! resolve. A lapsed grant is out of the consumption order, so no charge of a later
+//! hold can ever spend credit that had expired. A grant that never expires is never
+//! eaten by an expiring one.
 //!
 //! **Who expires it.** The sweep ([`run`], in every `serve` and `worker` process)
 //! finds tenants whose `next_expiry_at` has passed through a partial index, and
 //! expires each one in a transaction of its own under the tenant's row lock, so two
 //! processes sweeping at once expire each credit once. A process that was down at the
 //! instant expires late, with the same result and date. A hold never waits for the
-//! sweep: one that finds an expiry due on the tenant's row carries it out first.
+//! sweep: one that finds an expiry due on the tenant's row carries it out first — so
+//! every hold taken after an instant finds the grant lapsed — and resolving a backed
+//! hold makes an expiry due at once.
+
+mod backings;
 
 use super::Credits;
 use super::ledger::{self, Balance};
@@ -77,13 +82,15 @@ fn remaining(grant: &credit_grants::Model) -> Credits {
     Credits::from_nanos(grant.amount_nanos - grant.consumed_nanos - grant.expired_nanos)
 }
 
-/// The tenant's grants with something left, in the order charges consume them.
+/// The tenant's grants that charges may still consume — not lapsed, with something
+/// left — in the order charges consume them.
 async fn open_grants(
     db: &impl ConnectionTrait,
     tenant_id: Uuid,
 ) -> Result<Vec<credit_grants::Model>, DbErr> {
     let mut grants = credit_grants::Entity::find()
         .filter(credit_grants::Column::TenantId.eq(tenant_id))
+        .filter(credit_grants::Column::Lapsed.eq(false))
         .filter(
             Expr::col(credit_grants::Column::ConsumedNanos)
                 .add(Expr::col(credit_grants::Column::ExpiredNanos))
@@ -103,22 +110,25 @@ async fn open_grants(
     Ok(grants)
 }
 
-/// Spreads the tenant's charges not yet attributed over its grants, in consumption
-/// order, and returns the grants that still have something left, in that order.
+/// Spreads the tenant's charges not yet attributed over its grants: a resolved hold
+/// backed by lapsed grants uses up its backings first ([`backings::settle`]), the rest
+/// goes over the open grants in consumption order. Returns the open grants that still
+/// have something left, in that order, and the credits that the backings let expire.
 ///
 /// Run it with the tenant's row locked (every charge and grant of the tenant takes
 /// that lock), so the counts it reads stay true until the commit.
 pub(super) async fn attribute_charges(
     db: &impl ConnectionTrait,
     tenant_id: Uuid,
-) -> Result<Vec<credit_grants::Model>, DbErr> {
+) -> Result<(Vec<credit_grants::Model>, Credits), DbErr> {
+    let expired = backings::settle(db, tenant_id).await?;
     let Some(tenant) = tenants::Entity::find_by_id(tenant_id).one(db).await? else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), expired));
     };
     let mut grants = open_grants(db, tenant_id).await?;
     let mut unattributed = Credits::from_nanos(tenant.charged_nanos - tenant.attributed_nanos);
     if !unattributed.is_positive() {
-        return Ok(grants);
+        return Ok((grants, expired));
     }
     let mut attributed = Credits::ZERO;
     for grant in &mut grants {
@@ -155,50 +165,78 @@ pub(super) async fn attribute_charges(
         .exec(db)
         .await?;
     grants.retain(|grant| remaining(grant).is_positive());
-    Ok(grants)
+    Ok((grants, expired))
+}
+
+/// What happens to one grant that lapses.
+#[derive(Debug, PartialEq, Eq)]
+struct Lapse {
+    /// Its index in the grants planned.
+    index: usize,
+    /// What is set aside for the holds taken before its instant.
+    backing: Credits,
+    /// What expires now.
+    expiring: Credits,
 }
 
 /// What expiring a tenant's grants at `now` does.
 #[derive(Debug, PartialEq, Eq)]
 struct ExpiryPlan {
-    /// `(index in the grants, credits that expire)`, only positive amounts.
-    expiries: Vec<(usize, Credits)>,
-    /// The earliest expiry among the grants with something left afterwards.
+    /// The grants due, in order.
+    lapses: Vec<Lapse>,
+    /// The earliest instant among the grants with something left that are not due.
     next_expiry_at: Option<Timestamp>,
 }
 
-/// Plans the expiry of `grants` (open, in consumption order) of a tenant whose
-/// balance is `balance`: each due grant loses what is left of it except the part
-/// that backs open holds, held credit being backed by the grants in order.
-fn plan(grants: &[credit_grants::Model], balance: Balance, now: Timestamp) -> ExpiryPlan {
-    let mut available = balance.available();
-    // Held credit not yet backed by a grant earlier in the order.
-    let mut held_left = balance.held;
-    let mut expiries = Vec::new();
+/// Plans the expiry of `grants` (open, in consumption order) with `available`
+/// credits: each grant due lapses, backing what it can of the held credit that is
+/// not backed yet — `unbacked[k]` for the k-th grant due, of the holds taken before
+/// its instant — and losing the rest. Grants due earlier back first: they come first
+/// in the order, and their holds are among the later ones'.
+fn plan(
+    grants: &[credit_grants::Model],
+    available: Credits,
+    unbacked: &[Credits],
+    now: Timestamp,
+) -> ExpiryPlan {
+    let mut available = available;
+    // Held credit set aside by the grants lapsing before this one.
+    let mut backed = Credits::ZERO;
+    let mut lapses = Vec::new();
     let mut next_expiry_at = None;
     for (index, grant) in grants.iter().enumerate() {
         let Some(expires_at) = grant.expires_at else {
             continue;
         };
-        let mut left = remaining(grant);
+        let left = remaining(grant);
         if expires_at <= now {
-            let backing = left.min(held_left);
-            held_left = held_left - backing;
+            let backable = unbacked.get(lapses.len()).copied().unwrap_or(Credits::ZERO) - backed;
+            let backing = if backable.is_positive() {
+                left.min(backable)
+            } else {
+                Credits::ZERO
+            };
+            backed = backed + backing;
             // Never above what is available, whatever the rows say.
-            let taken = (left - backing).min(available);
-            if taken.is_positive() {
-                expiries.push((index, taken));
-                available = available - taken;
-                left = left - taken;
-            }
-        }
-        if left.is_positive() && next_expiry_at.is_none() {
-            // Grants come soonest-expiring first: the first with something left.
+            let expiring = (left - backing).min(available);
+            let expiring = if expiring.is_positive() {
+                expiring
+            } else {
+                Credits::ZERO
+            };
+            available = available - expiring;
+            lapses.push(Lapse {
+                index,
+                backing,
+                expiring,
+            });
+        } else if left.is_positive() && next_expiry_at.is_none() {
+            // Grants come soonest-expiring first: the first not due.
             next_expiry_at = Some(expires_at);
         }
     }
     ExpiryPlan {
-        expiries,
+        lapses,
         next_expiry_at,
     }
 }
@@ -214,50 +252,74 @@ pub async fn expire_tenant(
 ) -> Result<Credits, DbErr> {
     // NO KEY UPDATE, the lock holds and settlements take on the row (see
     // `limits::admit_spend`); SQLite's write transaction holds the whole database.
-    let Some(tenant) = tenants::Entity::find_by_id(tenant_id)
+    let Some(locked) = tenants::Entity::find_by_id(tenant_id)
         .lock(LockType::NoKeyUpdate)
         .one(db)
         .await?
     else {
         return Ok(Credits::ZERO);
     };
-    let grants = attribute_charges(db, tenant_id).await?;
-    let plan = plan(&grants, Balance::from(&tenant), now);
-    let mut expired = Credits::ZERO;
+    let (grants, mut expired) = attribute_charges(db, tenant_id).await?;
+    // Settling backings may have expired credit: the balance as it is now.
+    let tenant = if expired.is_positive() {
+        tenants::Entity::find_by_id(tenant_id)
+            .one(db)
+            .await?
+            .unwrap_or(locked)
+    } else {
+        locked
+    };
+    let mut unbacked = Vec::new();
+    for grant in &grants {
+        match grant.expires_at {
+            Some(instant) if instant <= now => {
+                unbacked.push(backings::unbacked_before(db, tenant_id, instant).await?);
+            }
+            _ => {}
+        }
+    }
+    let plan = plan(&grants, Balance::from(&tenant).available(), &unbacked, now);
+    let mut lapsed = Credits::ZERO;
     let mut entries = Vec::new();
-    for (index, taken) in &plan.expiries {
-        let grant = &grants[*index];
+    for lapse in &plan.lapses {
+        let grant = &grants[lapse.index];
         let Some(expires_at) = grant.expires_at else {
             continue;
         };
+        if lapse.backing.is_positive() {
+            backings::assign(db, grant, expires_at, lapse.backing).await?;
+        }
         credit_grants::Entity::update_many()
             .col_expr(
                 credit_grants::Column::ExpiredNanos,
-                Expr::value(grant.expired_nanos + taken.nanos()),
+                Expr::value(grant.expired_nanos + lapse.expiring.nanos()),
             )
+            .col_expr(credit_grants::Column::Lapsed, Expr::value(true))
             .filter(credit_grants::Column::Id.eq(grant.id))
             .exec(db)
             .await?;
-        // Dated at the expiry instant, however late the sweep came.
-        entries.push(ledger::entry(
-            tenant_id,
-            (None, Some(grant.id)),
-            LedgerEntryKind::Expiry,
-            *taken,
-            expires_at,
-        ));
-        expired = expired + *taken;
+        if lapse.expiring.is_positive() {
+            // Dated at the expiry instant, however late the sweep came.
+            entries.push(ledger::entry(
+                tenant_id,
+                (None, Some(grant.id)),
+                LedgerEntryKind::Expiry,
+                lapse.expiring,
+                expires_at,
+            ));
+            lapsed = lapsed + lapse.expiring;
+        }
     }
     if !entries.is_empty() {
         ledger_entries::Entity::insert_many(entries)
             .exec(db)
             .await?;
     }
-    if expired.is_positive() || plan.next_expiry_at != tenant.next_expiry_at {
+    if lapsed.is_positive() || plan.next_expiry_at != tenant.next_expiry_at {
         tenants::Entity::update_many()
             .col_expr(
                 tenants::Column::ExpiredNanos,
-                Expr::col(tenants::Column::ExpiredNanos).add(expired.nanos()),
+                Expr::col(tenants::Column::ExpiredNanos).add(lapsed.nanos()),
             )
             .col_expr(
                 tenants::Column::NextExpiryAt,
@@ -267,6 +329,7 @@ pub async fn expire_tenant(
             .exec(db)
             .await?;
     }
+    expired = expired + lapsed;
     if expired.is_positive() {
         tracing::info!(tenant.id = %tenant_id, expired = %expired, "expired credit left the balance");
         crate::webhooks::alerts::after_balance_fell(db, tenant_id, expired).await?;
@@ -275,9 +338,8 @@ pub async fn expire_tenant(
 }
 
 /// Whether expiring the tenant at `now` may change anything, judged from its rows
-/// without a lock: charges not yet attributed only lower what is left of the grants
-/// (and were already taken out of what is held), so a plan that expires nothing here
-/// expires nothing under the lock either, and the sweep need not take it.
+/// without a lock: a grant due lapses, a resolved hold's backing is used up, or the
+/// next instant moves; otherwise the sweep need not take the tenant's lock.
 async fn may_expire(
     db: &DatabaseConnection,
     tenant_id: Uuid,
@@ -287,13 +349,15 @@ async fn may_expire(
         return Ok(false);
     };
     let grants = open_grants(db, tenant_id).await?;
-    let plan = plan(&grants, Balance::from(&tenant), now);
-    Ok(!plan.expiries.is_empty() || plan.next_expiry_at != tenant.next_expiry_at)
+    let plan = plan(&grants, Balance::from(&tenant).available(), &[], now);
+    Ok(!plan.lapses.is_empty()
+        || plan.next_expiry_at != tenant.next_expiry_at
+        || backings::any_to_settle(db, tenant_id).await?)
 }
 
 /// Expires everything due at `now` on every tenant, one transaction per tenant;
-/// returns the credits that expired. Tenants whose due credit is all held are not
-/// locked: there is nothing to expire until a hold is released.
+/// returns the credits that expired. Tenants with nothing to do (see [`may_expire`])
+/// are not locked.
 pub async fn sweep(db: &DatabaseConnection, now: Timestamp) -> Result<Credits, DbErr> {
     let mut expired = Credits::ZERO;
     let mut after: Option<Uuid> = None;
@@ -357,72 +421,68 @@ mod tests {
             expires_at: expires_at.map(Timestamp),
             consumed_nanos: 0,
             expired_nanos: 0,
+            lapsed: false,
         }
     }
 
-    fn balance(granted: i64, held: i64) -> Balance {
-        Balance {
-            granted: Credits::from_nanos(granted),
-            held: Credits::from_nanos(held),
-            ..Balance::default()
-        }
-    }
-
-    fn expired(plan: &ExpiryPlan) -> Vec<(usize, i64)> {
-        plan.expiries
+    fn lapses(plan: &ExpiryPlan) -> Vec<(usize, i64, i64)> {
+        plan.lapses
             .iter()
-            .map(|(index, amount)| (*index, amount.nanos()))
+            .map(|lapse| (lapse.index, lapse.backing.nanos(), lapse.expiring.nanos()))
             .collect()
+    }
+
+    fn nanos(amounts: &[i64]) -> Vec<Credits> {
+        amounts.iter().copied().map(Credits::from_nanos).collect()
     }
 
     #[test]
     fn a_due_grant_expires_what_is_left_of_it_and_nothing_before_its_instant() {
         let grants = [grant(100, Some(NOW.0)), grant(50, None)];
-        let due = plan(&grants, balance(150, 0), NOW);
-        assert_eq!(expired(&due), vec![(0, 100)]);
+        let due = plan(&grants, Credits::from_nanos(150), &nanos(&[0]), NOW);
+        assert_eq!(lapses(&due), vec![(0, 0, 100)]);
         assert_eq!(due.next_expiry_at, None);
-        let early = plan(&grants, balance(150, 0), Timestamp(NOW.0 - 1));
-        assert_eq!(expired(&early), vec![]);
+        let early = plan(&grants, Credits::from_nanos(150), &[], Timestamp(NOW.0 - 1));
+        assert_eq!(lapses(&early), vec![]);
         assert_eq!(early.next_expiry_at, Some(NOW));
     }
 
     #[test]
     fn held_credit_is_backed_by_the_soonest_expiring_grant_and_never_expires() {
-        // 100 expiring, 100 lasting, 120 held: the expiring grant backs 100 of it.
+        // 100 expiring, 100 lasting, 120 held before the instant: the expiring grant
+        // backs 100 of it and expires nothing.
         let grants = [grant(100, Some(NOW.0)), grant(100, None)];
-        let all_held = plan(&grants, balance(200, 120), NOW);
-        assert_eq!(expired(&all_held), vec![]);
-        assert_eq!(
-            all_held.next_expiry_at,
-            Some(NOW),
-            "still due once released"
-        );
+        let all_held = plan(&grants, Credits::from_nanos(80), &nanos(&[120]), NOW);
+        assert_eq!(lapses(&all_held), vec![(0, 100, 0)]);
+        assert_eq!(all_held.next_expiry_at, None, "lapsed: no longer due");
         // 30 held: 70 expires, the lasting grant stays whole.
         assert_eq!(
-            expired(&plan(&grants, balance(200, 30), NOW)),
-            vec![(0, 70)]
+            lapses(&plan(&grants, Credits::from_nanos(170), &nanos(&[30]), NOW)),
+            vec![(0, 30, 70)]
         );
     }
 
     #[test]
     fn never_more_than_available_expires_whatever_the_rows_say() {
         let grants = [grant(100, Some(NOW.0))];
-        let short = Balance {
-            charged: Credits::from_nanos(90),
-            ..balance(100, 0)
-        };
-        assert_eq!(expired(&plan(&grants, short, NOW)), vec![(0, 10)]);
+        assert_eq!(
+            lapses(&plan(&grants, Credits::from_nanos(10), &nanos(&[0]), NOW)),
+            vec![(0, 0, 10)]
+        );
     }
 
     #[test]
     fn grants_due_together_back_holds_in_order() {
+        // 50 held before the first instant, 20 more before the second: the first
+        // grant backs 40, the second the 10 left of the first holds and 20 of the
+        // later ones, and loses 10.
         let grants = [
             grant(40, Some(NOW.0 - 10)),
             grant(40, Some(NOW.0)),
             grant(40, Some(NOW.0 + 10)),
         ];
-        let due = plan(&grants, balance(120, 50), NOW);
-        assert_eq!(expired(&due), vec![(1, 30)]);
-        assert_eq!(due.next_expiry_at, Some(Timestamp(NOW.0 - 10)));
+        let due = plan(&grants, Credits::from_nanos(50), &nanos(&[50, 70]), NOW);
+        assert_eq!(lapses(&due), vec![(0, 40, 0), (1, 30, 10)]);
+        assert_eq!(due.next_expiry_at, Some(Timestamp(NOW.0 + 10)));
     }
 }
