@@ -1,5 +1,6 @@
 //! Connecting to the database and the transaction rules both backends share.
 
+use entity::Timestamp;
 use migration::{Migrator, MigratorTrait};
 use sea_orm::sqlx::postgres::PgConnectOptions;
 use sea_orm::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
@@ -113,6 +114,40 @@ pub async fn pending_migrations(
         .count())
 }
 
+/// The PostgreSQL server's clock in microseconds since the epoch, as SQL: leases are
+/// written and judged by it, so that a process whose own clock runs ahead never takes
+/// back a job that another process is still renewing. (`clock_timestamp()`, not
+/// `now()`: the latter stands still for a whole transaction.)
+pub const POSTGRES_CLOCK: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::bigint";
+
+/// Now by the clock that leases are judged with: the PostgreSQL server's, which every
+/// process shares; on SQLite this process's own (its file is shared only by processes
+/// on one machine).
+pub async fn lease_clock(db: &impl ConnectionTrait) -> Result<Timestamp, DbErr> {
+    if db.get_database_backend() != DbBackend::Postgres {
+        return Ok(Timestamp::now());
+    }
+    let row = db
+        .query_one_raw(Statement::from_string(
+            DbBackend::Postgres,
+            format!("SELECT {POSTGRES_CLOCK} AS now"),
+        ))
+        .await?
+        .ok_or_else(|| DbErr::Custom("the server did not tell the time".into()))?;
+    Ok(Timestamp(row.try_get::<i64>("", "now")?))
+}
+
+/// `lease_until` for a lease of `lease` taken now, as a SQL expression on PostgreSQL
+/// (by the server's clock) and a value on SQLite.
+pub fn lease_until(backend: DbBackend, lease: Duration) -> sea_orm::sea_query::SimpleExpr {
+    let micros = i64::try_from(lease.as_micros()).unwrap_or(i64::MAX / 2);
+    if backend == DbBackend::Postgres {
+        sea_orm::sea_query::Expr::cust(format!("{POSTGRES_CLOCK} + {micros}"))
+    } else {
+        sea_orm::sea_query::Expr::value(Timestamp(Timestamp::now().micros().saturating_add(micros)))
+    }
+}
+
 /// Whether the database refused a statement because of a conflict on a unique index.
 pub fn is_unique_violation(error: &DbErr) -> bool {
     matches!(error.sql_err(), Some(SqlErr::UniqueConstraintViolation(_)))
@@ -120,8 +155,10 @@ pub fn is_unique_violation(error: &DbErr) -> bool {
 
 /// Whether an error may go away if the same statement is tried again: the connection
 /// or the pool failed, or the database asked the transaction to retry (a lock, a
-/// serialization failure, a shutdown). A statement the database refused for what it
-/// holds (a data or constraint error, a trigger) fails the same way every time.
+/// serialization failure, a shutdown), or it takes no writes for now (a read-only
+/// transaction after a failover, an object not yet in the state the statement needs).
+/// A statement the database refused for what it holds (a data or constraint error, a
+/// trigger) fails the same way every time.
 pub fn is_transient(error: &DbErr) -> bool {
     let runtime = match error {
         DbErr::Exec(runtime) | DbErr::Query(runtime) | DbErr::Conn(runtime) => runtime,
@@ -149,10 +186,13 @@ pub fn is_transient(error: &DbErr) -> bool {
         .is_some()
     {
         // SQLSTATE classes: connection exception, transaction rollback (serialization
-        // failure, deadlock), insufficient resources, operator intervention.
-        ["08", "40", "53", "57"]
-            .iter()
-            .any(|class| code.starts_with(class))
+        // failure, deadlock), insufficient resources, object not in prerequisite state
+        // (55000, lock not available), operator intervention (shutdown, 57P0x); and
+        // 25006, a read-only transaction: a standby, or a primary being failed over.
+        code == "25006"
+            || ["08", "40", "53", "55", "57"]
+                .iter()
+                .any(|class| code.starts_with(class))
     } else {
         // SQLite's extended result codes: SQLITE_BUSY (5) and SQLITE_LOCKED (6) and
         // their variants.

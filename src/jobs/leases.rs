@@ -7,7 +7,7 @@
 
 use super::queue::{self, Claim, Renewal};
 use sea_orm::DatabaseConnection;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::{Notify, watch};
@@ -65,6 +65,11 @@ impl LeaseKeeper {
             run_token: claim.run_token,
             learned: watched,
         }
+    }
+
+    /// The jobs whose leases this keeper holds: attempts alive in this process.
+    pub fn held_jobs(&self) -> HashSet<Uuid> {
+        self.shared.held().keys().copied().collect()
     }
 
     /// Renews every held lease each third of a lease (or at once when an attempt asks)
@@ -136,6 +141,12 @@ impl LeaseHold {
                 return renewal;
             }
         }
+    }
+
+    /// Whether a renewal found the job no longer ours: another worker took it back,
+    /// and nothing this attempt writes would match.
+    pub fn is_lost(&self) -> bool {
+        matches!(*self.learned.borrow(), Some(Renewal::Lost))
     }
 
     /// Asks for a renewal now: notices of a cancel may have been missed, and the

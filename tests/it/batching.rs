@@ -142,7 +142,13 @@ async fn lose_and_reclaim(db: &DatabaseConnection, job_id: Uuid) -> Claim {
         .exec(db)
         .await
         .unwrap();
-    assert_eq!(queue::expire_leases(db).await.unwrap().len(), 1);
+    assert_eq!(
+        queue::expire_leases(db, &Default::default())
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
     let fresh = queue::claim(db, ClaimRequest::new(1, LEASE))
         .await
         .unwrap()

@@ -130,7 +130,7 @@ async fn a_stale_run_token_cannot_renew_start_or_finish(backend: Backend) {
         .exec(db)
         .await
         .unwrap();
-    let taken_back = queue::expire_leases(db).await.unwrap();
+    let taken_back = queue::expire_leases(db, &Default::default()).await.unwrap();
     assert_eq!(taken_back.len(), 1);
     let fresh = queue::claim(db, ClaimRequest::new(1, LEASE))
         .await
@@ -330,7 +330,13 @@ async fn a_cancel_the_worker_missed_wins_over_a_retry(backend: Backend) {
                     .exec(db)
                     .await
                     .unwrap();
-                assert_eq!(queue::expire_leases(db).await.unwrap().len(), 1);
+                assert_eq!(
+                    queue::expire_leases(db, &Default::default())
+                        .await
+                        .unwrap()
+                        .len(),
+                    1
+                );
             }
         }
         let job = app.job(&tenant, job_id).await;

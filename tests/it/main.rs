@@ -25,6 +25,7 @@ mod deploy;
 mod dispatch;
 mod engine;
 mod expiry;
+mod faults;
 mod fencing;
 mod flags;
 mod flow_control;

@@ -13,6 +13,8 @@ use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
     ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
 };
+use std::collections::HashSet;
+use uuid::Uuid;
 
 /// Most expired leases handled in one sweep.
 const EXPIRY_BATCH: u64 = 100;
@@ -21,17 +23,29 @@ const EXPIRY_BATCH: u64 = 100;
 /// froze or lost the database). The lost attempt becomes `lease_expired`, keeping its
 /// cost bound; the job is queued again, or ends when it was cancelled, has no
 /// attempts left, or forbids retrying an unknown outcome.
-pub async fn expire_leases(db: &DatabaseConnection) -> Result<Vec<EventNotice>, DbErr> {
-    let now = Timestamp::now();
+///
+/// Leases are judged by the database's clock ([`crate::db::lease_clock`]), never by
+/// this process's. `held_here` names the jobs whose attempts run in this process: they
+/// are alive whatever their row says (after the database refused writes for longer
+/// than a lease, their renewal comes next), so they are never taken back from here.
+pub async fn expire_leases(
+    db: &DatabaseConnection,
+    held_here: &HashSet<Uuid>,
+) -> Result<Vec<EventNotice>, DbErr> {
+    let now = crate::db::lease_clock(db).await?;
     let expired = jobs::Entity::find()
         .filter(jobs::Column::Status.eq(JobStatus::Running))
         .filter(jobs::Column::LeaseUntil.lt(now))
         .order_by_asc(jobs::Column::LeaseUntil)
-        .limit(EXPIRY_BATCH)
+        .limit(EXPIRY_BATCH + held_here.len() as u64)
         .all(db)
         .await?;
     let mut notices = Vec::new();
-    for job in expired {
+    for job in expired
+        .into_iter()
+        .filter(|job| !held_here.contains(&job.id))
+        .take(EXPIRY_BATCH as usize)
+    {
         let Some(run_token) = job.run_token else {
             continue;
         };

@@ -48,13 +48,12 @@ pub async fn renew_leases(
     owned: &[(Uuid, Uuid)],
     lease: Duration,
 ) -> Result<HashMap<Uuid, Renewal>, DbErr> {
-    let lease_until =
-        Timestamp::now().plus(chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX));
+    let lease_until = crate::db::lease_until(db.get_database_backend(), lease);
     let mut renewed = HashMap::with_capacity(owned.len());
     for chunk in owned.chunks(RENEWAL_CHUNK) {
         let statement = Query::update()
             .table(jobs::Entity)
-            .value(jobs::Column::LeaseUntil, lease_until)
+            .value(jobs::Column::LeaseUntil, lease_until.clone())
             .and_where(jobs::Column::Status.eq(JobStatus::Running))
             .and_where(
                 Expr::tuple([

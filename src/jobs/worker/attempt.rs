@@ -6,6 +6,7 @@ use super::finisher::Finished;
 use super::judge::{CallContext, CallEnd};
 use super::{Prepared, Ready, Worker, deltas};
 use crate::jobs::bus::{EventNotice, Wake};
+use crate::jobs::leases::LeaseHold;
 use crate::jobs::observe;
 use crate::jobs::queue::{self, AttemptEnd, Renewal, StartedAttempt};
 use crate::llm::ChatRequest;
@@ -74,6 +75,10 @@ impl Worker {
             (None, None)
         };
         let began = Instant::now();
+        // The keeper renews beside the call, so that a slow database never stalls the
+        // stream, the deadline or a cancel; and until the end is recorded, so that a
+        // database refusing writes for a while does not cost the answer.
+        let mut lease = inner.leases.hold(&claim);
         // A cancel that landed after the claim but before the attempt was recorded is
         // in the row start_attempts locked; one landing later reaches `notices`, to
         // which this attempt subscribed before starting.
@@ -97,9 +102,6 @@ impl Worker {
             tokio::pin!(call);
             let deadline = tokio::time::sleep(inner.settings.attempt_timeout);
             tokio::pin!(deadline);
-            // The keeper renews beside the call, so that a slow database never stalls
-            // the stream, the deadline or a cancel.
-            let mut lease = inner.leases.hold(&claim);
             let _in_flight = inner.metrics.provider_call();
             loop {
                 tokio::select! {
@@ -172,7 +174,7 @@ impl Worker {
             Finished::Recorded(finished) => finished,
             Finished::Alone(end) => {
                 let end = *end;
-                match finish_with_retries(&inner.db, end.clone()).await {
+                match finish_with_retries(&inner.db, end.clone(), &lease).await {
                     Err(FinishError::Refused(error)) => {
                         // Trying again cannot help, and leaving the job to lease expiry
                         // would lose the exact usage and run it again: record what is
@@ -188,6 +190,7 @@ impl Worker {
                                 outcome,
                                 ..end
                             },
+                            &lease,
                         )
                         .await
                     }
@@ -219,16 +222,13 @@ impl Worker {
     }
 }
 
-/// Tries to record a finished attempt before giving up to lease expiry.
-const FINISH_TRIES: u32 = 5;
-
 /// Why an attempt's end could not be recorded.
 #[derive(Debug)]
 enum FinishError {
     /// The database refused the statement for what it holds: trying it again fails
     /// the same way.
     Refused(DbErr),
-    /// The database stayed unreachable or busy through every try.
+    /// The database stayed unreachable, busy or read-only for [`FINISH_PATIENCE`].
     Unavailable(DbErr),
 }
 
@@ -240,16 +240,20 @@ impl FinishError {
     }
 }
 
-/// Records one attempt's end in a transaction of its own, retrying a transient
-/// failure with backoff: the answer may be paid for, and losing it to one busy moment
-/// of the database would leave only a cost bound and make the job run again. The
-/// write is fenced, so retrying it is safe; once the lease has lapsed it matches
-/// nothing.
+/// Records one attempt's end in a transaction of its own, retrying with backoff
+/// every failure that may pass — a busy moment, a lost connection, a database that
+/// takes no writes during a failover — for as long as the attempt holds its lease
+/// (the keeper goes on renewing it, and retries its renewals too): the answer may be
+/// paid for, and losing it would leave only a cost bound and make the job run again.
+/// The write is fenced, so retrying it is safe; once another worker has the job it
+/// matches nothing.
 async fn finish_with_retries(
     db: &DatabaseConnection,
     end: AttemptEnd,
+    lease: &LeaseHold,
 ) -> Result<Option<Vec<EventNotice>>, FinishError> {
-    let mut pause = Duration::from_millis(500);
+    let began = Instant::now();
+    let mut pause = FINISH_FIRST_PAUSE;
     let mut try_number = 1;
     loop {
         match queue::finish_attempts(db, std::slice::from_ref(&end)).await {
@@ -257,13 +261,26 @@ async fn finish_with_retries(
             Err(error) if !crate::db::is_transient(&error) => {
                 return Err(FinishError::Refused(error));
             }
-            Err(error) if try_number < FINISH_TRIES => {
-                tracing::warn!(job.id = %end.claim.job.id, error = %error, try_number, "recording the attempt failed; trying again");
+            // Another worker has the job: nothing of this attempt would be written.
+            Err(_) if lease.is_lost() => return Ok(None),
+            Err(error) if began.elapsed() >= FINISH_PATIENCE => {
+                return Err(FinishError::Unavailable(error));
+            }
+            Err(error) => {
+                if try_number == 1 || try_number % 10 == 0 {
+                    tracing::warn!(job.id = %end.claim.job.id, error = %error, try_number, "recording the attempt failed; trying again");
+                }
                 tokio::time::sleep(pause).await;
-                pause *= 2;
+                pause = (pause * 2).min(FINISH_LONGEST_PAUSE);
                 try_number += 1;
             }
-            Err(error) => return Err(FinishError::Unavailable(error)),
         }
     }
 }
+
+/// The first wait before recording an attempt again, doubling up to
+/// [`FINISH_LONGEST_PAUSE`].
+const FINISH_FIRST_PAUSE: Duration = Duration::from_millis(250);
+const FINISH_LONGEST_PAUSE: Duration = Duration::from_secs(5);
+/// Longest an attempt goes on trying to record its end while its lease holds.
+const FINISH_PATIENCE: Duration = Duration::from_secs(600);

@@ -237,7 +237,8 @@ impl Worker {
     }
 
     async fn take_back_expired_leases(&self) -> Result<(), DbErr> {
-        let notices = queue::expire_leases(&self.inner.db).await?;
+        let held_here = self.inner.leases.held_jobs();
+        let notices = queue::expire_leases(&self.inner.db, &held_here).await?;
         observe::leases_expired(&self.inner.metrics, &notices);
         self.inner.bus.publish(notices);
         Ok(())

@@ -230,6 +230,12 @@ struct Round<'a> {
 }
 
 impl<'a> Round<'a> {
+    /// The lease in microseconds, for PostgreSQL, where it runs from the server's
+    /// clock (`db::POSTGRES_CLOCK`) rather than from `now`.
+    fn lease_micros(&self) -> i64 {
+        i64::try_from(self.request.lease.as_micros()).unwrap_or(i64::MAX / 2)
+    }
+
     fn at(now: Timestamp, request: ClaimRequest<'a>) -> Self {
         Self {
             now,

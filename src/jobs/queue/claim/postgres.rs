@@ -4,6 +4,7 @@
 
 use super::visit::Visit;
 use super::{Candidate, Round};
+use crate::db::POSTGRES_CLOCK;
 use entity::jobs;
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, FromQueryResult, Statement,
@@ -76,7 +77,7 @@ pub async fn claim_unlimited(
             status = 'running',
             attempt_count = jobs.attempt_count + 1,
             run_token = tokens.token,
-            lease_until = $6,
+            lease_until = {POSTGRES_CLOCK} + $6,
             started_at = COALESCE(jobs.started_at, $1),
             updated_at = $1
         FROM numbered JOIN tokens ON tokens.position = numbered.position
@@ -94,7 +95,7 @@ pub async fn claim_unlimited(
             tenants,
             models,
             priorities,
-            round.lease_until.into(),
+            round.lease_micros().into(),
             array((0..wanted).map(|_| Uuid::new_v4().to_string())).into(),
         ],
     );
@@ -137,19 +138,21 @@ pub async fn claim_admitted(
     }
     let statement = Statement::from_sql_and_values(
         DbBackend::Postgres,
-        "UPDATE jobs SET
+        format!(
+            "UPDATE jobs SET
             status = 'running',
             attempt_count = jobs.attempt_count + 1,
             run_token = admitted.token,
-            lease_until = $2,
+            lease_until = {POSTGRES_CLOCK} + $2,
             started_at = COALESCE(jobs.started_at, $1),
             updated_at = $1
         FROM unnest($3::uuid[], $4::uuid[]) AS admitted(id, token)
         WHERE jobs.id = admitted.id AND jobs.status = 'queued'
-        RETURNING jobs.*",
+        RETURNING jobs.*"
+        ),
         [
             round.now.into(),
-            round.lease_until.into(),
+            round.lease_micros().into(),
             array(admitted.iter().map(Uuid::to_string)).into(),
             array(admitted.iter().map(|_| Uuid::new_v4().to_string())).into(),
         ],

@@ -219,7 +219,9 @@ async fn concurrent_random_operations_keep_the_books_on_postgres() {
                 }
             }
         }
-        queue::expire_leases(&env.db).await.unwrap();
+        queue::expire_leases(&env.db, &Default::default())
+            .await
+            .unwrap();
     }
     check_books(&env, "after draining", true).await;
 

@@ -229,7 +229,9 @@ impl Task {
                 .swap_remove(self.rng.random_range(0..self.held.len()));
             env.seen.lock().unwrap().forced.insert(held.claim.run_token);
             let_lease_pass(&env.db, held.claim.job.id, held.claim.run_token).await;
-            queue::expire_leases(&env.db).await.unwrap();
+            queue::expire_leases(&env.db, &Default::default())
+                .await
+                .unwrap();
             self.stale.push(held);
         } else {
             // Any running job, whoever holds it.
@@ -248,7 +250,9 @@ impl Task {
             };
             env.seen.lock().unwrap().forced.insert(run_token);
             let_lease_pass(&env.db, job.id, run_token).await;
-            queue::expire_leases(&env.db).await.unwrap();
+            queue::expire_leases(&env.db, &Default::default())
+                .await
+                .unwrap();
         }
     }
 

@@ -405,7 +405,9 @@ impl Sequence {
             "{}",
             self.at
         );
-        let notices = queue::expire_leases(&self.db).await.unwrap();
+        let notices = queue::expire_leases(&self.db, &Default::default())
+            .await
+            .unwrap();
         let job = &mut self.jobs[index];
         let status = if job.cancel_requested {
             JobStatus::Cancelled

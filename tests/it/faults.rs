@@ -1,0 +1,108 @@
+//! Money under faults of the database and of the machines: a database that refuses
+//! writes for a while (a failover), a worker whose clock runs ahead, a tenant's row
+//! held by a frozen process. Each ends with the simulator's billed calls against the
+//! recorded attempts and the billing audit.
+
+use crate::helpers::{AppOptions, Backend, TestApp, spawn_app_with, test_worker_settings};
+use crate::invariants::assert_billing_invariants;
+use sea_orm::{ConnectionTrait, Database};
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+/// The test database's name, from its URL.
+fn database_name(app: &TestApp) -> String {
+    let url = app.database_url();
+    let path = url.rsplit('/').next().unwrap();
+    path.split('?').next().unwrap().to_owned()
+}
+
+/// Makes every session of the test database read-only (or writable again), the way a
+/// primary that became a standby would: new sessions default to read-only
+/// transactions, and every open session is cut, so the pools reconnect into it.
+async fn set_read_only(server: &str, database: &str, read_only: bool) {
+    let admin = Database::connect(server).await.unwrap();
+    let setting = if read_only {
+        format!("ALTER DATABASE {database} SET default_transaction_read_only = on")
+    } else {
+        format!("ALTER DATABASE {database} RESET default_transaction_read_only")
+    };
+    admin.execute_unprepared(&setting).await.unwrap();
+    admin
+        .execute_unprepared(&format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = '{database}' AND pid <> pg_backend_pid()"
+        ))
+        .await
+        .unwrap();
+    admin.close().await.unwrap();
+}
+
+fn delayed_job(key: &str, delay_ms: u64) -> Value {
+    json!({
+        "idempotencyKey": key,
+        "model": "gpt-4o-mini",
+        "messages": [{"role": "user", "content": format!("{key} [mock:delay_ms={delay_ms}]")}],
+        "maxOutputTokens": 50,
+    })
+}
+
+/// Waits until the simulator has received `count` calls.
+async fn wait_for_calls(app: &TestApp, count: usize, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while app.simulator.calls().len() < count {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {count} calls arrived",
+            app.simulator.calls().len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Twenty answers arrive while the database takes no writes for 8 s (read-only after
+/// a failover, every connection cut): each is kept with its exact usage and recorded
+/// once the database takes writes again — twenty jobs succeeded on twenty billed
+/// calls. (Read-only was a permanent refusal: 19 of 20 answers were dropped and bought
+/// again.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn paid_answers_survive_a_database_that_refuses_writes() {
+    let Some(backend @ Backend::Postgres(_)) = Backend::postgres() else {
+        return;
+    };
+    let Backend::Postgres(server) = backend.clone() else {
+        unreachable!()
+    };
+    let mut settings = test_worker_settings();
+    settings.concurrency = 20;
+    let app = spawn_app_with(backend, AppOptions::workers(settings)).await;
+    let tenant = app.funded_tenant("acme", "100").await;
+    let mut ids = Vec::new();
+    for n in 0..20 {
+        ids.push(
+            app.create_job_ok(&tenant, delayed_job(&format!("doc-{n}"), 2_000))
+                .await,
+        );
+    }
+    wait_for_calls(&app, 20, Duration::from_secs(20)).await;
+    let database = database_name(&app);
+    set_read_only(&server, &database, true).await;
+    // The answers come back during the outage, and the leases lapse in the rows.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    set_read_only(&server, &database, false).await;
+
+    for id in &ids {
+        let job = app
+            .wait_until_finished(&tenant, *id, Duration::from_secs(60))
+            .await;
+        assert_eq!(job["status"], "SUCCEEDED", "{job}");
+        assert_eq!(job["attempts"].as_array().unwrap().len(), 1, "{job}");
+    }
+    let billed = app
+        .simulator
+        .calls()
+        .iter()
+        .filter(|call| call.billed)
+        .count();
+    assert_eq!(billed, 20, "each answer was bought once");
+    assert_billing_invariants(&app.app.db).await;
+}
