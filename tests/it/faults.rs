@@ -106,3 +106,73 @@ async fn paid_answers_survive_a_database_that_refuses_writes() {
     assert_eq!(billed, 20, "each answer was bought once");
     assert_billing_invariants(&app.app.db).await;
 }
+
+/// A `jobledger worker` whose clock runs 45 s ahead (Debian's `faketime`) shares the
+/// database with a worker that runs calls longer than a lease: it takes back none of
+/// them, because leases are written and judged by the PostgreSQL server's clock.
+/// (Judged by each process's clock, it took back every running job: 24 LEASE_EXPIRED
+/// of 40 and 64 billed calls.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_whose_clock_runs_ahead_takes_back_no_running_job() {
+    let Some(backend @ Backend::Postgres(_)) = Backend::postgres() else {
+        return;
+    };
+    let mut settings = test_worker_settings();
+    settings.concurrency = 10;
+    settings.lease = Duration::from_secs(3);
+    let app = spawn_app_with(backend, AppOptions::workers(settings)).await;
+    let tenant = app.funded_tenant("acme", "100").await;
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let _skewed = tokio::process::Command::new("faketime")
+        .args(["-f", "+45s", env!("CARGO_BIN_EXE_jobledger"), "worker"])
+        .args(["--database-url", &app.database_url()])
+        .args(["--workers", "2", "--lease-seconds", "3"])
+        .env("OPENAI_BASE_URL", app.simulator_url())
+        .env_remove("DATABASE_URL")
+        .env_remove("OPENAI_API_KEY")
+        // Timers run on the monotonic clock, which stays true.
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .env("RUST_LOG", "info,sqlx=warn,sea_orm=warn")
+        .stdout(log.reopen().unwrap())
+        .stderr(log.reopen().unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("faketime runs (apt-get install faketime)");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(log.path())
+        .unwrap_or_default()
+        .contains("worker started")
+    {
+        assert!(Instant::now() < deadline, "the skewed worker never started");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut ids = Vec::new();
+    for n in 0..12 {
+        // Each call outlasts two leases: only renewals keep it.
+        ids.push(
+            app.create_job_ok(&tenant, delayed_job(&format!("long-{n}"), 7_000))
+                .await,
+        );
+    }
+    for id in &ids {
+        let job = app
+            .wait_until_finished(&tenant, *id, Duration::from_secs(90))
+            .await;
+        assert_eq!(job["status"], "SUCCEEDED", "{job}");
+        let outcomes: Vec<&Value> = job["attempts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|attempt| &attempt["outcome"])
+            .collect();
+        assert_eq!(outcomes, [&json!("SUCCEEDED")], "{job}");
+    }
+    let billed = app
+        .simulator
+        .calls()
+        .iter()
+        .filter(|call| call.billed)
+        .count();
+    assert_eq!(billed, ids.len(), "no call was bought twice");
+    assert_billing_invariants(&app.app.db).await;
+}
