@@ -2,11 +2,20 @@
 //! is being written are written together in the next transaction — one commit and a
 //! few statements for all of them instead of a dozen statements each. A lone attempt
 //! is written at once, so a quiet worker gains nothing and loses nothing.
+//!
+//! A group mixes tenants, and a finish writes its tenant's row. On PostgreSQL a
+//! tenant whose row another transaction holds (a process frozen mid-transaction holds
+//! it until the idle timeout) is set aside before the group is written: its attempts
+//! go to a lane of their own that waits for the row, so one held row delays only its
+//! own tenant's finishes.
 
 use crate::jobs::bus::EventNotice;
 use crate::jobs::queue::{self, AttemptEnd};
-use sea_orm::DatabaseConnection;
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
 
 /// Most attempts finished in one transaction.
 const GROUP_LIMIT: usize = 64;
@@ -52,6 +61,7 @@ impl Finisher {
 }
 
 async fn write_groups(db: DatabaseConnection, mut queue: mpsc::UnboundedReceiver<Request>) {
+    let lanes = Lanes::default();
     while let Some(first) = queue.recv().await {
         let mut group = vec![first];
         while group.len() < GROUP_LIMIT {
@@ -60,21 +70,138 @@ async fn write_groups(db: DatabaseConnection, mut queue: mpsc::UnboundedReceiver
                 Err(_) => break,
             }
         }
-        let (ends, replies): (Vec<AttemptEnd>, Vec<_>) = group.into_iter().unzip();
-        match queue::finish_attempts(&db, &ends).await {
-            Ok(finished) => {
-                for (reply, finished) in replies.into_iter().zip(finished) {
-                    // The attempt's task may be gone (aborted at shutdown): its job is
-                    // recorded all the same.
-                    let _ = reply.send(Finished::Recorded(finished));
-                }
+        let held = held_elsewhere(&db, &group).await;
+        let (aside, group): (Vec<Request>, Vec<Request>) = group
+            .into_iter()
+            .partition(|(end, _)| held.contains(&end.claim.job.tenant_id));
+        for request in aside {
+            lanes.send(&db, request);
+        }
+        write(&db, group).await;
+    }
+}
+
+/// Writes one group in one transaction and answers each of its attempts.
+async fn write(db: &DatabaseConnection, group: Vec<Request>) {
+    if group.is_empty() {
+        return;
+    }
+    let (ends, replies): (Vec<AttemptEnd>, Vec<_>) = group.into_iter().unzip();
+    match queue::finish_attempts(db, &ends).await {
+        Ok(finished) => {
+            for (reply, finished) in replies.into_iter().zip(finished) {
+                // The attempt's task may be gone (aborted at shutdown): its job is
+                // recorded all the same.
+                let _ = reply.send(Finished::Recorded(finished));
             }
-            Err(error) => {
-                tracing::warn!(error = %error, attempts = ends.len(), "recording a group of finished attempts failed; recording them one by one");
-                for (reply, end) in replies.into_iter().zip(ends) {
-                    let _ = reply.send(Finished::Alone(Box::new(end)));
+        }
+        Err(error) => {
+            tracing::warn!(error = %error, attempts = ends.len(), "recording a group of finished attempts failed; recording them one by one");
+            for (reply, end) in replies.into_iter().zip(ends) {
+                let _ = reply.send(Finished::Alone(Box::new(end)));
+            }
+        }
+    }
+}
+
+/// The group's tenants whose rows another transaction holds right now (PostgreSQL;
+/// SQLite has one writer at a time and nothing to skip). Asking is one statement that
+/// locks nothing beyond itself; if it fails, nothing is set aside.
+async fn held_elsewhere(db: &DatabaseConnection, group: &[Request]) -> HashSet<Uuid> {
+    if db.get_database_backend() != DbBackend::Postgres {
+        return HashSet::new();
+    }
+    let tenants: HashSet<Uuid> = group
+        .iter()
+        .map(|(end, _)| end.claim.job.tenant_id)
+        .collect();
+    let free = free_tenants(db, &tenants).await;
+    match free {
+        Ok(free) => tenants.difference(&free).copied().collect(),
+        Err(error) => {
+            tracing::warn!(error = %error, "could not tell which tenants are held; writing the group as it is");
+            HashSet::new()
+        }
+    }
+}
+
+async fn free_tenants(
+    db: &DatabaseConnection,
+    tenants: &HashSet<Uuid>,
+) -> Result<HashSet<Uuid>, DbErr> {
+    let ids: Vec<String> = tenants.iter().map(Uuid::to_string).collect();
+    let statement = Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "SELECT id FROM tenants WHERE id = ANY($1::uuid[]) FOR NO KEY UPDATE SKIP LOCKED",
+        [sea_orm::Value::Array(
+            sea_orm::sea_query::ArrayType::String,
+            Some(Box::new(ids.into_iter().map(Into::into).collect())),
+        )],
+    );
+    let mut free = HashSet::new();
+    for row in db.query_all_raw(statement).await? {
+        free.insert(row.try_get_by_index::<Uuid>(0)?);
+    }
+    Ok(free)
+}
+
+/// One task per tenant set aside, writing that tenant's attempts in groups while it
+/// waits for the row; a lane ends when it has nothing left.
+#[derive(Default)]
+struct Lanes {
+    open: Arc<Mutex<HashMap<Uuid, mpsc::UnboundedSender<Request>>>>,
+}
+
+impl Lanes {
+    fn send(&self, db: &DatabaseConnection, request: Request) {
+        let tenant_id = request.0.claim.job.tenant_id;
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let request = match open.get(&tenant_id) {
+            Some(lane) => match lane.send(request) {
+                Ok(()) => return,
+                Err(mpsc::error::SendError(request)) => request,
+            },
+            None => request,
+        };
+        let (lane, queue) = mpsc::unbounded_channel();
+        // Just made: its receiver is alive.
+        let _ = lane.send(request);
+        open.insert(tenant_id, lane);
+        tokio::spawn(write_lane(
+            db.clone(),
+            tenant_id,
+            queue,
+            Arc::clone(&self.open),
+        ));
+    }
+}
+
+async fn write_lane(
+    db: DatabaseConnection,
+    tenant_id: Uuid,
+    mut queue: mpsc::UnboundedReceiver<Request>,
+    open: Arc<Mutex<HashMap<Uuid, mpsc::UnboundedSender<Request>>>>,
+) {
+    loop {
+        let mut group = Vec::new();
+        while group.len() < GROUP_LIMIT {
+            match queue.try_recv() {
+                Ok(request) => group.push(request),
+                Err(_) => break,
+            }
+        }
+        if group.is_empty() {
+            // Senders look the lane up under the same lock: once it is gone from the
+            // map nothing more arrives, and what arrived before is read here.
+            let mut lanes = open.lock().unwrap_or_else(PoisonError::into_inner);
+            match queue.try_recv() {
+                Ok(request) => group.push(request),
+                Err(_) => {
+                    lanes.remove(&tenant_id);
+                    return;
                 }
             }
         }
+        write(&db, group).await;
     }
 }
