@@ -1,13 +1,19 @@
 //! Money under faults of the database and of the machines: a database that refuses
 //! writes for a while (a failover), a worker whose clock runs ahead, a tenant's row
-//! held by a frozen process. Each ends with the simulator's billed calls against the
+//! held by a frozen process, a provider that is down for a few seconds. Each ends with the simulator's billed calls against the
 //! recorded attempts and the billing audit.
 
-use crate::helpers::{AppOptions, Backend, TestApp, spawn_app_with, test_worker_settings};
+use crate::helpers::{
+    ADMIN_TOKEN, AppOptions, Backend, TestApp, TestDatabase, spawn_app_with,
+    test_worker_settings,
+};
+use crate::processes::ServeProcess;
 use crate::invariants::assert_billing_invariants;
 use sea_orm::{ConnectionTrait, Database};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
+
+on_both_backends!(a_ten_second_provider_outage_fails_no_job);
 
 /// The test database's name, from its URL.
 fn database_name(app: &TestApp) -> String {
@@ -242,4 +248,93 @@ async fn a_held_tenant_row_does_not_stall_another_tenants_finishes() {
         assert_eq!(job["status"], "SUCCEEDED", "{job}");
     }
     assert_billing_invariants(&app.app.db).await;
+}
+
+/// The provider refuses connections for 10 s (not started yet): nothing is sent, so
+/// each refusal is a wait that spends no attempt, and every job succeeds once it is
+/// back, each on one billed call. (Refusals spent the three attempts in ~6 s: every
+/// job failed PROVIDER_UNAVAILABLE.)
+async fn a_ten_second_provider_outage_fails_no_job(backend: Backend) {
+    let database = TestDatabase::create(&backend).await;
+    let provider = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let base_url = format!("http://{provider}/v1");
+    let serve = ServeProcess::start_with(
+        &database.url,
+        &["--workers", "8"],
+        &[("OPENAI_BASE_URL", base_url.as_str())],
+    )
+    .await;
+    let created = serve
+        .graphql(
+            ADMIN_TOKEN,
+            "mutation { createTenant(name: \"acme\") { tenant { id } apiKey } }",
+            json!({}),
+        )
+        .await;
+    let tenant_id = created["data"]["createTenant"]["tenant"]["id"].clone();
+    let key = created["data"]["createTenant"]["apiKey"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let granted = serve
+        .graphql(
+            ADMIN_TOKEN,
+            "mutation($i: GrantCreditsInput!) { grantCredits(input: $i) { id } }",
+            json!({"i": {"tenantId": tenant_id, "amount": "10", "idempotencyKey": "topup"}}),
+        )
+        .await;
+    assert!(granted["errors"].is_null(), "{granted}");
+    let mut ids = Vec::new();
+    for n in 0..20 {
+        let created = serve
+            .graphql(
+                &key,
+                "mutation($i: CreateJobInput!) { createJob(input: $i) { job { id } } }",
+                json!({"i": delayed_job(&format!("outage-{n}"), 10)}),
+            )
+            .await;
+        ids.push(created["data"]["createJob"]["job"]["id"].clone());
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let _provider = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobledger"))
+        .args(["mock-llm", "--listen", &provider.to_string()])
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    for id in &ids {
+        loop {
+            let job = serve
+                .graphql(
+                    &key,
+                    "query($id: UUID!) { job(id: $id) { status error { code } attempts { outcome } } }",
+                    json!({"id": id}),
+                )
+                .await;
+            let status = job["data"]["job"]["status"].as_str().unwrap_or_default().to_owned();
+            if status == "SUCCEEDED" {
+                break;
+            }
+            assert!(
+                status != "FAILED" && status != "CANCELLED",
+                "a job failed during the outage: {job}"
+            );
+            assert!(Instant::now() < deadline, "never finished: {job}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let calls: Vec<Value> = reqwest::get(format!("http://{provider}/_mock/calls"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let billed = calls.iter().filter(|call| call["billed"] == json!(true)).count();
+    assert_eq!(billed, ids.len(), "one billed call per job");
+    let db = jobledger::db::connect(&database.url).await.unwrap();
+    assert_billing_invariants(&db).await;
 }

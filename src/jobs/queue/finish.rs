@@ -151,7 +151,8 @@ struct JobChange {
     result: Option<serde_json::Value>,
     error: Option<JobError>,
     next_run_at: Option<Timestamp>,
-    /// A hand-back gives its attempt back: it does not count against `maxAttempts`.
+    /// A hand-back or a wait gives its attempt back: it does not count against
+    /// `maxAttempts`.
     hand_back: bool,
     /// The event's data.
     data: serde_json::Value,
@@ -163,7 +164,9 @@ fn decide(end: &AttemptEnd, current: &jobs::Model, spent: &Spent, now: Timestamp
     let outcome = match end.outcome.clone() {
         // A cancel that landed while the call ran wins over going round again: a job
         // the tenant cancelled is never queued for another (paid) attempt.
-        JobOutcome::Retry { .. } | JobOutcome::HandBack if current.cancel_requested => {
+        JobOutcome::Retry { .. } | JobOutcome::HandBack | JobOutcome::Wait { .. }
+            if current.cancel_requested =>
+        {
             JobOutcome::Cancelled
         }
         // A model that keeps answering off-schema is not paid for forever.
@@ -178,7 +181,9 @@ fn decide(end: &AttemptEnd, current: &jobs::Model, spent: &Spent, now: Timestamp
                 )
             }))
         }
-        JobOutcome::Retry { .. } | JobOutcome::HandBack if !spent.calls_left(current) => {
+        JobOutcome::Retry { .. } | JobOutcome::HandBack | JobOutcome::Wait { .. }
+            if !spent.calls_left(current) =>
+        {
             JobOutcome::Failed(paid_call_limit(spent))
         }
         other => other,
@@ -194,7 +199,7 @@ fn decide(end: &AttemptEnd, current: &jobs::Model, spent: &Spent, now: Timestamp
     }
     let (status, kind) = match &outcome {
         JobOutcome::Succeeded { .. } => (JobStatus::Succeeded, EventKind::Succeeded),
-        JobOutcome::Retry { .. } | JobOutcome::HandBack => {
+        JobOutcome::Retry { .. } | JobOutcome::HandBack | JobOutcome::Wait { .. } => {
             (JobStatus::Queued, EventKind::RetryScheduled)
         }
         JobOutcome::Failed(_) => (JobStatus::Failed, EventKind::Failed),
@@ -204,11 +209,11 @@ fn decide(end: &AttemptEnd, current: &jobs::Model, spent: &Spent, now: Timestamp
         status,
         kind,
         next_run_at: match &outcome {
-            JobOutcome::Retry { at } => Some(*at),
+            JobOutcome::Retry { at } | JobOutcome::Wait { at } => Some(*at),
             JobOutcome::HandBack => Some(now),
             _ => None,
         },
-        hand_back: matches!(outcome, JobOutcome::HandBack),
+        hand_back: matches!(outcome, JobOutcome::HandBack | JobOutcome::Wait { .. }),
         error: match &outcome {
             JobOutcome::Failed(error) => Some(error.clone()),
             _ => None,

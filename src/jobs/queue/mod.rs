@@ -308,6 +308,10 @@ pub enum JobOutcome {
     /// Given back at once because the worker is shutting down: queued again, and the
     /// attempt does not count against `maxAttempts`.
     HandBack,
+    /// Queued again at `at` after a call the provider never received (its connection
+    /// was refused: an outage). Nothing was billed, so like a hand-back the attempt
+    /// does not count against `maxAttempts`; the worker bounds how long a job waits.
+    Wait { at: Timestamp },
 }
 
 /// Replies that may fail a job's response schema before it fails for good: the first

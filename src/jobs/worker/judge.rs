@@ -17,6 +17,11 @@ const BACKOFF_BASE: Duration = Duration::from_secs(2);
 const BACKOFF_CAP: Duration = Duration::from_secs(60);
 /// Longest `Retry-After` honoured; a provider asking for more is treated as this.
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(600);
+/// How long after its creation a job waits out a provider it cannot reach (connection
+/// refused: nothing sent, nothing billed) before it fails `PROVIDER_UNAVAILABLE`. Such
+/// waits spend no attempt, so a short outage fails nothing; past this the provider is
+/// taken to be down or misconfigured rather than restarting.
+const OUTAGE_PATIENCE: Duration = Duration::from_secs(15 * 60);
 /// Schema violations named in an invalid-output error.
 const MAX_REPORTED_SCHEMA_ERRORS: usize = 3;
 
@@ -143,6 +148,24 @@ impl CallFacts<'_> {
             JobOutcome::Retry {
                 at: Timestamp::now().plus(
                     chrono::Duration::from_std(retry_delay(self.attempt.number, retry_after))
+                        .unwrap_or(chrono::Duration::MAX),
+                ),
+            }
+        } else {
+            JobOutcome::Failed(error)
+        }
+    }
+
+    /// After a call the provider never received (an outage): a wait with backoff that
+    /// spends no attempt, for [`OUTAGE_PATIENCE`] from the job's creation; failed after.
+    fn wait_or_fail(&self, error: JobError) -> JobOutcome {
+        let job = &self.claim.job;
+        let now = Timestamp::now();
+        let waited = Duration::from_micros(now.micros().saturating_sub(job.created_at.micros()).max(0) as u64);
+        if waited < OUTAGE_PATIENCE {
+            JobOutcome::Wait {
+                at: now.plus(
+                    chrono::Duration::from_std(retry_delay(self.attempt.number, None))
                         .unwrap_or(chrono::Duration::MAX),
                 ),
             }
@@ -286,7 +309,7 @@ impl CallFacts<'_> {
                 let error = JobError::new(ErrorCode::ProviderUnavailable, message);
                 (
                     failed(AttemptOutcome::RetryableError, error.clone(), None),
-                    self.retry_or_fail(error, None),
+                    self.wait_or_fail(error),
                 )
             }
             ProviderError::Transient {
