@@ -9,6 +9,7 @@ use crate::llm::TokenUsage;
 use crate::llm::{Completion, ProviderError};
 use entity::{AttemptOutcome, Timestamp, attempts};
 use rand::Rng;
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 /// First retry delay; each further retry doubles it.
@@ -17,7 +18,7 @@ const BACKOFF_BASE: Duration = Duration::from_secs(2);
 const BACKOFF_CAP: Duration = Duration::from_secs(60);
 /// Longest `Retry-After` honoured; a provider asking for more is treated as this.
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(600);
-/// Schema violations named in an invalid-output error.
+/// Failing schema keywords named in an invalid-output error.
 const MAX_REPORTED_SCHEMA_ERRORS: usize = 3;
 
 /// How the wait for the provider ended.
@@ -397,32 +398,45 @@ fn accept(completion: &Completion, input: &JobInput) -> Result<serde_json::Value
         return Ok(serde_json::Value::String(completion.text.clone()));
     };
     let invalid = |message: String| JobError::new(ErrorCode::InvalidOutput, message);
+    // The parser's message is not quoted: its line and column say where in the reply
+    // the JSON broke, which a prompt can make spell out an answer.
     let value: serde_json::Value = serde_json::from_str(strip_code_fence(&completion.text))
-        .map_err(|error| invalid(format!("the reply is not JSON: {error}")))?;
+        .map_err(|error| invalid(format!("the reply is not JSON ({})", json_fault(&error))))?;
     // The schema compiled when the job was created; it still does.
     let validator = jsonschema::validator_for(schema)
         .map_err(|error| invalid(format!("the response schema does not compile: {error}")))?;
-    let problems: Vec<String> = validator
+    // Which schema keywords fail, never where in the reply nor with which value: the
+    // message is shown to the tenant, and an answer it is not charged for must not
+    // leave through it. An instance path carries the reply's keys and array positions
+    // (a schema can make every key fail), and how often one keyword fails counts
+    // them, so each failing keyword is named once. A schema path is made of the
+    // schema alone (its keywords, property names, patterns, `$defs`): the crate builds
+    // it when the schema compiles, through `propertyNames`, `additionalProperties`,
+    // `patternProperties` and `$ref` alike.
+    let failing: BTreeSet<String> = validator
         .iter_errors(&value)
-        .take(MAX_REPORTED_SCHEMA_ERRORS)
-        // Where the reply fails and which keyword, never the value: the message is
-        // shown to the tenant, and quoting an answer it is not charged for would give
-        // the answer away.
-        .map(|error| {
-            format!(
-                "the value at \"{}\" fails \"{}\"",
-                error.instance_path(),
-                error.schema_path()
-            )
-        })
+        .map(|error| error.schema_path().to_string())
         .collect();
-    if problems.is_empty() {
-        Ok(value)
-    } else {
-        Err(invalid(format!(
-            "the reply does not match the response schema: {}",
-            problems.join("; ")
-        )))
+    if failing.is_empty() {
+        return Ok(value);
+    }
+    let named: Vec<String> = failing
+        .iter()
+        .take(MAX_REPORTED_SCHEMA_ERRORS)
+        .map(|path| format!("\"{path}\""))
+        .collect();
+    Err(invalid(format!(
+        "the reply does not match the response schema; failing: {}",
+        named.join(", ")
+    )))
+}
+
+/// What kind of JSON fault the parser found, without where.
+fn json_fault(error: &serde_json::Error) -> &'static str {
+    match error.classify() {
+        serde_json::error::Category::Eof => "it ends early",
+        serde_json::error::Category::Syntax | serde_json::error::Category::Io => "a syntax error",
+        serde_json::error::Category::Data => "a value JSON cannot hold",
     }
 }
 
