@@ -22,6 +22,7 @@ on_both_backends!(
     the_call_bound_policy_passes_an_unknown_outcome_on,
     a_finish_the_database_refuses_records_the_call_and_fails_the_job,
     cancelling_a_retry_in_its_backoff_keeps_what_its_attempts_charged,
+    create_and_cancel_charges_each_prompt,
 );
 
 /// gpt-4o-mini's customer price for output: 0.60 per million × the 1.25 markup.
@@ -379,4 +380,71 @@ fn output_nanos_per_token_is_the_marked_up_list_price() {
         per_million * Decimal::from(1_000),
         Decimal::from(OUTPUT_NANOS_PER_TOKEN)
     );
+}
+
+/// A provider bills a prompt once it has started on it: under the default policy a
+/// call the tenant cancels after it was sent charges the prompt, so a loop of create
+/// and cancel is not free, and it fills the spend counters as it goes.
+async fn create_and_cancel_charges_each_prompt(backend: Backend) {
+    let worker = WorkerSettings {
+        concurrency: 10,
+        ..test_worker_settings()
+    };
+    let app = spawn_app_with(backend, AppOptions::workers(worker)).await;
+    let tenant = app.funded_tenant("cancels", "5").await;
+    let content = "answer at length [mock:delay_ms=20000]";
+    let mut ids = Vec::new();
+    for number in 0..10 {
+        let key = format!("cancelled-{number}");
+        ids.push(app.create_job_ok(&tenant, job_input(&key, content)).await);
+    }
+    for id in &ids {
+        wait_until_started(&app, &tenant, *id).await;
+    }
+    for id in &ids {
+        let cancel = app
+            .operation(Some(&tenant.key), "CancelJob", json!({"id": id}))
+            .await;
+        assert_eq!(
+            cancel["data"]["cancelJob"]["cancelRequested"], true,
+            "{cancel}"
+        );
+    }
+    // The prompt as the bound estimates it: (bytes + 16) / 4 tokens, rounded up, at
+    // 0.1875 per million, rounded up to the nano-credit.
+    let prompt_tokens = (content.len() as i64 + 16 + 3) / 4;
+    let prompt = credits((prompt_tokens * 187_500 + 999) / 1_000);
+    for id in &ids {
+        app.wait_until_finished(&tenant, *id, Duration::from_secs(10))
+            .await;
+        let job = job_with_charges(&app, &tenant, *id).await;
+        assert_eq!(job["status"], "CANCELLED", "{job}");
+        assert_eq!(job["attempts"][0]["outcome"], "CANCELLED", "{job}");
+        assert_eq!(decimal(&job["attempts"][0]["customerCharge"]), prompt);
+        assert_eq!(decimal(&job["charge"]["amount"]), prompt, "{job}");
+        assert_eq!(job["reservation"]["status"], "SETTLED");
+    }
+    let total = prompt * Decimal::from(ids.len());
+    let balance = app.balance(&tenant).await;
+    assert_eq!(decimal(&balance["charged"]), total, "{balance}");
+    let account = app
+        .operation(Some(&tenant.key), "AccountLimits", json!({}))
+        .await;
+    assert_eq!(
+        decimal(&account["data"]["account"]["spend"]["today"]),
+        total,
+        "the prompts count against the spend caps: {account}"
+    );
+    let billed = app
+        .simulator
+        .calls()
+        .iter()
+        .filter(|call| call.billed)
+        .count();
+    assert_eq!(
+        billed,
+        ids.len(),
+        "the provider billed every cancelled call"
+    );
+    assert_billing_invariants(&app.app.db).await;
 }
