@@ -149,7 +149,7 @@ export function periodReport(tenantId = null) {
         [totals.unknownOutcomes > 0 ? 'Margin, at most (costs unknown)' : 'Margin', credits(totals.margin)],
         ['Margin, at worst', h('span', { 'data-testid': 'summary-margin-at-worst' }, credits(totals.marginAtWorst))],
         ['Cost per succeeded job', totals.costPerSucceededJob === null ? '—' : credits(totals.costPerSucceededJob)],
-      ].map(([label, value]) => h('div', { class: 'card' }, h('dt', {}, label), h('dd', {}, String(value))))),
+      ].map(([label, value]) => h('div', { class: 'card' }, h('dt', {}, label), h('dd', {}, value instanceof Node ? value : String(value))))),
       costPerDay(days, dayTotals),
       costByModel(totals.byModel),
       reliabilityPerDay(days, dayTotals));

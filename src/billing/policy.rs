@@ -15,12 +15,15 @@
 //!   default for cancels: a provider bills a prompt once it has started on it, and a
 //!   free cancel would let a tenant buy calls for nothing, create and cancel again and
 //!   again), or pass the call's upper bound on to the customer
-//!   ([`UnfinishedCall::CallBound`]).
+//!   ([`UnfinishedCall::CallBound`]);
+//! - a call aborted at shutdown charges only what it streamed, whatever the policy:
+//!   a restart is the operator's doing.
 //!
-//! Either way the exposure is bounded: a job makes at most `maxAttempts` calls that
-//! may be billed, and its hold covers that many calls at the higher of the provider's
-//! and the customer's price, so neither what we may owe the provider nor what the
-//! customer may be charged for one job ever exceeds its hold.
+//! Either way the exposure is bounded: a job makes at most `maxAttempts` paid calls,
+//! and its hold covers that many calls at the higher of the provider's and the
+//! customer's price, so neither what we may owe the provider for them nor what the
+//! customer may be charged for one job ever exceeds its hold. Calls aborted at
+//! shutdown add at most `jobs::budget::FREE_HAND_BACKS` call bounds of the operator's.
 
 use super::{Credits, ModelPrice};
 use crate::llm::TokenUsage;
@@ -44,7 +47,7 @@ pub enum UnfinishedCall {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChargingPolicy {
     /// A call sent whose outcome is unknown: a timeout or a lost connection after
-    /// sending, a shutdown abort, a worker that died during the call.
+    /// sending, a worker that died during the call.
     pub unknown_outcome: UnfinishedCall,
     /// A call the tenant cancelled while it ran.
     pub cancelled_during_call: UnfinishedCall,
@@ -73,6 +76,9 @@ pub enum AttemptEnding {
     Unknown,
     /// The tenant cancelled the job while the call ran.
     CancelledDuringCall,
+    /// The worker shut down during the call and handed the job back: a restart is
+    /// the operator's doing, so only what streamed is charged, whatever the policy.
+    ShutDown,
 }
 
 /// One call's upper bound of tokens: what the hold and the unknown-outcome bounds
@@ -181,7 +187,7 @@ impl ChargingPolicy {
         match ending {
             AttemptEnding::Accepted(usage) => price.customer_charge(&usage),
             AttemptEnding::NotBilled => Credits::ZERO,
-            AttemptEnding::Rejected => delivered,
+            AttemptEnding::Rejected | AttemptEnding::ShutDown => delivered,
             AttemptEnding::Unknown => unfinished(self.unknown_outcome),
             AttemptEnding::CancelledDuringCall => unfinished(self.cancelled_during_call),
         }
@@ -235,6 +241,7 @@ mod tests {
                 AttemptEnding::Rejected,
                 AttemptEnding::Unknown,
                 AttemptEnding::CancelledDuringCall,
+                AttemptEnding::ShutDown,
             ] {
                 assert!(policy.customer_charge(&price(), BOUND, ending, Some(&usage)) >= delivered);
             }
@@ -260,6 +267,11 @@ mod tests {
         assert_eq!(
             policy.customer_charge(&price(), BOUND, AttemptEnding::CancelledDuringCall, None),
             Credits::ZERO
+        );
+        assert_eq!(
+            policy.customer_charge(&price(), BOUND, AttemptEnding::ShutDown, None),
+            Credits::ZERO,
+            "a restart is never passed on"
         );
     }
 

@@ -36,6 +36,8 @@ pub(super) enum CallEnd {
     LeaseLost,
     /// The worker is shutting down and the grace period is over.
     Aborted,
+    /// The grace period was over before the call was made; it never was.
+    AbortedBeforeSending,
 }
 
 impl CallEnd {
@@ -46,7 +48,8 @@ impl CallEnd {
             Self::Answered(Err(ProviderError::NotSent { .. }))
             | Self::CancelledBeforeSending
             | Self::BudgetSpent
-            | Self::NotServed => false,
+            | Self::NotServed
+            | Self::AbortedBeforeSending => false,
             Self::Answered(_)
             | Self::TimedOut
             | Self::Cancelled
@@ -214,9 +217,29 @@ impl CallFacts<'_> {
                 ErrorCode::ModelNotServed,
                 "not sent: no configured provider serves this model",
             ),
+            CallEnd::AbortedBeforeSending => {
+                // Nothing was sent: the job goes back as if never claimed, and the
+                // row, not billed, spends nothing.
+                let error = JobError::new(
+                    ErrorCode::WorkerShutdown,
+                    "not sent: the worker shut down before the call",
+                );
+                (
+                    self.report(
+                        AttemptOutcome::RetryableError,
+                        None,
+                        AttemptEnding::NotBilled,
+                        Some(error),
+                        None,
+                    ),
+                    JobOutcome::HandBack,
+                )
+            }
             CallEnd::Aborted => {
                 // The request was in flight: it may be billed, so its bound stays, and
-                // sending it again is a retry of an unknown outcome like any other.
+                // sending it again is a retry of an unknown outcome like any other. The
+                // first few such hand-backs of a job count apart from its paid calls
+                // (`budget::FREE_HAND_BACKS`): a rolling restart is the operator's.
                 let error = JobError::new(
                     ErrorCode::WorkerShutdown,
                     "the worker shut down during the call",
@@ -229,7 +252,14 @@ impl CallFacts<'_> {
                         "the worker shut down during the call, and the job does not retry unknown outcomes",
                     ))
                 };
-                (self.unknown_report(error), outcome)
+                let report = self.report(
+                    AttemptOutcome::Unknown,
+                    None,
+                    AttemptEnding::ShutDown,
+                    Some(error),
+                    None,
+                );
+                (report, outcome)
             }
             CallEnd::LeaseLost => unreachable!("a lost lease is handled before judging"),
         }
