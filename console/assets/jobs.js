@@ -4,7 +4,7 @@
 import { gql } from './api.js';
 import { h, notice, replace, statusBadge, table, time } from './dom.js';
 import { onConnectionState, subscribe } from './live.js';
-import { credits, sum } from './money.js';
+import { credits } from './money.js';
 
 const STATUSES = ['QUEUED', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED'];
 const PAGE_SIZE = 20;
@@ -182,7 +182,7 @@ const JOB = `query Job($id: UUID!, $tenantId: UUID) {
     }
     reservation { id amount status settledAmount releasedAmount }
     charge { id amount createdAt }
-    cost { providerCost providerCostUpperBound customerCharge margin unknownAttempts }
+    cost { providerCost providerCostUpperBound customerCharge margin marginAtWorst unknownAttempts }
     events { seq kind status at }
   }
 }`;
@@ -314,12 +314,10 @@ function jobDetails(job, action) {
         ['Provider cost, with bounds of unknown outcomes', credits(cost.providerCostUpperBound)],
         ['Customer charge', h('span', { 'data-testid': 'customer-charge' }, credits(cost.customerCharge))],
         // With unknown outcomes the known margin is only an upper limit: the calls may
-        // have cost up to their bounds.
+        // have cost up to their bounds, which the margin at worst counts.
         [cost.unknownAttempts > 0 ? 'Margin, at most (costs unknown)' : 'Margin',
           h('span', { 'data-testid': 'margin' }, credits(cost.margin))],
-        ...(cost.unknownAttempts > 0
-          ? [['Margin, at worst', credits(sum([cost.customerCharge, `-${cost.providerCostUpperBound}`]))]]
-          : []),
+        ['Margin, at worst', h('span', { 'data-testid': 'margin-at-worst' }, credits(cost.marginAtWorst))],
         ['Attempts with unknown cost', String(cost.unknownAttempts)],
       ])),
     h('section', { 'aria-labelledby': 'attempts-title' },

@@ -10,37 +10,56 @@
 //!   the prompt it answered: the provider read all of it before the first token;
 //! - for a call whose outcome is unknown, and for a call the tenant cancelled while it
 //!   ran, the operator chooses: charge only the streamed output and absorb the rest
-//!   of the provider's cost ([`UnfinishedCall::DeliveredOutput`], the default), or
-//!   pass the call's upper bound on to the customer ([`UnfinishedCall::CallBound`]).
+//!   of the provider's cost ([`UnfinishedCall::DeliveredOutput`], the default for
+//!   unknown outcomes), charge the prompt as well ([`UnfinishedCall::Prompt`], the
+//!   default for cancels: a provider bills a prompt once it has started on it, and a
+//!   free cancel would let a tenant buy calls for nothing, create and cancel again and
+//!   again), or pass the call's upper bound on to the customer
+//!   ([`UnfinishedCall::CallBound`]);
+//! - a call aborted at shutdown charges only what it streamed, whatever the policy:
+//!   a restart is the operator's doing.
 //!
-//! Either way the exposure is bounded: a job makes at most `maxAttempts` calls that
-//! may be billed, and its hold covers that many calls at the higher of the provider's
-//! and the customer's price, so neither what we may owe the provider nor what the
-//! customer may be charged for one job ever exceeds its hold.
+//! Either way the exposure is bounded: a job makes at most `maxAttempts` paid calls,
+//! and its hold covers that many calls at the higher of the provider's and the
+//! customer's price, so neither what we may owe the provider for them nor what the
+//! customer may be charged for one job ever exceeds its hold. Calls aborted at
+//! shutdown add at most `jobs::budget::FREE_HAND_BACKS` call bounds of the operator's.
 
 use super::{Credits, ModelPrice};
 use crate::llm::TokenUsage;
 
 /// What the customer pays for a call that ended without an accepted answer, beyond
 /// the output it streamed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum UnfinishedCall {
     /// Only the output already streamed to the client; the operator absorbs the rest.
-    #[default]
     DeliveredOutput,
+    /// The prompt, estimated as the streamed output's prompt is (one token per four
+    /// bytes of the input bound), at the customer's input price — or what streamed,
+    /// when that is more; the operator absorbs the output the provider made unseen.
+    Prompt,
     /// The call's upper bound at the customer price: every input token and every
     /// allowed output token.
     CallBound,
 }
 
 /// The operator's charging choices (`[charging]` in the config file).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChargingPolicy {
     /// A call sent whose outcome is unknown: a timeout or a lost connection after
-    /// sending, a shutdown abort, a worker that died during the call.
+    /// sending, a worker that died during the call.
     pub unknown_outcome: UnfinishedCall,
     /// A call the tenant cancelled while it ran.
     pub cancelled_during_call: UnfinishedCall,
+}
+
+impl Default for ChargingPolicy {
+    fn default() -> Self {
+        Self {
+            unknown_outcome: UnfinishedCall::DeliveredOutput,
+            cancelled_during_call: UnfinishedCall::Prompt,
+        }
+    }
 }
 
 /// How an attempt ended, as far as the customer's charge is concerned.
@@ -57,6 +76,9 @@ pub enum AttemptEnding {
     Unknown,
     /// The tenant cancelled the job while the call ran.
     CancelledDuringCall,
+    /// The worker shut down during the call and handed the job back: a restart is
+    /// the operator's doing, so only what streamed is charged, whatever the policy.
+    ShutDown,
 }
 
 /// One call's upper bound of tokens: what the hold and the unknown-outcome bounds
@@ -125,9 +147,18 @@ impl CallBound {
     /// bytes of its bound, and the streamed text.
     pub fn estimated_delivery(self, streamed_bytes: u64) -> TokenUsage {
         TokenUsage {
+            output_tokens: estimated_output_tokens(streamed_bytes),
+            ..self.estimated_prompt()
+        }
+    }
+
+    /// The prompt of a call whose provider never reported usage, by the same
+    /// estimate: one token per four bytes of the input bound, rounded up.
+    pub fn estimated_prompt(self) -> TokenUsage {
+        TokenUsage {
             input_tokens: self.input_tokens.div_ceil(4),
             cached_input_tokens: 0,
-            output_tokens: estimated_output_tokens(streamed_bytes),
+            output_tokens: 0,
         }
     }
 }
@@ -146,13 +177,17 @@ impl ChargingPolicy {
         let delivered = delivered.map_or(Credits::ZERO, |usage| price.customer_charge(usage));
         let unfinished = |choice: UnfinishedCall| match choice {
             UnfinishedCall::DeliveredOutput => delivered,
+            // What streamed was priced with its prompt already.
+            UnfinishedCall::Prompt => price
+                .customer_charge(&bound.estimated_prompt())
+                .max(delivered),
             // The bound covers every output token, the delivered ones among them.
             UnfinishedCall::CallBound => bound.customer_cost(price).max(delivered),
         };
         match ending {
             AttemptEnding::Accepted(usage) => price.customer_charge(&usage),
             AttemptEnding::NotBilled => Credits::ZERO,
-            AttemptEnding::Rejected => delivered,
+            AttemptEnding::Rejected | AttemptEnding::ShutDown => delivered,
             AttemptEnding::Unknown => unfinished(self.unknown_outcome),
             AttemptEnding::CancelledDuringCall => unfinished(self.cancelled_during_call),
         }
@@ -206,6 +241,7 @@ mod tests {
                 AttemptEnding::Rejected,
                 AttemptEnding::Unknown,
                 AttemptEnding::CancelledDuringCall,
+                AttemptEnding::ShutDown,
             ] {
                 assert!(policy.customer_charge(&price(), BOUND, ending, Some(&usage)) >= delivered);
             }
@@ -232,6 +268,39 @@ mod tests {
             policy.customer_charge(&price(), BOUND, AttemptEnding::CancelledDuringCall, None),
             Credits::ZERO
         );
+        assert_eq!(
+            policy.customer_charge(&price(), BOUND, AttemptEnding::ShutDown, None),
+            Credits::ZERO,
+            "a restart is never passed on"
+        );
+    }
+
+    #[test]
+    fn a_cancel_during_the_call_charges_its_prompt_by_default() {
+        let policy = ChargingPolicy::default();
+        // 250 estimated prompt tokens at 2 per million.
+        let prompt = Credits::from_nanos(2_000 * 250);
+        assert_eq!(
+            policy.customer_charge(&price(), BOUND, AttemptEnding::CancelledDuringCall, None),
+            prompt
+        );
+        assert_eq!(
+            policy.customer_charge(&price(), BOUND, AttemptEnding::Unknown, None),
+            Credits::ZERO,
+            "an unknown outcome is absorbed by default"
+        );
+        let streamed = BOUND.estimated_delivery(400);
+        assert_eq!(
+            policy.customer_charge(
+                &price(),
+                BOUND,
+                AttemptEnding::CancelledDuringCall,
+                Some(&streamed)
+            ),
+            price().customer_charge(&streamed),
+            "streamed output is charged with its prompt, once"
+        );
+        assert!(prompt <= BOUND.customer_cost(&price()));
     }
 
     #[test]

@@ -46,8 +46,14 @@ pub struct JobCostLine {
     pub unknown_attempts: i64,
     /// What the customer paid: the job's charge, 0 when it has none.
     pub customer_charge: Amount,
-    /// `customerCharge − providerCost`.
+    /// `customerCharge − providerCost`: exact costs only, the margin at best while a
+    /// cost is unknown.
     pub margin: Amount,
+    /// `customerCharge − providerCostUpperBound`: the margin if every attempt whose
+    /// cost is unknown was billed at its bound. `margin` counts exact costs only, so it
+    /// can show a profit while this shows the loss it may be; they agree once no cost
+    /// is unknown.
+    pub margin_at_worst: Amount,
     pub created_at: DateTime<Utc>,
 }
 
@@ -63,6 +69,7 @@ impl From<reports::JobCost> for JobCostLine {
             unknown_attempts: cost.unknown_attempts,
             customer_charge: money(cost.customer_charge),
             margin: money(cost.margin()),
+            margin_at_worst: money(cost.margin_at_worst()),
             created_at: time(cost.created_at),
             model: cost.model,
         }
@@ -95,8 +102,14 @@ pub struct ModelBilling {
     pub provider_cost_upper_bound: Amount,
     /// Σ charges of those jobs.
     pub customer_charges: Amount,
-    /// `customerCharges − providerCost`.
+    /// `customerCharges − providerCost`: exact costs only, the margin at best while a
+    /// cost is unknown.
     pub margin: Amount,
+    /// `customerCharges − providerCostUpperBound`: the margin if every attempt whose
+    /// cost is unknown was billed at its bound. `margin` counts exact costs only, so it
+    /// can show a profit while this shows the loss it may be; they agree once no cost
+    /// is unknown.
+    pub margin_at_worst: Amount,
 }
 
 /// What the jobs created in a window did and cost. Attempts and charges count with the
@@ -122,8 +135,14 @@ pub struct BillingSummary {
     pub provider_cost_upper_bound: Amount,
     /// Σ charges of those jobs.
     pub customer_charges: Amount,
-    /// `customerCharges − providerCost`.
+    /// `customerCharges − providerCost`: exact costs only, the margin at best while a
+    /// cost is unknown.
     pub margin: Amount,
+    /// `customerCharges − providerCostUpperBound`: the margin if every attempt whose
+    /// cost is unknown was billed at its bound. `margin` counts exact costs only, so it
+    /// can show a profit while this shows the loss it may be; they agree once no cost
+    /// is unknown.
+    pub margin_at_worst: Amount,
     /// `providerCost ÷ jobsSucceeded` — what each success cost, failed jobs' attempts
     /// included — rounded half away from zero to 9 decimals; null when no job succeeded.
     pub cost_per_succeeded_job: Option<Amount>,
@@ -146,6 +165,7 @@ impl From<reports::BillingSummary> for BillingSummary {
             provider_cost_upper_bound: money(summary.provider_cost_upper_bound()),
             customer_charges: money(summary.customer_charges),
             margin: money(summary.margin()),
+            margin_at_worst: money(summary.margin_at_worst()),
             cost_per_succeeded_job: summary.cost_per_succeeded_job().map(Amount),
             by_model: summary
                 .by_model
@@ -156,6 +176,7 @@ impl From<reports::BillingSummary> for BillingSummary {
                     provider_cost_upper_bound: money(model.provider_cost_upper_bound()),
                     customer_charges: money(model.customer_charges),
                     margin: money(model.margin()),
+                    margin_at_worst: money(model.margin_at_worst()),
                     model: model.model,
                 })
                 .collect(),

@@ -1,15 +1,21 @@
 //! A job's budget of paid provider calls.
 //!
-//! Every call that may have been billed counts — answers, unknown outcomes, calls
-//! aborted at shutdown and handed back, calls lost with their worker — whether or not
+//! Every call that may have been billed counts — answers, unknown outcomes, calls lost
+//! with their worker, calls aborted at shutdown beyond the first few — whether or not
 //! it counts against `maxAttempts`. A job makes at most `maxAttempts` such calls, and
 //! what they may cost (exact costs, and bounds where the outcome is unknown) never
 //! passes its hold; neither do the customer charges its attempts carry. The hold is
 //! sized for that many calls (`billing::CallBound::job_hold`), so the money limits
 //! only bind when prices change while a job runs.
+//!
+//! The first [`FREE_HAND_BACKS`] calls a job has aborted at shutdown and handed back
+//! are counted apart: a rolling restart is the operator's doing, and charging the job's
+//! paid calls for it let a few deploys fail a job that never got an answer. Their cost
+//! bounds are the operator's exposure beyond the hold, bounded per job by that count.
 
 use crate::billing::ledger::{self, Resolution};
 use crate::billing::{Credits, limits};
+use crate::jobs::queue::ErrorCode;
 use entity::{AttemptOutcome, JobStatus, ReservationStatus, attempts, credit_reservations, jobs};
 use sea_orm::{ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QueryOrder};
 use std::collections::HashMap;
@@ -20,11 +26,14 @@ use uuid::Uuid;
 pub struct Spent {
     /// Attempt rows of the job, the running one included.
     pub attempts: u32,
-    /// Calls that may have been billed.
+    /// Calls that may have been billed, but the free hand-backs.
     pub paid_calls: u32,
+    /// Calls aborted at shutdown and handed back that count apart from the paid calls
+    /// (at most [`FREE_HAND_BACKS`]).
+    pub free_hand_backs: u32,
     /// Replies that failed the job's response schema.
     pub invalid_outputs: u32,
-    /// What those calls cost: exact where usage is known, the bound otherwise.
+    /// What the paid calls cost: exact where usage is known, the bound otherwise.
     pub provider_exposure: Credits,
     /// The customer charges the attempts carry.
     pub customer_charges: Credits,
@@ -40,25 +49,42 @@ pub fn may_have_been_billed(attempt: &attempts::Model) -> bool {
     attempt.provider_cost_nanos != Some(0) || attempt.input_tokens.is_some()
 }
 
+/// Calls a job may have aborted at shutdown and handed back without spending its paid
+/// calls; later ones count as paid calls. Three covers a rolling restart of every
+/// process during one long call a few times over.
+pub const FREE_HAND_BACKS: u32 = 3;
+
+/// Whether an attempt is a call aborted at shutdown after it was sent (recorded as
+/// an unknown outcome, `WORKER_SHUTDOWN`).
+fn is_shutdown_abort(attempt: &attempts::Model) -> bool {
+    attempt.outcome == AttemptOutcome::Unknown
+        && attempt.error_code.as_deref() == Some(ErrorCode::WorkerShutdown.as_str())
+}
+
 impl Spent {
     /// Sums a job's attempt rows.
     pub fn of(rows: &[attempts::Model]) -> Self {
         let mut spent = Self::default();
         for attempt in rows {
             spent.attempts += 1;
-            if may_have_been_billed(attempt) {
-                spent.paid_calls += 1;
+            let exposure = Credits::from_nanos(
+                attempt
+                    .provider_cost_nanos
+                    .or(attempt.provider_cost_upper_bound_nanos)
+                    .unwrap_or(0),
+            );
+            if is_shutdown_abort(attempt) && spent.free_hand_backs < FREE_HAND_BACKS {
+                // Its bound is the operator's, outside the hold's money checks.
+                spent.free_hand_backs += 1;
+            } else {
+                if may_have_been_billed(attempt) {
+                    spent.paid_calls += 1;
+                }
+                spent.provider_exposure = spent.provider_exposure + exposure;
             }
             if attempt.outcome == AttemptOutcome::InvalidOutput {
                 spent.invalid_outputs += 1;
             }
-            spent.provider_exposure = spent.provider_exposure
-                + Credits::from_nanos(
-                    attempt
-                        .provider_cost_nanos
-                        .or(attempt.provider_cost_upper_bound_nanos)
-                        .unwrap_or(0),
-                );
             let charge = Credits::from_nanos(attempt.customer_charge_nanos.unwrap_or(0));
             spent.customer_charges = spent.customer_charges + charge;
             if charge.is_positive() {

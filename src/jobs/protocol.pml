@@ -51,8 +51,9 @@
  *     copy equals the locked row whenever the fenced finish can write, so the model
  *     decides it in finish_attempt.
  *   - Rounds are bounded so that every run ends: one worker crash (a new process
- *     takes its place), one shutdown abort (that worker then exits), one lapse of a
- *     live worker's lease, one lease renewal per attempt, one cancel. `pan -l` (see
+ *     takes its place), two shutdown aborts (a new process takes the place of each,
+ *     as in a rolling restart), one lapse of a live worker's lease, one lease
+ *     renewal per attempt, one cancel. `pan -l` (see
  *     below) confirms that the model has no cycle at all, so the liveness checks
  *     need no fairness assumption.
  *   - Run tokens are drawn modulo TOKENS, the most claims a run makes, so no token
@@ -78,7 +79,10 @@
  *   P4 At most one running attempt: `running_attempts <= 1`, checked as a row is
  *      inserted (the only step that adds one).
  *   P5 Paid calls never exceed the ceiling: the ghost `billable` counts requests
- *      sent that may have been billed; `billable <= CEILING` as each is sent.
+ *      sent that may have been billed; `billable <= CEILING + FREE_HAND_BACKS` as
+ *      each is sent: the first FREE_HAND_BACKS calls aborted at shutdown count apart
+ *      (budget::FREE_HAND_BACKS; the model allows one, and a second shutdown abort
+ *      is a paid call).
  *   P6 An unrunnable job always ends: `ltl unrunnable_ends` says that once the job
  *      is unrunnable it is eventually terminal, whoever crashes. P3 alone would not
  *      see a job handed back uncounted for ever: it is queued again and again. The
@@ -96,7 +100,8 @@
  *                          (its worker died between claim and start)            -> P3
  *   NO_MARK_LEASE_EXPIRED  expire_lease requeues without marking the lost attempt -> P4
  *   NO_PAID_CEILING        the paid-call ceiling is never checked               -> P5
- *   HANDBACK_NOT_PAID      a handed-back call is counted as not billed          -> P5
+ *   HANDBACK_NOT_PAID      every handed-back call is free, past FREE_HAND_BACKS
+ *                          too                                                  -> P5
  *   NO_ABANDON             no abandon step, as before Worker::abandon: a worker
  *                          that claims an unrunnable job just stops, and lease
  *                          expiry hands the claim back uncounted, for ever; the
@@ -105,9 +110,9 @@
  * HOW TO RUN (in a scratch directory holding a copy; add e.g. -DNO_FINISH_FENCE to
  * `spin -a` for a mutant)
  *   spin -a protocol.pml && gcc -O0 -w -o pan pan.c && ./pan -a
- *       P1-P5: "errors: 0" expected (about 620,000 states, a few seconds).
+ *       P1-P5: "errors: 0" expected (about 1.8 million states, a few seconds).
  *   ./pan -a -N unrunnable_ends     (the same pan)
- *       P6, and P1, P2, P4, P5 again: "errors: 0" expected (about 390,000 states).
+ *       P6, and P1, P2, P4, P5 again: "errors: 0" expected (about 1 million states).
  *   spin -a protocol.pml && gcc -O0 -w -DSAFETY -DNOCLAIM -o pan pan.c && ./pan
  *       No process is left blocked outside an `end` label.
  *   spin -a protocol.pml && gcc -O0 -w -DNP -o pan pan.c && ./pan -l
@@ -123,12 +128,15 @@
 #define MAX_ATTEMPTS 2
 /* Paid calls a job may make (jobs::budget::Spent::calls_left). */
 #define CEILING MAX_ATTEMPTS
-/* Room for the attempt rows: MAX_ATTEMPTS counted ones, one handed back, and one
+/* Calls aborted at shutdown that count apart from the paid calls
+ * (jobs::budget::FREE_HAND_BACKS, three in the code; one here, fewer than SHUTDOWNS). */
+#define FREE_HAND_BACKS 1
+/* Room for the attempt rows: MAX_ATTEMPTS counted ones, the free hand-back, and one
  * more so that a mutant over the ceiling still fits. */
-#define MAX_ROWS 4
+#define MAX_ROWS 5
 /* The environment's supply of mishaps (see below). */
 #define CRASHES 1
-#define SHUTDOWNS 1
+#define SHUTDOWNS 2
 #define SLOW_LAPSES 1
 /* The most claims a run makes: the counted ones, and one more for each mishap (a
  * hand-back, or a claim given back uncounted after a crash or a lapse before its
@@ -162,6 +170,7 @@ mtype:attempt row_outcome[MAX_ROWS];
 bool row_paid[MAX_ROWS];        /* may have been billed (budget::may_have_been_billed) */
 /* Sums over the rows, kept beside them so that no step loops over the rows. */
 byte paid_calls;                /* rows with row_paid */
+byte free_hand_backs;           /* rows aborted at shutdown that count apart */
 byte running_attempts;          /* rows with outcome ATTEMPT_RUNNING */
 
 /* ---- the last run token handed out (queue::claim draws fresh ones) ----------------- */
@@ -264,7 +273,7 @@ proctype worker()
     bool cancel_seen;           /* the attempt learned that cancel was requested */
     bool renewed;               /* the one modelled lease renewal happened */
     bool lease_lost;            /* that renewal matched nothing */
-    bool aborted;               /* the shutdown abort: hand back, then exit */
+    bool aborted;               /* the shutdown abort: hand back, then restart */
     bool not_billed;            /* the call ended in a way that cannot be billed */
     mtype:attempt ended;        /* how the call ended, for the attempt row */
     mtype:job_outcome wanted;   /* what Worker::judge asks for */
@@ -336,7 +345,7 @@ end_idle:
         maybe_crash();  /* dies with a row and no request sent */
         /* the provider call: from here the request may be billed */
         billable++;
-        assert(billable <= CEILING);                            /* P5 */
+        assert(billable <= CEILING + FREE_HAND_BACKS);          /* P5 */
 waiting:
         if
         :: /* CallEnd::Answered(Ok), accepted */
@@ -392,7 +401,11 @@ waiting:
             if
             :: not_billed -> row_paid[row] = false; paid_calls--
 #ifdef HANDBACK_NOT_PAID
-            :: !not_billed && aborted -> row_paid[row] = false; paid_calls--
+            :: !not_billed && aborted -> row_paid[row] = false; paid_calls--;
+               free_hand_backs++
+#else
+            :: !not_billed && aborted && free_hand_backs < FREE_HAND_BACKS ->
+               row_paid[row] = false; paid_calls--; free_hand_backs++
 #endif
             :: else
             fi;
@@ -426,18 +439,13 @@ waiting:
         :: else     /* the claim was taken back: write nothing */
         fi
     };
-    if
-    :: aborted -> goto done     /* the shutting-down process ends */
-    :: else
-    fi;
-
 next:
-    /* claim again, as a new task (or as the new process after a crash) */
+    /* claim again, as a new task (or as the new process after a crash, or after a
+     * shutdown: a rolling restart starts the next process) */
     token = 0; row = 0; started = false; cancel_seen = false; renewed = false;
-    lease_lost = false; not_billed = false; ended = ATTEMPT_RUNNING; wanted = SUCCEED;
-    goto end_idle;
-done:
-    skip
+    lease_lost = false; aborted = false; not_billed = false; ended = ATTEMPT_RUNNING;
+    wanted = SUCCEED;
+    goto end_idle
 }
 
 active proctype sweeper()

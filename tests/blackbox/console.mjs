@@ -65,10 +65,10 @@ const CREATE_JOB = `mutation CreateJob($input: CreateJobInput!) {
   createJob(input: $input) { job { id status } }
 }`;
 const JOB = `query Job($id: UUID!) {
-  job(id: $id) { status attempts { outcome providerRequestId } cost { providerCost customerCharge margin } }
+  job(id: $id) { status attempts { outcome providerRequestId } cost { providerCost customerCharge margin marginAtWorst } }
 }`;
 const SUMMARY = `query BillingSummary($from: DateTime!, $to: DateTime!) {
-  billingSummary(from: $from, to: $to) { jobsCreated providerCost customerCharges margin unknownOutcomes }
+  billingSummary(from: $from, to: $to) { jobsCreated providerCost customerCharges margin marginAtWorst unknownOutcomes }
 }`;
 
 function createJob(key, idempotencyKey, content, options = {}) {
@@ -236,7 +236,7 @@ await check('the job opens from the keyboard and shows its attempts and exact co
   const row = await attempts.first().innerText();
   assert(row.includes('SUCCEEDED'), `attempt row: ${row}`);
   assert(row.includes(job.attempts[0].providerRequestId), `the provider request id is shown: ${row}`);
-  for (const [testId, value] of [['provider-cost', job.cost.providerCost], ['customer-charge', job.cost.customerCharge], ['margin', job.cost.margin]]) {
+  for (const [testId, value] of [['provider-cost', job.cost.providerCost], ['customer-charge', job.cost.customerCharge], ['margin', job.cost.margin], ['margin-at-worst', job.cost.marginAtWorst]]) {
     const shown = await page.getByTestId(testId).innerText();
     assert(nanos(shown) === nanos(value), `${testId}: shown ${shown}, API ${value}`);
   }
@@ -406,6 +406,7 @@ async function chartTotalsMatch(key) {
     ['total-provider-cost', summary.providerCost],
     ['total-customer-charges', summary.customerCharges],
     ['total-margin', summary.margin],
+    ['summary-margin-at-worst', summary.marginAtWorst],
   ]) {
     const shown = await page.getByTestId(testId).textContent();
     assert(nanos(shown) === nanos(value), `${testId}: charts say ${shown}, billingSummary ${value}`);

@@ -18,10 +18,12 @@ use std::time::{Duration, Instant};
 on_both_backends!(
     a_cancelled_streamed_job_pays_for_the_output_it_delivered,
     a_job_that_keeps_timing_out_stops_paying_at_its_ceiling,
-    hand_backs_count_against_the_paid_call_ceiling,
+    deploys_during_a_long_call_do_not_spend_its_paid_calls,
+    hand_backs_past_the_free_ones_count_against_the_paid_call_ceiling,
     the_call_bound_policy_passes_an_unknown_outcome_on,
     a_finish_the_database_refuses_records_the_call_and_fails_the_job,
     cancelling_a_retry_in_its_backoff_keeps_what_its_attempts_charged,
+    create_and_cancel_charges_each_prompt,
 );
 
 /// gpt-4o-mini's customer price for output: 0.60 per million × the 1.25 markup.
@@ -192,21 +194,17 @@ async fn a_job_that_keeps_timing_out_stops_paying_at_its_ceiling(backend: Backen
     assert_billing_invariants(&app.app.db).await;
 }
 
-async fn hand_backs_count_against_the_paid_call_ceiling(backend: Backend) {
-    let quick_shutdown = WorkerSettings {
-        shutdown_grace: Duration::from_millis(300),
-        ..test_worker_settings()
-    };
-    let mut app = spawn_app_with(backend, AppOptions::workers(quick_shutdown.clone())).await;
-    let tenant = app.funded_tenant("deploys-a-lot", "5").await;
-    let mut input = job_input("long-call", "take your time [mock:delay_ms=20000]");
-    input["maxAttempts"] = json!(2);
-    let id = app.create_job_ok(&tenant, input).await;
-    // Two deploys, each during the call: each hands the job back without counting an
-    // attempt, but each call may have been billed.
-    for deploy in 1..=2 {
+/// Restarts the application `deploys` times, each while the job's next call runs (a
+/// shutdown as SIGTERM does it, with a grace period shorter than the call).
+async fn deploy_during_calls(
+    mut app: TestApp,
+    tenant: &TestTenant,
+    id: uuid::Uuid,
+    deploys: usize,
+) -> TestApp {
+    for deploy in 1..=deploys {
         let deadline = Instant::now() + Duration::from_secs(15);
-        while app.job(&tenant, id).await["attempts"]
+        while app.job(tenant, id).await["attempts"]
             .as_array()
             .unwrap()
             .len()
@@ -215,21 +213,99 @@ async fn hand_backs_count_against_the_paid_call_ceiling(backend: Backend) {
             assert!(Instant::now() < deadline, "call {deploy} never started");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        app = app
-            .restart(AppOptions::workers(quick_shutdown.clone()))
-            .await;
+        app = app.restart(AppOptions::workers(quick_shutdown())).await;
     }
+    app
+}
+
+/// Workers whose grace period at shutdown is shorter than the calls they run.
+fn quick_shutdown() -> WorkerSettings {
+    WorkerSettings {
+        shutdown_grace: Duration::from_millis(300),
+        ..test_worker_settings()
+    }
+}
+
+/// A rolling restart is the operator's doing: three deploys during a long call hand
+/// the job back three times without spending its paid calls, and it then succeeds.
+async fn deploys_during_a_long_call_do_not_spend_its_paid_calls(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::workers(quick_shutdown())).await;
+    let tenant = app.funded_tenant("deploys-a-lot", "5").await;
+    let input = job_input("long-call", "take your time [mock:delay_ms=8000]");
+    let id = app.create_job_ok(&tenant, input).await;
+    let app = deploy_during_calls(app, &tenant, id, 3).await;
+    let job = app
+        .wait_until_finished(&tenant, id, Duration::from_secs(20))
+        .await;
+    assert_eq!(job["status"], "SUCCEEDED", "{job}");
+    let outcomes: Vec<_> = job["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|attempt| attempt["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        outcomes,
+        ["UNKNOWN", "UNKNOWN", "UNKNOWN", "SUCCEEDED"],
+        "{job}"
+    );
+    for attempt in &job["attempts"].as_array().unwrap()[..3] {
+        assert_eq!(attempt["errorCode"], "WORKER_SHUTDOWN", "{job}");
+        assert!(
+            attempt["providerCostUpperBound"].is_string(),
+            "may be billed: {job}"
+        );
+    }
+    assert_eq!(job["attemptCount"], 1, "hand-backs spend no attempt: {job}");
+    let billed = app
+        .simulator
+        .calls()
+        .iter()
+        .filter(|call| call.billed)
+        .count();
+    assert_eq!(billed, 4, "every call is on record: {job}");
+    // The customer pays the answer; the aborted calls are the operator's.
+    let charged = job_with_charges(&app, &tenant, id).await;
+    for attempt in &charged["attempts"].as_array().unwrap()[..3] {
+        assert_eq!(
+            decimal(&attempt["customerCharge"]),
+            Decimal::ZERO,
+            "{charged}"
+        );
+    }
+    assert_eq!(
+        decimal(&charged["charge"]["amount"]),
+        decimal(&charged["attempts"][3]["customerCharge"]),
+        "{charged}"
+    );
+    assert_billing_invariants(&app.app.db).await;
+}
+
+/// Hand-backs past the free ones are paid calls again: the operator's exposure per job
+/// stays bounded however often it restarts.
+async fn hand_backs_past_the_free_ones_count_against_the_paid_call_ceiling(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::workers(quick_shutdown())).await;
+    let tenant = app.funded_tenant("deploys-all-day", "5").await;
+    let mut input = job_input("longer-call", "take your time [mock:delay_ms=20000]");
+    input["maxAttempts"] = json!(1);
+    let id = app.create_job_ok(&tenant, input).await;
+    let app = deploy_during_calls(app, &tenant, id, 4).await;
     let job = app
         .wait_until_finished(&tenant, id, Duration::from_secs(10))
         .await;
     assert_eq!(job["status"], "FAILED", "{job}");
     assert_eq!(job["error"]["code"], "PAID_CALL_LIMIT", "{job}");
     let attempts = job["attempts"].as_array().unwrap();
-    assert_eq!(attempts.len(), 2, "{job}");
+    assert_eq!(
+        attempts.len(),
+        4,
+        "three free hand-backs and one paid call: {job}"
+    );
     assert!(
         attempts
             .iter()
-            .all(|attempt| attempt["outcome"] == "UNKNOWN")
+            .all(|attempt| attempt["errorCode"] == "WORKER_SHUTDOWN"),
+        "{job}"
     );
     let billed = app
         .simulator
@@ -237,7 +313,8 @@ async fn hand_backs_count_against_the_paid_call_ceiling(backend: Backend) {
         .iter()
         .filter(|call| call.billed)
         .count();
-    assert_eq!(billed, 2, "two calls, then no more");
+    assert_eq!(billed, 4, "four calls, then no more");
+    assert!(job["charge"].is_null(), "the default policy absorbs them");
     assert_billing_invariants(&app.app.db).await;
 }
 
@@ -379,4 +456,71 @@ fn output_nanos_per_token_is_the_marked_up_list_price() {
         per_million * Decimal::from(1_000),
         Decimal::from(OUTPUT_NANOS_PER_TOKEN)
     );
+}
+
+/// A provider bills a prompt once it has started on it: under the default policy a
+/// call the tenant cancels after it was sent charges the prompt, so a loop of create
+/// and cancel is not free, and it fills the spend counters as it goes.
+async fn create_and_cancel_charges_each_prompt(backend: Backend) {
+    let worker = WorkerSettings {
+        concurrency: 10,
+        ..test_worker_settings()
+    };
+    let app = spawn_app_with(backend, AppOptions::workers(worker)).await;
+    let tenant = app.funded_tenant("cancels", "5").await;
+    let content = "answer at length [mock:delay_ms=20000]";
+    let mut ids = Vec::new();
+    for number in 0..10 {
+        let key = format!("cancelled-{number}");
+        ids.push(app.create_job_ok(&tenant, job_input(&key, content)).await);
+    }
+    for id in &ids {
+        wait_until_started(&app, &tenant, *id).await;
+    }
+    for id in &ids {
+        let cancel = app
+            .operation(Some(&tenant.key), "CancelJob", json!({"id": id}))
+            .await;
+        assert_eq!(
+            cancel["data"]["cancelJob"]["cancelRequested"], true,
+            "{cancel}"
+        );
+    }
+    // The prompt as the bound estimates it: (bytes + 16) / 4 tokens, rounded up, at
+    // 0.1875 per million, rounded up to the nano-credit.
+    let prompt_tokens = (content.len() as i64 + 16 + 3) / 4;
+    let prompt = credits((prompt_tokens * 187_500 + 999) / 1_000);
+    for id in &ids {
+        app.wait_until_finished(&tenant, *id, Duration::from_secs(10))
+            .await;
+        let job = job_with_charges(&app, &tenant, *id).await;
+        assert_eq!(job["status"], "CANCELLED", "{job}");
+        assert_eq!(job["attempts"][0]["outcome"], "CANCELLED", "{job}");
+        assert_eq!(decimal(&job["attempts"][0]["customerCharge"]), prompt);
+        assert_eq!(decimal(&job["charge"]["amount"]), prompt, "{job}");
+        assert_eq!(job["reservation"]["status"], "SETTLED");
+    }
+    let total = prompt * Decimal::from(ids.len());
+    let balance = app.balance(&tenant).await;
+    assert_eq!(decimal(&balance["charged"]), total, "{balance}");
+    let account = app
+        .operation(Some(&tenant.key), "AccountLimits", json!({}))
+        .await;
+    assert_eq!(
+        decimal(&account["data"]["account"]["spend"]["today"]),
+        total,
+        "the prompts count against the spend caps: {account}"
+    );
+    let billed = app
+        .simulator
+        .calls()
+        .iter()
+        .filter(|call| call.billed)
+        .count();
+    assert_eq!(
+        billed,
+        ids.len(),
+        "the provider billed every cancelled call"
+    );
+    assert_billing_invariants(&app.app.db).await;
 }

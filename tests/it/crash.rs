@@ -1,7 +1,8 @@
 //! A crash never loses a job or a cent: the real binary runs as separate processes
 //! (simulator, API, two workers) on PostgreSQL, one worker is SIGKILLed while its
 //! attempts are mid-call, and a replacement takes over. Every job must still succeed,
-//! be charged exactly once, and leave the ledger consistent.
+//! be charged exactly once, and leave the ledger consistent. Nor does a rolling
+//! restart (SIGTERM after SIGTERM during one call) fail a job.
 
 use crate::helpers::{Backend, TestDatabase};
 use entity::{AttemptOutcome, attempts};
@@ -266,6 +267,138 @@ async fn a_killed_worker_loses_no_job_and_no_cent() {
     eprintln!("crash test: passed in {:?}", began.elapsed());
 }
 
+/// A rolling restart alone never fails a job: three worker processes in turn get
+/// SIGTERM during one long call (grace period 0, so each aborts it and hands the job
+/// back), and the fourth gets the answer. The aborted calls may be billed and stay on
+/// record with their bounds, but they are not the job's paid calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_sigterms_during_a_long_call_do_not_fail_the_job() {
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let database = TestDatabase::create(&backend).await;
+    let mut processes = Processes::new();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let mock = free_address();
+    processes.spawn(
+        "mock-llm",
+        &["mock-llm", "--listen", &mock.to_string()],
+        &[],
+    );
+    wait_for_http(&http, &format!("http://{mock}/_mock/calls"), &mut processes).await;
+    let openai_base_url = format!("http://{mock}/v1");
+    let provider_env = [
+        ("OPENAI_BASE_URL", openai_base_url.as_str()),
+        ("JOBLEDGER_ADMIN_TOKEN", ADMIN_TOKEN),
+    ];
+    let api = free_address();
+    let api_args = [
+        "serve",
+        "--workers",
+        "0",
+        "--listen",
+        &api.to_string(),
+        "--database-url",
+        &database.url,
+    ];
+    processes.spawn("api", &api_args, &provider_env);
+    wait_for_http(&http, &format!("http://{api}/readyz"), &mut processes).await;
+    let client = Client {
+        http: http.clone(),
+        url: format!("http://{api}/graphql"),
+    };
+    let created = client
+        .send(
+            ADMIN_TOKEN,
+            "CreateTenant",
+            json!({"name": "rolling-restarts"}),
+        )
+        .await;
+    let tenant_id = created["createTenant"]["tenant"]["id"].as_str().unwrap();
+    let key = created["createTenant"]["apiKey"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    client
+        .send(
+            ADMIN_TOKEN,
+            "GrantCredits",
+            json!({"input": {"tenantId": tenant_id, "amount": "5", "idempotencyKey": "restarts-topup"}}),
+        )
+        .await;
+    let input = json!({
+        "idempotencyKey": "long-call",
+        "model": "gpt-4o-mini",
+        "messages": [{"role": "user", "content": "a long call [mock:delay_ms=8000]"}],
+        "maxOutputTokens": 100,
+    });
+    let data = client
+        .send(&key, "CreateJob", json!({"input": input}))
+        .await;
+    let id = data["createJob"]["job"]["id"].as_str().unwrap().to_owned();
+    let job = || async { client.send(&key, "Job", json!({"id": id})).await["job"].clone() };
+
+    let worker_args = [
+        "worker",
+        "--database-url",
+        &database.url,
+        "--workers",
+        "2",
+        "--lease-seconds",
+        "3",
+        "--attempt-timeout-seconds",
+        "30",
+        "--shutdown-grace-seconds",
+        "0",
+    ];
+    for restart in 1..=3 {
+        let worker = processes.spawn(&format!("worker {restart}"), &worker_args, &provider_env);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let attempts = job().await["attempts"].as_array().unwrap().clone();
+            if attempts.len() == restart && attempts[restart - 1]["outcome"] == "RUNNING" {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "call {restart} never started: {}",
+                job().await
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        processes.terminate(worker).await;
+    }
+    processes.spawn("worker 4", &worker_args, &provider_env);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let finished = loop {
+        let finished = job().await;
+        if !matches!(finished["status"].as_str(), Some("QUEUED" | "RUNNING")) {
+            break finished;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the job never finished: {finished}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(finished["status"], "SUCCEEDED", "{finished}");
+    let attempts = finished["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 4, "{finished}");
+    for attempt in &attempts[..3] {
+        assert_eq!(attempt["outcome"], "UNKNOWN", "{finished}");
+        assert_eq!(attempt["errorCode"], "WORKER_SHUTDOWN", "{finished}");
+        assert!(!attempt["providerCostUpperBound"].is_null(), "{finished}");
+    }
+    assert_eq!(finished["attemptCount"], 1, "{finished}");
+    let db = jobledger::db::connect(&database.url).await.unwrap();
+    crate::invariants::assert_billing_invariants(&db).await;
+    db.close().await.ok();
+    processes.kill_all().await;
+}
+
 /// A port that was free a moment ago.
 fn free_address() -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -411,6 +544,23 @@ impl Processes {
         let child = &mut self.children[index].2;
         child.start_kill().unwrap();
         child.wait().await.unwrap();
+    }
+
+    /// SIGTERM, and wait for a clean exit (bounded).
+    async fn terminate(&mut self, index: usize) {
+        let (name, _, child) = &mut self.children[index];
+        let pid = child.id().expect("the process is running");
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .await
+            .unwrap();
+        assert!(sent.success(), "kill -TERM {pid} failed");
+        let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("{name} did not stop within 30 s of SIGTERM"))
+            .unwrap();
+        assert!(status.success(), "{name} stopped with {status}");
     }
 
     async fn kill_all(&mut self) {

@@ -4,11 +4,10 @@
 //! recorded attempts and the billing audit.
 
 use crate::helpers::{
-    ADMIN_TOKEN, AppOptions, Backend, TestApp, TestDatabase, spawn_app_with,
-    test_worker_settings,
+    ADMIN_TOKEN, AppOptions, Backend, TestApp, TestDatabase, spawn_app_with, test_worker_settings,
 };
-use crate::processes::ServeProcess;
 use crate::invariants::assert_billing_invariants;
+use crate::processes::ServeProcess;
 use sea_orm::{ConnectionTrait, Database};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -315,7 +314,10 @@ async fn a_ten_second_provider_outage_fails_no_job(backend: Backend) {
                     json!({"id": id}),
                 )
                 .await;
-            let status = job["data"]["job"]["status"].as_str().unwrap_or_default().to_owned();
+            let status = job["data"]["job"]["status"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
             if status == "SUCCEEDED" {
                 break;
             }
@@ -333,7 +335,10 @@ async fn a_ten_second_provider_outage_fails_no_job(backend: Backend) {
         .json()
         .await
         .unwrap();
-    let billed = calls.iter().filter(|call| call["billed"] == json!(true)).count();
+    let billed = calls
+        .iter()
+        .filter(|call| call["billed"] == json!(true))
+        .count();
     assert_eq!(billed, ids.len(), "one billed call per job");
     let db = jobledger::db::connect(&database.url).await.unwrap();
     assert_billing_invariants(&db).await;

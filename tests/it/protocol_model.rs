@@ -239,15 +239,17 @@ fn without_marking_the_lost_attempt_two_attempts_run_at_once() {
     assert_caught(&["NO_MARK_LEASE_EXPIRED"], P4_ONE_RUNNING_ATTEMPT);
 }
 
-/// P5: a retry, a hand-back and one more attempt make three paid calls of two.
+/// P5: a retry, two hand-backs and one more attempt make four calls of two paid and
+/// one free.
 #[test]
 fn without_the_paid_call_ceiling_a_job_pays_for_too_many_calls() {
     assert_caught(&["NO_PAID_CEILING"], P5_PAID_CALL_CEILING);
 }
 
-/// P5: a hand-back does not count against maxAttempts, but its call may be billed.
+/// P5: a hand-back does not count against maxAttempts, and the first ones not as
+/// paid calls either, but past those its call is a paid call like any other.
 #[test]
-fn counting_hand_backs_as_unbilled_lets_a_job_pay_for_too_many_calls() {
+fn counting_every_hand_back_as_free_lets_a_job_pay_for_too_many_calls() {
     assert_caught(&["HANDBACK_NOT_PAID"], P5_PAID_CALL_CEILING);
 }
 

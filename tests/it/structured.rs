@@ -12,6 +12,7 @@ on_both_backends!(
     replies_off_schema_are_retried_within_their_own_budget,
     a_schema_that_does_not_compile_is_refused,
     an_off_schema_reply_is_not_given_away_in_the_error,
+    schema_errors_name_keywords_never_keys_positions_or_counts,
 );
 
 fn summary_schema() -> Value {
@@ -143,5 +144,134 @@ async fn an_off_schema_reply_is_not_given_away_in_the_error(backend: Backend) {
     let shown = job.to_string();
     assert!(!shown.contains("PAID ANSWER"), "the reply leaked: {shown}");
     assert!(job["charge"].is_null());
+    assert_billing_invariants(&app.app.db).await;
+}
+
+/// What a tenant can read of a failed job: its error, each attempt's error and every
+/// event's data.
+const FAILURE_TEXTS: &str = "query Failure($id: UUID!) {
+  job(id: $id) {
+    status
+    error { code message }
+    attempts { errorMessage }
+    events { data }
+  }
+}";
+
+/// Runs one job whose reply fails `schema`, and returns everything the tenant can read
+/// of its failure, with the error message alone.
+async fn failure_of(
+    app: &TestApp,
+    tenant: &TestTenant,
+    key: &str,
+    reply: &str,
+    schema: Value,
+) -> (String, String) {
+    let mut input = job_input(key, &format!("[mock:reply={reply}] answer"));
+    input["responseSchema"] = schema;
+    input["maxAttempts"] = json!(1);
+    let id = app.create_job_ok(tenant, input).await;
+    app.wait_until_finished(tenant, id, Duration::from_secs(20))
+        .await;
+    let response = app
+        .graphql(Some(&tenant.key), FAILURE_TEXTS, json!({"id": id}))
+        .await;
+    let job = &response["data"]["job"];
+    assert_eq!(job["error"]["code"], "INVALID_OUTPUT", "{response}");
+    let message = job["error"]["message"].as_str().unwrap().to_owned();
+    (job.to_string(), message)
+}
+
+/// A schema can make every key of a reply fail, or pick array positions, or test each
+/// key as `propertyNames`: where the reply fails (its keys, its positions) and how
+/// often are the answer then, so the error names schema keywords only, each once.
+async fn schema_errors_name_keywords_never_keys_positions_or_counts(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let tenant = app.funded_tenant("curious", "5").await;
+    let words = ["PAIDWORD", "SECRETKEY", "HIDDENTERM"];
+
+    // The answer in the reply's keys, every one of them refused.
+    let (shown, message) = failure_of(
+        &app,
+        &tenant,
+        "keys",
+        r#"{"PAIDWORD": 1, "SECRETKEY": 2, "HIDDENTERM": 3}"#,
+        json!({"type": "object", "additionalProperties": {"not": {}}}),
+    )
+    .await;
+    assert!(message.contains("/additionalProperties/not"), "{message}");
+    for word in words {
+        assert!(!shown.contains(word), "the key {word} leaked: {shown}");
+    }
+    // One refused key reads the same as three: the count is not told either.
+    let (_, one_key) = failure_of(
+        &app,
+        &tenant,
+        "one-key",
+        r#"{"OTHER": 1}"#,
+        json!({"type": "object", "additionalProperties": {"not": {}}}),
+    )
+    .await;
+    assert_eq!(one_key, message);
+
+    // The answer in which array positions fail (here the 2nd, 4th and 5th).
+    let (shown, message) = failure_of(
+        &app,
+        &tenant,
+        "positions",
+        r#"[0, "PAIDWORD", 2, "SECRETKEY", "HIDDENTERM"]"#,
+        json!({"type": "array", "items": {"type": "integer"}}),
+    )
+    .await;
+    assert!(message.contains("/items/type"), "{message}");
+    for word in words {
+        assert!(!shown.contains(word), "the item {word} leaked: {shown}");
+    }
+    for position in ["/1", "/3", "/4"] {
+        assert!(!message.contains(position), "a position leaked: {message}");
+    }
+    let (_, one_item) = failure_of(
+        &app,
+        &tenant,
+        "one-item",
+        r#"["x"]"#,
+        json!({"type": "array", "items": {"type": "integer"}}),
+    )
+    .await;
+    assert_eq!(one_item, message);
+
+    // The answer in keys that `propertyNames` and `patternProperties` judge.
+    let (shown, message) = failure_of(
+        &app,
+        &tenant,
+        "property-names",
+        r#"{"PAIDWORD": 1, "SECRETKEY": 2, "HIDDENTERM": 3}"#,
+        json!({
+            "type": "object",
+            "propertyNames": {"maxLength": 2},
+            "patternProperties": {"^[A-Z]": {"type": "string"}},
+        }),
+    )
+    .await;
+    assert!(
+        message.contains("/propertyNames/maxLength")
+            && message.contains("/patternProperties/^[A-Z]/type"),
+        "{message}"
+    );
+    for word in words {
+        assert!(!shown.contains(word), "the key {word} leaked: {shown}");
+    }
+
+    // Nor does a reply that is not JSON say where it broke.
+    let (shown, message) = failure_of(
+        &app,
+        &tenant,
+        "broken",
+        r#"{"PAIDWORD": 1, SECRETKEY}"#,
+        json!({"type": "object"}),
+    )
+    .await;
+    assert!(!message.contains("column"), "{message}");
+    assert!(!shown.contains("SECRETKEY"), "{shown}");
     assert_billing_invariants(&app.app.db).await;
 }

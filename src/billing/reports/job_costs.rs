@@ -43,6 +43,12 @@ impl JobCost {
     pub fn margin(&self) -> Credits {
         self.customer_charge - self.provider_cost
     }
+
+    /// `customer_charge − provider_cost_upper_bound`: the margin if every unknown
+    /// outcome was billed at its bound; equal to the margin once no cost is unknown.
+    pub fn margin_at_worst(&self) -> Credits {
+        self.customer_charge - self.provider_cost_upper_bound()
+    }
 }
 
 /// The columns of the per-job cost query.

@@ -30,6 +30,12 @@ impl ModelBilling {
     pub fn margin(&self) -> Credits {
         self.customer_charges - self.provider_cost
     }
+
+    /// `customer_charges − provider_cost_upper_bound`: the margin if every unknown
+    /// outcome was billed at its bound.
+    pub fn margin_at_worst(&self) -> Credits {
+        self.customer_charges - self.provider_cost_upper_bound()
+    }
 }
 
 /// What the jobs created in a window did and cost. Attempts and charges count with
@@ -75,6 +81,12 @@ impl BillingSummary {
     /// `customer_charges − provider_cost`.
     pub fn margin(&self) -> Credits {
         self.customer_charges - self.provider_cost
+    }
+
+    /// `customer_charges − provider_cost_upper_bound`: the margin if every unknown
+    /// outcome was billed at its bound.
+    pub fn margin_at_worst(&self) -> Credits {
+        self.customer_charges - self.provider_cost_upper_bound()
     }
 
     /// `provider_cost ÷ jobs_succeeded` (the cost of every attempt, failed jobs'

@@ -161,14 +161,17 @@ impl Checker<'_> {
             );
         }
 
+        let defaults = ChargingPolicy::default();
         let charging = ChargingPolicy {
             unknown_outcome: self.unfinished_call(
                 "charging.unknown_outcome",
                 raw.charging.unknown_outcome.as_deref(),
+                defaults.unknown_outcome,
             )?,
             cancelled_during_call: self.unfinished_call(
                 "charging.cancelled_during_call",
                 raw.charging.cancelled_during_call.as_deref(),
+                defaults.cancelled_during_call,
             )?,
         };
 
@@ -186,14 +189,18 @@ impl Checker<'_> {
         &self,
         key: &str,
         text: Option<&str>,
+        default: UnfinishedCall,
     ) -> Result<UnfinishedCall, ConfigError> {
         match text {
-            None => Ok(UnfinishedCall::default()),
+            None => Ok(default),
             Some("delivered_output") => Ok(UnfinishedCall::DeliveredOutput),
+            Some("prompt") => Ok(UnfinishedCall::Prompt),
             Some("call_bound") => Ok(UnfinishedCall::CallBound),
             Some(other) => Err(self.invalid(
                 key,
-                format!("is {other:?}; expected \"delivered_output\" or \"call_bound\""),
+                format!(
+                    "is {other:?}; expected \"delivered_output\", \"prompt\" or \"call_bound\""
+                ),
             )),
         }
     }

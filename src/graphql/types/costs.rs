@@ -64,8 +64,14 @@ pub struct JobCost {
     /// of attempts whose outcome is unknown.
     pub provider_cost_upper_bound: Amount,
     pub customer_charge: Amount,
-    /// `customerCharge − providerCost`.
+    /// `customerCharge − providerCost`: exact costs only, the margin at best while a
+    /// cost is unknown.
     pub margin: Amount,
+    /// `customerCharge − providerCostUpperBound`: the margin if every attempt whose
+    /// cost is unknown was billed at its bound. `margin` counts exact costs only, so it
+    /// can show a profit while this shows the loss it may be; they agree once no cost
+    /// is unknown.
+    pub margin_at_worst: Amount,
     /// Attempts whose cost is still a bound.
     pub unknown_attempts: i32,
 }
@@ -77,6 +83,7 @@ impl From<reports::JobCost> for JobCost {
             provider_cost_upper_bound: cost.provider_cost_upper_bound().into(),
             customer_charge: cost.customer_charge.into(),
             margin: cost.margin().into(),
+            margin_at_worst: cost.margin_at_worst().into(),
             unknown_attempts: i32::try_from(cost.unknown_attempts).unwrap_or(i32::MAX),
         }
     }

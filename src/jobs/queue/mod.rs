@@ -262,7 +262,8 @@ pub enum ErrorCode {
     /// The worker shut down during the call and handed the job back.
     WorkerShutdown,
     /// The job made as many calls that may have been billed as it may pay for
-    /// (`maxAttempts`, hand-backs and lost calls included), or their cost reached its hold.
+    /// (`maxAttempts`: lost calls and hand-backs past the free ones included), or
+    /// their cost reached its hold.
     PaidCallLimit,
     /// No configured provider serves the job's model (the simulator only serves what
     /// it is allowed to).

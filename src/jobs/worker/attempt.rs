@@ -86,6 +86,9 @@ impl Worker {
             CallEnd::CancelledBeforeSending
         } else if budget_spent {
             CallEnd::BudgetSpent
+        } else if inner.abort.is_cancelled() {
+            // Checked before the call: once polled, the call may have left.
+            CallEnd::AbortedBeforeSending
         } else if let Some(provider) = provider {
             let call_span = tracing::info_span!(
                 "provider call",

@@ -9,6 +9,7 @@ use crate::llm::TokenUsage;
 use crate::llm::{Completion, ProviderError};
 use entity::{AttemptOutcome, Timestamp, attempts};
 use rand::Rng;
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 /// First retry delay; each further retry doubles it.
@@ -22,7 +23,7 @@ const RETRY_AFTER_CAP: Duration = Duration::from_secs(600);
 /// waits spend no attempt, so a short outage fails nothing; past this the provider is
 /// taken to be down or misconfigured rather than restarting.
 const OUTAGE_PATIENCE: Duration = Duration::from_secs(15 * 60);
-/// Schema violations named in an invalid-output error.
+/// Failing schema keywords named in an invalid-output error.
 const MAX_REPORTED_SCHEMA_ERRORS: usize = 3;
 
 /// How the wait for the provider ended.
@@ -40,6 +41,8 @@ pub(super) enum CallEnd {
     LeaseLost,
     /// The worker is shutting down and the grace period is over.
     Aborted,
+    /// The grace period was over before the call was made; it never was.
+    AbortedBeforeSending,
 }
 
 impl CallEnd {
@@ -50,7 +53,8 @@ impl CallEnd {
             Self::Answered(Err(ProviderError::NotSent { .. }))
             | Self::CancelledBeforeSending
             | Self::BudgetSpent
-            | Self::NotServed => false,
+            | Self::NotServed
+            | Self::AbortedBeforeSending => false,
             Self::Answered(_)
             | Self::TimedOut
             | Self::Cancelled
@@ -161,7 +165,9 @@ impl CallFacts<'_> {
     fn wait_or_fail(&self, error: JobError) -> JobOutcome {
         let job = &self.claim.job;
         let now = Timestamp::now();
-        let waited = Duration::from_micros(now.micros().saturating_sub(job.created_at.micros()).max(0) as u64);
+        let waited = Duration::from_micros(
+            now.micros().saturating_sub(job.created_at.micros()).max(0) as u64,
+        );
         if waited < OUTAGE_PATIENCE {
             JobOutcome::Wait {
                 at: now.plus(
@@ -236,9 +242,29 @@ impl CallFacts<'_> {
                 ErrorCode::ModelNotServed,
                 "not sent: no configured provider serves this model",
             ),
+            CallEnd::AbortedBeforeSending => {
+                // Nothing was sent: the job goes back as if never claimed, and the
+                // row, not billed, spends nothing.
+                let error = JobError::new(
+                    ErrorCode::WorkerShutdown,
+                    "not sent: the worker shut down before the call",
+                );
+                (
+                    self.report(
+                        AttemptOutcome::RetryableError,
+                        None,
+                        AttemptEnding::NotBilled,
+                        Some(error),
+                        None,
+                    ),
+                    JobOutcome::HandBack,
+                )
+            }
             CallEnd::Aborted => {
                 // The request was in flight: it may be billed, so its bound stays, and
-                // sending it again is a retry of an unknown outcome like any other.
+                // sending it again is a retry of an unknown outcome like any other. The
+                // first few such hand-backs of a job count apart from its paid calls
+                // (`budget::FREE_HAND_BACKS`): a rolling restart is the operator's.
                 let error = JobError::new(
                     ErrorCode::WorkerShutdown,
                     "the worker shut down during the call",
@@ -251,7 +277,14 @@ impl CallFacts<'_> {
                         "the worker shut down during the call, and the job does not retry unknown outcomes",
                     ))
                 };
-                (self.unknown_report(error), outcome)
+                let report = self.report(
+                    AttemptOutcome::Unknown,
+                    None,
+                    AttemptEnding::ShutDown,
+                    Some(error),
+                    None,
+                );
+                (report, outcome)
             }
             CallEnd::LeaseLost => unreachable!("a lost lease is handled before judging"),
         }
@@ -420,32 +453,45 @@ fn accept(completion: &Completion, input: &JobInput) -> Result<serde_json::Value
         return Ok(serde_json::Value::String(completion.text.clone()));
     };
     let invalid = |message: String| JobError::new(ErrorCode::InvalidOutput, message);
+    // The parser's message is not quoted: its line and column say where in the reply
+    // the JSON broke, which a prompt can make spell out an answer.
     let value: serde_json::Value = serde_json::from_str(strip_code_fence(&completion.text))
-        .map_err(|error| invalid(format!("the reply is not JSON: {error}")))?;
+        .map_err(|error| invalid(format!("the reply is not JSON ({})", json_fault(&error))))?;
     // The schema compiled when the job was created; it still does.
     let validator = jsonschema::validator_for(schema)
         .map_err(|error| invalid(format!("the response schema does not compile: {error}")))?;
-    let problems: Vec<String> = validator
+    // Which schema keywords fail, never where in the reply nor with which value: the
+    // message is shown to the tenant, and an answer it is not charged for must not
+    // leave through it. An instance path carries the reply's keys and array positions
+    // (a schema can make every key fail), and how often one keyword fails counts
+    // them, so each failing keyword is named once. A schema path is made of the
+    // schema alone (its keywords, property names, patterns, `$defs`): the crate builds
+    // it when the schema compiles, through `propertyNames`, `additionalProperties`,
+    // `patternProperties` and `$ref` alike.
+    let failing: BTreeSet<String> = validator
         .iter_errors(&value)
-        .take(MAX_REPORTED_SCHEMA_ERRORS)
-        // Where the reply fails and which keyword, never the value: the message is
-        // shown to the tenant, and quoting an answer it is not charged for would give
-        // the answer away.
-        .map(|error| {
-            format!(
-                "the value at \"{}\" fails \"{}\"",
-                error.instance_path(),
-                error.schema_path()
-            )
-        })
+        .map(|error| error.schema_path().to_string())
         .collect();
-    if problems.is_empty() {
-        Ok(value)
-    } else {
-        Err(invalid(format!(
-            "the reply does not match the response schema: {}",
-            problems.join("; ")
-        )))
+    if failing.is_empty() {
+        return Ok(value);
+    }
+    let named: Vec<String> = failing
+        .iter()
+        .take(MAX_REPORTED_SCHEMA_ERRORS)
+        .map(|path| format!("\"{path}\""))
+        .collect();
+    Err(invalid(format!(
+        "the reply does not match the response schema; failing: {}",
+        named.join(", ")
+    )))
+}
+
+/// What kind of JSON fault the parser found, without where.
+fn json_fault(error: &serde_json::Error) -> &'static str {
+    match error.classify() {
+        serde_json::error::Category::Eof => "it ends early",
+        serde_json::error::Category::Syntax | serde_json::error::Category::Io => "a syntax error",
+        serde_json::error::Category::Data => "a value JSON cannot hold",
     }
 }
 

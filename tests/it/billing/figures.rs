@@ -84,6 +84,11 @@ impl Rows {
                 .filter(|a| a.provider_cost_nanos.is_none())
                 .count();
             assert_eq!(node["unknownAttempts"], unknown, "{node}");
+            assert_eq!(
+                decimal(&node["marginAtWorst"]),
+                credits(charge - exact - bounds),
+                "{node}"
+            );
         }
     }
 
@@ -176,6 +181,10 @@ impl Figures {
                 decimal(&summary["providerCostUpperBound"]),
                 credits(self.cost + self.bounds)
             );
+            assert_eq!(
+                decimal(&summary["marginAtWorst"]),
+                credits(self.charges - self.cost - self.bounds)
+            );
         }
         assert_eq!(decimal(&summary["customerCharges"]), credits(self.charges));
         assert_eq!(
@@ -216,6 +225,10 @@ impl Figures {
                 assert_eq!(
                     decimal(&row["providerCostUpperBound"]),
                     credits(expected.cost + expected.bounds)
+                );
+                assert_eq!(
+                    decimal(&row["marginAtWorst"]),
+                    credits(expected.charges - expected.cost - expected.bounds)
                 );
             }
         }

@@ -49,12 +49,12 @@ fn with_tenant_id(name: &str) -> String {
 fn with_extra_fields(name: &str) -> String {
     let text = crate::contract::operation(name);
     let extended = match name {
-        "JobCosts" => text.replacen("jobId", "jobId tenantId unknownAttempts", 1),
+        "JobCosts" => text.replacen("jobId", "jobId tenantId unknownAttempts marginAtWorst", 1),
         "BillingSummary" => text
-            .replacen("margin", "margin providerCostUpperBound", 1)
+            .replacen("margin", "margin providerCostUpperBound marginAtWorst", 1)
             .replacen(
                 "customerCharges }",
-                "customerCharges providerCostUpperBound margin }",
+                "customerCharges providerCostUpperBound margin marginAtWorst }",
                 1,
             ),
         _ => panic!("no extra fields for {name}"),

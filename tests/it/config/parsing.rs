@@ -250,7 +250,17 @@ fn the_charging_policy_is_read_from_the_file() {
     assert_refused(
         "[charging]\ncancelled_during_call = \"everything\"\n",
         "charging.cancelled_during_call",
-        "expected \"delivered_output\" or \"call_bound\"",
+        "expected \"delivered_output\", \"prompt\" or \"call_bound\"",
+    );
+    let prompt = parse("[charging]\nunknown_outcome = \"prompt\"\n").unwrap();
+    assert_eq!(prompt.charging.unknown_outcome, UnfinishedCall::Prompt);
+    assert_eq!(
+        ChargingPolicy::default(),
+        ChargingPolicy {
+            unknown_outcome: UnfinishedCall::DeliveredOutput,
+            cancelled_during_call: UnfinishedCall::Prompt,
+        },
+        "a cancel during the call charges its prompt by default"
     );
 }
 

@@ -9,6 +9,7 @@ use crate::helpers::Backend;
 use entity::{JobStatus, attempts};
 use jobledger::billing::ModelPrice;
 use jobledger::jobs::EventBus;
+use jobledger::jobs::budget::FREE_HAND_BACKS;
 use jobledger::jobs::queue::Claim;
 use proptest::prelude::*;
 use sea_orm::DatabaseConnection;
@@ -173,6 +174,8 @@ struct ModelJob {
     charged: Option<i64>,
     /// Every attempt row in order: outcome and exact cost (`None`: the bound stands).
     attempts: Vec<AttemptCost>,
+    /// Calls aborted at shutdown and handed back (or, cancelled meanwhile, ended).
+    hand_backs: usize,
 }
 
 /// Whether the attempt's start saw a cancel: its row was recorded as a call never made.
@@ -181,10 +184,12 @@ fn started_after_a_cancel(attempt: &attempts::Model) -> bool {
 }
 
 impl ModelJob {
-    /// Whether the job may pay for another call: fewer paid calls than maxAttempts.
+    /// Whether the job may pay for another call: fewer paid calls than maxAttempts,
+    /// where the first few hand-backs do not count.
     fn calls_left(&self) -> bool {
         let paid = self.attempts.iter().filter(|attempt| attempt.paid).count();
-        paid < self.spec.max_attempts as usize
+        let free = self.hand_backs.min(FREE_HAND_BACKS as usize);
+        paid - free < self.spec.max_attempts as usize
     }
 }
 

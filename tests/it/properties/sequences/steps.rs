@@ -180,6 +180,7 @@ impl Sequence {
             claim: None,
             charged: None,
             attempts: Vec::new(),
+            hand_backs: 0,
         });
     }
 
@@ -324,6 +325,9 @@ impl Sequence {
         );
         let job = &mut self.jobs[index];
         *job.attempts.last_mut().unwrap() = cost;
+        if matches!(how, Finish::HandBack) {
+            job.hand_backs += 1;
+        }
         job.claim = None;
         let tenant = &mut self.tenants[job.tenant];
         let effect = match effect {
