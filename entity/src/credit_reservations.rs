@@ -19,6 +19,9 @@ pub struct Model {
     pub resolved_at: Option<Timestamp>,
     /// The part of the hold backed by lapsed grants (the sum of its `hold_backings`).
     pub backed_nanos: i64,
+    /// Of what the hold released, the provider cost of the job's paid calls that the
+    /// customer was not charged: still counted in the tenant's spend.
+    pub absorbed_nanos: i64,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

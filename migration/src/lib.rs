@@ -19,6 +19,7 @@ mod m20261130_000011_pruned_payloads;
 mod m20261130_000012_flow_control;
 mod m20261130_000013_credit_expiry;
 mod m20261201_000002_hold_backings;
+mod m20261201_000003_absorbed_exposure;
 
 /// Applies jobledger's migrations in order.
 pub struct Migrator;
@@ -41,6 +42,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000012_flow_control::Migration),
             Box::new(m20261130_000013_credit_expiry::Migration),
             Box::new(m20261201_000002_hold_backings::Migration),
+            Box::new(m20261201_000003_absorbed_exposure::Migration),
         ]
     }
 }

@@ -215,6 +215,7 @@ pub async fn hold(
         created_at: Set(now),
         resolved_at: Set(None),
         backed_nanos: Set(0),
+        absorbed_nanos: Set(0),
     };
     let reservation = credit_reservations::Entity::insert(row)
         .exec_with_returning(transaction)
@@ -268,6 +269,9 @@ pub async fn hold(
 pub struct Settlement {
     pub charged: Credits,
     pub released: Credits,
+    /// Of `released`, the provider cost the operator absorbs (see
+    /// [`Resolution::absorbed`]).
+    pub absorbed: Credits,
 }
 
 /// Charges the customer for a job's accepted attempt — at most the hold — and
@@ -284,6 +288,7 @@ pub async fn settle(
     let resolution = Resolution {
         job_id,
         charge: Some((attempt_id, charge)),
+        absorbed: Credits::ZERO,
     };
     Ok(resolve_holds(db, &[resolution]).await?.remove(0))
 }
@@ -293,6 +298,7 @@ pub async fn release(db: &impl ConnectionTrait, job_id: Uuid) -> Result<Option<S
     let resolution = Resolution {
         job_id,
         charge: None,
+        absorbed: Credits::ZERO,
     };
     Ok(resolve_holds(db, &[resolution]).await?.remove(0))
 }
@@ -304,6 +310,10 @@ pub struct Resolution {
     /// The attempt the customer is charged for and the amount (capped at the hold);
     /// `None` releases the whole hold.
     pub charge: Option<(Uuid, Credits)>,
+    /// The provider cost of the job's paid calls beyond what the customer is charged
+    /// (an unknown outcome the policy does not pass on, a call cancelled after its
+    /// prompt): the operator's, recorded up to what the hold releases.
+    pub absorbed: Credits,
 }
 
 /// Resolves several jobs' holds in the caller's transaction with a few statements for
@@ -339,11 +349,18 @@ pub async fn resolve_holds(
         let charged = resolution
             .charge
             .map_or(Credits::ZERO, |(_, amount)| amount.min(held));
+        let released = held - charged;
+        let absorbed = if resolution.absorbed.is_positive() {
+            resolution.absorbed.min(released)
+        } else {
+            Credits::ZERO
+        };
         planned.push(Some((
             reservation,
             Settlement {
                 charged,
-                released: held - charged,
+                released,
+                absorbed,
             },
         )));
     }
@@ -363,7 +380,9 @@ pub async fn resolve_holds(
             settlements.push(None);
             continue;
         };
-        let Settlement { charged, released } = settlement;
+        let Settlement {
+            charged, released, ..
+        } = settlement;
         let job = (Some(resolution.job_id), None);
         if let Some((attempt_id, _)) = resolution.charge {
             charge_rows.push(charges::ActiveModel {
@@ -465,6 +484,7 @@ async fn mark_resolved(
                 status.into(),
                 settlement.charged.nanos().into(),
                 settlement.released.nanos().into(),
+                settlement.absorbed.nanos().into(),
             ]))
         })
         .collect();
@@ -481,6 +501,7 @@ async fn mark_resolved(
             status = v.column2,
             settled_amount_nanos = v.column3,
             released_amount_nanos = v.column4,
+            absorbed_nanos = v.column5,
             resolved_at = {at}
         FROM (VALUES {rows}) AS v
         WHERE credit_reservations.id = v.column1 AND credit_reservations.status = 'held'

@@ -156,9 +156,15 @@ pub fn resolution(job: &jobs::Model, final_attempt: Option<Uuid>, spent: &Spent)
         _ if spent.customer_charges.is_positive() => spent.last_charged_attempt,
         _ => None,
     };
+    let charged = if charged_attempt.is_some() {
+        spent.customer_charges
+    } else {
+        Credits::ZERO
+    };
     Resolution {
         job_id: job.id,
         charge: charged_attempt.map(|attempt_id| (attempt_id, spent.customer_charges)),
+        absorbed: spent.provider_exposure - charged,
     }
 }
 
@@ -189,7 +195,12 @@ pub async fn resolve_holds(
         .zip(&settlements)
         .filter_map(|((job, _), settlement)| {
             let settlement = settlement.as_ref()?;
-            Some((job.tenant_id, job.created_at, settlement.released))
+            // What the operator absorbs stays in the tenant's spend: the caps bound it.
+            Some((
+                job.tenant_id,
+                job.created_at,
+                settlement.released - settlement.absorbed,
+            ))
         });
     limits::release_spends(transaction, released).await?;
     // The webhook outbox rows commit with the jobs' terminal state, or not at all.

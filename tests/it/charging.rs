@@ -503,13 +503,26 @@ async fn create_and_cancel_charges_each_prompt(backend: Backend) {
     let total = prompt * Decimal::from(ids.len());
     let balance = app.balance(&tenant).await;
     assert_eq!(decimal(&balance["charged"]), total, "{balance}");
+    // The spend counts the prompts charged, and what the operator absorbs of each
+    // call's cost bound beyond its prompt (the provider may have answered in full),
+    // within what the hold released.
+    let mut spent = Decimal::ZERO;
+    for id in &ids {
+        let job = app.job(&tenant, *id).await;
+        let exposure =
+            decimal(&job["cost"]["providerCost"]) + decimal(&job["cost"]["providerCostUpperBound"]);
+        let released = decimal(&job["reservation"]["releasedAmount"]);
+        let absorbed = (exposure - prompt).max(Decimal::ZERO).min(released);
+        assert!(absorbed > Decimal::ZERO, "{job}");
+        spent += prompt + absorbed;
+    }
     let account = app
         .operation(Some(&tenant.key), "AccountLimits", json!({}))
         .await;
     assert_eq!(
         decimal(&account["data"]["account"]["spend"]["today"]),
-        total,
-        "the prompts count against the spend caps: {account}"
+        spent,
+        "the prompts and the absorbed bounds count against the spend caps: {account}"
     );
     let billed = app
         .simulator

@@ -22,6 +22,7 @@ on_both_backends!(
     spend_counts_charges_and_open_holds_only,
     caps_reset_at_the_utc_day_and_month_boundaries,
     admins_changing_different_limits_at_once_keep_both,
+    absorbed_provider_costs_count_against_the_spend_cap,
 );
 
 async fn set_limits(app: &TestApp, key: &str, input: Value) -> Value {
@@ -390,4 +391,54 @@ async fn admins_changing_different_limits_at_once_keep_both(backend: Backend) {
             "round {round}: {limits}"
         );
     }
+}
+
+/// A call whose outcome is unknown (the provider billed it and dropped the connection)
+/// is charged nothing under the default policy: the operator absorbs its cost bound.
+/// That bound stays counted in the tenant's spend, so a daily cap bounds what a tenant
+/// can make the operator absorb, not only what it pays. (It was released from the
+/// spend with the hold: such jobs never met any cap.)
+async fn absorbed_provider_costs_count_against_the_spend_cap(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let tenant = app.funded_tenant("acme", "100").await;
+    let lost = |n: usize| {
+        let mut input = job_input(&format!("lost-{n}"), "hello [mock:drop]");
+        input["maxAttempts"] = json!(1);
+        input
+    };
+    let first = app.create_job_ok(&tenant, lost(0)).await;
+    let job = app
+        .wait_until_finished(&tenant, first, Duration::from_secs(30))
+        .await;
+    assert_eq!(job["status"], "FAILED", "{job}");
+    assert!(job["charge"].is_null(), "nothing charged: {job}");
+    let bound = decimal(&job["cost"]["providerCostUpperBound"]);
+    let hold = decimal(&job["reservation"]["amount"]);
+    assert!(bound > Decimal::ZERO && bound <= hold, "{job}");
+    let spend = |limits: Value| decimal(&limits["spend"]["today"]);
+    assert_eq!(spend(account_limits(&app, &tenant).await), bound);
+
+    // Room for three absorbed calls and one more hold, less a nano-credit.
+    let cap = bound * Decimal::from(3) + hold - Decimal::new(1, 9);
+    let set = set_limits(
+        &app,
+        ADMIN_TOKEN,
+        json!({"tenantId": tenant.id, "dailySpendLimit": cap.to_string()}),
+    )
+    .await;
+    assert!(set["errors"].is_null(), "{set}");
+    for n in 1..3 {
+        let id = app.create_job_ok(&tenant, lost(n)).await;
+        let job = app
+            .wait_until_finished(&tenant, id, Duration::from_secs(30))
+            .await;
+        assert_eq!(job["status"], "FAILED", "{job}");
+    }
+    assert_eq!(
+        spend(account_limits(&app, &tenant).await),
+        bound * Decimal::from(3)
+    );
+    let refused = app.create_job(&tenant, lost(3)).await;
+    assert_eq!(error_code(&refused), "SPEND_LIMIT_EXCEEDED", "{refused}");
+    assert_billing_invariants(&app.app.db).await;
 }

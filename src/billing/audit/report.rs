@@ -30,9 +30,9 @@ pub enum Invariant {
     /// What the tenant's grants record as consumed by charges sums to the charges the
     /// tenant's row counts as attributed, which never exceed its charges.
     ChargesAttributedToGrants,
-    /// A tenant's spend counters equal the charges plus open holds (a reservation's
-    /// amount less what it released) of its jobs created in the UTC day and month each
-    /// counter covers.
+    /// A tenant's spend counters equal the charges, open holds and absorbed provider
+    /// costs (a reservation's amount less what it released, plus what the operator
+    /// absorbed of it) of its jobs created in the UTC day and month each counter covers.
     SpendCountersMatchJobs,
     /// A grant never loses more than it had: consumed + expired ≤ amount, neither
     /// negative; only a grant with an expiry has expiry entries, dated at it, summing

@@ -60,6 +60,7 @@ pub(super) async fn audit_spend_counters(
         format!(
             "CAST(COALESCE(SUM(CASE WHEN {} \
              THEN credit_reservations.amount_nanos - credit_reservations.released_amount_nanos \
+                  + credit_reservations.absorbed_nanos \
              ELSE 0 END), 0) AS BIGINT)",
             in_period(starts, ends)
         )

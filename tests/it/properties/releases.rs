@@ -67,6 +67,7 @@ async fn racing_releases_of_one_hold_resolve_it_once(backend: Backend) {
             Some(ledger::Settlement {
                 charged: Credits::ZERO,
                 released: hold,
+                absorbed: Credits::ZERO,
             })
         );
         // As every resolver of the service does: the spend counters forget the hold.
