@@ -36,7 +36,12 @@
  *   - Time. Leases, deadlines, backoff and next_run_at are gone: a lease may lapse at
  *     any moment the sweeper looks. A live worker (slow, frozen, cut off from the
  *     database) loses its lease at most `slow_lapses` times per run; the lease of a
- *     worker that died always lapses in the end. A retry is due at once.
+ *     worker that died always lapses in the end. A retry is due at once. Which
+ *     clock: one. The code writes and judges leases by the PostgreSQL server's clock
+ *     (db::lease_clock, db::POSTGRES_CLOCK) and, on SQLite, by the clock of the one
+ *     machine whose processes share the file; and a sweeper never takes back a job
+ *     an attempt of its own process still holds. A process whose clock runs ahead is
+ *     therefore no extra lapse here: only slow, frozen or cut-off workers are.
  *   - Money. Prices, amounts, cost bounds and the charging policy are gone: a call is
  *     paid (may have been billed) or not, the ceiling is a count of paid calls
  *     (CEILING = MAX_ATTEMPTS, jobs::budget), and a hold is HELD, SETTLED or RELEASED.
