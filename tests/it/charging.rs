@@ -176,12 +176,7 @@ async fn a_job_that_keeps_timing_out_stops_paying_at_its_ceiling(backend: Backen
             .all(|attempt| attempt["outcome"] == "UNKNOWN")
     );
     // Every billed call is recorded, and no more calls were made than the ceiling.
-    let billed = app
-        .simulator
-        .calls()
-        .iter()
-        .filter(|call| call.billed)
-        .count();
+    let billed = app.billed_calls();
     assert_eq!(billed, attempts.len());
     // What those calls may have cost never passes the hold.
     let exposure = attempts_sum(&job, "providerCostUpperBound");
@@ -257,12 +252,7 @@ async fn deploys_during_a_long_call_do_not_spend_its_paid_calls(backend: Backend
         );
     }
     assert_eq!(job["attemptCount"], 1, "hand-backs spend no attempt: {job}");
-    let billed = app
-        .simulator
-        .calls()
-        .iter()
-        .filter(|call| call.billed)
-        .count();
+    let billed = app.billed_calls();
     assert_eq!(billed, 4, "every call is on record: {job}");
     // The customer pays the answer; the aborted calls are the operator's.
     let charged = job_with_charges(&app, &tenant, id).await;
@@ -307,12 +297,7 @@ async fn hand_backs_past_the_free_ones_count_against_the_paid_call_ceiling(backe
             .all(|attempt| attempt["errorCode"] == "WORKER_SHUTDOWN"),
         "{job}"
     );
-    let billed = app
-        .simulator
-        .calls()
-        .iter()
-        .filter(|call| call.billed)
-        .count();
+    let billed = app.billed_calls();
     assert_eq!(billed, 4, "four calls, then no more");
     assert!(job["charge"].is_null(), "the default policy absorbs them");
     assert_billing_invariants(&app.app.db).await;
@@ -524,12 +509,7 @@ async fn create_and_cancel_charges_each_prompt(backend: Backend) {
         spent,
         "the prompts and the absorbed bounds count against the spend caps: {account}"
     );
-    let billed = app
-        .simulator
-        .calls()
-        .iter()
-        .filter(|call| call.billed)
-        .count();
+    let billed = app.billed_calls();
     assert_eq!(
         billed,
         ids.len(),

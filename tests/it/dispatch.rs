@@ -3,7 +3,7 @@
 //! named by the environment.
 
 use crate::helpers::{
-    ADMIN_TOKEN, AppOptions, Backend, TestApp, TestDatabase, TestTenant, job_input, spawn_app_with,
+    AppOptions, Backend, TestApp, TestDatabase, TestTenant, job_input, spawn_app_with,
 };
 use crate::processes::ServeProcess;
 use crate::webhooks::{Receiver, create_webhook};
@@ -134,26 +134,7 @@ async fn deliveries_ignore_proxies_named_by_the_environment() {
         ],
     )
     .await;
-    let created = serve
-        .graphql(
-            ADMIN_TOKEN,
-            "mutation { createTenant(name: \"acme\") { tenant { id } apiKey } }",
-            json!({}),
-        )
-        .await;
-    let tenant_id = created["data"]["createTenant"]["tenant"]["id"].clone();
-    let key = created["data"]["createTenant"]["apiKey"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let granted = serve
-        .graphql(
-            ADMIN_TOKEN,
-            "mutation($input: GrantCreditsInput!) { grantCredits(input: $input) { id } }",
-            json!({"input": {"tenantId": tenant_id, "amount": "5", "idempotencyKey": "g"}}),
-        )
-        .await;
-    assert!(granted["errors"].is_null(), "{granted}");
+    let (_, key) = serve.funded_tenant("5").await;
     let webhook = serve
         .graphql(
             &key,

@@ -109,12 +109,7 @@ async fn a_dropped_connection_is_an_unknown_outcome_with_a_cost_bound(backend: B
         decimal(&cost["providerCost"]) + bound
     );
     // Both calls were billed by the provider; both attempts are on record.
-    let billed = app
-        .simulator
-        .calls()
-        .iter()
-        .filter(|call| call.billed)
-        .count();
+    let billed = app.billed_calls();
     assert_eq!(billed, 2);
     assert_eq!(job["attempts"].as_array().unwrap().len(), billed);
     assert_billing_invariants(&app.app.db).await;

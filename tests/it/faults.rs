@@ -4,7 +4,7 @@
 //! recorded attempts and the billing audit.
 
 use crate::helpers::{
-    ADMIN_TOKEN, AppOptions, Backend, TestApp, TestDatabase, spawn_app_with, test_worker_settings,
+    AppOptions, Backend, TestApp, TestDatabase, spawn_app_with, test_worker_settings,
 };
 use crate::invariants::assert_billing_invariants;
 use crate::processes::ServeProcess;
@@ -102,12 +102,7 @@ async fn paid_answers_survive_a_database_that_refuses_writes() {
         assert_eq!(job["status"], "SUCCEEDED", "{job}");
         assert_eq!(job["attempts"].as_array().unwrap().len(), 1, "{job}");
     }
-    let billed = app
-        .simulator
-        .calls()
-        .iter()
-        .filter(|call| call.billed)
-        .count();
+    let billed = app.billed_calls();
     assert_eq!(billed, 20, "each answer was bought once");
     assert_billing_invariants(&app.app.db).await;
 }
@@ -172,12 +167,7 @@ async fn a_worker_whose_clock_runs_ahead_takes_back_no_running_job() {
             .collect();
         assert_eq!(outcomes, [&json!("SUCCEEDED")], "{job}");
     }
-    let billed = app
-        .simulator
-        .calls()
-        .iter()
-        .filter(|call| call.billed)
-        .count();
+    let billed = app.billed_calls();
     assert_eq!(billed, ids.len(), "no call was bought twice");
     assert_billing_invariants(&app.app.db).await;
 }
@@ -266,26 +256,7 @@ async fn a_ten_second_provider_outage_fails_no_job(backend: Backend) {
         &[("OPENAI_BASE_URL", base_url.as_str())],
     )
     .await;
-    let created = serve
-        .graphql(
-            ADMIN_TOKEN,
-            "mutation { createTenant(name: \"acme\") { tenant { id } apiKey } }",
-            json!({}),
-        )
-        .await;
-    let tenant_id = created["data"]["createTenant"]["tenant"]["id"].clone();
-    let key = created["data"]["createTenant"]["apiKey"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let granted = serve
-        .graphql(
-            ADMIN_TOKEN,
-            "mutation($i: GrantCreditsInput!) { grantCredits(input: $i) { id } }",
-            json!({"i": {"tenantId": tenant_id, "amount": "10", "idempotencyKey": "topup"}}),
-        )
-        .await;
-    assert!(granted["errors"].is_null(), "{granted}");
+    let (_, key) = serve.funded_tenant("10").await;
     let mut ids = Vec::new();
     for n in 0..20 {
         let created = serve

@@ -136,6 +136,31 @@ impl ServeProcess {
         }
     }
 
+    /// A new tenant granted `amount` credits, through the admin token: its id and key.
+    pub async fn funded_tenant(&self, amount: &str) -> (serde_json::Value, String) {
+        let created = self
+            .graphql(
+                crate::helpers::ADMIN_TOKEN,
+                "mutation { createTenant(name: \"acme\") { tenant { id } apiKey } }",
+                json!({}),
+            )
+            .await;
+        let tenant_id = created["data"]["createTenant"]["tenant"]["id"].clone();
+        let key = created["data"]["createTenant"]["apiKey"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no tenant: {created}"))
+            .to_owned();
+        let granted = self
+            .graphql(
+                crate::helpers::ADMIN_TOKEN,
+                "mutation($input: GrantCreditsInput!) { grantCredits(input: $input) { id } }",
+                json!({"input": {"tenantId": tenant_id, "amount": amount, "idempotencyKey": "g"}}),
+            )
+            .await;
+        assert!(granted["errors"].is_null(), "{granted}");
+        (tenant_id, key)
+    }
+
     /// Sends a GraphQL document with `key`.
     pub async fn graphql(
         &self,

@@ -260,6 +260,15 @@ impl TestApp {
         spawn_app_at(url, None, simulator, options).await
     }
 
+    /// How many calls the app's simulator billed (as a real provider would).
+    pub fn billed_calls(&self) -> usize {
+        self.simulator
+            .calls()
+            .iter()
+            .filter(|call| call.billed)
+            .count()
+    }
+
     /// The base URL of the app's simulator (`http://…/v1`), for processes a test
     /// starts itself.
     pub fn simulator_url(&self) -> String {
