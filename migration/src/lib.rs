@@ -18,6 +18,7 @@ mod m20261130_000010_webhooks;
 mod m20261130_000011_pruned_payloads;
 mod m20261130_000012_flow_control;
 mod m20261130_000013_credit_expiry;
+mod m20261201_000001_api_keys_tenant_index;
 
 /// Applies jobledger's migrations in order.
 pub struct Migrator;
@@ -39,6 +40,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000011_pruned_payloads::Migration),
             Box::new(m20261130_000012_flow_control::Migration),
             Box::new(m20261130_000013_credit_expiry::Migration),
+            Box::new(m20261201_000001_api_keys_tenant_index::Migration),
         ]
     }
 }
