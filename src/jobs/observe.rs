@@ -163,14 +163,20 @@ pub async fn refresh_gauges(db: DatabaseConnection, metrics: Metrics, shutdown: 
             () = shutdown.cancelled() => return,
             _ = interval.tick() => {}
         }
-        match stored_state(&db).await {
-            Ok(state) => {
+        // Bounded, so that a database that does not answer shows as down in seconds
+        // rather than after the pool's acquire timeout.
+        match tokio::time::timeout(GAUGE_REFRESH, stored_state(&db)).await {
+            Ok(Ok(state)) => {
                 metrics.set_stored_state(&state);
                 metrics.set_database_up(true);
             }
             // The gauges keep their last values.
-            Err(error) => {
+            Ok(Err(error)) => {
                 tracing::warn!(error = %error, "reading the queue gauges failed");
+                metrics.set_database_up(false);
+            }
+            Err(_) => {
+                tracing::warn!(timeout = ?GAUGE_REFRESH, "reading the queue gauges timed out");
                 metrics.set_database_up(false);
             }
         }
