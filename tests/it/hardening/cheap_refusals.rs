@@ -184,3 +184,40 @@ async fn metrics_scrapes_run_no_database_transactions() {
         "200 scrapes: {scraping} transactions in their window, {idle} in an idle one"
     );
 }
+
+/// `serve --metrics-listen ADDR` serves `/metrics` there and no longer on the API's
+/// port, so that the scrape can be kept off the public listener.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_move_off_the_api_port() {
+    let database = crate::helpers::TestDatabase::create(&Backend::Sqlite).await;
+    let settings = jobledger::config::Settings {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        database_url: database.url.clone(),
+        admin_token: Some(crate::helpers::ADMIN_TOKEN.to_owned()),
+        worker: None,
+        providers: jobledger::config::ProviderSettings::default(),
+        customer_markup: rust_decimal::Decimal::ONE,
+        config_file: None,
+        operations: jobledger::config::OperationsSettings {
+            metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+            retention: None,
+        },
+        allow_private_webhooks: false,
+    };
+    let application = jobledger::startup::Application::build(settings)
+        .await
+        .unwrap();
+    let api = application.address().unwrap();
+    let operations = application.metrics_address().unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(application.run(shutdown.clone()));
+    let status = |address, path: &str| {
+        let url = format!("http://{address}/{path}");
+        async move { reqwest::get(url).await.unwrap().status() }
+    };
+    assert_eq!(status(operations, "metrics").await, StatusCode::OK);
+    assert_eq!(status(api, "metrics").await, StatusCode::NOT_FOUND);
+    assert_eq!(status(api, "healthz").await, StatusCode::OK);
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
