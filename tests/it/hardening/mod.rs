@@ -20,6 +20,10 @@ use std::time::Duration;
 
 const GRAPHQL_RESPONSE_JSON: &str = "application/graphql-response+json";
 
+/// Held by each test that loads the server on purpose and measures latency under it:
+/// two of them at once on a 2-core box would measure each other.
+static LOAD_TEST: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 impl TestApp {
     /// POSTs `query` asking for `application/graphql-response+json`; the status and
     /// the body.

@@ -34,6 +34,7 @@ const FLOOD_TIME: Duration = Duration::from_secs(8);
 /// (legacy: start) messages with distinct ids, as fast as the socket takes them. The
 /// server must close each socket while its memory stays within the bound.
 async fn a_subscribe_flood_closes_the_socket_before_memory_grows(backend: Backend) {
+    let _alone = super::LOAD_TEST.lock().await;
     let app = spawn_app_with(backend, AppOptions::no_workers()).await;
     let tenant = app.funded_tenant("flooder", "5").await;
     let serve =
@@ -215,6 +216,7 @@ async fn trickle(server: SocketAddr, count: usize) -> Vec<tokio::task::JoinHandl
 /// and was cut within 2 s while the attacker's trickling connections lived on. It
 /// must stay open: an event 4 s later still arrives on it.
 async fn a_tenants_sse_stream_survives_trickling_connections(backend: Backend) {
+    let _alone = super::LOAD_TEST.lock().await;
     let app = spawn_app_with(backend, AppOptions::no_workers()).await;
     let tenant = app.funded_tenant("listener", "5").await;
     let response = app
