@@ -164,17 +164,38 @@ pub async fn create_capped_key(
     Ok(created)
 }
 
-/// The tenant's keys, newest first, revoked ones included.
+/// Revoked keys a listing shows at most, the most recently created first: revoking
+/// frees a place under the cap of live keys, so revoked ones could pile up without
+/// bound, and every listing would return them all.
+pub const LISTED_REVOKED_KEYS: u64 = 100;
+
+/// The tenant's keys, newest first: every live one (at most
+/// [`MAX_LIVE_KEYS_PER_TENANT`]) and the newest [`LISTED_REVOKED_KEYS`] revoked ones.
 pub async fn list_keys(
     db: &impl ConnectionTrait,
     tenant_id: Uuid,
 ) -> Result<Vec<api_keys::Model>, DbErr> {
-    api_keys::Entity::find()
-        .filter(api_keys::Column::TenantId.eq(tenant_id))
-        .order_by_desc(api_keys::Column::CreatedAt)
-        .order_by_desc(api_keys::Column::Id)
-        .all(db)
-        .await
+    let newest_first = |revoked: bool| {
+        let revoked_at = api_keys::Column::RevokedAt;
+        api_keys::Entity::find()
+            .filter(api_keys::Column::TenantId.eq(tenant_id))
+            .filter(if revoked {
+                revoked_at.is_not_null()
+            } else {
+                revoked_at.is_null()
+            })
+            .order_by_desc(api_keys::Column::CreatedAt)
+            .order_by_desc(api_keys::Column::Id)
+    };
+    let mut keys = newest_first(false).all(db).await?;
+    keys.extend(
+        newest_first(true)
+            .limit(LISTED_REVOKED_KEYS)
+            .all(db)
+            .await?,
+    );
+    keys.sort_by_key(|key| std::cmp::Reverse((key.created_at, key.id)));
+    Ok(keys)
 }
 
 /// Revokes a key at once: it is refused from the next request on, and every open

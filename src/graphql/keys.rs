@@ -46,8 +46,8 @@ pub struct KeyQuery;
 
 #[Object]
 impl KeyQuery {
-    /// The caller's tenant's keys (an admin names the tenant), newest first, revoked
-    /// ones included.
+    /// The caller's tenant's keys (an admin names the tenant), newest first: every
+    /// live one and the 100 most recently created revoked ones.
     async fn api_keys(
         &self,
         context: &Context<'_>,

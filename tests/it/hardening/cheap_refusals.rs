@@ -103,6 +103,14 @@ async fn a_tenant_holds_at_most_a_hundred_live_keys(backend: Backend) {
         )
         .await;
     assert!(created["errors"].is_null(), "{created}");
+    // A listing holds every live key and the newest revoked ones, never a pile of them.
+    let listed = app.operation(Some(&tenant.key), "ApiKeys", json!({})).await;
+    let keys = listed["data"]["apiKeys"].as_array().unwrap();
+    assert_eq!(
+        keys.len(),
+        101,
+        "100 live keys and the revoked one: {listed}"
+    );
 }
 
 async fn responses_tell_browsers_not_to_sniff(backend: Backend) {
