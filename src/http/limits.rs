@@ -1,6 +1,7 @@
-//! Per-client limits kept in memory: failed authentications per address, and GraphQL
-//! requests in flight per principal. Both are per process; both forget a client once
-//! it is quiet, so their memory stays bounded.
+//! Per-client limits kept in memory: failed authentications per address (with the
+//! lookups in flight reserved against them), GraphQL requests in flight per principal
+//! (and for all keyless requests together), and open connections per address. All are
+//! per process; all forget a client once it is quiet, so their memory stays bounded.
 
 use crate::accounts::Principal;
 use std::collections::HashMap;
