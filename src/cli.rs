@@ -117,7 +117,8 @@ struct WorkerArgs {
     #[arg(long, env = "JOBLEDGER_CONFIG", value_name = "FILE")]
     config: Option<PathBuf>,
     /// Where to serve /metrics, /healthz and /readyz besides the API (for `worker`,
-    /// which has no API port); unset: nowhere.
+    /// which has no API port; for `serve`, /metrics then leaves the API's port); unset:
+    /// nowhere.
     #[arg(long, env = "JOBLEDGER_METRICS_LISTEN", value_name = "ADDR")]
     metrics_listen: Option<SocketAddr>,
     /// Prune the events and payloads (input, result) of jobs finished more than D days

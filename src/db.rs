@@ -18,6 +18,10 @@ use tokio::sync::OwnedMutexGuard;
 /// Connections in the pool. SQLite serialises writers anyway; several connections
 /// let readers (subscriptions, dashboards) proceed while a write commits.
 pub const POOL_SIZE: u32 = 16;
+/// Connections of the pool that the background tasks of `serve` share (webhook
+/// dispatcher, credit expiry, retention, the metrics gauges): each runs a statement
+/// or a small batch at a time.
+pub const BACKGROUND_POOL_SIZE: u32 = 4;
 /// How long a SQLite writer waits for the write lock before giving up.
 const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long PostgreSQL lets a session sit idle inside a transaction before ending it.
@@ -33,9 +37,14 @@ pub const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
 /// one file; every read-then-write transaction begins IMMEDIATE (see [`begin_write`]).
 /// PostgreSQL ends a transaction left idle for [`IDLE_IN_TRANSACTION_TIMEOUT`].
 pub async fn connect(url: &str) -> Result<DatabaseConnection, DbErr> {
+    connect_sized(url, POOL_SIZE).await
+}
+
+/// [`connect`] with a pool of at most `size` connections.
+pub async fn connect_sized(url: &str, size: u32) -> Result<DatabaseConnection, DbErr> {
     let mut options = ConnectOptions::new(url);
     options
-        .max_connections(POOL_SIZE)
+        .max_connections(size)
         .acquire_timeout(Duration::from_secs(30))
         .sqlx_logging(false)
         .map_sqlx_sqlite_opts(|options: SqliteConnectOptions| {

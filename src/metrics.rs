@@ -376,14 +376,18 @@ impl Metrics {
         self.gauge(DATABASE_UP, &[]).set(if up { 1.0 } else { 0.0 });
     }
 
-    /// Sets the gauges read at scrape time.
-    pub fn set_state(&self, state: &State) {
+    /// Sets the gauges read from the database (by the background refresher).
+    pub fn set_stored_state(&self, state: &StoredState) {
         self.gauge(JOBS_QUEUED, &[]).set(state.queued as f64);
         self.gauge(JOBS_RUNNING, &[]).set(state.running as f64);
-        self.gauge(OPEN_SUBSCRIPTIONS, &[])
-            .set(state.open_subscriptions as f64);
         self.gauge(TENANTS_LOW_CREDIT, &[])
             .set(state.tenants_low_credit as f64);
+    }
+
+    /// Sets the gauges this process knows without a query, at scrape time.
+    pub fn set_live_state(&self, state: &LiveState) {
+        self.gauge(OPEN_SUBSCRIPTIONS, &[])
+            .set(state.open_subscriptions as f64);
         for (pool, in_use) in &state.pools_in_use {
             self.gauge(POOL_CONNECTIONS_IN_USE, &[("pool", pool)])
                 .set(*in_use as f64);
@@ -434,14 +438,19 @@ fn escape(value: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// What the scrape reads from the database and the process before rendering.
+/// The gauges read from the database, every few seconds rather than per scrape.
 #[derive(Clone, Debug, Default)]
-pub struct State {
+pub struct StoredState {
     pub queued: u64,
     pub running: u64,
-    pub open_subscriptions: usize,
     pub tenants_low_credit: u64,
-    /// Connections in use, by pool name (`api`, `worker`).
+}
+
+/// The gauges this process knows in memory, read at each scrape.
+#[derive(Clone, Debug, Default)]
+pub struct LiveState {
+    pub open_subscriptions: usize,
+    /// Connections in use, by pool name (`api`, `worker`, `background`).
     pub pools_in_use: Vec<(&'static str, u32)>,
 }
 

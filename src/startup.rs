@@ -37,6 +37,9 @@ pub struct App {
     pub metrics: Metrics,
     /// The workers' own pool, when they have one, for the pool gauge.
     pub worker_db: Option<DatabaseConnection>,
+    /// The background tasks' own pool, when they have one (`serve`), for the pool
+    /// gauge.
+    pub background_db: Option<DatabaseConnection>,
     /// Whether webhooks may reach loopback and private addresses.
     pub allow_private_webhooks: bool,
 }
@@ -113,6 +116,15 @@ impl Application {
             _ => None,
         };
         let worker_db = own_worker_db.clone().unwrap_or_else(|| db.clone());
+        // So do the background tasks (webhook dispatcher, sweeps, retention, gauges):
+        // a burst of API requests must not make them fail, nor they slow the API.
+        let own_background_db = match &settings.listen {
+            Some(_) => Some(
+                crate::db::connect_sized(&settings.database_url, crate::db::BACKGROUND_POOL_SIZE)
+                    .await?,
+            ),
+            None => None,
+        };
         let metrics = Metrics::default();
         let app = App {
             db: db.clone(),
@@ -121,6 +133,7 @@ impl Application {
             providers: providers.clone(),
             metrics: metrics.clone(),
             worker_db: own_worker_db,
+            background_db: own_background_db,
             allow_private_webhooks: settings.allow_private_webhooks,
         };
         let worker = settings.worker.clone().map(|mut worker_settings| {
@@ -201,13 +214,24 @@ impl Application {
         let worker = self
             .worker
             .map(|worker| tokio::spawn(worker.run(shutdown.child_token())));
+        let background_db = self
+            .app
+            .background_db
+            .clone()
+            .unwrap_or_else(|| self.app.db.clone());
+        let gauges = tokio::spawn(crate::jobs::observe::refresh_gauges(
+            background_db.clone(),
+            self.app.metrics.clone(),
+            shutdown.child_token(),
+        ));
         let retention = self.retention.map(|retention| {
             tokio::spawn(crate::jobs::retention::run(
-                self.app.db.clone(),
+                background_db.clone(),
                 retention,
                 shutdown.child_token(),
             ))
         });
+        let metrics_elsewhere = self.metrics_listener.is_some();
         let operations = match self.metrics_listener {
             Some(listener) => {
                 let address = listener.local_addr()?;
@@ -223,20 +247,20 @@ impl Application {
         };
         let dispatcher = tokio::spawn(
             Dispatcher::new(
-                self.app.db.clone(),
+                background_db.clone(),
                 self.app.allow_private_webhooks,
                 self.app.metrics.clone(),
             )
             .run(shutdown.child_token()),
         );
         let expiry = tokio::spawn(crate::billing::expiry::run(
-            self.app.db.clone(),
+            background_db,
             shutdown.child_token(),
         ));
         if let Some(listener) = self.listener {
             let address = listener.local_addr()?;
             let schema = graphql::build_schema(self.app.clone());
-            let router = http::router(HttpState::new(self.app.clone(), schema));
+            let router = http::router(HttpState::new(self.app.clone(), schema), metrics_elsewhere);
             tracing::info!(address = %address, "listening on http://{address}/graphql");
             http::serve(listener, router, shutdown.clone()).await?;
         } else {
@@ -260,6 +284,9 @@ impl Application {
         }
         if let Err(error) = expiry.await {
             tracing::error!(error = %error, "the credit expiry sweep ended abnormally");
+        }
+        if let Err(error) = gauges.await {
+            tracing::error!(error = %error, "the gauge refresher ended abnormally");
         }
         relay_stop.cancel();
         if let Err(error) = relay.await {

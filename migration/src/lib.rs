@@ -18,6 +18,7 @@ mod m20261130_000010_webhooks;
 mod m20261130_000011_pruned_payloads;
 mod m20261130_000012_flow_control;
 mod m20261130_000013_credit_expiry;
+mod m20261201_000001_api_keys_tenant_index;
 mod m20261201_000002_hold_backings;
 mod m20261201_000003_absorbed_exposure;
 
@@ -41,6 +42,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000011_pruned_payloads::Migration),
             Box::new(m20261130_000012_flow_control::Migration),
             Box::new(m20261130_000013_credit_expiry::Migration),
+            Box::new(m20261201_000001_api_keys_tenant_index::Migration),
             Box::new(m20261201_000002_hold_backings::Migration),
             Box::new(m20261201_000003_absorbed_exposure::Migration),
         ]

@@ -3,12 +3,12 @@
 use super::Principal;
 use crate::error::ServiceError;
 use crate::jobs::EventBus;
-use entity::{ApiKeyRole, Timestamp, api_keys};
+use entity::{ApiKeyRole, Timestamp, api_keys, tenants};
 use rand::RngCore;
 use sea_orm::sea_query::Expr;
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DatabaseConnection, DbErr,
-    EntityTrait, QueryFilter, QueryOrder,
+    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DatabaseConnection, DbBackend,
+    DbErr, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect,
 };
 use sha2::{Digest, Sha256};
 use std::fmt;
@@ -18,6 +18,9 @@ use uuid::Uuid;
 const PREFIX_LENGTH: usize = 10;
 /// Longest key name accepted.
 const MAX_NAME_LENGTH: usize = 100;
+/// Live (unrevoked) keys one tenant may hold: each is a row every listing returns
+/// whole, and no integration needs more; revoking one makes room.
+pub const MAX_LIVE_KEYS_PER_TENANT: u64 = 100;
 /// How stale a key's `last_used_at` may get: writing it on every request would make
 /// every read a write.
 const LAST_USED_PRECISION_SECONDS: i64 = 60;
@@ -127,17 +130,72 @@ pub async fn create_tenant_key(
     Ok((stored, key))
 }
 
-/// The tenant's keys, newest first, revoked ones included.
+/// [`create_tenant_key`] for an existing tenant, refused (VALIDATION) when it holds
+/// [`MAX_LIVE_KEYS_PER_TENANT`] live keys already. Counted and stored in one write
+/// transaction holding the tenant's row, so that keys created together cannot pass
+/// the cap; `NotFound` when there is no such tenant.
+pub async fn create_capped_key(
+    db: &DatabaseConnection,
+    tenant_id: Uuid,
+    name: &str,
+) -> Result<(api_keys::Model, ApiKey), ServiceError> {
+    let transaction = crate::db::begin_write(db).await?;
+    // SQLite's write transaction holds the file already; PostgreSQL locks the row.
+    let mut tenant = tenants::Entity::find_by_id(tenant_id);
+    if db.get_database_backend() == DbBackend::Postgres {
+        tenant = tenant.lock_exclusive();
+    }
+    tenant
+        .one(&transaction)
+        .await?
+        .ok_or(ServiceError::NotFound)?;
+    let live = api_keys::Entity::find()
+        .filter(api_keys::Column::TenantId.eq(tenant_id))
+        .filter(api_keys::Column::RevokedAt.is_null())
+        .count(&transaction)
+        .await?;
+    if live >= MAX_LIVE_KEYS_PER_TENANT {
+        return Err(ServiceError::validation(format!(
+            "a tenant holds at most {MAX_LIVE_KEYS_PER_TENANT} live API keys; revoke one first"
+        )));
+    }
+    let created = create_tenant_key(&transaction, tenant_id, name).await?;
+    transaction.commit().await?;
+    Ok(created)
+}
+
+/// Revoked keys a listing shows at most, the most recently created first: revoking
+/// frees a place under the cap of live keys, so revoked ones could pile up without
+/// bound, and every listing would return them all.
+pub const LISTED_REVOKED_KEYS: u64 = 100;
+
+/// The tenant's keys, newest first: every live one (at most
+/// [`MAX_LIVE_KEYS_PER_TENANT`]) and the newest [`LISTED_REVOKED_KEYS`] revoked ones.
 pub async fn list_keys(
     db: &impl ConnectionTrait,
     tenant_id: Uuid,
 ) -> Result<Vec<api_keys::Model>, DbErr> {
-    api_keys::Entity::find()
-        .filter(api_keys::Column::TenantId.eq(tenant_id))
-        .order_by_desc(api_keys::Column::CreatedAt)
-        .order_by_desc(api_keys::Column::Id)
-        .all(db)
-        .await
+    let newest_first = |revoked: bool| {
+        let revoked_at = api_keys::Column::RevokedAt;
+        api_keys::Entity::find()
+            .filter(api_keys::Column::TenantId.eq(tenant_id))
+            .filter(if revoked {
+                revoked_at.is_not_null()
+            } else {
+                revoked_at.is_null()
+            })
+            .order_by_desc(api_keys::Column::CreatedAt)
+            .order_by_desc(api_keys::Column::Id)
+    };
+    let mut keys = newest_first(false).all(db).await?;
+    keys.extend(
+        newest_first(true)
+            .limit(LISTED_REVOKED_KEYS)
+            .all(db)
+            .await?,
+    );
+    keys.sort_by_key(|key| std::cmp::Reverse((key.created_at, key.id)));
+    Ok(keys)
 }
 
 /// Revokes a key at once: it is refused from the next request on, and every open

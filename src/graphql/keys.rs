@@ -46,8 +46,8 @@ pub struct KeyQuery;
 
 #[Object]
 impl KeyQuery {
-    /// The caller's tenant's keys (an admin names the tenant), newest first, revoked
-    /// ones included.
+    /// The caller's tenant's keys (an admin names the tenant), newest first: every
+    /// live one and the 100 most recently created revoked ones.
     async fn api_keys(
         &self,
         context: &Context<'_>,
@@ -68,7 +68,8 @@ pub struct KeyMutation;
 #[Object]
 impl KeyMutation {
     /// A new key for the caller's tenant (an admin names the tenant); its secret is
-    /// in the answer and never shown again.
+    /// in the answer and never shown again. A tenant holds at most 100 live keys:
+    /// past them this is refused (VALIDATION) until one is revoked.
     async fn create_api_key(
         &self,
         context: &Context<'_>,
@@ -76,10 +77,8 @@ impl KeyMutation {
         tenant_id: Option<Uuid>,
     ) -> async_graphql::Result<CreateApiKeyPayload> {
         let tenant_id = managed_tenant(principal(context)?, tenant_id)?;
-        let db = &app(context).db;
         // The tenant must exist: a key of no tenant would be refused at every use.
-        crate::accounts::tenants::find_tenant(db, tenant_id).await?;
-        let (stored, key) = api_keys::create_tenant_key(db, tenant_id, &name).await?;
+        let (stored, key) = api_keys::create_capped_key(&app(context).db, tenant_id, &name).await?;
         Ok(CreateApiKeyPayload {
             api_key: key.expose().to_owned(),
             key: stored.into(),

@@ -52,21 +52,14 @@ pub async fn readyz(State(app): State<App>) -> (StatusCode, String) {
     }
 }
 
-/// This process's metrics in the Prometheus text format, with the gauges read now.
+/// This process's metrics in the Prometheus text format. The gauges kept in the
+/// database are those the background refresher read last: a scrape runs no query.
 pub async fn metrics(State(app): State<App>) -> impl IntoResponse {
     let mut pools = vec![("api", app.db.clone())];
     pools.extend(app.worker_db.clone().map(|db| ("worker", db)));
-    match observe::state(&app.db, &app.bus, &pools).await {
-        Ok(state) => {
-            app.metrics.set_state(&state);
-            app.metrics.set_database_up(true);
-        }
-        // The counters are still worth serving; the gauges keep their last values.
-        Err(error) => {
-            tracing::warn!(error = %error, "reading the queue gauges failed");
-            app.metrics.set_database_up(false);
-        }
-    }
+    pools.extend(app.background_db.clone().map(|db| ("background", db)));
+    app.metrics
+        .set_live_state(&observe::live_state(&app.bus, &pools));
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         app.metrics.render(),

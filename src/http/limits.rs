@@ -1,6 +1,7 @@
-//! Per-client limits kept in memory: failed authentications per address, and GraphQL
-//! requests in flight per principal. Both are per process; both forget a client once
-//! it is quiet, so their memory stays bounded.
+//! Per-client limits kept in memory: failed authentications per address (with the
+//! lookups in flight reserved against them), GraphQL requests in flight per principal
+//! (and for all keyless requests together), and open connections per address. All are
+//! per process; all forget a client once it is quiet, so their memory stays bounded.
 
 use crate::accounts::Principal;
 use std::collections::HashMap;
@@ -8,7 +9,7 @@ use std::collections::hash_map::Entry;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
 /// Failed authentications one client address may make within
@@ -36,19 +37,27 @@ impl From<IpAddr> for ClientAddress {
     }
 }
 
-/// Counts failed authentications per client address in fixed windows.
+/// Counts failed authentications per client address in fixed windows. A lookup in
+/// flight holds a reservation against its address's remaining failures, so that
+/// requests arriving together cannot all be looked up before the first failures are
+/// recorded: at most the failures left are being looked up at once, and the others
+/// wait their turn (a valid key's lookup ends its reservation in a millisecond).
 #[derive(Debug)]
 pub struct AuthThrottle {
     max_failures: u32,
     window: Duration,
     capacity: usize,
     windows: Mutex<HashMap<ClientAddress, FailureWindow>>,
+    /// Woken whenever a reservation ends.
+    released: Notify,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct FailureWindow {
     started: Instant,
     failures: u32,
+    /// Lookups in flight.
+    reserved: u32,
 }
 
 impl Default for AuthThrottle {
@@ -61,6 +70,29 @@ impl Default for AuthThrottle {
     }
 }
 
+/// One key lookup's place in its address's failures; it counts as a failure only if
+/// [`AuthAttempt::failed`] is called.
+#[derive(Debug)]
+pub struct AuthAttempt<'a> {
+    throttle: &'a AuthThrottle,
+    client: ClientAddress,
+    failed: bool,
+}
+
+impl AuthAttempt<'_> {
+    /// The presented key was refused: counts against the address.
+    pub fn failed(mut self) {
+        self.failed = true;
+    }
+}
+
+impl Drop for AuthAttempt<'_> {
+    fn drop(&mut self) {
+        self.throttle
+            .release(self.client, self.failed, Instant::now());
+    }
+}
+
 impl AuthThrottle {
     /// At most `max_failures` per `window` per address, remembering at most
     /// `capacity` addresses.
@@ -70,53 +102,98 @@ impl AuthThrottle {
             window,
             capacity,
             windows: Mutex::new(HashMap::new()),
+            released: Notify::new(),
         }
     }
 
-    /// `Err(retry_after)` while `client` has used up its failures.
-    pub fn check(&self, client: ClientAddress, now: Instant) -> Result<(), Duration> {
-        let windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
-        match windows.get(&client) {
-            Some(window) if window.failures >= self.max_failures => {
-                let ends = window.started + self.window;
-                if ends > now { Err(ends - now) } else { Ok(()) }
+    /// A reservation for one lookup of a key presented by `client`, waiting at most
+    /// `wait` while the address's other lookups hold its remaining failures;
+    /// `Err(retry_after)` once it has used up its failures (or the wait ran out).
+    pub async fn reserve(
+        &self,
+        client: ClientAddress,
+        wait: Duration,
+    ) -> Result<AuthAttempt<'_>, Duration> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let released = self.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            match self.try_reserve(client, Instant::now()) {
+                Ok(true) => {
+                    return Ok(AuthAttempt {
+                        throttle: self,
+                        client,
+                        failed: false,
+                    });
+                }
+                Ok(false) => {}
+                Err(retry_after) => return Err(retry_after),
             }
-            _ => Ok(()),
+            if tokio::time::timeout_at(deadline, released).await.is_err() {
+                return Err(Duration::from_secs(1));
+            }
         }
     }
 
-    /// Records one failed authentication from `client`.
-    pub fn record_failure(&self, client: ClientAddress, now: Instant) {
+    /// `Ok(true)`: reserved; `Ok(false)`: every failure left is reserved already.
+    fn try_reserve(&self, client: ClientAddress, now: Instant) -> Result<bool, Duration> {
         let mut windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
         if windows.len() >= self.capacity && !windows.contains_key(&client) {
-            windows.retain(|_, window| window.started + self.window > now);
-            if windows.len() >= self.capacity
-                && let Some(oldest) = windows
-                    .iter()
-                    .min_by_key(|(_, window)| window.started)
-                    .map(|(client, _)| *client)
-            {
-                windows.remove(&oldest);
+            self.forget_some(&mut windows, now);
+        }
+        let window = windows.entry(client).or_insert(FailureWindow {
+            started: now,
+            failures: 0,
+            reserved: 0,
+        });
+        if window.started + self.window <= now {
+            window.started = now;
+            window.failures = 0;
+        }
+        if window.failures >= self.max_failures {
+            return Err(window.started + self.window - now);
+        }
+        if window.failures + window.reserved >= self.max_failures {
+            return Ok(false);
+        }
+        window.reserved += 1;
+        Ok(true)
+    }
+
+    fn release(&self, client: ClientAddress, failed: bool, now: Instant) {
+        let mut windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Entry::Occupied(mut entry) = windows.entry(client) {
+            let window = entry.get_mut();
+            window.reserved = window.reserved.saturating_sub(1);
+            if failed {
+                if window.started + self.window <= now {
+                    window.started = now;
+                    window.failures = 0;
+                }
+                window.failures = window.failures.saturating_add(1);
+            }
+            // An address with nothing against it takes no memory.
+            if window.failures == 0 && window.reserved == 0 {
+                entry.remove();
             }
         }
-        match windows.entry(client) {
-            Entry::Occupied(mut entry) => {
-                let window = entry.get_mut();
-                if window.started + self.window <= now {
-                    *window = FailureWindow {
-                        started: now,
-                        failures: 1,
-                    };
-                } else {
-                    window.failures = window.failures.saturating_add(1);
-                }
-            }
-            Entry::Vacant(entry) => {
-                entry.insert(FailureWindow {
-                    started: now,
-                    failures: 1,
-                });
-            }
+        drop(windows);
+        self.released.notify_waiters();
+    }
+
+    /// Makes room for one more address: windows that ended first, then the oldest
+    /// without a lookup in flight.
+    fn forget_some(&self, windows: &mut HashMap<ClientAddress, FailureWindow>, now: Instant) {
+        windows.retain(|_, window| window.reserved > 0 || window.started + self.window > now);
+        if windows.len() >= self.capacity
+            && let Some(oldest) = windows
+                .iter()
+                .filter(|(_, window)| window.reserved == 0)
+                .min_by_key(|(_, window)| window.started)
+                .map(|(client, _)| *client)
+        {
+            windows.remove(&oldest);
         }
     }
 
@@ -134,6 +211,11 @@ pub const TENANT_CONCURRENT_REQUESTS: usize = 8;
 
 /// GraphQL requests without a key that one client address may have in flight at once.
 pub const ANONYMOUS_CONCURRENT_REQUESTS: usize = 4;
+
+/// GraphQL requests without a key that the whole process runs at once, whatever their
+/// addresses: they read only the schema, and a few dozen addresses must not be able
+/// to keep every core busy with introspection while tenants and probes wait.
+pub const ANONYMOUS_CONCURRENT_REQUESTS_TOTAL: usize = 2;
 
 /// How long a request waits for one of its principal's slots before it is refused.
 pub const SLOT_WAIT: Duration = Duration::from_secs(5);
@@ -165,10 +247,21 @@ impl RequestOwner {
 }
 
 /// A semaphore per request owner, made on first use and dropped when its owner has
-/// nothing in flight and nobody waiting, so only active owners take memory.
-#[derive(Debug, Default)]
+/// nothing in flight and nobody waiting, so only active owners take memory; and one
+/// that every anonymous request takes as well.
+#[derive(Debug)]
 pub struct RequestSlots {
     owners: Arc<Mutex<HashMap<RequestOwner, Arc<Semaphore>>>>,
+    anonymous: Arc<Semaphore>,
+}
+
+impl Default for RequestSlots {
+    fn default() -> Self {
+        Self {
+            owners: Arc::default(),
+            anonymous: Arc::new(Semaphore::new(ANONYMOUS_CONCURRENT_REQUESTS_TOTAL)),
+        }
+    }
 }
 
 /// A request's slot, given back when dropped.
@@ -177,6 +270,8 @@ pub struct RequestSlot {
     owner: RequestOwner,
     semaphore: Arc<Semaphore>,
     permit: Option<OwnedSemaphorePermit>,
+    /// The process-wide anonymous permit, for a request without a key.
+    _anonymous: Option<OwnedSemaphorePermit>,
     owners: Arc<Mutex<HashMap<RequestOwner, Arc<Semaphore>>>>,
 }
 
@@ -195,12 +290,21 @@ impl RequestSlots {
             owner,
             semaphore,
             permit: None,
+            _anonymous: None,
             owners: self.owners.clone(),
         };
-        let acquired = tokio::time::timeout(wait, slot.semaphore.clone().acquire_owned()).await;
+        let deadline = tokio::time::Instant::now() + wait;
+        let acquired =
+            tokio::time::timeout_at(deadline, slot.semaphore.clone().acquire_owned()).await;
         slot.permit = acquired.ok().and_then(Result::ok);
         // Dropped without a permit, `slot` still forgets an owner left with nothing.
-        slot.permit.is_some().then_some(slot)
+        slot.permit.as_ref()?;
+        if let RequestOwner::Anonymous(_) = owner {
+            let shared =
+                tokio::time::timeout_at(deadline, self.anonymous.clone().acquire_owned()).await;
+            slot._anonymous = Some(shared.ok()?.ok()?);
+        }
+        Some(slot)
     }
 
     #[cfg(test)]
@@ -230,37 +334,51 @@ impl Drop for RequestSlot {
 /// 150 KB and a file descriptor, however little it does.
 pub const MAX_SOCKETS_PER_ADDRESS: usize = 256;
 
-/// Counts the open WebSocket connections of each client address.
-#[derive(Debug, Default)]
-pub struct SocketCounts {
+/// HTTP connections one client address may hold open at once (upgraded WebSockets
+/// are counted apart): past it a new connection is closed as soon as it is accepted,
+/// so that a few addresses cannot take every descriptor of the process.
+pub const MAX_CONNECTIONS_PER_ADDRESS: usize = 256;
+
+/// Counts the open connections of each client address, up to a cap.
+#[derive(Debug)]
+pub struct AddressCounts {
+    cap: usize,
     open: Arc<Mutex<HashMap<ClientAddress, usize>>>,
 }
 
-impl SocketCounts {
-    /// One more connection of `client`, or `None` when it holds
-    /// [`MAX_SOCKETS_PER_ADDRESS`] already. The count drops with the returned place.
-    pub fn admit(&self, client: ClientAddress) -> Option<SocketPlace> {
+impl AddressCounts {
+    /// At most `cap` connections per address.
+    pub fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            open: Arc::default(),
+        }
+    }
+
+    /// One more connection of `client`, or `None` when it holds its cap already. The
+    /// count drops with the returned place.
+    pub fn admit(&self, client: ClientAddress) -> Option<AddressPlace> {
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
         let count = open.entry(client).or_default();
-        if *count >= MAX_SOCKETS_PER_ADDRESS {
+        if *count >= self.cap {
             return None;
         }
         *count += 1;
-        Some(SocketPlace {
+        Some(AddressPlace {
             open: self.open.clone(),
             client,
         })
     }
 }
 
-/// One open WebSocket connection, counted against its address.
+/// One open connection, counted against its address.
 #[derive(Debug)]
-pub struct SocketPlace {
+pub struct AddressPlace {
     open: Arc<Mutex<HashMap<ClientAddress, usize>>>,
     client: ClientAddress,
 }
 
-impl Drop for SocketPlace {
+impl Drop for AddressPlace {
     fn drop(&mut self) {
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
         if let Entry::Occupied(mut count) = open.entry(self.client) {
@@ -280,23 +398,71 @@ mod tests {
         ClientAddress::from(IpAddr::from([10, 0, 0, last]))
     }
 
-    #[test]
-    fn an_address_is_refused_after_its_failures_until_its_window_ends() {
+    #[tokio::test]
+    async fn an_address_is_refused_after_its_failures_until_its_window_ends() {
         let throttle = AuthThrottle::new(3, Duration::from_secs(60), 100);
         let start = Instant::now();
         for _ in 0..3 {
-            assert_eq!(throttle.check(client(1), start), Ok(()));
-            throttle.record_failure(client(1), start);
+            assert_eq!(throttle.try_reserve(client(1), start), Ok(true));
+            throttle.release(client(1), true, start);
         }
         let later = start + Duration::from_secs(20);
         assert_eq!(
-            throttle.check(client(1), later),
+            throttle.try_reserve(client(1), later),
             Err(Duration::from_secs(40))
         );
-        assert_eq!(throttle.check(client(2), later), Ok(()), "others pass");
         assert_eq!(
-            throttle.check(client(1), start + Duration::from_secs(60)),
-            Ok(())
+            throttle.try_reserve(client(2), later),
+            Ok(true),
+            "others pass"
+        );
+        assert_eq!(
+            throttle.try_reserve(client(1), start + Duration::from_secs(60)),
+            Ok(true)
+        );
+    }
+
+    #[tokio::test]
+    async fn lookups_in_flight_hold_the_failures_left() {
+        let throttle = AuthThrottle::new(3, Duration::from_secs(60), 100);
+        let wait = Duration::from_millis(50);
+        let first = throttle.reserve(client(1), wait).await.unwrap();
+        let second = throttle.reserve(client(1), wait).await.unwrap();
+        let third = throttle.reserve(client(1), wait).await.unwrap();
+        // A fourth waits for one of them, and gives up after its wait.
+        assert!(throttle.reserve(client(1), wait).await.is_err());
+        // A valid key gives its place back; a refused one spends it.
+        drop(first);
+        second.failed();
+        let fourth = throttle.reserve(client(1), wait).await.unwrap();
+        third.failed();
+        fourth.failed();
+        assert!(
+            throttle.reserve(client(1), wait).await.unwrap_err() > Duration::from_secs(50),
+            "used up: refused until the window ends"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_waiting_lookup_goes_ahead_when_a_place_is_given_back() {
+        let throttle = Arc::new(AuthThrottle::new(1, Duration::from_secs(60), 100));
+        let held = throttle.reserve(client(1), Duration::ZERO).await.unwrap();
+        let waiting = {
+            let throttle = throttle.clone();
+            tokio::spawn(async move {
+                throttle
+                    .reserve(client(1), Duration::from_secs(5))
+                    .await
+                    .is_ok()
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(held);
+        assert!(waiting.await.unwrap());
+        assert_eq!(
+            throttle.tracked(),
+            0,
+            "an address with nothing against it is forgotten"
         );
     }
 
@@ -316,20 +482,22 @@ mod tests {
         let throttle = AuthThrottle::new(1, Duration::from_secs(60), 10);
         let start = Instant::now();
         for last in 0..50 {
-            throttle.record_failure(client(last), start + Duration::from_millis(u64::from(last)));
+            let at = start + Duration::from_millis(u64::from(last));
+            assert_eq!(throttle.try_reserve(client(last), at), Ok(true));
+            throttle.release(client(last), true, at);
         }
         assert_eq!(throttle.tracked(), 10);
         let now = start + Duration::from_secs(1);
-        assert_eq!(throttle.check(client(0), now), Ok(()), "forgotten");
-        assert!(throttle.check(client(49), now).is_err(), "remembered");
+        assert_eq!(throttle.try_reserve(client(0), now), Ok(true), "forgotten");
+        assert!(throttle.try_reserve(client(49), now).is_err(), "remembered");
     }
 
     #[tokio::test]
     async fn an_owner_gets_its_slots_then_waits_and_is_refused() {
         let slots = RequestSlots::default();
-        let owner = RequestOwner::Anonymous(client(1));
+        let owner = RequestOwner::Tenant(Uuid::from_u128(1));
         let mut held = Vec::new();
-        for _ in 0..ANONYMOUS_CONCURRENT_REQUESTS {
+        for _ in 0..TENANT_CONCURRENT_REQUESTS {
             held.push(slots.acquire(owner, Duration::ZERO).await.unwrap());
         }
         assert!(
@@ -338,11 +506,32 @@ mod tests {
                 .await
                 .is_none()
         );
-        let other = RequestOwner::Anonymous(client(2));
+        let other = RequestOwner::Tenant(Uuid::from_u128(2));
         assert!(slots.acquire(other, Duration::ZERO).await.is_some());
         held.pop();
         assert!(slots.acquire(owner, Duration::ZERO).await.is_some());
         drop(held);
         assert_eq!(slots.tracked(), 0, "idle owners are forgotten");
+    }
+
+    #[tokio::test]
+    async fn anonymous_requests_share_a_few_slots_across_addresses() {
+        let slots = RequestSlots::default();
+        let mut held = Vec::new();
+        for last in 0..ANONYMOUS_CONCURRENT_REQUESTS_TOTAL {
+            let owner = RequestOwner::Anonymous(client(last as u8));
+            held.push(slots.acquire(owner, Duration::ZERO).await.unwrap());
+        }
+        let another = RequestOwner::Anonymous(client(200));
+        assert!(
+            slots
+                .acquire(another, Duration::from_millis(20))
+                .await
+                .is_none()
+        );
+        let tenant = RequestOwner::Tenant(Uuid::nil());
+        assert!(slots.acquire(tenant, Duration::ZERO).await.is_some());
+        held.pop();
+        assert!(slots.acquire(another, Duration::ZERO).await.is_some());
     }
 }

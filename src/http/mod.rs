@@ -14,12 +14,14 @@ use crate::graphql::AppSchema;
 use crate::startup::App;
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, FromRef};
+use axum::http::{HeaderValue, header};
 use axum::routing::get;
 use limits::{AuthThrottle, RequestSlots};
 use std::sync::Arc;
+use tower_http::set_header::SetResponseHeaderLayer;
 use tower_http::trace::TraceLayer;
 
-pub use limits::MAX_SOCKETS_PER_ADDRESS;
+pub use limits::{MAX_CONNECTIONS_PER_ADDRESS, MAX_SOCKETS_PER_ADDRESS};
 pub use serve::serve;
 
 /// What every handler shares.
@@ -31,11 +33,21 @@ pub struct HttpState {
 }
 
 /// The in-memory limits every GraphQL request passes (see `limits`).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct ClientLimits {
     auth_failures: AuthThrottle,
     slots: RequestSlots,
-    sockets: limits::SocketCounts,
+    sockets: limits::AddressCounts,
+}
+
+impl Default for ClientLimits {
+    fn default() -> Self {
+        Self {
+            auth_failures: AuthThrottle::default(),
+            slots: RequestSlots::default(),
+            sockets: limits::AddressCounts::new(MAX_SOCKETS_PER_ADDRESS),
+        }
+    }
 }
 
 impl HttpState {
@@ -55,10 +67,11 @@ impl FromRef<HttpState> for App {
     }
 }
 
-/// Every route of the API.
-pub fn router(state: HttpState) -> Router {
+/// Every route of the API; `/metrics` too unless `metrics_elsewhere` (then the
+/// operations listener serves it, off the API's port).
+pub fn router(state: HttpState, metrics_elsewhere: bool) -> Router {
     console::prepare();
-    Router::new()
+    let router = Router::new()
         .route("/", get(console::index))
         .route("/assets/{*path}", get(console::asset))
         .route("/graphql", get(graphql::get).post(graphql::post))
@@ -70,10 +83,25 @@ pub fn router(state: HttpState) -> Router {
                 .layer(DefaultBodyLimit::max(graphql::body::MAX_REQUEST_BYTES)),
         )
         .route("/healthz", get(health::healthz))
-        .route("/readyz", get(health::readyz))
-        .route("/metrics", get(health::metrics))
+        .route("/readyz", get(health::readyz));
+    let router = if metrics_elsewhere {
+        router
+    } else {
+        router.route("/metrics", get(health::metrics))
+    };
+    router
+        .layer(no_sniffing())
         .layer(TraceLayer::new_for_http())
         .with_state(state)
+}
+
+/// `X-Content-Type-Options: nosniff` on every response: a browser never reads a JSON
+/// answer (which may echo what a client sent) as HTML or script.
+fn no_sniffing() -> SetResponseHeaderLayer<HeaderValue> {
+    SetResponseHeaderLayer::overriding(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    )
 }
 
 /// The routes of a worker's metrics listener: `/metrics`, `/healthz` and `/readyz`.
@@ -82,6 +110,7 @@ pub fn operations_router(app: App) -> Router {
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
+        .layer(no_sniffing())
         .layer(TraceLayer::new_for_http())
         .with_state(app)
 }

@@ -1,8 +1,11 @@
 //! Serving the router over HTTP/1.1 with the timeouts `axum::serve` lacks: a client
 //! that never finishes its request head, keeps a connection open without using it,
 //! or stops reading its response is dropped, so half-open sockets cannot pile up
-//! until the process runs out of file descriptors.
+//! until the process runs out of file descriptors. One address holds at most
+//! [`MAX_CONNECTIONS_PER_ADDRESS`] connections; a live stream (SSE) of an
+//! authenticated caller is never shed as idle (see [`LiveStreams`]).
 
+use super::limits::{AddressCounts, ClientAddress, MAX_CONNECTIONS_PER_ADDRESS};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -58,6 +61,7 @@ pub async fn serve(
     http.timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT);
     let load = Arc::new(ServerLoad::default());
+    let per_address = AddressCounts::new(MAX_CONNECTIONS_PER_ADDRESS);
     let connections = TaskTracker::new();
     loop {
         let accepted = tokio::select! {
@@ -80,14 +84,21 @@ pub async fn serve(
                 continue;
             }
         };
+        // Closed at once: the client holds its share of the descriptors already.
+        let Some(place) = per_address.admit(ClientAddress::from(peer.ip())) else {
+            tracing::debug!(peer = %peer, "refused a connection past the address's cap");
+            continue;
+        };
         let connection = Connection {
             activity: Arc::new(Activity::default()),
             load: load.clone(),
         };
+        let live_streams = LiveStreams(connection.activity.clone());
         let service = router
             .clone()
             .map_request(move |mut request: hyper::Request<Incoming>| {
                 request.extensions_mut().insert(ConnectInfo(peer));
+                request.extensions_mut().insert(live_streams.clone());
                 request.map(Body::new)
             })
             .map_future({
@@ -113,6 +124,7 @@ pub async fn serve(
                 .serve_connection(io, TowerToHyperService::new(service))
                 .with_upgrades();
             connection.run(served, peer, shutdown).await;
+            drop(place);
         });
     }
     drop(listener);
@@ -184,6 +196,32 @@ struct Activity {
     last_io_millis: AtomicU64,
     /// Requests whose handler has not answered yet.
     handling: AtomicUsize,
+    /// Responses that are live streams, which send only an occasional keepalive.
+    live_streams: AtomicUsize,
+}
+
+/// Put in each request's extensions: lets a handler mark its response as a live
+/// stream, so that the connection is not shed as idle between its events (their
+/// keepalives come every 15 s, the shed timeout is 1 s), while the server is not
+/// shutting down.
+#[derive(Clone)]
+pub struct LiveStreams(Arc<Activity>);
+
+impl LiveStreams {
+    /// Counts a live stream on this connection until the returned guard is dropped.
+    pub fn hold(&self) -> LiveStream {
+        self.0.live_streams.fetch_add(1, Ordering::Relaxed);
+        LiveStream(self.0.clone())
+    }
+}
+
+/// A live stream in progress; dropped with the response body.
+pub struct LiveStream(Arc<Activity>);
+
+impl Drop for LiveStream {
+    fn drop(&mut self) {
+        self.0.live_streams.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Counts a request as being handled until its response head is ready.
@@ -242,7 +280,7 @@ impl Connection {
                     served.as_mut().graceful_shutdown();
                 }
                 () = tokio::time::sleep(check_in) => {
-                    if self.is_idle() {
+                    if self.is_idle(draining) {
                         tracing::debug!(peer = %peer, "closing an idle connection");
                         break;
                     }
@@ -257,8 +295,11 @@ impl Connection {
         Duration::from_millis(self.load.now_millis().saturating_sub(last))
     }
 
-    fn is_idle(&self) -> bool {
+    /// Whether the connection may be closed: nothing is being handled, no live stream
+    /// is open (unless the server is draining) and nothing moved for too long.
+    fn is_idle(&self, draining: bool) -> bool {
         self.activity.handling.load(Ordering::Relaxed) == 0
+            && (draining || self.activity.live_streams.load(Ordering::Relaxed) == 0)
             && self.idle_for() >= self.load.idle_timeout()
     }
 

@@ -9,7 +9,8 @@
 //! `/graphql`, with its response limit). Errors found before execution arrive as a
 //! `next` event holding them, as the protocol asks, since a client's event source
 //! would otherwise see only a failed connection. A stream ends when the client closes
-//! it, when it completes, or when its key is revoked.
+//! it, when it completes, or when its key is revoked. An authenticated caller's
+//! stream is never shed as an idle connection while it lasts.
 
 use super::HttpState;
 use super::graphql::admission::authenticate_client;
@@ -17,13 +18,14 @@ use super::graphql::body::{BodyLimit, read_body};
 use super::graphql::responses::{JSON, check_content_type};
 use super::graphql::selected_operation;
 use super::limits::{ClientAddress, RequestOwner, SLOT_WAIT};
+use super::serve::LiveStreams;
 use crate::accounts::api_keys::{self, Identity};
 use crate::graphql::ErrorCode;
 use crate::graphql::cost::{self, QueryBudget, StreamingTransport};
 use crate::startup::App;
 use async_graphql::parser::types::OperationType;
 use axum::body::Body;
-use axum::extract::{ConnectInfo, RawQuery, State};
+use axum::extract::{ConnectInfo, Extension, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -42,6 +44,7 @@ const KEEPALIVE: Duration = Duration::from_secs(15);
 pub async fn post(
     State(state): State<HttpState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    live: Option<Extension<LiveStreams>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
@@ -72,13 +75,14 @@ pub async fn post(
     drop(slot);
     let request = serde_json::from_slice::<async_graphql::Request>(&body)
         .map_err(|error| format!("the body is not a GraphQL request: {error}"));
-    respond(&state, identity, request, false)
+    respond(&state, identity, request, false, live)
 }
 
 /// GET /graphql/sse: the request in the URL, as for GET /graphql; no mutations.
 pub async fn get(
     State(state): State<HttpState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    live: Option<Extension<LiveStreams>>,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
@@ -88,7 +92,7 @@ pub async fn get(
     };
     let request = async_graphql::http::parse_query_string(&query.unwrap_or_default())
         .map_err(|error| format!("the URL holds no GraphQL request: {error}"));
-    respond(&state, identity, request, true)
+    respond(&state, identity, request, true, live)
 }
 
 /// The same gate as /graphql: an address that keeps presenting bad keys is turned
@@ -106,8 +110,11 @@ fn respond(
     identity: Option<Identity>,
     request: Result<async_graphql::Request, String>,
     from_get: bool,
+    live: Option<Extension<LiveStreams>>,
 ) -> Response {
     let principal = identity.map(|identity| identity.principal);
+    // Held by the stream: the connection is not idle while a tenant's stream lasts.
+    let held = principal.and(live).map(|Extension(live)| live.hold());
     let results = match request {
         Ok(mut request) => {
             // GET must not change anything. Its text is measured before it is parsed
@@ -150,7 +157,10 @@ fn respond(
         .boxed(),
     };
     let key_id = identity.and_then(|identity| identity.key_id);
-    let results = until_revoked(state.app.clone(), key_id, results);
+    let results = until_revoked(state.app.clone(), key_id, results).map(move |result| {
+        let _held = &held;
+        result
+    });
     Sse::new(events(results))
         .keep_alive(KeepAlive::new().interval(KEEPALIVE))
         .into_response()

@@ -4,11 +4,15 @@
 //!
 //! Notices are routed by topic, so a notice wakes only those who asked about it: ten
 //! thousand idle subscriptions cost nothing while another job streams its output.
-//! Every notice is a hint to re-read the events table, which is the truth; a receiver
-//! that may have missed notices (it lagged, or the cross-process listener reconnected)
-//! is told so and re-reads. No subscriber polls the database.
+//! The table is the truth. A notice carries its stored event when the event is small
+//! (they all are but for long error messages), so that a receiver which has read every
+//! earlier event of the job delivers it without a query: the process reads each event
+//! once (its writer had it; another process's listener receives it), however many
+//! subscribers it has. A receiver that sees a gap, a notice without its event, or that
+//! may have missed notices (it lagged, or the cross-process listener reconnected) is
+//! told so and re-reads. No subscriber polls the database.
 
-use entity::{EventKind, JobStatus};
+use entity::{EventKind, JobStatus, JsonText, Timestamp, job_events};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -36,10 +40,53 @@ pub struct EventNotice {
     /// The text of an `OutputDelta`, which exists only as a notice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delta: Option<String>,
+    /// What the stored event holds besides the fields above, when it is small enough
+    /// to travel with its notice (see [`MAX_CARRIED_DATA_BYTES`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored: Option<StoredEvent>,
     /// The process that sent a notice never stored, so that it does not receive its
     /// own notice twice (once locally, once through NOTIFY).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<Uuid>,
+}
+
+/// The largest event data a notice carries, as JSON: PostgreSQL refuses a NOTIFY
+/// payload past 8,000 bytes, and the notice's own fields take a few hundred.
+pub const MAX_CARRIED_DATA_BYTES: usize = 4_000;
+
+/// The rest of a stored event, carried by its notice.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredEvent {
+    pub at: Timestamp,
+    pub data: Option<serde_json::Value>,
+}
+
+impl StoredEvent {
+    /// The rest of an event with `data` stored `at`, when `data` is small enough to
+    /// travel.
+    pub fn carried(at: Timestamp, data: Option<&serde_json::Value>) -> Option<Self> {
+        let size = data.map_or(0, |data| data.to_string().len());
+        (size <= MAX_CARRIED_DATA_BYTES).then(|| Self {
+            at,
+            data: data.cloned(),
+        })
+    }
+}
+
+impl EventNotice {
+    /// The stored event this notice stands for, when it carries it.
+    pub fn stored_event(&self) -> Option<job_events::Model> {
+        let stored = self.stored.as_ref()?;
+        (self.kind != EventKind::OutputDelta).then(|| job_events::Model {
+            job_id: self.job_id,
+            seq: self.seq,
+            tenant_id: self.tenant_id,
+            kind: self.kind,
+            status: self.status,
+            at: stored.at,
+            data: stored.data.clone().map(JsonText),
+        })
+    }
 }
 
 /// What a receiver is told about.

@@ -1,11 +1,11 @@
 //! Job events: the stored timeline of each job, and the live streams of them that
 //! subscriptions serve.
 //!
-//! The table is the truth; a notice on the bus is only a hint to re-read it. A
-//! receiver that may have missed notices is told so and re-reads, so a stream loses
-//! nothing and never polls.
+//! The table is the truth; a notice on the bus is a hint to re-read it, or carries
+//! the next event itself (then nothing is read). A receiver that may have missed
+//! notices is told so and re-reads, so a stream loses nothing and never polls.
 
-use super::bus::{EventBus, EventNotice, Wake};
+use super::bus::{EventBus, EventNotice, StoredEvent, Wake};
 use entity::{EventKind, JsonText, Timestamp, job_events, jobs};
 use futures_util::Stream;
 use sea_orm::{
@@ -47,6 +47,7 @@ pub async fn append_many<'a>(
     let mut rows = Vec::new();
     let mut notices = Vec::new();
     for (job, kind, data) in events {
+        let stored = StoredEvent::carried(job.updated_at, data.as_ref());
         rows.push(job_events::ActiveModel {
             job_id: Set(job.id),
             seq: Set(job.last_event_seq),
@@ -63,6 +64,7 @@ pub async fn append_many<'a>(
             kind,
             status: job.status,
             delta: None,
+            stored,
             origin: None,
         });
     }
@@ -133,7 +135,18 @@ pub fn job_updates(
                         }
                         yield delta_event(&notice);
                     }
-                    Wake::Notice(notice) if notice.seq > last_seq => break,
+                    Wake::Notice(notice) if notice.seq > last_seq => match notice.stored_event() {
+                        // The next event, carried: delivered without a read.
+                        Some(event) if event.seq == last_seq + 1 => {
+                            last_seq = event.seq;
+                            let terminal = event.kind.is_terminal();
+                            yield event;
+                            if terminal {
+                                return;
+                            }
+                        }
+                        _ => break,
+                    },
                     // A duplicate: every process hears its own events twice on PostgreSQL.
                     Wake::Notice(_) => {}
                     Wake::Missed => break,
@@ -166,7 +179,11 @@ pub fn account_updates(
                     if notice.seq <= after {
                         continue;
                     }
-                    events_after(&db, notice.job_id, after).await?
+                    // The next event of the job, carried: delivered without a read.
+                    match notice.stored_event() {
+                        Some(event) if notice.seq == after + 1 => vec![event],
+                        _ => events_after(&db, notice.job_id, after).await?,
+                    }
                 }
                 Wake::Missed => {
                     let reread_from = caught_up_at

@@ -6,11 +6,12 @@ use super::bus::{EventBus, EventNotice};
 use super::flow::Deferral;
 use super::queue::{AttemptEnd, Claim, ErrorCode};
 use crate::billing::Credits;
-use crate::metrics::{AttemptFinished, Metrics, State};
+use crate::metrics::{AttemptFinished, LiveState, Metrics, StoredState};
 use entity::{AttemptOutcome, EventKind, JobStatus, Timestamp, jobs, tenants};
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, PaginatorTrait, QueryFilter};
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 /// A claim query took `latency` and returned `claims`: jobs claimed for the first
 /// time report how long they waited since they were due.
@@ -124,23 +125,22 @@ fn job_events(
     }
 }
 
-/// Reads the gauges a scrape shows: jobs queued and running (two counts on the
-/// partial indexes the claim uses), tenants low on credit, subscriptions, and pool
-/// connections in use.
-pub async fn state(
-    db: &DatabaseConnection,
-    bus: &EventBus,
-    pools: &[(&'static str, DatabaseConnection)],
-) -> Result<State, DbErr> {
+/// How often the gauges kept in the database are read again: a scrape serves the
+/// last values, so that scrapes (anonymous, and as many as anyone sends) cost the
+/// database nothing.
+pub const GAUGE_REFRESH: Duration = Duration::from_secs(2);
+
+/// Reads the gauges kept in the database: jobs queued and running (two counts on the
+/// partial indexes the claim uses) and tenants low on credit.
+pub async fn stored_state(db: &DatabaseConnection) -> Result<StoredState, DbErr> {
     let count = |status: JobStatus| {
         jobs::Entity::find()
             .filter(jobs::Column::Status.eq(status))
             .count(db)
     };
-    Ok(State {
+    Ok(StoredState {
         queued: count(JobStatus::Queued).await?,
         running: count(JobStatus::Running).await?,
-        open_subscriptions: bus.open_subscriptions(),
         tenants_low_credit: tenants::Entity::find()
             .filter(tenants::Column::GrantedNanos.gt(0))
             .filter(
@@ -150,11 +150,49 @@ pub async fn state(
             )
             .count(db)
             .await?,
+    })
+}
+
+/// Reads the stored gauges into `metrics` at once and then every [`GAUGE_REFRESH`]
+/// on `db` (a pool of the background tasks), until `shutdown` is cancelled.
+pub async fn refresh_gauges(db: DatabaseConnection, metrics: Metrics, shutdown: CancellationToken) {
+    let mut interval = tokio::time::interval(GAUGE_REFRESH);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = interval.tick() => {}
+        }
+        // Bounded, so that a database that does not answer shows as down in seconds
+        // rather than after the pool's acquire timeout.
+        match tokio::time::timeout(GAUGE_REFRESH, stored_state(&db)).await {
+            Ok(Ok(state)) => {
+                metrics.set_stored_state(&state);
+                metrics.set_database_up(true);
+            }
+            // The gauges keep their last values.
+            Ok(Err(error)) => {
+                tracing::warn!(error = %error, "reading the queue gauges failed");
+                metrics.set_database_up(false);
+            }
+            Err(_) => {
+                tracing::warn!(timeout = ?GAUGE_REFRESH, "reading the queue gauges timed out");
+                metrics.set_database_up(false);
+            }
+        }
+    }
+}
+
+/// The gauges this process knows without a query: subscriptions and pool
+/// connections in use.
+pub fn live_state(bus: &EventBus, pools: &[(&'static str, DatabaseConnection)]) -> LiveState {
+    LiveState {
+        open_subscriptions: bus.open_subscriptions(),
         pools_in_use: pools
             .iter()
             .map(|(name, pool)| (*name, connections_in_use(pool)))
             .collect(),
-    })
+    }
 }
 
 fn connections_in_use(db: &DatabaseConnection) -> u32 {

@@ -11,10 +11,11 @@
 //!
 //! SQLite has no notifications; there one shared poll of the events table, past the
 //! last row it saw, stands in for them — one query a second for the whole process,
-//! however many subscribers it serves.
+//! however many subscribers it serves; its notices carry the events it read, so that
+//! subscribers need not read them again.
 
-use super::bus::{EventBus, EventNotice};
-use entity::{EventKind, JobStatus};
+use super::bus::{EventBus, EventNotice, StoredEvent};
+use entity::{EventKind, JobStatus, JsonText, Timestamp};
 use sea_orm::sea_query::{
     Alias, CommonTableExpression, Expr, Func, InsertStatement, Query, WithClause,
 };
@@ -217,6 +218,8 @@ struct PolledEvent {
     seq: i32,
     kind: EventKind,
     status: JobStatus,
+    at: Timestamp,
+    data: Option<JsonText>,
 }
 
 async fn poll_sqlite(
@@ -244,7 +247,7 @@ async fn poll_sqlite(
         }
         let polled = PolledEvent::find_by_statement(Statement::from_sql_and_values(
             DbBackend::Sqlite,
-            "SELECT rowid AS row, job_id, tenant_id, seq, kind, status FROM job_events \
+            "SELECT rowid AS row, job_id, tenant_id, seq, kind, status, at, data FROM job_events \
              WHERE rowid > ? ORDER BY rowid LIMIT ?",
             [last_row.into(), SQLITE_POLL_BATCH.into()],
         ))
@@ -263,6 +266,7 @@ async fn poll_sqlite(
                     kind: event.kind,
                     status: event.status,
                     delta: None,
+                    stored: StoredEvent::carried(event.at, event.data.as_ref().map(|data| &data.0)),
                     origin: None,
                 }));
             }

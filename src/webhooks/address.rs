@@ -11,12 +11,12 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 pub enum AddressError {
     #[error("the URL must be http or https with a host")]
     NotHttp,
-    #[error("the host could not be resolved")]
-    Unresolved,
+    /// The host does not resolve, or resolves to an address that is not public: one
+    /// answer for both, since two would tell a caller which internal names exist.
     #[error(
-        "the host resolves to a loopback, private or link-local address, which webhooks may not reach"
+        "the host does not resolve to a public address (webhooks may not reach loopback, private or link-local ones)"
     )]
-    Private,
+    NotPublic,
 }
 
 /// Resolves the URL's host and returns the address to connect to.
@@ -30,11 +30,11 @@ pub async fn resolve(url: &Url, allow_private: bool) -> Result<SocketAddr, Addre
     let host = host.trim_start_matches('[').trim_end_matches(']');
     let addresses: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
         .await
-        .map_err(|_| AddressError::Unresolved)?
+        .map_err(|_| AddressError::NotPublic)?
         .collect();
-    let first = *addresses.first().ok_or(AddressError::Unresolved)?;
+    let first = *addresses.first().ok_or(AddressError::NotPublic)?;
     if !allow_private && addresses.iter().any(|address| !is_public(address.ip())) {
-        return Err(AddressError::Private);
+        return Err(AddressError::NotPublic);
     }
     Ok(first)
 }
@@ -164,7 +164,7 @@ mod tests {
         let url = Url::parse("http://localhost:9/hook").unwrap();
         assert!(matches!(
             resolve(&url, false).await,
-            Err(AddressError::Private)
+            Err(AddressError::NotPublic)
         ));
         let address = resolve(&url, true).await.unwrap();
         assert!(address.ip().is_loopback());

@@ -149,6 +149,7 @@ async fn every_contract_operation_is_served_or_listed_as_pending() {
         providers: crate::helpers::simulated_models(),
         metrics: Default::default(),
         worker_db: None,
+        background_db: None,
         allow_private_webhooks: false,
     });
     let names = operation_names();

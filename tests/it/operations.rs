@@ -98,6 +98,27 @@ fn value(text: &str, series: &str) -> Decimal {
     sample(text, series).unwrap_or_else(|| panic!("no series {series} in:\n{text}"))
 }
 
+/// A scrape once each of `gauges` shows its value: the gauges kept in the database
+/// are read by a background refresher every few seconds, not by the scrape (bounded:
+/// 10 s).
+async fn scrape_settled(address: SocketAddr, gauges: &[(&str, i64)]) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = scrape(address).await;
+        if gauges
+            .iter()
+            .all(|(series, expected)| sample(&text, series) == Some((*expected).into()))
+        {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the gauges {gauges:?} did not settle:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 async fn metrics_count_exactly_what_jobs_did(backend: Backend) {
     // The API process runs no workers; a separate worker process runs every job.
     let api = spawn_app_with(backend, AppOptions::no_workers()).await;
@@ -151,7 +172,11 @@ async fn metrics_count_exactly_what_jobs_did(backend: Backend) {
         assert_eq!(job["status"], status, "{job}");
     }
     let api_text = scrape(api.address).await;
-    let worker_text = scrape(worker.metrics).await;
+    let worker_text = scrape_settled(
+        worker.metrics,
+        &[("jobledger_jobs_queued", 0), ("jobledger_jobs_running", 0)],
+    )
+    .await;
 
     // The API counts what it created; the worker what it ran.
     assert_eq!(value(&api_text, "jobledger_jobs_created_total"), 5.into());
@@ -247,16 +272,26 @@ async fn metrics_count_exactly_what_jobs_did(backend: Backend) {
     let mut later = job_input("later", "later");
     later["runAt"] = json!((chrono::Utc::now() + chrono::Duration::days(30)).to_rfc3339());
     let held = api.create_job_ok(&tenant, later.clone()).await;
-    let text = scrape(worker.metrics).await;
-    assert_eq!(value(&text, "jobledger_jobs_queued"), 1.into());
-    assert_eq!(value(&text, "jobledger_tenants_low_credit"), 0.into());
+    scrape_settled(
+        worker.metrics,
+        &[
+            ("jobledger_jobs_queued", 1),
+            ("jobledger_tenants_low_credit", 0),
+        ],
+    )
+    .await;
     // A tenant granted exactly one such job's hold has nothing left once it is taken.
     let hold = api.job(&tenant, held).await["reservation"]["amount"].clone();
     let frugal = api.funded_tenant("frugal", hold.as_str().unwrap()).await;
     api.create_job_ok(&frugal, later).await;
-    let text = scrape(api.address).await;
-    assert_eq!(value(&text, "jobledger_jobs_queued"), 2.into());
-    assert_eq!(value(&text, "jobledger_tenants_low_credit"), 1.into());
+    scrape_settled(
+        api.address,
+        &[
+            ("jobledger_jobs_queued", 2),
+            ("jobledger_tenants_low_credit", 1),
+        ],
+    )
+    .await;
 
     // The worker's listener has the probes too.
     let probe = |path: &str| format!("http://{}/{path}", worker.metrics);
@@ -371,8 +406,8 @@ async fn readiness_follows_the_database_away_and_back() {
         .await
         .unwrap();
     assert_eq!(health.status(), 200);
-    let metrics = scrape(app.address).await;
-    assert_eq!(sample(&metrics, "jobledger_database_up"), Some(0.into()));
+    // The gauge follows the background refresher, within seconds.
+    scrape_settled(app.address, &[("jobledger_database_up", 0)]).await;
     admin
         .execute_unprepared(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true"))
         .await
@@ -382,8 +417,7 @@ async fn readiness_follows_the_database_away_and_back() {
         let (status, reason) = readyz(&app).await;
         if status == 200 {
             assert_eq!(reason, "ready");
-            let metrics = scrape(app.address).await;
-            assert_eq!(sample(&metrics, "jobledger_database_up"), Some(1.into()));
+            scrape_settled(app.address, &[("jobledger_database_up", 1)]).await;
             break;
         }
         assert!(Instant::now() < deadline, "never ready again: {reason}");

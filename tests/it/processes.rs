@@ -161,6 +161,23 @@ impl ServeProcess {
         (tenant_id, key)
     }
 
+    /// Where it serves the API.
+    pub fn address(&self) -> std::net::SocketAddr {
+        self.address
+    }
+
+    /// Its resident memory now, in bytes (Linux: `VmRSS` of `/proc/<pid>/status`).
+    pub fn resident_bytes(&self) -> u64 {
+        let pid = self._child.id().expect("the child runs");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let kib: u64 = status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS in /proc/<pid>/status");
+        kib * 1024
+    }
+
     /// Sends a GraphQL document with `key`.
     pub async fn graphql(
         &self,

@@ -15,6 +15,8 @@ pub struct DocumentCost {
     pub selections: u64,
     pub aliases: u64,
     pub directives: u64,
+    /// `__schema` and `__type` fields: each answers with much of the schema.
+    pub introspections: u64,
 }
 
 impl DocumentCost {
@@ -23,6 +25,7 @@ impl DocumentCost {
             selections: self.selections.saturating_add(other.selections),
             aliases: self.aliases.saturating_add(other.aliases),
             directives: self.directives.saturating_add(other.directives),
+            introspections: self.introspections.saturating_add(other.introspections),
         }
     }
 }
@@ -49,6 +52,12 @@ pub fn check_document(
         return Err(CostError::TooManyDirectives {
             count: cost.directives,
             limit: budget.directives,
+        });
+    }
+    if cost.introspections > budget.introspections {
+        return Err(CostError::TooManyIntrospections {
+            count: cost.introspections,
+            limit: budget.introspections,
         });
     }
     Ok(cost)
@@ -169,6 +178,10 @@ impl<'a> FragmentCosts<'a> {
                     selections: 1,
                     aliases: u64::from(field.node.alias.is_some()),
                     directives: field.node.directives.len() as u64,
+                    introspections: u64::from(matches!(
+                        field.node.name.node.as_str(),
+                        "__schema" | "__type"
+                    )),
                 }
                 .add(self.selection_set_cost(&field.node.selection_set.node)),
                 Selection::FragmentSpread(spread) => DocumentCost {
@@ -246,8 +259,23 @@ mod tests {
                 selections: 3 + 2 + 1,
                 aliases: 1 + 2 + 1,
                 directives: 2 + 1,
+                introspections: 0,
             }
         );
+    }
+
+    #[test]
+    fn introspection_fields_are_counted_through_fragments() {
+        let document = parse_query(
+            "{ a: __schema { queryType { name } } ...F } fragment F on QueryRoot { b: __type(name: \"Job\") { name } }",
+        )
+        .unwrap();
+        // One in the operation, one through the spread, and F's definition once more.
+        assert_eq!(measure(&document).unwrap().introspections, 3);
+        assert!(matches!(
+            check_document(&document, &QueryBudget::ANONYMOUS),
+            Err(CostError::TooManyIntrospections { count: 3, limit: 2 })
+        ));
     }
 
     #[test]

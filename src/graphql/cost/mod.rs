@@ -43,6 +43,11 @@ pub struct QueryBudget {
     pub aliases: u64,
     /// Directives, with fragments expanded.
     pub directives: u64,
+    /// `__schema` and `__type` fields, with fragments expanded (and each fragment's
+    /// definition counted once more): one is what GraphiQL and codegen tools send, and
+    /// each answers with much of the schema, so aliases of them multiply the work
+    /// and the response of a small request.
+    pub introspections: u64,
 }
 
 impl QueryBudget {
@@ -58,6 +63,7 @@ impl QueryBudget {
         selections: 10_000,
         aliases: 500,
         directives: 500,
+        introspections: 4,
     };
 
     /// For a request without a key: it can read nothing but the schema, so the budget
@@ -69,6 +75,7 @@ impl QueryBudget {
         selections: 1_000,
         aliases: 20,
         directives: 20,
+        introspections: 2,
     };
 }
 
@@ -89,6 +96,10 @@ pub enum CostError {
     TooManyAliases { count: u64, limit: u64 },
     #[error("the query has {count} directives; at most {limit} are accepted")]
     TooManyDirectives { count: u64, limit: u64 },
+    #[error(
+        "the query has {count} introspection fields (__schema, __type); at most {limit} are accepted"
+    )]
+    TooManyIntrospections { count: u64, limit: u64 },
     #[error("fragment {0} spreads itself")]
     FragmentCycle(String),
 }

@@ -9,6 +9,7 @@ use crate::graphql::loaders::{
 use async_graphql::{Context, Json, Lookahead, Object, SimpleObject};
 use chrono::{DateTime, Utc};
 use entity::{job_events, jobs};
+use std::sync::Arc;
 use uuid::Uuid;
 
 /// A durable LLM job. Read one at a time it comes with its payloads (input and
@@ -28,17 +29,27 @@ impl From<jobs::Model> for Job {
     }
 }
 
-/// Bounds how many job payloads (each up to megabytes) the whole process loads at once
-/// for pages of jobs: with the response limit, which stops resolving once reached,
-/// this bounds the memory a page of large jobs takes, whoever asks.
-pub struct PayloadGate(tokio::sync::Semaphore);
+/// Bounds how many job payloads (each up to megabytes) one tenant loads at once in
+/// this process for pages of jobs: with the response limit, which stops resolving
+/// once reached, this bounds the memory a page of large jobs takes, and one tenant
+/// paging megabytes of inputs waits for its own loads, not another tenant's small
+/// page. Tenants are few and made by the admin, so the map stays small.
+#[derive(Default)]
+pub struct PayloadGate(
+    std::sync::Mutex<std::collections::HashMap<Uuid, Arc<tokio::sync::Semaphore>>>,
+);
 
-/// Payloads one process loads at once for pages of jobs.
+/// Payloads one tenant loads at once in one process for pages of jobs.
 const CONCURRENT_PAYLOAD_LOADS: usize = 4;
 
-impl Default for PayloadGate {
-    fn default() -> Self {
-        Self(tokio::sync::Semaphore::new(CONCURRENT_PAYLOAD_LOADS))
+impl PayloadGate {
+    fn of(&self, tenant_id: Uuid) -> Arc<tokio::sync::Semaphore> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(tenant_id)
+            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(CONCURRENT_PAYLOAD_LOADS)))
+            .clone()
     }
 }
 
@@ -58,8 +69,8 @@ impl Job {
         };
         let loaded = cell
             .get_or_try_init(|| async {
-                let gate = context.data_unchecked::<PayloadGate>();
-                let _permit = gate.0.acquire().await.expect("the gate is never closed");
+                let gate = context.data_unchecked::<PayloadGate>().of(self.0.tenant_id);
+                let _permit = gate.acquire().await.expect("the gate is never closed");
                 let db = &context.data_unchecked::<crate::startup::App>().db;
                 crate::jobs::service::job_payloads(db, self.0.tenant_id, self.0.id).await
             })

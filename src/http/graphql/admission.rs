@@ -11,7 +11,7 @@ use crate::http::limits::{ClientAddress, RequestOwner, RequestSlot, SLOT_WAIT};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A request that passed authentication and holds one of its principal's slots.
 pub(super) struct Admitted {
@@ -53,15 +53,21 @@ pub(in crate::http) async fn authenticate_client(
     media_type: &'static str,
 ) -> Result<Option<Identity>, Response> {
     let presented = headers.get(header::AUTHORIZATION);
-    if presented.is_some()
-        && let Err(retry_after) = state.limits.auth_failures.check(client, Instant::now())
-    {
-        return Err(too_many_requests(
-            media_type,
-            retry_after,
-            "too many failed authentications from this address",
-        ));
-    }
+    // The reservation is taken before the lookup, so that keys presented together
+    // are not all looked up before the first refusals are counted.
+    let attempt = match presented {
+        Some(_) => match state.limits.auth_failures.reserve(client, SLOT_WAIT).await {
+            Ok(attempt) => Some(attempt),
+            Err(retry_after) => {
+                return Err(too_many_requests(
+                    media_type,
+                    retry_after,
+                    "too many failed authentications from this address",
+                ));
+            }
+        },
+        None => None,
+    };
     let principal = match credential(presented) {
         Ok(credential) => identify(&state.app, credential).await,
         Err(error) => Err(error),
@@ -69,10 +75,9 @@ pub(in crate::http) async fn authenticate_client(
     match principal {
         Ok(principal) => Ok(principal),
         Err(error @ (AuthError::Malformed | AuthError::UnknownKey)) => {
-            state
-                .limits
-                .auth_failures
-                .record_failure(client, Instant::now());
+            if let Some(attempt) = attempt {
+                attempt.failed();
+            }
             let mut response = coded_error(
                 media_type,
                 StatusCode::UNAUTHORIZED,

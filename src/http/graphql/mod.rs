@@ -163,8 +163,8 @@ async fn execute(
         Some(_) => QueryBudget::AUTHENTICATED,
         None => QueryBudget::ANONYMOUS,
     };
-    // The schema's `CostLimits` check the text and the document of every request; the
-    // text is checked here as well because the document is parsed here, early, to see
+    // The schema's `CostLimits` check the text and the document of every request; both
+    // are checked here as well because the document is parsed here, early, to see
     // which operation it runs.
     if let Err(error) = cost::check_text(&request.query, &budget) {
         return too_complex(media_type, &error);
@@ -173,7 +173,12 @@ async fn execute(
     // Execution reuses this document (the cost hook measures a parse of its own).
     let operation_type = match request.parsed_query() {
         Err(error) => return not_executed(media_type, vec![error]),
-        Ok(document) => selected_operation(document, operation_name.as_deref()),
+        // Measured here too, so that a refused document (an alias flood of schema
+        // dumps from keyless clients) costs one parse, not the schema's three.
+        Ok(document) => match cost::check_document(document, &budget) {
+            Err(error) => return too_complex(media_type, &error),
+            Ok(_) => selected_operation(document, operation_name.as_deref()),
+        },
     };
     match operation_type {
         // GET must not change anything, whatever else the document holds.

@@ -47,6 +47,7 @@ pub(super) async fn forward_deltas(
             let notice = EventNotice {
                 kind: EventKind::OutputDelta,
                 delta: Some(piece.to_owned()),
+                stored: None,
                 ..started.clone()
             };
             relay::broadcast(&db, &bus, notice).await;

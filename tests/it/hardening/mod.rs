@@ -1,13 +1,17 @@
 //! The public API under hostile or careless clients: documents that cost more than
 //! they look (fragment bombs, alias floods, big pages multiplied), responses too
 //! large to build, sockets left half open, bodies that are not GraphQL requests, key
-//! guessing, and one tenant flooding its own requests. Each scenario was reproduced
-//! against the release binary before its fix.
+//! guessing, one tenant flooding its own requests, subscribe floods, keyless sockets,
+//! fan-out bursts and introspection floods. Each scenario was reproduced against the
+//! release binary before its fix.
 
+mod bystanders;
+mod cheap_refusals;
 mod client_limits;
 mod connections;
 mod documents;
 mod protocol;
+mod sockets;
 
 use crate::helpers::TestApp;
 use reqwest::StatusCode;
@@ -15,6 +19,10 @@ use serde_json::{Value, json};
 use std::time::Duration;
 
 const GRAPHQL_RESPONSE_JSON: &str = "application/graphql-response+json";
+
+/// Held by each test that loads the server on purpose and measures latency under it:
+/// two of them at once on a 2-core box would measure each other.
+static LOAD_TEST: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 impl TestApp {
     /// POSTs `query` asking for `application/graphql-response+json`; the status and

@@ -1,13 +1,18 @@
 //! GraphQL subscriptions over WebSocket, with the API key in `connection_init`.
 //!
 //! async-graphql speaks the protocols; this module owns the socket around them: it
-//! caps message sizes before anyone is authenticated, pings idle connections and drops
-//! dead ones, gives a client a few seconds to authenticate, and closes a connection
-//! with 4403 when its key is refused or revoked.
+//! caps message sizes before anyone is authenticated, counts the subscriptions a
+//! client starts before async-graphql reads them (see `ledger`), pings idle
+//! connections and drops dead ones, gives a client a few seconds to authenticate, and
+//! closes a connection with 4401 when `connection_init` carries no key (an anonymous
+//! connection has nothing to subscribe to) and with 4403 when its key is refused or
+//! revoked.
+
+mod ledger;
 
 use super::HttpState;
 use super::auth::{AuthError, identify};
-use super::limits::{ClientAddress, MAX_SOCKETS_PER_ADDRESS};
+use super::limits::{ClientAddress, MAX_SOCKETS_PER_ADDRESS, SLOT_WAIT};
 use crate::accounts::api_keys;
 use crate::graphql::ConnectionSubscriptions;
 use crate::graphql::cost::StreamingTransport;
@@ -18,6 +23,7 @@ use axum::extract::{ConnectInfo, State, WebSocketUpgrade};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::{SinkExt, StreamExt};
+use ledger::SubscriptionLedger;
 use std::net::SocketAddr;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,9 +42,12 @@ const SILENCE_LIMIT: Duration = Duration::from_secs(45);
 /// How long a client has to send `connection_init`.
 const INIT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// `connection_init` carried no key.
+const CLOSE_UNAUTHORIZED: u16 = 4401;
 /// graphql-transport-ws: the key was refused or revoked.
 const CLOSE_FORBIDDEN: u16 = 4403;
-/// Too many failed authentications from this address.
+/// Too many failed authentications from this address, or too many subscriptions
+/// started at once on this connection.
 const CLOSE_TOO_MANY: u16 = 4429;
 /// graphql-transport-ws: no `connection_init` in time.
 const CLOSE_INIT_TIMEOUT: u16 = 4408;
@@ -98,8 +107,9 @@ struct Handshake {
     key: OnceLock<Option<Uuid>>,
     /// The close code of a refused `connection_init`.
     refused: OnceLock<u16>,
-    /// Why reading the socket failed, once it did.
-    read_error: OnceLock<u16>,
+    /// Why the server stopped reading the socket, once it did: the close code and
+    /// reason.
+    read_error: OnceLock<(u16, &'static str)>,
 }
 
 async fn serve(
@@ -115,6 +125,9 @@ async fn serve(
 
     let heard = heard_at_millis.clone();
     let failed = handshake.clone();
+    let overflowed = handshake.clone();
+    let ledger = Arc::new(SubscriptionLedger::default());
+    let counted = ledger.clone();
     let input = stream
         .take_while(move |frame| {
             if let Err(error) = frame {
@@ -125,7 +138,9 @@ async fn serve(
                 } else {
                     CLOSE_PROTOCOL_ERROR
                 };
-                let _ = failed.read_error.set(code);
+                let _ = failed
+                    .read_error
+                    .set((code, "the message could not be read"));
             }
             std::future::ready(frame.is_ok())
         })
@@ -136,6 +151,18 @@ async fn serve(
                 Ok(message @ (Message::Text(_) | Message::Binary(_))) => Some(message.into_data()),
                 _ => None,
             })
+        })
+        // Counted before async-graphql reads it: past the bounds the stream ends, and
+        // the connection is closed, before anything more is read into memory.
+        .take_while(move |message| {
+            let admitted = counted.received(message);
+            if let Err(overflow) = admitted {
+                tracing::warn!(reason = overflow.reason(), "closing a WebSocket connection");
+                let _ = overflowed
+                    .read_error
+                    .set((CLOSE_TOO_MANY, overflow.reason()));
+            }
+            std::future::ready(admitted.is_ok())
         });
     let mut connection_data = Data::default();
     connection_data.insert(ConnectionSubscriptions::default());
@@ -149,27 +176,37 @@ async fn serve(
             let credential = payload
                 .get("authorization")
                 .or_else(|| payload.get("Authorization"))
-                .and_then(|value| value.as_str());
+                .and_then(|value| value.as_str())
+                .filter(|credential| !credential.trim().is_empty());
             let mut data = Data::default();
+            // An anonymous connection could subscribe to nothing: it is not kept.
+            let Some(credential) = credential else {
+                let _ = established.refused.set(CLOSE_UNAUTHORIZED);
+                return Err(async_graphql::Error::new(
+                    "connection_init must carry {\"authorization\": \"Bearer <key>\"}",
+                ));
+            };
             // The same throttle as HTTP: an address that keeps presenting bad keys is
             // turned away without a database query.
-            if credential.is_some() && limits.auth_failures.check(client, Instant::now()).is_err() {
+            let Ok(attempt) = limits.auth_failures.reserve(client, SLOT_WAIT).await else {
                 let _ = established.refused.set(CLOSE_TOO_MANY);
                 return Err(async_graphql::Error::new(
                     "too many failed authentications from this address",
                 ));
-            }
-            match identify(&app, credential).await {
+            };
+            match identify(&app, Some(credential)).await {
                 Ok(Some(identity)) => {
                     data.insert(identity.principal);
                     let _ = established.key.set(identity.key_id);
                 }
+                // Not reached: the credential is not blank.
                 Ok(None) => {
-                    let _ = established.key.set(None);
+                    let _ = established.refused.set(CLOSE_UNAUTHORIZED);
+                    return Err(async_graphql::Error::new("no key was presented"));
                 }
                 Err(error) => {
                     if !matches!(error, AuthError::Database(_)) {
-                        limits.auth_failures.record_failure(client, Instant::now());
+                        attempt.failed();
                     }
                     let _ = established.refused.set(CLOSE_FORBIDDEN);
                     return Err(async_graphql::Error::new(error.to_string()));
@@ -188,6 +225,7 @@ async fn serve(
         tokio::select! {
             message = graphql.next() => match message {
                 Some(WsMessage::Text(text)) => {
+                    ledger.sent(&text);
                     if sink.send(Message::Text(text.into())).await.is_err() {
                         return;
                     }
@@ -197,10 +235,12 @@ async fn serve(
                     let code = handshake.refused.get().copied().unwrap_or(code);
                     break Some((code, reason));
                 }
+                // The legacy protocol refuses a handshake with a message, then ends.
                 None => break handshake
                     .read_error
                     .get()
-                    .map(|&code| (code, "the message could not be read".to_owned())),
+                    .map(|&(code, reason)| (code, reason.to_owned()))
+                    .or_else(|| handshake.refused.get().map(|&code| (code, "connection_init was refused".to_owned()))),
             },
             _ = &mut init_deadline, if key.is_none() => {
                 break Some((CLOSE_INIT_TIMEOUT, "Connection initialisation timeout".to_owned()));
