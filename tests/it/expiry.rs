@@ -184,10 +184,8 @@ async fn expiry_leaves_held_credit_intact_and_the_audit_clean(backend: Backend) 
         .operation(Some(&tenant.key), "CancelJob", json!({"id": job}))
         .await;
     assert_eq!(cancelled["data"]["cancelJob"]["status"], "CANCELLED");
-    assert_eq!(
-        as_decimal(sweep_at(&app, expires_at + chrono::Duration::seconds(2)).await),
-        held
-    );
+    // Due at once: the app's own sweep may have carried it out before this one.
+    sweep_at(&app, expires_at + chrono::Duration::seconds(2)).await;
     assert_eq!(
         balance(&app, &tenant).await,
         [
@@ -230,11 +228,9 @@ async fn a_held_jobs_charge_comes_out_of_the_expiring_grant(backend: Backend) {
     assert_eq!(job["status"], "SUCCEEDED", "{job}");
     drop(workers);
     let charge = decimal(&job["charge"]["amount"]);
-    // What the hold released expires now; the lasting grant is still whole.
-    assert_eq!(
-        as_decimal(sweep_at(&app, expires_at + chrono::Duration::seconds(1)).await),
-        held - charge
-    );
+    // What the hold released expires now (the settlement made it due at once, so the
+    // app's own sweep may have carried it out already); the lasting grant is whole.
+    sweep_at(&app, expires_at + chrono::Duration::seconds(1)).await;
     let [.., expired, available] = balance(&app, &tenant).await;
     assert_eq!((expired, available), (Decimal::ONE - charge, Decimal::ONE));
     let lasting = grant_row(&app, &lasting["id"]).await;
