@@ -64,11 +64,13 @@ async fn wait_for_calls(app: &TestApp, count: usize, limit: Duration) {
     }
 }
 
-/// Twenty answers arrive while the database takes no writes for 8 s (read-only after
-/// a failover, every connection cut): each is kept with its exact usage and recorded
-/// once the database takes writes again — twenty jobs succeeded on twenty billed
-/// calls. (Read-only was a permanent refusal: 19 of 20 answers were dropped and bought
-/// again.)
+/// Twenty answers arrive at two worker processes while the database takes no writes
+/// for 8 s, longer than a lease (read-only after a failover, every connection cut):
+/// each is kept with its exact usage and recorded once the database takes writes
+/// again, and neither process takes back the other's jobs whose leases lapsed in the
+/// meantime — twenty jobs succeeded on twenty billed calls. (Read-only was a
+/// permanent refusal: 19 of 20 answers were dropped and bought again; and then, with
+/// two processes, each took back the other's jobs as soon as writes passed.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn paid_answers_survive_a_database_that_refuses_writes() {
     let Some(backend @ Backend::Postgres(_)) = Backend::postgres() else {
@@ -78,8 +80,9 @@ async fn paid_answers_survive_a_database_that_refuses_writes() {
         unreachable!()
     };
     let mut settings = test_worker_settings();
-    settings.concurrency = 20;
-    let app = spawn_app_with(backend, AppOptions::workers(settings)).await;
+    settings.concurrency = 10;
+    let app = spawn_app_with(backend, AppOptions::workers(settings.clone())).await;
+    let _other = app.another_process(AppOptions::workers(settings)).await;
     let tenant = app.funded_tenant("acme", "100").await;
     let mut ids = Vec::new();
     for n in 0..20 {

@@ -162,11 +162,22 @@ impl Worker {
         // Sweeping is a query of its own: once per poll interval is often enough,
         // however busy the claiming gets.
         let mut last_sweep: Option<Instant> = None;
+        // When the database last refused this process a write that may pass (a
+        // failover, a lost connection). Leases lapse in the rows while nobody can renew
+        // them, but their attempts may be alive in other processes, holding answers
+        // they will record once writes pass: leases are judged again only a whole
+        // lease after the database came back, time enough for every owner to renew.
+        let mut refused_at: Option<Instant> = None;
         let mut cursor = TenantCursor::default();
         while !shutdown.is_cancelled() {
-            if last_sweep.is_none_or(|at| at.elapsed() >= settings.poll_interval) {
+            let refused_lately = refused_at.is_some_and(|at| at.elapsed() < settings.lease);
+            if !refused_lately && last_sweep.is_none_or(|at| at.elapsed() >= settings.poll_interval)
+            {
                 last_sweep = Some(Instant::now());
                 if let Err(error) = self.take_back_expired_leases().await {
+                    if crate::db::is_transient(&error) {
+                        refused_at = Some(Instant::now());
+                    }
                     tracing::error!(error = %error, "sweeping expired leases failed");
                 }
             }
@@ -185,6 +196,9 @@ impl Worker {
                     claims
                 }
                 Err(error) => {
+                    if crate::db::is_transient(&error) {
+                        refused_at = Some(Instant::now());
+                    }
                     tracing::error!(error = %error, "claiming jobs failed");
                     Vec::new()
                 }
