@@ -175,69 +175,74 @@ async fn a_worker_whose_clock_runs_ahead_takes_back_no_running_job() {
     assert_billing_invariants(&app.app.db).await;
 }
 
-/// A process frozen inside tenant A's transaction holds A's row: tenant B's jobs, run
-/// by the same workers in the same groups of finishes, still finish in seconds, and
-/// A's once the row is free. (A group of finishes mixed tenants and waited for A's
-/// row: B finished 1 of 100 jobs in 12 s.)
+/// A process frozen inside tenant A's transaction holds A's row — or the row of one of
+/// A's running jobs, or of its hold: tenant B's jobs, run by the same workers in the
+/// same groups of finishes, still finish in seconds, and A's once the row is free. (A
+/// group of finishes mixed tenants and waited for A's row: B finished 1 of 100 jobs in
+/// 12 s; with only tenant rows looked at, a held job or hold row still stalled B.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_held_tenant_row_does_not_stall_another_tenants_finishes() {
+async fn a_held_row_of_one_tenant_does_not_stall_another_tenants_finishes() {
     let Some(backend @ Backend::Postgres(_)) = Backend::postgres() else {
         return;
     };
     let mut settings = test_worker_settings();
     settings.concurrency = 16;
     let app = spawn_app_with(backend, AppOptions::workers(settings)).await;
-    let a = app.funded_tenant("a", "100").await;
-    let b = app.funded_tenant("b", "100").await;
-    let mut a_jobs = Vec::new();
-    for n in 0..4 {
-        a_jobs.push(
-            app.create_job_ok(&a, delayed_job(&format!("a-{n}"), 1_500))
-                .await,
+    for held in ["tenant", "job", "hold"] {
+        let a = app.funded_tenant(&format!("a-{held}"), "100").await;
+        let b = app.funded_tenant(&format!("b-{held}"), "100").await;
+        let mut a_jobs = Vec::new();
+        for n in 0..4 {
+            a_jobs.push(
+                app.create_job_ok(&a, delayed_job(&format!("a-{held}-{n}"), 1_500))
+                    .await,
+            );
+        }
+        // The frozen process: a transaction holding one of A's rows.
+        let lock = match held {
+            "tenant" => format!("SELECT id FROM tenants WHERE id = '{}' FOR UPDATE", a.id),
+            "job" => format!("SELECT id FROM jobs WHERE id = '{}' FOR UPDATE", a_jobs[0]),
+            _ => format!(
+                "SELECT id FROM credit_reservations WHERE job_id = '{}' FOR UPDATE",
+                a_jobs[0]
+            ),
+        };
+        let frozen = Database::connect(&app.database_url()).await.unwrap();
+        let transaction = sea_orm::TransactionTrait::begin(&frozen).await.unwrap();
+        transaction.execute_unprepared(&lock).await.unwrap();
+        // A's calls answer meanwhile, and the finish of the held one waits for the row.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let held_at = Instant::now();
+        let mut b_jobs = Vec::new();
+        for n in 0..40 {
+            b_jobs.push(
+                app.create_job_ok(&b, delayed_job(&format!("b-{held}-{n}"), 100))
+                    .await,
+            );
+        }
+        for id in &b_jobs {
+            let job = app
+                .wait_until_finished(&b, *id, Duration::from_secs(20))
+                .await;
+            assert_eq!(job["status"], "SUCCEEDED", "{held}: {job}");
+        }
+        let b_done = held_at.elapsed();
+        let a_waiting = app.job(&a, a_jobs[0]).await;
+        transaction.rollback().await.unwrap();
+        assert!(
+            b_done < Duration::from_secs(8),
+            "{held}: tenant B's 40 jobs took {b_done:?} behind A's held row"
         );
-    }
-    // The frozen process: a transaction holding A's row.
-    let frozen = Database::connect(&app.database_url()).await.unwrap();
-    let transaction = sea_orm::TransactionTrait::begin(&frozen).await.unwrap();
-    transaction
-        .execute_unprepared(&format!(
-            "SELECT id FROM tenants WHERE id = '{}' FOR UPDATE",
-            a.id
-        ))
-        .await
-        .unwrap();
-    // A's calls answer meanwhile, and their finishes wait for the row.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let held_at = Instant::now();
-    let mut b_jobs = Vec::new();
-    for n in 0..40 {
-        b_jobs.push(
-            app.create_job_ok(&b, delayed_job(&format!("b-{n}"), 100))
-                .await,
+        assert_eq!(
+            a_waiting["status"], "RUNNING",
+            "{held}: A's finish waits for its row"
         );
-    }
-    for id in &b_jobs {
-        let job = app
-            .wait_until_finished(&b, *id, Duration::from_secs(20))
-            .await;
-        assert_eq!(job["status"], "SUCCEEDED", "{job}");
-    }
-    let b_done = held_at.elapsed();
-    let a_waiting = app.job(&a, a_jobs[0]).await;
-    transaction.rollback().await.unwrap();
-    assert!(
-        b_done < Duration::from_secs(8),
-        "tenant B's 40 jobs took {b_done:?} behind A's held row"
-    );
-    assert_eq!(
-        a_waiting["status"], "RUNNING",
-        "A's finish waits for its row"
-    );
-    for id in &a_jobs {
-        let job = app
-            .wait_until_finished(&a, *id, Duration::from_secs(30))
-            .await;
-        assert_eq!(job["status"], "SUCCEEDED", "{job}");
+        for id in &a_jobs {
+            let job = app
+                .wait_until_finished(&a, *id, Duration::from_secs(30))
+                .await;
+            assert_eq!(job["status"], "SUCCEEDED", "{held}: {job}");
+        }
     }
     assert_billing_invariants(&app.app.db).await;
 }

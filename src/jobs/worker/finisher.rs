@@ -3,11 +3,11 @@
 //! few statements for all of them instead of a dozen statements each. A lone attempt
 //! is written at once, so a quiet worker gains nothing and loses nothing.
 //!
-//! A group mixes tenants, and a finish writes its tenant's row. On PostgreSQL a
-//! tenant whose row another transaction holds (a process frozen mid-transaction holds
-//! it until the idle timeout) is set aside before the group is written: its attempts
-//! go to a lane of their own that waits for the row, so one held row delays only its
-//! own tenant's finishes.
+//! A group mixes tenants, and a finish writes its tenant's row, its job's and its
+//! hold's. On PostgreSQL a tenant one of whose rows in the group another transaction
+//! holds (a process frozen mid-transaction holds it until the idle timeout) is set
+//! aside before the group is written: its attempts go to a lane of their own that
+//! waits for the row, so one held row delays only its own tenant's finishes.
 
 use crate::jobs::bus::EventNotice;
 use crate::jobs::queue::{self, AttemptEnd};
@@ -104,43 +104,81 @@ async fn write(db: &DatabaseConnection, group: Vec<Request>) {
     }
 }
 
-/// The group's tenants whose rows another transaction holds right now (PostgreSQL;
+/// The tenants of the group to set aside: those whose own row, or the row of one of
+/// their jobs or holds in the group, another transaction holds right now (PostgreSQL;
 /// SQLite has one writer at a time and nothing to skip). Asking is one statement that
 /// locks nothing beyond itself; if it fails, nothing is set aside.
 async fn held_elsewhere(db: &DatabaseConnection, group: &[Request]) -> HashSet<Uuid> {
     if db.get_database_backend() != DbBackend::Postgres {
         return HashSet::new();
     }
-    let tenants: HashSet<Uuid> = group
-        .iter()
-        .map(|(end, _)| end.claim.job.tenant_id)
-        .collect();
-    let free = free_tenants(db, &tenants).await;
-    match free {
-        Ok(free) => tenants.difference(&free).copied().collect(),
+    match free_rows(db, group).await {
+        Ok(free) => group
+            .iter()
+            .map(|(end, _)| &end.claim.job)
+            .filter(|job| {
+                !free.contains(&(RowKind::Tenant, job.tenant_id))
+                    || !free.contains(&(RowKind::Job, job.id))
+                    || !free.contains(&(RowKind::Hold, job.id))
+            })
+            .map(|job| job.tenant_id)
+            .collect(),
         Err(error) => {
-            tracing::warn!(error = %error, "could not tell which tenants are held; writing the group as it is");
+            tracing::warn!(error = %error, "could not tell which rows are held; writing the group as it is");
             HashSet::new()
         }
     }
 }
 
-async fn free_tenants(
+/// The rows a finish writes that may be held by another transaction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum RowKind {
+    Tenant,
+    Job,
+    /// A job's hold (`credit_reservations`, by job id).
+    Hold,
+}
+
+/// The group's tenant, job and hold rows that nobody holds, locked for the statement
+/// only.
+async fn free_rows(
     db: &DatabaseConnection,
-    tenants: &HashSet<Uuid>,
-) -> Result<HashSet<Uuid>, DbErr> {
-    let ids: Vec<String> = tenants.iter().map(Uuid::to_string).collect();
+    group: &[Request],
+) -> Result<HashSet<(RowKind, Uuid)>, DbErr> {
+    let array = |ids: Vec<Uuid>| {
+        sea_orm::Value::Array(
+            sea_orm::sea_query::ArrayType::String,
+            Some(Box::new(
+                ids.iter().map(|id| id.to_string().into()).collect(),
+            )),
+        )
+    };
+    let tenants: HashSet<Uuid> = group
+        .iter()
+        .map(|(end, _)| end.claim.job.tenant_id)
+        .collect();
+    let jobs: Vec<Uuid> = group.iter().map(|(end, _)| end.claim.job.id).collect();
     let statement = Statement::from_sql_and_values(
         DbBackend::Postgres,
-        "SELECT id FROM tenants WHERE id = ANY($1::uuid[]) FOR NO KEY UPDATE SKIP LOCKED",
-        [sea_orm::Value::Array(
-            sea_orm::sea_query::ArrayType::String,
-            Some(Box::new(ids.into_iter().map(Into::into).collect())),
-        )],
+        "WITH t AS (SELECT id FROM tenants WHERE id = ANY($1::uuid[])
+                    FOR NO KEY UPDATE SKIP LOCKED),
+              j AS (SELECT id FROM jobs WHERE id = ANY($2::uuid[])
+                    FOR NO KEY UPDATE SKIP LOCKED),
+              h AS (SELECT job_id AS id FROM credit_reservations WHERE job_id = ANY($2::uuid[])
+                    FOR NO KEY UPDATE SKIP LOCKED)
+         SELECT 0 AS kind, id FROM t
+         UNION ALL SELECT 1, id FROM j
+         UNION ALL SELECT 2, id FROM h",
+        [array(tenants.into_iter().collect()), array(jobs)],
     );
     let mut free = HashSet::new();
     for row in db.query_all_raw(statement).await? {
-        free.insert(row.try_get_by_index::<Uuid>(0)?);
+        let kind = match row.try_get_by_index::<i32>(0)? {
+            0 => RowKind::Tenant,
+            1 => RowKind::Job,
+            _ => RowKind::Hold,
+        };
+        free.insert((kind, row.try_get_by_index::<Uuid>(1)?));
     }
     Ok(free)
 }
