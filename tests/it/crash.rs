@@ -35,13 +35,7 @@ async fn a_killed_worker_loses_no_job_and_no_cent() {
         .build()
         .unwrap();
 
-    let mock = free_address();
-    processes.spawn(
-        "mock-llm",
-        &["mock-llm", "--listen", &mock.to_string()],
-        &[],
-    );
-    wait_for_http(&http, &format!("http://{mock}/_mock/calls"), &mut processes).await;
+    let mock = processes.start_simulator(&http).await;
 
     let openai_base_url = format!("http://{mock}/v1");
     let provider_env = [
@@ -282,13 +276,7 @@ async fn three_sigterms_during_a_long_call_do_not_fail_the_job() {
         .timeout(Duration::from_secs(10))
         .build()
         .unwrap();
-    let mock = free_address();
-    processes.spawn(
-        "mock-llm",
-        &["mock-llm", "--listen", &mock.to_string()],
-        &[],
-    );
-    wait_for_http(&http, &format!("http://{mock}/_mock/calls"), &mut processes).await;
+    let mock = processes.start_simulator(&http).await;
     let openai_base_url = format!("http://{mock}/v1");
     let provider_env = [
         ("OPENAI_BASE_URL", openai_base_url.as_str()),
@@ -481,6 +469,19 @@ impl Processes {
             directory: tempfile::tempdir().unwrap(),
             children: Vec::new(),
         }
+    }
+
+    /// Starts `jobledger mock-llm` on a free port and waits until it answers; returns
+    /// its address.
+    async fn start_simulator(&mut self, http: &reqwest::Client) -> SocketAddr {
+        let mock = free_address();
+        self.spawn(
+            "mock-llm",
+            &["mock-llm", "--listen", &mock.to_string()],
+            &[],
+        );
+        wait_for_http(http, &format!("http://{mock}/_mock/calls"), self).await;
+        mock
     }
 
     /// Starts `jobledger args…` with `env`; returns its index.
