@@ -126,8 +126,20 @@ async fn a_worker_whose_clock_runs_ahead_takes_back_no_running_job() {
     let app = spawn_app_with(backend, AppOptions::workers(settings)).await;
     let tenant = app.funded_tenant("acme", "100").await;
     let log = tempfile::NamedTempFile::new().unwrap();
-    let _skewed = tokio::process::Command::new("faketime")
-        .args(["-f", "+45s", env!("CARGO_BIN_EXE_jobledger"), "worker"])
+    // The library itself, not the `faketime` command: that forks, and killing it
+    // would leave the worker running after the test.
+    let library = std::fs::read_dir("/usr/lib")
+        .unwrap()
+        .filter_map(|entry| {
+            let path = entry.ok()?.path().join("faketime/libfaketimeMT.so.1");
+            path.exists().then_some(path)
+        })
+        .next()
+        .expect("Debian's faketime (apt-get install faketime)");
+    let _skewed = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobledger"))
+        .arg("worker")
+        .env("LD_PRELOAD", &library)
+        .env("FAKETIME", "+45s")
         .args(["--database-url", &app.database_url()])
         .args(["--workers", "2", "--lease-seconds", "3"])
         .env("OPENAI_BASE_URL", app.simulator_url())
@@ -140,7 +152,7 @@ async fn a_worker_whose_clock_runs_ahead_takes_back_no_running_job() {
         .stderr(log.reopen().unwrap())
         .kill_on_drop(true)
         .spawn()
-        .expect("faketime runs (apt-get install faketime)");
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while !std::fs::read_to_string(log.path())
         .unwrap_or_default()
