@@ -1,5 +1,7 @@
 //! Connecting to the database and the transaction rules both backends share.
 
+pub mod bulk;
+
 use entity::Timestamp;
 use migration::{Migrator, MigratorTrait};
 use sea_orm::sqlx::postgres::PgConnectOptions;

@@ -48,6 +48,10 @@ pub struct Model {
     /// When retention replaced the input and result with nothing and deleted the
     /// events before the terminal one; `None` while they are kept.
     pub payloads_pruned_at: Option<Timestamp>,
+    /// The batch the job is an item of, if any.
+    pub batch_id: Option<Uuid>,
+    /// The item's name within its batch, unique there.
+    pub custom_id: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

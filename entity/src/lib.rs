@@ -10,6 +10,7 @@
 pub mod api_keys;
 pub mod attempt_reconciliations;
 pub mod attempts;
+pub mod batches;
 pub mod charges;
 pub mod credit_grants;
 pub mod credit_reservations;
@@ -30,6 +31,6 @@ pub mod webhooks;
 pub use json_text::JsonText;
 pub use timestamp::Timestamp;
 pub use values::{
-    ApiKeyRole, AttemptOutcome, EventKind, JobStatus, LedgerEntryKind, ReservationStatus,
-    WebhookDeliveryStatus,
+    ApiKeyRole, AttemptOutcome, BatchMode, BatchStatus, EventKind, JobStatus, LedgerEntryKind,
+    ReservationStatus, WebhookDeliveryStatus,
 };

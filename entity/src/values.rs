@@ -28,6 +28,37 @@ impl JobStatus {
     }
 }
 
+/// How a batch's items are run.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum, Serialize, Deserialize,
+)]
+#[sea_orm(rs_type = "String", db_type = "String(StringLen::None)")]
+pub enum BatchMode {
+    /// Each item is an ordinary job, queued as soon as it is added.
+    #[sea_orm(string_value = "realtime")]
+    Realtime,
+    /// The items go through the provider's batch API at its batch price.
+    #[sea_orm(string_value = "provider_batch")]
+    ProviderBatch,
+}
+
+/// Where a batch is in its life.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum, Serialize, Deserialize,
+)]
+#[sea_orm(rs_type = "String", db_type = "String(StringLen::None)")]
+pub enum BatchStatus {
+    /// Takes items.
+    #[sea_orm(string_value = "open")]
+    Open,
+    /// Takes no more items; some are not finished.
+    #[sea_orm(string_value = "closed")]
+    Closed,
+    /// Closed, and every item finished.
+    #[sea_orm(string_value = "finished")]
+    Finished,
+}
+
 /// How one attempt ended (or `Running` while it has not).
 #[derive(
     Clone, Copy, Debug, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum, Serialize, Deserialize,

@@ -21,6 +21,7 @@ mod m20261130_000013_credit_expiry;
 mod m20261201_000001_api_keys_tenant_index;
 mod m20261201_000002_hold_backings;
 mod m20261201_000003_absorbed_exposure;
+mod m20261201_000004_batches;
 
 /// Applies jobledger's migrations in order.
 pub struct Migrator;
@@ -45,6 +46,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000001_api_keys_tenant_index::Migration),
             Box::new(m20261201_000002_hold_backings::Migration),
             Box::new(m20261201_000003_absorbed_exposure::Migration),
+            Box::new(m20261201_000004_batches::Migration),
         ]
     }
 }

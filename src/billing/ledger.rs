@@ -5,6 +5,7 @@
 //! ledger always equals the cached balance. Callers pass the transaction in.
 
 use super::Credits;
+use crate::db::bulk::{self, OnConflict};
 use crate::db::{Parameters, WriteTransaction, begin_write};
 use crate::error::ServiceError;
 use entity::{
@@ -227,6 +228,69 @@ pub async fn hold(
         [(LedgerEntryKind::Hold, amount)],
     )
     .await?;
+    take_held(transaction, tenant_id, amount, now).await?;
+    Ok(reservation)
+}
+
+/// [`hold`] for many jobs of one tenant at once, all or nothing: every reservation and
+/// ledger entry in one statement each, and one conditional UPDATE of the tenant's row
+/// for their sum. A refusal names the sum and must roll the caller's transaction back.
+pub async fn hold_many(
+    transaction: &WriteTransaction,
+    tenant_id: Uuid,
+    holds: &[(Uuid, Credits)],
+) -> Result<Credits, ServiceError> {
+    let total = holds
+        .iter()
+        .try_fold(Credits::ZERO, |total, (_, amount)| {
+            total.checked_add(*amount)
+        })
+        .ok_or_else(|| {
+            ServiceError::validation("the holds of these jobs exceed the largest amount stored")
+        })?;
+    let now = Timestamp::now();
+    let reservations = holds
+        .iter()
+        .map(|(job_id, amount)| credit_reservations::ActiveModel {
+            id: Set(Uuid::now_v7()),
+            job_id: Set(*job_id),
+            tenant_id: Set(tenant_id),
+            amount_nanos: Set(amount.nanos()),
+            status: Set(ReservationStatus::Held),
+            settled_amount_nanos: Set(0),
+            released_amount_nanos: Set(0),
+            created_at: Set(now),
+            resolved_at: Set(None),
+            backed_nanos: Set(0),
+            absorbed_nanos: Set(0),
+        });
+    bulk::insert(transaction, reservations.collect(), OnConflict::Fail).await?;
+    let entries = holds.iter().map(|(job_id, amount)| {
+        entry(
+            tenant_id,
+            (Some(*job_id), None),
+            LedgerEntryKind::Hold,
+            *amount,
+            now,
+        )
+    });
+    bulk::insert(transaction, entries.collect(), OnConflict::Fail).await?;
+    take_held(transaction, tenant_id, total, now).await?;
+    Ok(total)
+}
+
+/// Adds `amount` to the tenant's held credits when its available balance covers it —
+/// one conditional UPDATE, the last statement of a hold — or refuses.
+///
+/// Credit past its grant's expiry is never held: when the tenant has an expiry due
+/// that the sweep has not carried out yet, this carries it out first (under the
+/// tenant's lock) and tries once more.
+async fn take_held(
+    transaction: &WriteTransaction,
+    tenant_id: Uuid,
+    amount: Credits,
+    now: Timestamp,
+) -> Result<(), ServiceError> {
     let take_hold = |expiry_due: Condition| {
         tenants::Entity::update_many()
             .col_expr(
@@ -242,7 +306,7 @@ pub async fn hold(
         .add(tenants::Column::NextExpiryAt.is_null())
         .add(tenants::Column::NextExpiryAt.gt(now));
     if take_hold(no_expiry_due).await?.rows_affected == 1 {
-        return Ok(reservation);
+        return Ok(());
     }
     let tenant = tenants::Entity::find_by_id(tenant_id)
         .one(transaction)
@@ -252,7 +316,7 @@ pub async fn hold(
         // Under the tenant's lock, whatever is still due after this is held credit.
         super::expiry::expire_tenant(transaction, tenant_id, now).await?;
         if take_hold(Condition::all()).await?.rows_affected == 1 {
-            return Ok(reservation);
+            return Ok(());
         }
     }
     let balance = balance(transaction, tenant_id)

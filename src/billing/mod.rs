@@ -2,6 +2,7 @@
 //! releases credits.
 
 pub mod audit;
+pub mod batch_totals;
 mod credits;
 pub mod expiry;
 pub mod ledger;

@@ -6,10 +6,11 @@
 //! since then does not change it. The customer's charge does not change: the customer
 //! pays for the accepted attempt only, and a reconciled attempt is never that one.
 
+use super::batch_totals::BatchTotals;
 use super::{Credits, ModelPrice};
 use crate::error::ServiceError;
 use crate::llm::TokenUsage;
-use entity::{AttemptOutcome, Timestamp, attempt_reconciliations, attempts, model_prices};
+use entity::{AttemptOutcome, Timestamp, attempt_reconciliations, attempts, jobs, model_prices};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, SqlErr,
@@ -177,6 +178,20 @@ pub async fn reconcile_attempt(
     else {
         return Err(already_exact());
     };
+
+    // The bound becomes the cost in the sums of the job's batch too.
+    if let Some(job) = jobs::Entity::find_by_id(attempt.job_id).one(db).await? {
+        let mut totals = BatchTotals::default();
+        totals.attempt_cost(
+            &job,
+            (
+                attempt.provider_cost_nanos,
+                attempt.provider_cost_upper_bound_nanos,
+            ),
+            (Some(cost.nanos()), None),
+        );
+        totals.apply(db).await?;
+    }
 
     let row = attempt_reconciliations::ActiveModel {
         id: Set(Uuid::now_v7()),

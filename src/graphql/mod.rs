@@ -2,6 +2,7 @@
 //! check who is asking and call the services.
 
 mod admin;
+mod batches;
 mod billing;
 pub mod cost;
 mod error;
@@ -31,6 +32,7 @@ pub use subscription::{
 #[derive(MergedObject, Default)]
 pub struct QueryRoot(
     query::JobQuery,
+    batches::BatchQuery,
     billing::BillingQuery,
     keys::KeyQuery,
     admin::AdminQuery,
@@ -41,6 +43,7 @@ pub struct QueryRoot(
 #[derive(MergedObject, Default)]
 pub struct MutationRoot(
     mutation::JobMutation,
+    batches::BatchMutation,
     keys::KeyMutation,
     limits::LimitsMutation,
     webhooks::WebhookMutation,

@@ -1,10 +1,10 @@
 //! Live job status.
 
-use super::types::JobEvent;
+use super::types::{BatchUpdate, JobEvent};
 use super::{ErrorCode, app, principal};
 use crate::error::ServiceError;
 use crate::jobs::bus::{MAX_SUBSCRIPTIONS_PER_TENANT, SubscriptionSlot};
-use crate::jobs::{events, service};
+use crate::jobs::{batches, events, service};
 use async_graphql::{Context, Subscription};
 use futures_util::{Stream, StreamExt};
 use std::sync::Arc;
@@ -47,6 +47,25 @@ impl SubscriptionRoot {
         let slots = admit(context, tenant_id)?;
         let updates = events::account_updates(app.db.clone(), &app.bus, tenant_id);
         Ok(served(updates, slots))
+    }
+
+    /// A batch's progress: its state now, then its counts and charge as they change
+    /// (at most a few updates a second, always the latest); completes after FINISHED.
+    async fn batch_updates(
+        &self,
+        context: &Context<'_>,
+        batch_id: Uuid,
+    ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<BatchUpdate>> + use<>> {
+        let tenant_id = principal(context)?.tenant_id()?;
+        let app = app(context);
+        let slots = admit(context, tenant_id)?;
+        batches::find_batch(&app.db, tenant_id, batch_id).await?;
+        let updates =
+            batches::updates::batch_updates(app.db.clone(), &app.bus, tenant_id, batch_id);
+        Ok(updates.map(move |update| {
+            let _held = &slots;
+            update.map(BatchUpdate::from).map_err(Into::into)
+        }))
     }
 }
 

@@ -22,6 +22,8 @@ pub enum WebhookEventType {
     JobCancelled,
     BalanceLow,
     SpendLimitReached,
+    /// A batch finished: every item ended.
+    BatchFinished,
 }
 
 /// Where a delivery is.

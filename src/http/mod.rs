@@ -2,6 +2,7 @@
 //! console, served with the connection timeouts of `serve`.
 
 mod auth;
+mod batches;
 mod console;
 mod graphql;
 mod health;
@@ -82,6 +83,7 @@ pub fn router(state: HttpState, metrics_elsewhere: bool) -> Router {
                 .post(sse::post)
                 .layer(DefaultBodyLimit::max(graphql::body::MAX_REQUEST_BYTES)),
         )
+        .route("/batches/{id}/results", get(batches::results))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz));
     let router = if metrics_elsewhere {

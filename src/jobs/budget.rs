@@ -13,6 +13,7 @@
 //! paid calls for it let a few deploys fail a job that never got an answer. Their cost
 //! bounds are the operator's exposure beyond the hold, bounded per job by that count.
 
+use crate::billing::batch_totals::BatchTotals;
 use crate::billing::ledger::{self, Resolution};
 use crate::billing::{Credits, limits};
 use crate::jobs::queue::ErrorCode;
@@ -175,16 +176,23 @@ pub async fn resolve_hold(
     final_attempt: Option<Uuid>,
     spent: &Spent,
 ) -> Result<(), DbErr> {
-    resolve_holds(transaction, &[(job, resolution(job, final_attempt, spent))]).await
+    resolve_holds(
+        transaction,
+        &[(job, resolution(job, final_attempt, spent))],
+        BatchTotals::default(),
+    )
+    .await
 }
 
 /// Resolves terminal jobs' holds (each with its [`resolution`]) in the caller's
 /// transaction, and writes in it what follows from each: the spend its settlement
 /// released ([`limits::release_spend`]) and its `job.*` webhook deliveries. `job` is
-/// the row after its terminal update.
+/// the row after its terminal update. Last, the batches of those jobs move by what
+/// finished, together with `progress`, the transaction's other changes to them.
 pub async fn resolve_holds(
     transaction: &impl ConnectionTrait,
     terminal: &[(&jobs::Model, Resolution)],
+    mut progress: BatchTotals,
 ) -> Result<(), DbErr> {
     let resolutions: Vec<Resolution> = terminal.iter().map(|(_, resolution)| *resolution).collect();
     let settlements = ledger::resolve_holds(transaction, &resolutions).await?;
@@ -215,6 +223,11 @@ pub async fn resolve_holds(
         })
         .collect();
     crate::webhooks::outbox::enqueue_jobs_finished(transaction, &finished).await?;
+    for ((job, _), settlement) in terminal.iter().zip(&settlements) {
+        progress.item_finished(job, settlement.as_ref());
+    }
+    // After the tenants' rows, as every writer of both.
+    progress.apply(transaction).await?;
     Ok(())
 }
 

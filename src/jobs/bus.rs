@@ -286,6 +286,12 @@ impl TopicReceiver {
             _ = self.missed.changed() => Wake::Missed,
         }
     }
+
+    /// Drops the notices queued so far: for a receiver that re-reads state whatever
+    /// woke it, they are all news of the read it is about to make.
+    pub fn skip_queued(&mut self) {
+        self.notices = self.notices.resubscribe();
+    }
 }
 
 /// Removes its topic from the hub when the topic's last receiver is gone.

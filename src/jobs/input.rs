@@ -159,80 +159,12 @@ impl NewJob {
     /// Checks every rule and returns the first broken one as a `Validation` error.
     pub fn parse(request: JobRequest) -> Result<Self, ServiceError> {
         let idempotency_key = IdempotencyKey::parse(request.idempotency_key)?;
-        let model = request.model.trim().to_owned();
-        if model.is_empty() {
-            return Err(ServiceError::validation("model must not be empty"));
-        }
-        crate::validation::single_line("model", &model)?;
-        if request.messages.is_empty() || request.messages.len() > MAX_MESSAGES {
-            return Err(ServiceError::validation(format!(
-                "messages must hold 1 to {MAX_MESSAGES} messages"
-            )));
-        }
-        let messages = request
-            .messages
-            .into_iter()
-            .map(|(role, content)| {
-                let role = Role::from_name(&role).ok_or_else(|| {
-                    ServiceError::validation(format!(
-                        "message role must be system, developer, user or assistant, not {role:?}"
-                    ))
-                })?;
-                Ok(Message { role, content })
-            })
-            .collect::<Result<Vec<_>, ServiceError>>()?;
-        if messages
-            .iter()
-            .all(|message| message.content.trim().is_empty())
-        {
-            return Err(ServiceError::validation(
-                "at least one message must have content",
-            ));
-        }
-        let content_bytes: usize = messages.iter().map(|message| message.content.len()).sum();
-        if content_bytes > MAX_CONTENT_BYTES {
-            return Err(ServiceError::validation(format!(
-                "messages hold {content_bytes} bytes; at most {MAX_CONTENT_BYTES} are accepted"
-            )));
-        }
-        let max_output_tokens = u32::try_from(request.max_output_tokens)
-            .ok()
-            .filter(|tokens| (1..=MAX_OUTPUT_TOKENS_CAP).contains(tokens))
-            .ok_or_else(|| {
-                ServiceError::validation(format!(
-                    "maxOutputTokens must be 1 to {MAX_OUTPUT_TOKENS_CAP}"
-                ))
-            })?;
-        let max_attempts = match request.max_attempts {
-            None => DEFAULT_MAX_ATTEMPTS,
-            Some(attempts) => u32::try_from(attempts)
-                .ok()
-                .filter(|attempts| (1..=MAX_ATTEMPTS_CAP).contains(attempts))
-                .ok_or_else(|| {
-                    ServiceError::validation(format!("maxAttempts must be 1 to {MAX_ATTEMPTS_CAP}"))
-                })?,
-        };
+        let model = parse_model(request.model)?;
+        let messages = parse_messages(request.messages)?;
+        let max_output_tokens = parse_max_output_tokens(request.max_output_tokens)?;
+        let max_attempts = parse_max_attempts(request.max_attempts)?;
         if let Some(schema) = &request.response_schema {
-            if !schema.is_object() {
-                return Err(ServiceError::validation(
-                    "responseSchema must be a JSON object",
-                ));
-            }
-            check_json("responseSchema", schema)?;
-            // Refused now rather than after a paid call: a schema that does not compile
-            // could never accept a reply. Remote `$ref`s do not resolve (no fetching).
-            jsonschema::meta::validate(schema)
-                .map_err(|error| error.to_string())
-                .and_then(|()| {
-                    jsonschema::validator_for(schema)
-                        .map(drop)
-                        .map_err(|error| error.to_string())
-                })
-                .map_err(|error| {
-                    ServiceError::validation(format!(
-                        "responseSchema is not a valid JSON Schema: {error}"
-                    ))
-                })?;
+            check_response_schema(schema)?;
         }
         if let Some(metadata) = &request.metadata {
             check_json("metadata", metadata)?;
@@ -281,15 +213,115 @@ impl NewJob {
         if let Some(run_at) = self.run_at {
             request["run_at"] = run_at.micros().into();
         }
-        let mut canonical = String::new();
-        write_canonical(&request, &mut canonical);
-        hex::encode(Sha256::digest(canonical.as_bytes()))
+        fingerprint_of(&request)
     }
+}
+
+/// SHA-256 of the canonical form of `request` (object keys sorted at every level).
+pub fn fingerprint_of(request: &Value) -> String {
+    let mut canonical = String::new();
+    write_canonical(request, &mut canonical);
+    hex::encode(Sha256::digest(canonical.as_bytes()))
+}
+
+/// A model name: trimmed, not empty, one line.
+pub fn parse_model(model: String) -> Result<String, ServiceError> {
+    let model = model.trim().to_owned();
+    if model.is_empty() {
+        return Err(ServiceError::validation("model must not be empty"));
+    }
+    crate::validation::single_line("model", &model)?;
+    Ok(model)
+}
+
+/// 1 to [`MAX_MESSAGES`] `(role, content)` pairs of known roles, some content, at most
+/// [`MAX_CONTENT_BYTES`] of it.
+pub fn parse_messages(messages: Vec<(String, String)>) -> Result<Vec<Message>, ServiceError> {
+    if messages.is_empty() || messages.len() > MAX_MESSAGES {
+        return Err(ServiceError::validation(format!(
+            "messages must hold 1 to {MAX_MESSAGES} messages"
+        )));
+    }
+    let messages = messages
+        .into_iter()
+        .map(|(role, content)| {
+            let role = Role::from_name(&role).ok_or_else(|| {
+                ServiceError::validation(format!(
+                    "message role must be system, developer, user or assistant, not {role:?}"
+                ))
+            })?;
+            Ok(Message { role, content })
+        })
+        .collect::<Result<Vec<_>, ServiceError>>()?;
+    if messages
+        .iter()
+        .all(|message| message.content.trim().is_empty())
+    {
+        return Err(ServiceError::validation(
+            "at least one message must have content",
+        ));
+    }
+    let content_bytes: usize = messages.iter().map(|message| message.content.len()).sum();
+    if content_bytes > MAX_CONTENT_BYTES {
+        return Err(ServiceError::validation(format!(
+            "messages hold {content_bytes} bytes; at most {MAX_CONTENT_BYTES} are accepted"
+        )));
+    }
+    Ok(messages)
+}
+
+/// `maxOutputTokens`: 1 to [`MAX_OUTPUT_TOKENS_CAP`].
+pub fn parse_max_output_tokens(tokens: i32) -> Result<u32, ServiceError> {
+    u32::try_from(tokens)
+        .ok()
+        .filter(|tokens| (1..=MAX_OUTPUT_TOKENS_CAP).contains(tokens))
+        .ok_or_else(|| {
+            ServiceError::validation(format!(
+                "maxOutputTokens must be 1 to {MAX_OUTPUT_TOKENS_CAP}"
+            ))
+        })
+}
+
+/// `maxAttempts`: 1 to [`MAX_ATTEMPTS_CAP`], [`DEFAULT_MAX_ATTEMPTS`] when not given.
+pub fn parse_max_attempts(attempts: Option<i32>) -> Result<u32, ServiceError> {
+    match attempts {
+        None => Ok(DEFAULT_MAX_ATTEMPTS),
+        Some(attempts) => u32::try_from(attempts)
+            .ok()
+            .filter(|attempts| (1..=MAX_ATTEMPTS_CAP).contains(attempts))
+            .ok_or_else(|| {
+                ServiceError::validation(format!("maxAttempts must be 1 to {MAX_ATTEMPTS_CAP}"))
+            }),
+    }
+}
+
+/// A response schema: a JSON object within the size and depth limits that compiles
+/// as a JSON Schema. Refused now rather than after a paid call: a schema that does not
+/// compile could never accept a reply. Remote `$ref`s do not resolve (no fetching).
+pub fn check_response_schema(schema: &Value) -> Result<(), ServiceError> {
+    if !schema.is_object() {
+        return Err(ServiceError::validation(
+            "responseSchema must be a JSON object",
+        ));
+    }
+    check_json("responseSchema", schema)?;
+    jsonschema::meta::validate(schema)
+        .map_err(|error| error.to_string())
+        .and_then(|()| {
+            jsonschema::validator_for(schema)
+                .map(drop)
+                .map_err(|error| error.to_string())
+        })
+        .map_err(|error| {
+            ServiceError::validation(format!(
+                "responseSchema is not a valid JSON Schema: {error}"
+            ))
+        })
 }
 
 /// Refuses free JSON input nested deeper than [`MAX_JSON_DEPTH`] or larger than
 /// [`MAX_JSON_BYTES`] once serialized.
-fn check_json(field: &str, value: &Value) -> Result<(), ServiceError> {
+pub fn check_json(field: &str, value: &Value) -> Result<(), ServiceError> {
     if nesting_depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH {
         return Err(ServiceError::validation(format!(
             "{field} nests arrays and objects more than {MAX_JSON_DEPTH} levels deep; at most {MAX_JSON_DEPTH} are accepted"

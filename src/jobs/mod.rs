@@ -1,6 +1,7 @@
 //! Jobs: how they are created and read, claimed under a lease, run by workers, and
 //! how their events reach subscribers.
 
+pub mod batches;
 pub mod budget;
 pub mod bus;
 pub mod events;

@@ -100,6 +100,8 @@ pub async fn create_job_at(
         started_at: Set(None),
         finished_at: Set(None),
         payloads_pruned_at: Set(None),
+        batch_id: Set(None),
+        custom_id: Set(None),
     };
     // A key used before inserts nothing; on PostgreSQL an insert racing with another
     // one of the same key waits for it to commit, so the job it made is there to read.
@@ -161,7 +163,7 @@ pub async fn create_job_at(
 
 /// Queues `spend_limit.reached` for a create a cap refused (once per period), in a
 /// transaction of its own: the refused create wrote nothing.
-async fn report_spend_limit(
+pub(super) async fn report_spend_limit(
     db: &DatabaseConnection,
     tenant_id: Uuid,
     refusal: &ServiceError,
@@ -237,19 +239,7 @@ pub async fn list_jobs(
     after: Option<Uuid>,
     status: Option<JobStatus>,
 ) -> Result<JobPage, ServiceError> {
-    // The payloads stay in the database: a page of 100 jobs with inputs of megabytes
-    // each would otherwise sit in memory whatever the client asked for. Their columns
-    // read as a JSON `null` input and no result; `job_payloads` reads them one job at a
-    // time.
-    let mut query = jobs::Entity::find()
-        .select_only()
-        .columns(
-            jobs::Column::iter()
-                .filter(|column| !matches!(column, jobs::Column::Input | jobs::Column::Result)),
-        )
-        .column_as(Expr::cust("CAST('null' AS TEXT)"), "input")
-        .column_as(Expr::cust("CAST(NULL AS TEXT)"), "result")
-        .filter(jobs::Column::TenantId.eq(tenant_id));
+    let mut query = jobs_without_payloads().filter(jobs::Column::TenantId.eq(tenant_id));
     if let Some(after) = after {
         // Ids are version-7 UUIDs: ordering by id is ordering by creation.
         query = query.filter(jobs::Column::Id.lt(after));
@@ -268,6 +258,21 @@ pub async fn list_jobs(
         jobs,
         has_next_page,
     })
+}
+
+/// Jobs without their payloads, for lists: a page of 100 jobs with inputs of megabytes
+/// each would otherwise sit in memory whatever the client asked for. Their columns
+/// read as a JSON `null` input and no result; [`job_payloads`] reads them one job at a
+/// time.
+pub fn jobs_without_payloads() -> sea_orm::Select<jobs::Entity> {
+    jobs::Entity::find()
+        .select_only()
+        .columns(
+            jobs::Column::iter()
+                .filter(|column| !matches!(column, jobs::Column::Input | jobs::Column::Result)),
+        )
+        .column_as(Expr::cust("CAST('null' AS TEXT)"), "input")
+        .column_as(Expr::cust("CAST(NULL AS TEXT)"), "result")
 }
 
 /// A job's input and result, which `list_jobs` leaves out.

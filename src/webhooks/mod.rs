@@ -26,16 +26,18 @@ pub enum EventType {
     JobCancelled,
     BalanceLow,
     SpendLimitReached,
+    BatchFinished,
 }
 
 impl EventType {
     /// Every event type, in a stable order.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::JobSucceeded,
         Self::JobFailed,
         Self::JobCancelled,
         Self::BalanceLow,
         Self::SpendLimitReached,
+        Self::BatchFinished,
     ];
 
     /// The `type` of the delivered body.
@@ -46,6 +48,7 @@ impl EventType {
             Self::JobCancelled => "job.cancelled",
             Self::BalanceLow => "balance.low",
             Self::SpendLimitReached => "spend_limit.reached",
+            Self::BatchFinished => "batch.finished",
         }
     }
 

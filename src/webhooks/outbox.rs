@@ -112,3 +112,27 @@ pub async fn enqueue_jobs_finished(
         .collect();
     enqueue_many(db, events).await
 }
+
+/// Queues `batch.finished` for a batch that has just finished, with its counts and
+/// charge. `batch` is the row as its finishing update left it; call it in that
+/// update's transaction.
+pub async fn enqueue_batch_finished(
+    db: &impl ConnectionTrait,
+    batch: &entity::batches::Model,
+) -> Result<(), DbErr> {
+    let data = json!({
+        "batchId": batch.id,
+        "name": batch.name,
+        "status": "FINISHED",
+        "itemCount": batch.item_count,
+        "counts": {
+            "queued": 0,
+            "running": 0,
+            "succeeded": batch.succeeded,
+            "failed": batch.failed,
+            "cancelled": batch.cancelled,
+        },
+        "customerCharge": Credits::from_nanos(batch.customer_charge_nanos).to_string(),
+    });
+    enqueue(db, batch.tenant_id, EventType::BatchFinished, data).await
+}

@@ -105,6 +105,16 @@ impl Job {
         &self.0.idempotency_key
     }
 
+    /// The batch the job is an item of, if any.
+    async fn batch_id(&self) -> Option<Uuid> {
+        self.0.batch_id
+    }
+
+    /// The item's name within its batch.
+    async fn custom_id(&self) -> Option<&str> {
+        self.0.custom_id.as_deref()
+    }
+
     async fn model(&self) -> &str {
         &self.0.model
     }

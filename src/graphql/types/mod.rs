@@ -3,11 +3,13 @@
 
 mod account;
 mod attempt;
+mod batch;
 mod costs;
 mod job;
 
 pub use account::{Account, CreditGrant, Tenant};
 pub use attempt::Attempt;
+pub use batch::{Batch, BatchConnection, BatchEdge, BatchMode, BatchUpdate, page_arguments};
 pub use costs::{Charge, JobCost, Reservation};
 pub use job::{Job, JobConnection, JobEdge, JobEvent, PageInfo, PayloadGate};
 

@@ -9,6 +9,7 @@ use super::{
     attempt_event_data, fenced_update_of_all, paid_call_limit, releasing_update, storable_text,
     with_error,
 };
+use crate::billing::batch_totals::BatchTotals;
 use crate::billing::{Credits, ModelPrice};
 use crate::db::{Parameters, begin_write};
 use crate::jobs::budget::{self, Spent};
@@ -89,9 +90,13 @@ pub async fn finish_attempts(
         transaction.rollback().await?;
         return Ok(ends.iter().map(|_| None).collect());
     }
+    let mut progress = BatchTotals::default();
     record_attempts(
         &transaction,
-        owned.iter().map(|(index, _)| &ends[*index]),
+        owned
+            .iter()
+            .map(|(index, current)| (&ends[*index], *current)),
+        &mut progress,
         now,
     )
     .await?;
@@ -135,7 +140,7 @@ pub async fn finish_attempts(
         .filter_map(|(_, job, _, _, resolution)| Some((job, (*resolution)?)))
         .collect();
     // Last: it locks the tenants' rows, which every job of those tenants needs.
-    budget::resolve_holds(&transaction, &terminal).await?;
+    budget::resolve_holds(&transaction, &terminal, progress).await?;
     transaction.commit().await?;
     let mut answers: Vec<Option<Vec<EventNotice>>> = ends.iter().map(|_| None).collect();
     for ((index, ..), notice) in finished.iter().zip(notices) {
@@ -325,9 +330,11 @@ pub async fn abandon_claim(
 
 /// Records each attempt's outcome, usage, cost and customer charge in one statement,
 /// each fenced by its run token.
+/// Each attempt's change of cost goes into `progress`, for its job's batch.
 async fn record_attempts<'a>(
     transaction: &impl ConnectionTrait,
-    ends: impl IntoIterator<Item = &'a AttemptEnd>,
+    ends: impl IntoIterator<Item = (&'a AttemptEnd, &'a jobs::Model)>,
+    progress: &mut BatchTotals,
     now: Timestamp,
 ) -> Result<(), DbErr> {
     let backend = transaction.get_database_backend();
@@ -335,7 +342,7 @@ async fn record_attempts<'a>(
     let at = parameters.bind(now);
     let rows: Vec<String> = ends
         .into_iter()
-        .map(|end| {
+        .map(|(end, job)| {
             let report = &end.report;
             // Exact cost when usage is known or nothing can have been billed;
             // otherwise the bound stored at the start stands.
@@ -344,6 +351,15 @@ async fn record_attempts<'a>(
                 (None, true) => Some(Credits::ZERO),
                 (None, false) => None,
             };
+            let before = (
+                end.attempt.provider_cost_nanos,
+                end.attempt.provider_cost_upper_bound_nanos,
+            );
+            let after = match exact_cost {
+                Some(cost) => (Some(cost.nanos()), None),
+                None => before,
+            };
+            progress.attempt_cost(job, before, after);
             let usage = report.usage.as_ref();
             parameters.row([
                 end.attempt.id.into(),

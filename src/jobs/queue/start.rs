@@ -4,6 +4,7 @@
 
 use super::{AttemptStart, Claim, StartedAttempt, UNROUTED_PROVIDER, fenced_update_of_all};
 use crate::billing::Credits;
+use crate::billing::batch_totals::BatchTotals;
 use crate::db::begin_write;
 use crate::jobs::budget::{self, Spent};
 use crate::jobs::events;
@@ -88,6 +89,21 @@ pub async fn start_attempts(
         .into_iter()
         .map(|attempt| (attempt.job_id, attempt))
         .collect();
+    // A call about to be made carries its cost bound into its batch's sums.
+    let mut progress = BatchTotals::default();
+    for attempt in inserted.values() {
+        if let Some(job) = owned.get(&attempt.job_id) {
+            progress.attempt_cost(
+                job,
+                (None, None),
+                (
+                    attempt.provider_cost_nanos,
+                    attempt.provider_cost_upper_bound_nanos,
+                ),
+            );
+        }
+    }
+    progress.apply(&transaction).await?;
     let started_events = starts.iter().filter_map(|(claim, _)| {
         let job = *owned.get(&claim.job.id)?;
         let number = inserted.get(&job.id)?.number;

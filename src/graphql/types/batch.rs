@@ -1,0 +1,254 @@
+//! A batch, its progress and pages of batches.
+
+use super::{JobConnection, JobEdge, JobStatus, PageInfo, money, time};
+use crate::graphql::scalars::Amount;
+use crate::graphql::{ErrorCode, app};
+use crate::jobs::batches::{self, BatchView};
+use crate::jobs::service::MAX_PAGE_SIZE;
+use async_graphql::{Context, Enum, Object, SimpleObject};
+use chrono::{DateTime, Utc};
+use entity::batches as rows;
+use uuid::Uuid;
+
+/// Items per page of `Batch.jobs` when the client does not say.
+const DEFAULT_PAGE_SIZE: i32 = 20;
+
+/// How a batch's items are run.
+#[derive(Enum, Clone, Copy, Debug, PartialEq, Eq)]
+#[graphql(remote = "entity::BatchMode")]
+pub enum BatchMode {
+    /// Each item is an ordinary job, queued as soon as it is added.
+    Realtime,
+    /// The items go through the provider's batch API at its batch price.
+    ProviderBatch,
+}
+
+/// Where a batch is in its life.
+#[derive(Enum, Clone, Copy, Debug, PartialEq, Eq)]
+#[graphql(remote = "entity::BatchStatus")]
+pub enum BatchStatus {
+    /// Takes items.
+    Open,
+    /// Takes no more items; some are not finished.
+    Closed,
+    /// Closed, and every item finished.
+    Finished,
+}
+
+/// A batch's items by status.
+#[derive(SimpleObject, Clone, Copy)]
+pub struct BatchCounts {
+    pub queued: i64,
+    pub running: i64,
+    pub succeeded: i64,
+    pub failed: i64,
+    pub cancelled: i64,
+}
+
+impl From<&BatchView> for BatchCounts {
+    fn from(view: &BatchView) -> Self {
+        Self {
+            queued: view.queued,
+            running: view.running,
+            succeeded: view.batch.succeeded,
+            failed: view.batch.failed,
+            cancelled: view.batch.cancelled,
+        }
+    }
+}
+
+/// One handle for many jobs of one model. Its counts and money are kept on its row,
+/// so reading it costs the same at any size.
+pub struct Batch(rows::Model, tokio::sync::OnceCell<BatchView>);
+
+impl From<rows::Model> for Batch {
+    fn from(row: rows::Model) -> Self {
+        Self(row, tokio::sync::OnceCell::new())
+    }
+}
+
+impl From<BatchView> for Batch {
+    fn from(view: BatchView) -> Self {
+        Self(
+            view.batch.clone(),
+            tokio::sync::OnceCell::new_with(Some(view)),
+        )
+    }
+}
+
+impl Batch {
+    /// The row with its running items counted, read once per batch and request.
+    async fn view(&self, context: &Context<'_>) -> async_graphql::Result<&BatchView> {
+        Ok(self
+            .1
+            .get_or_try_init(|| batches::view(&app(context).db, self.0.clone()))
+            .await?)
+    }
+}
+
+#[Object]
+impl Batch {
+    async fn id(&self) -> Uuid {
+        self.0.id
+    }
+
+    async fn name(&self) -> Option<&str> {
+        self.0.name.as_deref()
+    }
+
+    async fn mode(&self) -> BatchMode {
+        self.0.mode.into()
+    }
+
+    async fn model(&self) -> &str {
+        &self.0.model
+    }
+
+    async fn status(&self) -> BatchStatus {
+        self.0.status.into()
+    }
+
+    /// Whether the tenant cancelled the batch.
+    async fn cancel_requested(&self) -> bool {
+        self.0.cancel_requested
+    }
+
+    /// Items added so far.
+    async fn item_count(&self) -> i64 {
+        self.0.item_count
+    }
+
+    async fn created_at(&self) -> DateTime<Utc> {
+        time(self.0.created_at)
+    }
+
+    async fn closed_at(&self) -> Option<DateTime<Utc>> {
+        self.0.closed_at.map(time)
+    }
+
+    async fn finished_at(&self) -> Option<DateTime<Utc>> {
+        self.0.finished_at.map(time)
+    }
+
+    async fn counts(&self, context: &Context<'_>) -> async_graphql::Result<BatchCounts> {
+        Ok(self.view(context).await?.into())
+    }
+
+    /// Credit still held by the unfinished items (0 once FINISHED).
+    async fn reserved(&self) -> Amount {
+        money(self.0.reserved_nanos)
+    }
+
+    /// Σ the items' exact provider costs.
+    async fn provider_cost(&self) -> Amount {
+        money(self.0.provider_cost_nanos)
+    }
+
+    /// Σ the items' exact costs and the bounds of the costs not known.
+    async fn provider_cost_upper_bound(&self) -> Amount {
+        money(
+            self.0
+                .provider_cost_nanos
+                .saturating_add(self.0.unknown_bound_nanos),
+        )
+    }
+
+    /// Σ the items' charges.
+    async fn customer_charge(&self) -> Amount {
+        money(self.0.customer_charge_nanos)
+    }
+
+    /// The items as jobs, in the order they were added, `first` at a time (at most
+    /// 100), of one status if asked.
+    #[graphql(complexity = "crate::graphql::cost::page_complexity(first, child_complexity)")]
+    async fn jobs(
+        &self,
+        context: &Context<'_>,
+        first: Option<i32>,
+        after: Option<String>,
+        status: Option<JobStatus>,
+    ) -> async_graphql::Result<JobConnection> {
+        let (first, after) = page_arguments(first, after)?;
+        let (items, has_next_page) = batches::list_items(
+            &app(context).db,
+            &self.0,
+            first,
+            after,
+            status.map(Into::into),
+        )
+        .await?;
+        let edges: Vec<JobEdge> = items
+            .into_iter()
+            .map(|job| JobEdge {
+                cursor: job.id.to_string(),
+                node: super::Job::without_payloads(job),
+            })
+            .collect();
+        Ok(JobConnection {
+            page_info: PageInfo {
+                has_next_page,
+                end_cursor: edges.last().map(|edge| edge.cursor.clone()),
+            },
+            edges,
+        })
+    }
+}
+
+/// `first` (1 to 100, 20 when not given) and a cursor of this API.
+pub fn page_arguments(
+    first: Option<i32>,
+    after: Option<String>,
+) -> async_graphql::Result<(u64, Option<Uuid>)> {
+    let first = u64::try_from(first.unwrap_or(DEFAULT_PAGE_SIZE))
+        .ok()
+        .filter(|first| (1..=MAX_PAGE_SIZE).contains(first))
+        .ok_or_else(|| {
+            ErrorCode::Validation.error(format!("first must be 1 to {MAX_PAGE_SIZE}"))
+        })?;
+    let after = after
+        .map(|cursor| {
+            Uuid::parse_str(&cursor)
+                .map_err(|_| ErrorCode::Validation.error("after is not a cursor from this API"))
+        })
+        .transpose()?;
+    Ok((first, after))
+}
+
+/// A page of batches.
+#[derive(SimpleObject)]
+pub struct BatchConnection {
+    pub edges: Vec<BatchEdge>,
+    pub page_info: PageInfo,
+}
+
+/// A batch and the cursor to page on from it.
+#[derive(SimpleObject)]
+pub struct BatchEdge {
+    pub cursor: String,
+    pub node: Batch,
+}
+
+/// A batch's progress at one moment.
+#[derive(SimpleObject)]
+pub struct BatchUpdate {
+    pub batch_id: Uuid,
+    pub status: BatchStatus,
+    pub counts: BatchCounts,
+    pub customer_charge: Amount,
+    pub reserved: Amount,
+    /// When the state was read.
+    pub at: DateTime<Utc>,
+}
+
+impl From<BatchView> for BatchUpdate {
+    fn from(view: BatchView) -> Self {
+        Self {
+            batch_id: view.batch.id,
+            status: view.batch.status.into(),
+            counts: (&view).into(),
+            customer_charge: money(view.batch.customer_charge_nanos),
+            reserved: money(view.batch.reserved_nanos),
+            at: Utc::now(),
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! Adding items to a batch: a chunk of up to 1,000 in one transaction, written with
+//! set-based statements — every item's job, hold, ledger entry and `CREATED` event in
+//! one statement each, one conditional update of the tenant's balance and one of its
+//! spend counters for the whole chunk — all or nothing.
+//!
+//! An item's `customId` is unique within its batch: a chunk sent again adds nothing
+//! for the items already there with the same input (they count as replayed), and an
+//! item there with another input makes the whole call a conflict.
+
+use super::BatchSettings;
+use crate::billing::batch_totals::BatchTotals;
+use crate::billing::{ledger, limits, prices};
+use crate::db::begin_write;
+use crate::db::bulk::{self, OnConflict};
+use crate::error::ServiceError;
+use crate::jobs::bus::EventBus;
+use crate::jobs::events;
+use crate::jobs::input::{
+    IdempotencyKey, JobInput, NewJob, Priority, check_json, parse_max_output_tokens, parse_messages,
+};
+use crate::llm::ProviderRegistry;
+use crate::webhooks::alerts;
+use entity::{BatchStatus, EventKind, JobStatus, JsonText, Timestamp, batches, jobs};
+use sea_orm::sea_query::{Expr, ExprTrait};
+use sea_orm::{
+    ColumnTrait, DatabaseConnection, EntityTrait, IntoActiveModel, QueryFilter, QuerySelect,
+};
+use serde_json::Value;
+use std::collections::{HashMap, HashSet};
+use uuid::Uuid;
+
+/// Most items one call adds.
+pub const MAX_ITEMS_PER_CALL: usize = 1_000;
+/// Longest `customId`, in characters.
+const MAX_CUSTOM_ID_LENGTH: usize = 200;
+/// How often a chunk is tried again after a concurrent chunk took one of its custom
+/// ids first (the next try finds that item and compares it).
+const RACE_RETRIES: u32 = 3;
+
+/// An item as the API receives it, before any check.
+#[derive(Clone, Debug)]
+pub struct ItemRequest {
+    pub custom_id: String,
+    pub messages: Vec<(String, String)>,
+    pub max_output_tokens: Option<i32>,
+    pub metadata: Option<Value>,
+}
+
+/// What a call added.
+#[derive(Clone, Debug)]
+pub struct AddedItems {
+    pub added: usize,
+    pub replayed: usize,
+    pub batch: batches::Model,
+}
+
+/// An item that passed every check, as the job it becomes.
+struct Item {
+    custom_id: String,
+    job: NewJob,
+    fingerprint: String,
+}
+
+/// Adds `requests` to an OPEN batch of the tenant, all or nothing (see the module).
+pub async fn add_items(
+    db: &DatabaseConnection,
+    bus: &EventBus,
+    providers: &ProviderRegistry,
+    tenant_id: Uuid,
+    batch_id: Uuid,
+    requests: Vec<ItemRequest>,
+) -> Result<AddedItems, ServiceError> {
+    if requests.is_empty() || requests.len() > MAX_ITEMS_PER_CALL {
+        return Err(ServiceError::validation(format!(
+            "items must hold 1 to {MAX_ITEMS_PER_CALL} items"
+        )));
+    }
+    let batch = super::find_batch(db, tenant_id, batch_id).await?;
+    if batch.status != BatchStatus::Open {
+        return Err(not_open());
+    }
+    let settings: BatchSettings = serde_json::from_value(batch.settings.0.clone())
+        .map_err(|error| sea_orm::DbErr::Custom(format!("batch settings: {error}")))?;
+    let items = parse_items(&batch, &settings, requests)?;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match write_chunk(db, bus, providers, &batch, &items).await? {
+            Some(added) => return Ok(added),
+            None if tries < RACE_RETRIES => continue,
+            None => return Err(ServiceError::IdempotencyConflict),
+        }
+    }
+}
+
+fn not_open() -> ServiceError {
+    ServiceError::validation("the batch is no longer OPEN: it takes no more items")
+}
+
+/// Checks every item; one broken rule refuses the call, naming the item. An item
+/// repeated within the call with the same input counts once.
+fn parse_items(
+    batch: &batches::Model,
+    settings: &BatchSettings,
+    requests: Vec<ItemRequest>,
+) -> Result<Vec<Item>, ServiceError> {
+    let priority = Priority::parse(settings.priority)?;
+    let mut seen: HashMap<String, String> = HashMap::with_capacity(requests.len());
+    let mut items = Vec::with_capacity(requests.len());
+    for (index, request) in requests.into_iter().enumerate() {
+        let at = |error: ServiceError| match error {
+            ServiceError::Validation(message) => {
+                ServiceError::validation(format!("items[{index}]: {message}"))
+            }
+            other => other,
+        };
+        let length = request.custom_id.chars().count();
+        if length == 0 || length > MAX_CUSTOM_ID_LENGTH {
+            return Err(at(ServiceError::validation(format!(
+                "customId must be 1 to {MAX_CUSTOM_ID_LENGTH} characters"
+            ))));
+        }
+        crate::validation::single_line("customId", &request.custom_id).map_err(at)?;
+        let messages = parse_messages(request.messages).map_err(at)?;
+        let max_output_tokens = match request.max_output_tokens {
+            Some(tokens) => parse_max_output_tokens(tokens).map_err(at)?,
+            None => settings.max_output_tokens,
+        };
+        if let Some(metadata) = &request.metadata {
+            check_json("metadata", metadata).map_err(at)?;
+        }
+        // The job's own key: unique per tenant as every job's, and telling whose item
+        // it is.
+        let idempotency_key =
+            IdempotencyKey::parse(format!("batch/{}/{}", batch.id, request.custom_id))
+                .map_err(at)?;
+        let job = NewJob {
+            idempotency_key,
+            model: batch.model.clone(),
+            input: JobInput {
+                messages,
+                max_output_tokens,
+                response_schema: settings.response_schema.clone(),
+                metadata: request.metadata,
+                stream_output: false,
+            },
+            max_attempts: settings.max_attempts,
+            retry_unknown_outcome: true,
+            priority,
+            run_at: None,
+        };
+        let fingerprint = job.fingerprint();
+        match seen.get(&request.custom_id) {
+            Some(earlier) if *earlier == fingerprint => continue,
+            Some(_) => return Err(ServiceError::IdempotencyConflict),
+            None => {
+                seen.insert(request.custom_id.clone(), fingerprint.clone());
+            }
+        }
+        items.push(Item {
+            custom_id: request.custom_id,
+            job,
+            fingerprint,
+        });
+    }
+    Ok(items)
+}
+
+/// One try at writing the chunk. `None` when a concurrent chunk took one of its
+/// custom ids between the read and the insert: nothing was written.
+async fn write_chunk(
+    db: &DatabaseConnection,
+    bus: &EventBus,
+    providers: &ProviderRegistry,
+    batch: &batches::Model,
+    items: &[Item],
+) -> Result<Option<AddedItems>, ServiceError> {
+    let tenant_id = batch.tenant_id;
+    let now = Timestamp::now();
+    let price = prices::price_at(db, &batch.model, now)
+        .await?
+        .ok_or_else(|| {
+            ServiceError::validation(format!(
+                "model {:?} has no price and cannot be run",
+                batch.model
+            ))
+        })?;
+    let transaction = begin_write(db).await?;
+    let existing: HashMap<String, String> = jobs::Entity::find()
+        .select_only()
+        .column(jobs::Column::CustomId)
+        .column(jobs::Column::RequestHash)
+        .filter(jobs::Column::BatchId.eq(batch.id))
+        .filter(jobs::Column::CustomId.is_in(items.iter().map(|item| item.custom_id.as_str())))
+        .into_tuple::<(Option<String>, String)>()
+        .all(&transaction)
+        .await?
+        .into_iter()
+        .filter_map(|(custom_id, hash)| Some((custom_id?, hash)))
+        .collect();
+    let mut replayed = items.len();
+    let mut fresh = Vec::with_capacity(items.len());
+    for item in items {
+        match existing.get(&item.custom_id) {
+            Some(hash) if *hash == item.fingerprint => {}
+            Some(_) => {
+                transaction.rollback().await?;
+                return Err(ServiceError::IdempotencyConflict);
+            }
+            None => {
+                replayed -= 1;
+                fresh.push(item);
+            }
+        }
+    }
+    if fresh.is_empty() {
+        transaction.rollback().await?;
+        let batch = super::find_batch(db, tenant_id, batch.id).await?;
+        return Ok(Some(AddedItems {
+            added: 0,
+            replayed,
+            batch,
+        }));
+    }
+    let simulated = providers.simulates(&batch.model);
+    let mut rows = Vec::with_capacity(fresh.len());
+    let mut holds = Vec::with_capacity(fresh.len());
+    for item in &fresh {
+        let bound = item.job.input.call_bound();
+        let row = job_row(batch, item, simulated, bound.tokens(), now);
+        holds.push((row.id, bound.job_hold(&price, item.job.max_attempts)));
+        rows.push(row);
+    }
+    let inserted: HashSet<Uuid> = bulk::insert(
+        &transaction,
+        rows.iter()
+            .cloned()
+            .map(IntoActiveModel::into_active_model)
+            .collect(),
+        OnConflict::Skip,
+    )
+    .await?
+    .into_iter()
+    .collect();
+    if inserted.len() != rows.len() {
+        transaction.rollback().await?;
+        return Ok(None);
+    }
+    let notices = events::append_many(
+        &transaction,
+        rows.iter().map(|job| (job, EventKind::Created, None)),
+    )
+    .await?;
+    // Last: the hold locks the tenant's row, which every create of the tenant needs.
+    let total = match ledger::hold_many(&transaction, tenant_id, &holds).await {
+        Ok(total) => total,
+        Err(refusal) => {
+            transaction.rollback().await?;
+            return Err(refusal);
+        }
+    };
+    let counted_at = match limits::admit_spend(&transaction, tenant_id, total, now).await {
+        Ok(counted_at) => counted_at,
+        Err(refusal) => {
+            transaction.rollback().await?;
+            crate::jobs::service::report_spend_limit(db, tenant_id, &refusal, now).await?;
+            return Err(refusal);
+        }
+    };
+    // This process's clock is behind the one that started the tenant's current day:
+    // the items are dated into that day, which counted their holds.
+    if counted_at != now {
+        jobs::Entity::update_many()
+            .col_expr(jobs::Column::CreatedAt, Expr::value(counted_at))
+            .filter(jobs::Column::Id.is_in(inserted.iter().copied()))
+            .exec(&transaction)
+            .await?;
+    }
+    alerts::after_balance_fell(&transaction, tenant_id, total).await?;
+    // The batch row last, after the tenant's, as every writer of both: it takes the
+    // items only while OPEN, so a close or cancel that won the row refuses the chunk.
+    let counted = batches::Entity::update_many()
+        .col_expr(
+            batches::Column::ItemCount,
+            Expr::col(batches::Column::ItemCount).add(fresh.len() as i64),
+        )
+        .col_expr(batches::Column::UpdatedAt, Expr::value(now))
+        .filter(batches::Column::Id.eq(batch.id))
+        .filter(batches::Column::Status.eq(BatchStatus::Open))
+        .exec(&transaction)
+        .await?;
+    if counted.rows_affected != 1 {
+        transaction.rollback().await?;
+        return Err(not_open());
+    }
+    let mut totals = BatchTotals::default();
+    totals.held(batch.id, total);
+    totals.apply(&transaction).await?;
+    let batch = super::find_batch(&transaction, tenant_id, batch.id).await?;
+    transaction.commit().await?;
+    tracing::info!(batch.id = %batch.id, tenant.id = %tenant_id, added = fresh.len(), replayed, hold = %total, "batch items added");
+    bus.publish(notices);
+    Ok(Some(AddedItems {
+        added: fresh.len(),
+        replayed,
+        batch,
+    }))
+}
+
+/// The job an item becomes.
+fn job_row(
+    batch: &batches::Model,
+    item: &Item,
+    simulated: bool,
+    token_bound: i64,
+    now: Timestamp,
+) -> jobs::Model {
+    jobs::Model {
+        id: Uuid::now_v7(),
+        tenant_id: batch.tenant_id,
+        idempotency_key: item.job.idempotency_key.as_str().to_owned(),
+        request_hash: item.fingerprint.clone(),
+        status: JobStatus::Queued,
+        cancel_requested: false,
+        model: batch.model.clone(),
+        input: JsonText(serde_json::to_value(&item.job.input).expect("job input serializes")),
+        retry_unknown_outcome: item.job.retry_unknown_outcome,
+        result: None,
+        error_code: None,
+        error_message: None,
+        attempt_count: 0,
+        max_attempts: item.job.max_attempts as i32,
+        run_token: None,
+        lease_until: None,
+        next_run_at: now,
+        priority: item.job.priority.value(),
+        run_at: None,
+        simulated,
+        token_bound: Some(token_bound),
+        last_event_seq: 1,
+        created_at: now,
+        updated_at: now,
+        started_at: None,
+        finished_at: None,
+        payloads_pruned_at: None,
+        batch_id: Some(batch.id),
+        custom_id: Some(item.custom_id.clone()),
+    }
+}

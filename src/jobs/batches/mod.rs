@@ -1,0 +1,412 @@
+//! Batches: one handle for many jobs of one model — a customer's 200,000 documents.
+//!
+//! A batch is created with the settings its items share, takes items in chunks
+//! ([`items`]), each chunk one transaction of set-based statements, and runs each item
+//! as an ordinary job. Its counts and money live on its row and are moved by the same
+//! transactions that move its items ([`crate::billing::batch_totals`]), so reading a batch is one row at
+//! any size. Closing it says no more items come; it is FINISHED once every item has
+//! finished. Cancelling closes it and cancels its unfinished items in bulk ([`cancel`]).
+
+pub mod cancel;
+pub mod items;
+pub mod results;
+pub mod updates;
+
+use super::input::{
+    self, IdempotencyKey, Priority, check_json, check_response_schema, parse_max_attempts,
+    parse_max_output_tokens, parse_model,
+};
+use crate::billing::Credits;
+use crate::billing::batch_totals::BatchTotals;
+use crate::db::begin_write;
+use crate::error::ServiceError;
+use crate::llm::ProviderRegistry;
+use entity::{BatchMode, BatchStatus, JsonText, Timestamp, batches, jobs};
+use sea_orm::sea_query::{Expr, OnConflict};
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait,
+    PaginatorTrait, QueryFilter, QueryOrder, QuerySelect,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+/// Longest batch name, in characters.
+const MAX_NAME_LENGTH: usize = 200;
+
+/// A createBatch request as the API receives it, before any check.
+#[derive(Clone, Debug)]
+pub struct BatchRequest {
+    pub idempotency_key: String,
+    pub name: Option<String>,
+    pub mode: BatchMode,
+    pub model: String,
+    pub max_output_tokens: i32,
+    pub response_schema: Option<Value>,
+    pub max_attempts: Option<i32>,
+    pub priority: Option<i32>,
+    pub deadline: Option<Timestamp>,
+    pub metadata: Option<Value>,
+}
+
+/// The job settings every item of a batch shares, as stored on its row.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BatchSettings {
+    /// The items' `maxOutputTokens` when an item does not say.
+    pub max_output_tokens: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_schema: Option<Value>,
+    pub max_attempts: u32,
+    pub priority: i32,
+    /// The batch's own metadata (each item has its own too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Value>,
+}
+
+/// A createBatch request that passed every check.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewBatch {
+    pub idempotency_key: IdempotencyKey,
+    pub name: Option<String>,
+    pub mode: BatchMode,
+    pub model: String,
+    pub settings: BatchSettings,
+}
+
+impl NewBatch {
+    /// Checks every rule and returns the first broken one as a `Validation` error.
+    pub fn parse(request: BatchRequest) -> Result<Self, ServiceError> {
+        let idempotency_key = IdempotencyKey::parse(request.idempotency_key)?;
+        if let Some(name) = &request.name {
+            if name.chars().count() > MAX_NAME_LENGTH {
+                return Err(ServiceError::validation(format!(
+                    "name must be at most {MAX_NAME_LENGTH} characters"
+                )));
+            }
+            crate::validation::free_text("name", name)?;
+        }
+        let model = parse_model(request.model)?;
+        let max_output_tokens = parse_max_output_tokens(request.max_output_tokens)?;
+        let max_attempts = parse_max_attempts(request.max_attempts)?;
+        if let Some(schema) = &request.response_schema {
+            check_response_schema(schema)?;
+        }
+        if let Some(metadata) = &request.metadata {
+            check_json("metadata", metadata)?;
+        }
+        let priority = request
+            .priority
+            .map_or(Ok(Priority::DEFAULT), Priority::parse)?;
+        // Deadlines are the job lifecycle's (they bound waits, which jobs do not have
+        // yet): a batch that asked for one must not run as if it had it.
+        if request.deadline.is_some() {
+            return Err(ServiceError::validation(
+                "deadline is not supported yet: jobs have no deadlines",
+            ));
+        }
+        if request.mode == BatchMode::ProviderBatch {
+            return Err(ServiceError::validation(format!(
+                "model {model:?}: no configured provider offers a batch API for PROVIDER_BATCH"
+            )));
+        }
+        Ok(Self {
+            idempotency_key,
+            name: request.name,
+            mode: request.mode,
+            model,
+            settings: BatchSettings {
+                max_output_tokens,
+                response_schema: request.response_schema,
+                max_attempts,
+                priority: priority.value(),
+                metadata: request.metadata,
+            },
+        })
+    }
+
+    /// SHA-256 of everything the request asks for: two requests with one idempotency
+    /// key are the same request exactly when this matches.
+    fn fingerprint(&self) -> String {
+        let request = serde_json::json!({
+            "name": self.name,
+            "mode": self.mode,
+            "model": self.model,
+            "settings": self.settings,
+        });
+        input::fingerprint_of(&request)
+    }
+}
+
+/// The answer to a createBatch: the batch, and whether it existed before.
+#[derive(Clone, Debug)]
+pub struct CreatedBatch {
+    pub batch: batches::Model,
+    pub replayed: bool,
+}
+
+/// Creates an OPEN batch — or, when the tenant used this idempotency key before with
+/// the same request, returns that batch (another request: `IDEMPOTENCY_CONFLICT`).
+pub async fn create_batch(
+    db: &DatabaseConnection,
+    providers: &ProviderRegistry,
+    tenant_id: Uuid,
+    new: NewBatch,
+) -> Result<CreatedBatch, ServiceError> {
+    if !providers.serves(&new.model) {
+        return Err(ServiceError::validation(format!(
+            "model {:?} is not served: no configured provider routes it",
+            new.model
+        )));
+    }
+    let now = Timestamp::now();
+    if crate::billing::prices::price_at(db, &new.model, now)
+        .await?
+        .is_none()
+    {
+        return Err(ServiceError::validation(format!(
+            "model {:?} has no price and cannot be run",
+            new.model
+        )));
+    }
+    let fingerprint = new.fingerprint();
+    let row = batches::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        tenant_id: Set(tenant_id),
+        idempotency_key: Set(new.idempotency_key.as_str().to_owned()),
+        request_hash: Set(fingerprint.clone()),
+        name: Set(new.name.clone()),
+        mode: Set(new.mode),
+        status: Set(BatchStatus::Open),
+        cancel_requested: Set(false),
+        model: Set(new.model.clone()),
+        settings: Set(JsonText(
+            serde_json::to_value(&new.settings).expect("batch settings serialize"),
+        )),
+        item_count: Set(0),
+        succeeded: Set(0),
+        failed: Set(0),
+        cancelled: Set(0),
+        reserved_nanos: Set(0),
+        provider_cost_nanos: Set(0),
+        unknown_bound_nanos: Set(0),
+        customer_charge_nanos: Set(0),
+        created_at: Set(now),
+        updated_at: Set(now),
+        closed_at: Set(None),
+        finished_at: Set(None),
+    };
+    let transaction = begin_write(db).await?;
+    let inserted = batches::Entity::insert(row)
+        .on_conflict(
+            OnConflict::columns([batches::Column::TenantId, batches::Column::IdempotencyKey])
+                .do_nothing()
+                .to_owned(),
+        )
+        .exec_with_returning(&transaction)
+        .await;
+    match inserted {
+        Ok(batch) => {
+            transaction.commit().await?;
+            tracing::info!(batch.id = %batch.id, tenant.id = %tenant_id, model = %batch.model, "batch created");
+            Ok(CreatedBatch {
+                batch,
+                replayed: false,
+            })
+        }
+        Err(sea_orm::DbErr::RecordNotInserted | sea_orm::DbErr::RecordNotFound(_)) => {
+            transaction.rollback().await?;
+            let existing = batches::Entity::find()
+                .filter(batches::Column::TenantId.eq(tenant_id))
+                .filter(batches::Column::IdempotencyKey.eq(new.idempotency_key.as_str()))
+                .one(db)
+                .await?
+                .ok_or(ServiceError::NotFound)?;
+            if existing.request_hash == fingerprint {
+                Ok(CreatedBatch {
+                    batch: existing,
+                    replayed: true,
+                })
+            } else {
+                Err(ServiceError::IdempotencyConflict)
+            }
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// A tenant's batch; `NotFound` for another tenant's.
+pub async fn find_batch(
+    db: &impl ConnectionTrait,
+    tenant_id: Uuid,
+    batch_id: Uuid,
+) -> Result<batches::Model, ServiceError> {
+    batches::Entity::find_by_id(batch_id)
+        .filter(batches::Column::TenantId.eq(tenant_id))
+        .one(db)
+        .await?
+        .ok_or(ServiceError::NotFound)
+}
+
+/// A batch as read, with its items counted by status.
+#[derive(Clone, Debug)]
+pub struct BatchView {
+    pub batch: batches::Model,
+    pub queued: i64,
+    pub running: i64,
+}
+
+impl BatchView {
+    /// Credit still held by the unfinished items.
+    pub fn reserved(&self) -> Credits {
+        Credits::from_nanos(self.batch.reserved_nanos)
+    }
+
+    /// Σ the items' exact provider costs.
+    pub fn provider_cost(&self) -> Credits {
+        Credits::from_nanos(self.batch.provider_cost_nanos)
+    }
+
+    /// Σ the items' exact costs and the bounds of costs not known.
+    pub fn provider_cost_upper_bound(&self) -> Credits {
+        Credits::from_nanos(self.batch.provider_cost_nanos)
+            + Credits::from_nanos(self.batch.unknown_bound_nanos)
+    }
+
+    /// Σ the items' charges.
+    pub fn customer_charge(&self) -> Credits {
+        Credits::from_nanos(self.batch.customer_charge_nanos)
+    }
+}
+
+/// The count of `batch`'s running items: an index range over them alone, which are
+/// never more than the workers run at once. Queued is what is neither running nor
+/// finished. Counting them on the row instead would add a write of the batch row to
+/// every claim and every retry, for a number this reads in microseconds.
+pub async fn view(
+    db: &impl ConnectionTrait,
+    batch: batches::Model,
+) -> Result<BatchView, ServiceError> {
+    let running = i64::try_from(
+        jobs::Entity::find()
+            .filter(jobs::Column::BatchId.eq(batch.id))
+            .filter(jobs::Column::Status.eq(entity::JobStatus::Running))
+            .count(db)
+            .await?,
+    )
+    .unwrap_or(i64::MAX);
+    let queued =
+        (batch.item_count - batch.succeeded - batch.failed - batch.cancelled - running).max(0);
+    Ok(BatchView {
+        batch,
+        queued,
+        running,
+    })
+}
+
+/// A page of a tenant's batches, newest first.
+pub struct BatchPage {
+    pub batches: Vec<batches::Model>,
+    pub has_next_page: bool,
+}
+
+/// A tenant's batches after the cursor `after` (a batch id), newest first.
+pub async fn list_batches(
+    db: &impl ConnectionTrait,
+    tenant_id: Uuid,
+    first: u64,
+    after: Option<Uuid>,
+) -> Result<BatchPage, ServiceError> {
+    let mut query = batches::Entity::find().filter(batches::Column::TenantId.eq(tenant_id));
+    if let Some(after) = after {
+        query = query.filter(batches::Column::Id.lt(after));
+    }
+    let mut batches = query
+        .order_by_desc(batches::Column::Id)
+        .limit(first + 1)
+        .all(db)
+        .await?;
+    let has_next_page = batches.len() as u64 > first;
+    batches.truncate(first as usize);
+    Ok(BatchPage {
+        batches,
+        has_next_page,
+    })
+}
+
+/// A page of a batch's items, in the order they were added, after the cursor `after`
+/// (a job id), of one status if asked; payloads left out as in the jobs list.
+pub async fn list_items(
+    db: &impl ConnectionTrait,
+    batch: &batches::Model,
+    first: u64,
+    after: Option<Uuid>,
+    status: Option<entity::JobStatus>,
+) -> Result<(Vec<jobs::Model>, bool), ServiceError> {
+    let mut query = super::service::jobs_without_payloads()
+        .filter(jobs::Column::BatchId.eq(batch.id))
+        .filter(jobs::Column::TenantId.eq(batch.tenant_id));
+    if let Some(after) = after {
+        query = query.filter(jobs::Column::Id.gt(after));
+    }
+    if let Some(status) = status {
+        query = query.filter(jobs::Column::Status.eq(status));
+    }
+    let mut items = query
+        .order_by_asc(jobs::Column::Id)
+        .limit(first + 1)
+        .all(db)
+        .await?;
+    let has_next_page = items.len() as u64 > first;
+    items.truncate(first as usize);
+    Ok((items, has_next_page))
+}
+
+/// No more items: the batch is CLOSED, or FINISHED at once when every item it has is
+/// finished. Closing a batch that is no longer open changes nothing.
+pub async fn close_batch(
+    db: &DatabaseConnection,
+    tenant_id: Uuid,
+    batch_id: Uuid,
+) -> Result<batches::Model, ServiceError> {
+    let transaction = begin_write(db).await?;
+    let closed = close(&transaction, tenant_id, batch_id, false).await?;
+    transaction.commit().await?;
+    Ok(closed)
+}
+
+/// Closes an open batch in the caller's transaction (and marks it cancel-requested
+/// when `cancel`), finishing it when nothing of it is left to run; writes the
+/// `batch.finished` delivery if it finished.
+async fn close(
+    transaction: &impl ConnectionTrait,
+    tenant_id: Uuid,
+    batch_id: Uuid,
+    cancel: bool,
+) -> Result<batches::Model, ServiceError> {
+    let now = Timestamp::now();
+    let mut update = batches::Entity::update_many()
+        .col_expr(batches::Column::UpdatedAt, Expr::value(now))
+        .col_expr(
+            batches::Column::ClosedAt,
+            Expr::cust_with_values("COALESCE(closed_at, ?)", [now]),
+        )
+        .col_expr(
+            batches::Column::Status,
+            Expr::cust_with_values(
+                "CASE WHEN status = 'open' THEN 'closed' ELSE status END",
+                Vec::<sea_orm::Value>::new(),
+            ),
+        )
+        .filter(batches::Column::Id.eq(batch_id))
+        .filter(batches::Column::TenantId.eq(tenant_id));
+    if cancel {
+        update = update.col_expr(batches::Column::CancelRequested, Expr::value(true));
+    }
+    update.exec(transaction).await?;
+    // A batch whose items all finished already finishes now: no item will move it.
+    BatchTotals::default()
+        .touch(batch_id)
+        .apply(transaction)
+        .await?;
+    find_batch(transaction, tenant_id, batch_id).await
+}
