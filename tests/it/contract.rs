@@ -20,16 +20,6 @@ const NOT_YET_SERVED: &[&str] = &[
     "JobByKey",
     "RerunJob",
     "JobsByLabel",
-    // Batches.
-    "CreateBatch",
-    "AddBatchItems",
-    "CloseBatch",
-    "CancelBatch",
-    "Batch",
-    "Batches",
-    "BatchJobs",
-    "JobBatch",
-    "BatchUpdates",
     // A frontend calling directly: time series, labels, resumable stream, tokens,
     // the webhooks list.
     "BillingSeries",
@@ -120,6 +110,19 @@ fn variables(name: &str) -> Value {
         }}),
         "DeleteWebhook" => json!({"id": id}),
         "WebhookDeliveries" => json!({"first": 5, "after": id}),
+        "CreateBatch" => json!({"input": {
+            "idempotencyKey": "b", "name": "contracts", "mode": "REALTIME", "model": "gpt-4o-mini",
+            "maxOutputTokens": 10, "responseSchema": {"type": "object"}, "maxAttempts": 2,
+            "priority": 3, "deadline": null, "metadata": {"a": 1}
+        }}),
+        "AddBatchItems" => json!({"batchId": id, "items": [{
+            "customId": "doc-1", "messages": [{"role": "user", "content": "hi"}],
+            "maxOutputTokens": 5, "metadata": {"page": 1}
+        }]}),
+        "CloseBatch" | "CancelBatch" | "Batch" | "JobBatch" => json!({"id": id}),
+        "Batches" => json!({"first": 5, "after": id}),
+        "BatchJobs" => json!({"id": id, "first": 5, "after": id, "status": "SUCCEEDED"}),
+        "BatchUpdates" => json!({"id": id}),
         "SetTenantLimits" => json!({"input": {
             "tenantId": id, "dailySpendLimit": "10", "monthlySpendLimit": null,
             "requestsPerMinute": 60, "tokensPerMinute": 100000, "lowBalanceThreshold": "2.5"

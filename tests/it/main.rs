@@ -12,6 +12,7 @@ mod any_text;
 mod api_keys;
 mod audit;
 mod audit_grants;
+mod batches;
 mod batching;
 mod bench;
 mod billing;

@@ -7,7 +7,8 @@
 //! charges), the spend counters against the jobs they count, each grant against its
 //! expiry entries, each reservation against its own amounts, its ledger entries and
 //! its job, each job against its charge, each attempt's cost, each reconciliation
-//! against its attempt. One module per kind of row checked.
+//! against its attempt, each batch's totals against its items. One module per kind of
+//! row checked.
 //!
 //! Sums are aggregate SQL per page of tenants; jobs are read a page at a time with only
 //! their own reservation, charges and ledger totals, so memory stays bounded by the
@@ -16,6 +17,7 @@
 
 mod attempts;
 mod balances;
+mod batches;
 mod grants;
 mod jobs;
 mod report;
@@ -54,6 +56,7 @@ pub async fn audit_in_pages(
     jobs::audit_orphans(db, &mut recorder).await?;
     attempts::audit_attempts(db, &mut recorder).await?;
     attempts::audit_reconciliations(db, &mut recorder).await?;
+    batches::audit_batches(db, &mut recorder, page_size).await?;
     Ok(recorder.finish())
 }
 

@@ -69,11 +69,23 @@ pub enum Invariant {
     UnknownCostHasUpperBound,
     /// A reconciled attempt carries exactly the cost its reconciliation recorded.
     ReconciliationMatchesAttempt,
+    /// A batch's item count and its succeeded, failed and cancelled counts equal its
+    /// items, counted; queued and running are read from the items themselves.
+    BatchCountsMatchItems,
+    /// A batch's `reserved` equals the open holds of its items.
+    BatchReservedMatchesItems,
+    /// A batch's `providerCost` equals the exact costs of its items' attempts.
+    BatchProviderCostMatchesItems,
+    /// A batch's `providerCostUpperBound` less its `providerCost` equals the bounds of
+    /// its items' attempts whose cost is not known.
+    BatchCostBoundMatchesItems,
+    /// A batch's `customerCharge` equals its items' charges.
+    BatchChargeMatchesItems,
 }
 
 impl Invariant {
     /// Every invariant, in report order.
-    pub const ALL: [Self; 17] = [
+    pub const ALL: [Self; 22] = [
         Self::BalanceMatchesLedger,
         Self::AvailableNonNegative,
         Self::GrantedEqualsGrants,
@@ -91,6 +103,11 @@ impl Invariant {
         Self::ChargeMatchesAttempts,
         Self::UnknownCostHasUpperBound,
         Self::ReconciliationMatchesAttempt,
+        Self::BatchCountsMatchItems,
+        Self::BatchReservedMatchesItems,
+        Self::BatchProviderCostMatchesItems,
+        Self::BatchCostBoundMatchesItems,
+        Self::BatchChargeMatchesItems,
     ];
 
     /// The name the report prints.
@@ -113,6 +130,11 @@ impl Invariant {
             Self::ChargeMatchesAttempts => "charge_matches_attempts",
             Self::UnknownCostHasUpperBound => "unknown_cost_has_upper_bound",
             Self::ReconciliationMatchesAttempt => "reconciliation_matches_attempt",
+            Self::BatchCountsMatchItems => "batch_counts_match_items",
+            Self::BatchReservedMatchesItems => "batch_reserved_matches_items",
+            Self::BatchProviderCostMatchesItems => "batch_provider_cost_matches_items",
+            Self::BatchCostBoundMatchesItems => "batch_cost_bound_matches_items",
+            Self::BatchChargeMatchesItems => "batch_charge_matches_items",
         }
     }
 
@@ -134,6 +156,11 @@ impl Invariant {
             | Self::ChargeMatchesAttempts => "jobs",
             Self::UnknownCostHasUpperBound => "attempts",
             Self::ReconciliationMatchesAttempt => "reconciliations",
+            Self::BatchCountsMatchItems
+            | Self::BatchReservedMatchesItems
+            | Self::BatchProviderCostMatchesItems
+            | Self::BatchCostBoundMatchesItems
+            | Self::BatchChargeMatchesItems => "batches",
         }
     }
 
@@ -162,6 +189,7 @@ pub enum Subject {
     Charge(Uuid),
     Attempt(Uuid),
     Reconciliation(Uuid),
+    Batch(Uuid),
 }
 
 impl fmt::Display for Subject {
@@ -175,6 +203,7 @@ impl fmt::Display for Subject {
             Self::Charge(id) => write!(f, "charge {id}"),
             Self::Attempt(id) => write!(f, "attempt {id}"),
             Self::Reconciliation(id) => write!(f, "reconciliation {id}"),
+            Self::Batch(id) => write!(f, "batch {id}"),
         }
     }
 }

@@ -22,7 +22,7 @@ use crate::db::begin_write;
 use crate::error::ServiceError;
 use crate::llm::ProviderRegistry;
 use entity::{BatchMode, BatchStatus, JsonText, Timestamp, batches, jobs};
-use sea_orm::sea_query::{Expr, OnConflict};
+use sea_orm::sea_query::{Expr, Func, OnConflict};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait,
     PaginatorTrait, QueryFilter, QueryOrder, QuerySelect,
@@ -388,14 +388,14 @@ async fn close(
         .col_expr(batches::Column::UpdatedAt, Expr::value(now))
         .col_expr(
             batches::Column::ClosedAt,
-            Expr::cust_with_values("COALESCE(closed_at, ?)", [now]),
+            Expr::from(Func::coalesce([
+                Expr::col(batches::Column::ClosedAt),
+                Expr::value(now),
+            ])),
         )
         .col_expr(
             batches::Column::Status,
-            Expr::cust_with_values(
-                "CASE WHEN status = 'open' THEN 'closed' ELSE status END",
-                Vec::<sea_orm::Value>::new(),
-            ),
+            Expr::cust("CASE WHEN status = 'open' THEN 'closed' ELSE status END"),
         )
         .filter(batches::Column::Id.eq(batch_id))
         .filter(batches::Column::TenantId.eq(tenant_id));

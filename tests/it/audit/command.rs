@@ -78,7 +78,7 @@ async fn the_audit_command_exits_zero_when_clean_and_one_on_a_violation(backend:
             "{stdout}"
         );
     }
-    assert!(stdout.contains("clean: all 17 invariants hold"), "{stdout}");
+    assert!(stdout.contains("clean: all 22 invariants hold"), "{stdout}");
 
     bump_tenant(&s.app, &s.tenant, tenants::Column::HeldNanos, 1).await;
     let (code, stdout, stderr) = run_audit_command(&url).await;
@@ -96,7 +96,7 @@ async fn the_audit_command_exits_zero_when_clean_and_one_on_a_violation(backend:
         "{stdout}"
     );
     assert!(
-        stdout.contains("NOT CLEAN: 1 of 17 invariants violated"),
+        stdout.contains("NOT CLEAN: 1 of 22 invariants violated"),
         "{stdout}"
     );
 

@@ -29,7 +29,7 @@ async fn a_normal_scenario_audits_clean(backend: Backend) {
             "{invariant} missing from the report:\n{text}"
         );
     }
-    assert!(text.ends_with("clean: all 17 invariants hold\n"), "{text}");
+    assert!(text.ends_with("clean: all 22 invariants hold\n"), "{text}");
     assert_billing_invariants(&s.app.app.db).await;
     let snapshot = audit::audit_snapshot(&s.app.app.db).await.unwrap();
     assert_eq!(snapshot, report);

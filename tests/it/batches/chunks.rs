@@ -1,0 +1,114 @@
+//! Adding items: all or nothing per chunk, idempotent by customId, refused once closed.
+
+use super::{add_items, batch, create_batch, items};
+use crate::helpers::{ADMIN_TOKEN, AppOptions, Backend, decimal, error_code, spawn_app_with};
+use crate::invariants::assert_billing_invariants;
+use serde_json::json;
+
+on_both_backends!(
+    a_chunk_that_does_not_fit_adds_nothing,
+    a_changed_item_is_a_conflict_for_the_whole_call,
+    a_closed_batch_refuses_items,
+    a_spend_cap_refuses_the_whole_chunk,
+);
+
+async fn a_chunk_that_does_not_fit_adds_nothing(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    // One item holds about 0.00015 (three calls at most): 10 fit, 1,000 do not.
+    let tenant = app.funded_tenant("acme", "0.01").await;
+    let id = create_batch(&app, &tenant, "b").await;
+    let before = app.balance(&tenant).await;
+    let response = add_items(&app, &tenant, id, &items("doc-", 0, 1_000)).await;
+    assert_eq!(error_code(&response), "INSUFFICIENT_CREDITS", "{response}");
+    assert_eq!(
+        app.balance(&tenant).await,
+        before,
+        "a refused chunk holds nothing"
+    );
+    let read = batch(&app, &tenant, id).await;
+    assert_eq!(read["itemCount"], 0);
+    assert_eq!(decimal(&read["reserved"]), decimal(&json!("0")));
+    let jobs = app
+        .operation(Some(&tenant.key), "Jobs", json!({"first": 10}))
+        .await;
+    assert_eq!(jobs["data"]["jobs"]["edges"], json!([]), "{jobs}");
+    // What fits is added whole.
+    let response = add_items(&app, &tenant, id, &items("doc-", 0, 10)).await;
+    assert!(response["errors"].is_null(), "{response}");
+    assert_eq!(response["data"]["addBatchItems"]["added"], 10);
+    assert_billing_invariants(&app.app.db).await;
+}
+
+async fn a_changed_item_is_a_conflict_for_the_whole_call(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "10").await;
+    let id = create_batch(&app, &tenant, "b").await;
+    let first = items("doc-", 0, 5);
+    let response = add_items(&app, &tenant, id, &first).await;
+    assert_eq!(response["data"]["addBatchItems"]["added"], 5, "{response}");
+    // The same chunk again: nothing added, all replayed.
+    let again = add_items(&app, &tenant, id, &first).await;
+    assert_eq!(again["data"]["addBatchItems"]["added"], 0, "{again}");
+    assert_eq!(again["data"]["addBatchItems"]["replayed"], 5);
+    // Three new items and one changed one: the whole call is refused.
+    let mut changed = items("doc-", 3, 4);
+    changed[0]["messages"][0]["content"] = json!("another document");
+    let balance = app.balance(&tenant).await;
+    let response = add_items(&app, &tenant, id, &changed).await;
+    assert_eq!(error_code(&response), "IDEMPOTENCY_CONFLICT", "{response}");
+    assert_eq!(app.balance(&tenant).await, balance);
+    assert_eq!(batch(&app, &tenant, id).await["itemCount"], 5);
+    // Within one call too: one customId with two inputs.
+    let mut twice = items("new-", 0, 2);
+    twice[1]["customId"] = json!("new-0");
+    let response = add_items(&app, &tenant, id, &twice).await;
+    assert_eq!(error_code(&response), "IDEMPOTENCY_CONFLICT", "{response}");
+    assert_eq!(batch(&app, &tenant, id).await["itemCount"], 5);
+    assert_billing_invariants(&app.app.db).await;
+}
+
+async fn a_closed_batch_refuses_items(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "10").await;
+    let id = create_batch(&app, &tenant, "b").await;
+    assert!(add_items(&app, &tenant, id, &items("a", 0, 3)).await["errors"].is_null());
+    let closed = app
+        .operation(Some(&tenant.key), "CloseBatch", json!({"id": id}))
+        .await;
+    assert_eq!(closed["data"]["closeBatch"]["status"], "CLOSED", "{closed}");
+    let balance = app.balance(&tenant).await;
+    let response = add_items(&app, &tenant, id, &items("b", 0, 3)).await;
+    assert_eq!(error_code(&response), "VALIDATION", "{response}");
+    assert_eq!(app.balance(&tenant).await, balance);
+    assert_eq!(batch(&app, &tenant, id).await["itemCount"], 3);
+    // An empty batch closes straight to FINISHED, with its webhook-worthy end.
+    let empty = create_batch(&app, &tenant, "empty").await;
+    let closed = app
+        .operation(Some(&tenant.key), "CloseBatch", json!({"id": empty}))
+        .await;
+    assert_eq!(
+        closed["data"]["closeBatch"]["status"], "FINISHED",
+        "{closed}"
+    );
+    assert_billing_invariants(&app.app.db).await;
+}
+
+async fn a_spend_cap_refuses_the_whole_chunk(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "10").await;
+    let set = app
+        .operation(
+            Some(ADMIN_TOKEN),
+            "SetTenantLimits",
+            json!({"input": {"tenantId": tenant.id, "dailySpendLimit": "0.0001"}}),
+        )
+        .await;
+    assert!(set["errors"].is_null(), "{set}");
+    let id = create_batch(&app, &tenant, "b").await;
+    let before = app.balance(&tenant).await;
+    let response = add_items(&app, &tenant, id, &items("doc-", 0, 1_000)).await;
+    assert_eq!(error_code(&response), "SPEND_LIMIT_EXCEEDED", "{response}");
+    assert_eq!(app.balance(&tenant).await, before);
+    assert_eq!(batch(&app, &tenant, id).await["itemCount"], 0);
+    assert_billing_invariants(&app.app.db).await;
+}
