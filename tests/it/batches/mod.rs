@@ -4,7 +4,9 @@
 
 mod audit;
 mod chunks;
+mod finish;
 mod lifecycle;
+mod processes;
 
 use crate::helpers::{TestApp, TestTenant};
 use serde_json::{Value, json};
