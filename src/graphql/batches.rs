@@ -169,7 +169,7 @@ impl BatchQuery {
     ) -> async_graphql::Result<Batch> {
         let db = &app(context).db;
         let tenant_id = Scope::single_tenant(db, principal(context)?, tenant_id).await?;
-        Ok(batches::find_batch(db, tenant_id, id).await?.into())
+        Ok(batches::read(db, tenant_id, id).await?.into())
     }
 
     /// The caller's batches, newest first, `first` at a time (at most 100).

@@ -278,29 +278,67 @@ impl BatchView {
     }
 }
 
-/// The count of `batch`'s running items: an index range over them alone, which are
-/// never more than the workers run at once. Queued is what is neither running nor
-/// finished. Counting them on the row instead would add a write of the batch row to
-/// every claim and every retry, for a number this reads in microseconds.
+/// A tenant's batch with its items counted by status, in one statement: the row,
+/// and an index range over its running items, which are never more than the workers
+/// run at once. Queued is what is neither running nor finished. Counting the running
+/// ones on the row instead would add a write of the batch row to every claim and every
+/// retry, for a number this reads in microseconds. `NotFound` for another tenant's.
+pub async fn read(
+    db: &impl ConnectionTrait,
+    tenant_id: Uuid,
+    batch_id: Uuid,
+) -> Result<BatchView, ServiceError> {
+    let row = batches::Entity::find_by_id(batch_id)
+        .filter(batches::Column::TenantId.eq(tenant_id))
+        .column_as(running_items(), "running")
+        .into_model::<ViewRow>()
+        .one(db)
+        .await?
+        .ok_or(ServiceError::NotFound)?;
+    Ok(BatchView::of(row.batch, row.running))
+}
+
+/// [`read`] for a batch row already read.
 pub async fn view(
     db: &impl ConnectionTrait,
     batch: batches::Model,
 ) -> Result<BatchView, ServiceError> {
-    let running = i64::try_from(
-        jobs::Entity::find()
-            .filter(jobs::Column::BatchId.eq(batch.id))
-            .filter(jobs::Column::Status.eq(entity::JobStatus::Running))
-            .count(db)
-            .await?,
-    )
-    .unwrap_or(i64::MAX);
-    let queued =
-        (batch.item_count - batch.succeeded - batch.failed - batch.cancelled - running).max(0);
-    Ok(BatchView {
+    let running = jobs::Entity::find()
+        .filter(jobs::Column::BatchId.eq(batch.id))
+        .filter(jobs::Column::Status.eq(entity::JobStatus::Running))
+        .count(db)
+        .await?;
+    Ok(BatchView::of(
         batch,
-        queued,
-        running,
-    })
+        i64::try_from(running).unwrap_or(i64::MAX),
+    ))
+}
+
+/// `COUNT(*)` of the running items of the batch row being read.
+fn running_items() -> Expr {
+    Expr::cust(
+        "(SELECT COUNT(*) FROM jobs WHERE jobs.batch_id = batches.id AND jobs.status = 'running')",
+    )
+}
+
+/// A batch row with its running items counted.
+#[derive(Debug, sea_orm::FromQueryResult)]
+struct ViewRow {
+    #[sea_orm(nested)]
+    batch: batches::Model,
+    running: i64,
+}
+
+impl BatchView {
+    fn of(batch: batches::Model, running: i64) -> Self {
+        let queued =
+            (batch.item_count - batch.succeeded - batch.failed - batch.cancelled - running).max(0);
+        Self {
+            batch,
+            queued,
+            running,
+        }
+    }
 }
 
 /// A page of a tenant's batches, newest first.

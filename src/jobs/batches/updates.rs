@@ -9,7 +9,7 @@
 //! Closing a batch whose items had all finished moves no item, so no event tells of
 //! it: a read every [`QUIET_REREAD`] while nothing else wakes the stream covers that.
 
-use super::{BatchView, find_batch, view};
+use super::{BatchView, read};
 use crate::error::ServiceError;
 use crate::jobs::bus::EventBus;
 use entity::BatchStatus;
@@ -38,7 +38,7 @@ pub fn batch_updates(
         loop {
             let read_at = tokio::time::Instant::now();
             notices.skip_queued();
-            let current = view(&db, find_batch(&db, tenant_id, batch_id).await?).await?;
+            let current = read(&db, tenant_id, batch_id).await?;
             let finished = current.batch.status == BatchStatus::Finished;
             let state = Some(State::of(&current));
             if state != last {

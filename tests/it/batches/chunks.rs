@@ -10,6 +10,7 @@ on_both_backends!(
     a_changed_item_is_a_conflict_for_the_whole_call,
     a_closed_batch_refuses_items,
     a_spend_cap_refuses_the_whole_chunk,
+    create_batch_is_idempotent_and_refuses_what_it_cannot_honour,
 );
 
 async fn a_chunk_that_does_not_fit_adds_nothing(backend: Backend) {
@@ -111,4 +112,50 @@ async fn a_spend_cap_refuses_the_whole_chunk(backend: Backend) {
     assert_eq!(app.balance(&tenant).await, before);
     assert_eq!(batch(&app, &tenant, id).await["itemCount"], 0);
     assert_billing_invariants(&app.app.db).await;
+}
+
+async fn create_batch_is_idempotent_and_refuses_what_it_cannot_honour(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "10").await;
+    let input =
+        json!({"idempotencyKey": "k", "name": "n", "model": "gpt-4o-mini", "maxOutputTokens": 50});
+    let create = |input: serde_json::Value| {
+        let app = &app;
+        let key = tenant.key.clone();
+        async move {
+            app.operation(Some(&key), "CreateBatch", json!({"input": input}))
+                .await
+        }
+    };
+    let first = create(input.clone()).await;
+    assert_eq!(first["data"]["createBatch"]["replayed"], false, "{first}");
+    let again = create(input.clone()).await;
+    assert_eq!(again["data"]["createBatch"]["replayed"], true, "{again}");
+    assert_eq!(
+        again["data"]["createBatch"]["batch"]["id"],
+        first["data"]["createBatch"]["batch"]["id"]
+    );
+    let mut other = input.clone();
+    other["maxOutputTokens"] = json!(60);
+    assert_eq!(error_code(&create(other).await), "IDEMPOTENCY_CONFLICT");
+    for (field, value) in [
+        ("mode", json!("PROVIDER_BATCH")),
+        ("deadline", json!("2030-01-01T00:00:00Z")),
+        ("model", json!("no-such-model")),
+        ("maxOutputTokens", json!(0)),
+        ("responseSchema", json!({"type": 12})),
+    ] {
+        let mut refused = input.clone();
+        refused["idempotencyKey"] = json!(format!("k-{field}"));
+        refused[field] = value;
+        assert_eq!(error_code(&create(refused).await), "VALIDATION", "{field}");
+    }
+    let listed = app
+        .operation(Some(&tenant.key), "Batches", json!({"first": 10}))
+        .await;
+    assert_eq!(
+        listed["data"]["batches"]["edges"].as_array().unwrap().len(),
+        1,
+        "{listed}"
+    );
 }
