@@ -7,6 +7,7 @@ mod console;
 mod graphql;
 mod health;
 mod limits;
+mod rate;
 mod serve;
 mod sse;
 mod websocket;
@@ -23,6 +24,7 @@ use tower_http::set_header::SetResponseHeaderLayer;
 use tower_http::trace::TraceLayer;
 
 pub use limits::{MAX_CONNECTIONS_PER_ADDRESS, MAX_SOCKETS_PER_ADDRESS};
+pub use rate::ANONYMOUS_REQUEST_BURST;
 pub use serve::serve;
 
 /// What every handler shares.
@@ -38,6 +40,7 @@ pub struct HttpState {
 struct ClientLimits {
     auth_failures: AuthThrottle,
     slots: RequestSlots,
+    anonymous_rate: rate::AnonymousRate,
     sockets: limits::AddressCounts,
 }
 
@@ -46,6 +49,7 @@ impl Default for ClientLimits {
         Self {
             auth_failures: AuthThrottle::default(),
             slots: RequestSlots::default(),
+            anonymous_rate: rate::AnonymousRate::default(),
             sockets: limits::AddressCounts::new(MAX_SOCKETS_PER_ADDRESS),
         }
     }
