@@ -2,7 +2,8 @@
 
 use crate::billing::ChargingPolicy;
 use crate::config::{
-    AdminTokenError, DEFAULT_DATABASE_URL, OperationsSettings, ProviderSettings, Settings,
+    AdminTokenError, DEFAULT_DATABASE_URL, LiveConnectionSettings, OperationsSettings,
+    ProviderSettings, Settings,
 };
 use crate::jobs::flow::FlowLimits;
 use crate::jobs::worker::WorkerSettings;
@@ -127,6 +128,19 @@ struct WorkerArgs {
     #[arg(long, env = "JOBLEDGER_RETENTION_DAYS", value_name = "D",
           value_parser = clap::value_parser!(u32).range(1..=36_500))]
     retention_days: Option<u32>,
+    /// Close a WebSocket connection that held no subscription for S seconds (it
+    /// answers pings, so nothing else would); one holding a subscription is never
+    /// closed as idle.
+    #[arg(long, env = "JOBLEDGER_UNSUBSCRIBED_SOCKET_TIMEOUT_SECONDS", value_name = "S",
+          default_value_t = crate::config::DEFAULT_UNSUBSCRIBED_SOCKET_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..))]
+    unsubscribed_socket_timeout_seconds: u64,
+    /// Live connections (WebSocket connections and SSE streams) the API holds open at
+    /// once across all clients; past it a new one is refused with 503.
+    #[arg(long, env = "JOBLEDGER_MAX_LIVE_CONNECTIONS", value_name = "N",
+          default_value_t = crate::config::DEFAULT_MAX_LIVE_CONNECTIONS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_live_connections: usize,
     /// Let webhooks reach loopback, private and link-local addresses (development and
     /// tests); off, createWebhook refuses them and every delivery re-checks.
     #[arg(long, env = "JOBLEDGER_ALLOW_PRIVATE_WEBHOOKS")]
@@ -193,6 +207,12 @@ impl WorkerArgs {
                 retention: self
                     .retention_days
                     .map(|days| Duration::from_secs(u64::from(days) * 24 * 60 * 60)),
+                live: LiveConnectionSettings {
+                    max_open: self.max_live_connections,
+                    unsubscribed_socket_timeout: Duration::from_secs(
+                        self.unsubscribed_socket_timeout_seconds,
+                    ),
+                },
             },
             allow_private_webhooks: self.allow_private_webhooks,
         })

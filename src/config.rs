@@ -44,6 +44,12 @@ pub struct Settings {
     pub allow_private_webhooks: bool,
 }
 
+/// How long a WebSocket connection may hold no subscription before it is closed.
+pub const DEFAULT_UNSUBSCRIBED_SOCKET_TIMEOUT: std::time::Duration =
+    std::time::Duration::from_secs(300);
+/// Live connections (WebSocket, SSE) the API holds open at once, across all clients.
+pub const DEFAULT_MAX_LIVE_CONNECTIONS: usize = 4_096;
+
 /// What keeps a long-running deployment observable and small.
 #[derive(Clone, Debug, Default)]
 pub struct OperationsSettings {
@@ -51,6 +57,29 @@ pub struct OperationsSettings {
     pub metrics_listen: Option<SocketAddr>,
     /// Jobs finished longer ago lose their events and payloads; `None` keeps all.
     pub retention: Option<std::time::Duration>,
+    /// The bounds on the API's live connections.
+    pub live: LiveConnectionSettings,
+}
+
+/// The bounds on the API's live connections (WebSocket connections, SSE streams)
+/// that are not constants (see `http::live`).
+#[derive(Clone, Copy, Debug)]
+pub struct LiveConnectionSettings {
+    /// Open at once across all clients (`--max-live-connections`); past it a new one is
+    /// refused with 503.
+    pub max_open: usize,
+    /// A WebSocket connection holding no subscription this long is closed: it answers
+    /// pings, so nothing else would close it (`--unsubscribed-socket-timeout-seconds`).
+    pub unsubscribed_socket_timeout: std::time::Duration,
+}
+
+impl Default for LiveConnectionSettings {
+    fn default() -> Self {
+        Self {
+            max_open: DEFAULT_MAX_LIVE_CONNECTIONS,
+            unsubscribed_socket_timeout: DEFAULT_UNSUBSCRIBED_SOCKET_TIMEOUT,
+        }
+    }
 }
 
 /// Where each provider family is reached.

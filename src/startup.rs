@@ -62,6 +62,7 @@ pub struct Application {
     /// Where `/metrics`, `/healthz` and `/readyz` are served besides the API.
     metrics_listener: Option<TcpListener>,
     retention: Option<std::time::Duration>,
+    live_connections: crate::config::LiveConnectionSettings,
     worker: Option<Worker>,
     simulator: Option<BuiltInSimulator>,
     relay: NotificationRelay,
@@ -168,6 +169,7 @@ impl Application {
             listener,
             metrics_listener,
             retention: settings.operations.retention,
+            live_connections: settings.operations.live,
             worker,
             simulator,
             relay,
@@ -260,7 +262,10 @@ impl Application {
         if let Some(listener) = self.listener {
             let address = listener.local_addr()?;
             let schema = graphql::build_schema(self.app.clone());
-            let router = http::router(HttpState::new(self.app.clone(), schema), metrics_elsewhere);
+            let router = http::router(
+                HttpState::new(self.app.clone(), schema, self.live_connections),
+                metrics_elsewhere,
+            );
             tracing::info!(address = %address, "listening on http://{address}/graphql");
             http::serve(listener, router, shutdown.clone()).await?;
         } else {

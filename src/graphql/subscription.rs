@@ -7,8 +7,8 @@ use crate::jobs::bus::{MAX_SUBSCRIPTIONS_PER_TENANT, SubscriptionSlot};
 use crate::jobs::{batches, events, service};
 use async_graphql::{Context, Subscription};
 use futures_util::{Stream, StreamExt};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 /// Live subscriptions one connection may hold at once.
@@ -70,27 +70,58 @@ impl SubscriptionRoot {
 }
 
 /// The live subscriptions of one connection, counted against
-/// [`MAX_SUBSCRIPTIONS_PER_CONNECTION`]; put in each connection's data.
+/// [`MAX_SUBSCRIPTIONS_PER_CONNECTION`], and since when it has held none (a
+/// connection holding none for long is closed); put in each connection's data.
 #[derive(Clone, Debug, Default)]
-pub struct ConnectionSubscriptions(Arc<AtomicUsize>);
+pub struct ConnectionSubscriptions(Arc<Mutex<LiveCount>>);
+
+#[derive(Debug)]
+struct LiveCount {
+    open: usize,
+    /// When `open` last changed (or the connection opened).
+    changed_at: Instant,
+}
+
+impl Default for LiveCount {
+    fn default() -> Self {
+        Self {
+            open: 0,
+            changed_at: Instant::now(),
+        }
+    }
+}
 
 impl ConnectionSubscriptions {
     fn admit(&self) -> Option<ConnectionSlot> {
-        self.0
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
-                (open < MAX_SUBSCRIPTIONS_PER_CONNECTION).then_some(open + 1)
-            })
-            .ok()
-            .map(|_| ConnectionSlot(self.0.clone()))
+        let mut count = self.lock();
+        if count.open >= MAX_SUBSCRIPTIONS_PER_CONNECTION {
+            return None;
+        }
+        count.open += 1;
+        count.changed_at = Instant::now();
+        Some(ConnectionSlot(self.clone()))
+    }
+
+    /// How long the connection has held no live subscription; `None` while it holds
+    /// one.
+    pub fn quiet_for(&self) -> Option<Duration> {
+        let count = self.lock();
+        (count.open == 0).then(|| count.changed_at.elapsed())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LiveCount> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
 /// One subscription counted against its connection's limit.
-struct ConnectionSlot(Arc<AtomicUsize>);
+struct ConnectionSlot(ConnectionSubscriptions);
 
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        let mut count = self.0.lock();
+        count.open -= 1;
+        count.changed_at = Instant::now();
     }
 }
 

@@ -1,11 +1,13 @@
 //! Per-client limits kept in memory: failed authentications per address (with the
 //! lookups in flight reserved against them), GraphQL requests in flight per principal
-//! (and for all keyless requests together), and open connections per address. All are
-//! per process; all forget a client once it is quiet, so their memory stays bounded.
+//! (and for all keyless requests together), and open connections per address (or per
+//! tenant, see `live`). All are per process; all forget a client once it is quiet, so
+//! their memory stays bounded.
 
 use crate::accounts::Principal;
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::hash::Hash;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -339,15 +341,19 @@ pub const MAX_SOCKETS_PER_ADDRESS: usize = 256;
 /// so that a few addresses cannot take every descriptor of the process.
 pub const MAX_CONNECTIONS_PER_ADDRESS: usize = 256;
 
-/// Counts the open connections of each client address, up to a cap.
+/// Counts the open connections of each client address (or of each tenant), up to a
+/// cap.
 #[derive(Debug)]
-pub struct AddressCounts {
+pub struct OpenCounts<K> {
     cap: usize,
-    open: Arc<Mutex<HashMap<ClientAddress, usize>>>,
+    open: Arc<Mutex<HashMap<K, usize>>>,
 }
 
-impl AddressCounts {
-    /// At most `cap` connections per address.
+/// Open connections per client address.
+pub type AddressCounts = OpenCounts<ClientAddress>;
+
+impl<K: Copy + Eq + Hash> OpenCounts<K> {
+    /// At most `cap` connections per key.
     pub fn new(cap: usize) -> Self {
         Self {
             cap,
@@ -355,33 +361,33 @@ impl AddressCounts {
         }
     }
 
-    /// One more connection of `client`, or `None` when it holds its cap already. The
+    /// One more connection of `key`, or `None` when it holds its cap already. The
     /// count drops with the returned place.
-    pub fn admit(&self, client: ClientAddress) -> Option<AddressPlace> {
+    pub fn admit(&self, key: K) -> Option<Place<K>> {
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        let count = open.entry(client).or_default();
+        let count = open.entry(key).or_default();
         if *count >= self.cap {
             return None;
         }
         *count += 1;
-        Some(AddressPlace {
+        Some(Place {
             open: self.open.clone(),
-            client,
+            key,
         })
     }
 }
 
-/// One open connection, counted against its address.
+/// One open connection, counted against its address (or tenant).
 #[derive(Debug)]
-pub struct AddressPlace {
-    open: Arc<Mutex<HashMap<ClientAddress, usize>>>,
-    client: ClientAddress,
+pub struct Place<K: Copy + Eq + Hash> {
+    open: Arc<Mutex<HashMap<K, usize>>>,
+    key: K,
 }
 
-impl Drop for AddressPlace {
+impl<K: Copy + Eq + Hash> Drop for Place<K> {
     fn drop(&mut self) {
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Entry::Occupied(mut count) = open.entry(self.client) {
+        if let Entry::Occupied(mut count) = open.entry(self.key) {
             *count.get_mut() -= 1;
             if *count.get() == 0 {
                 count.remove();

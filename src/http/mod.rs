@@ -7,10 +7,13 @@ mod console;
 mod graphql;
 mod health;
 mod limits;
+mod live;
+mod rate;
 mod serve;
 mod sse;
 mod websocket;
 
+use crate::config::LiveConnectionSettings;
 use crate::graphql::AppSchema;
 use crate::startup::App;
 use axum::Router;
@@ -19,10 +22,13 @@ use axum::http::{HeaderValue, header};
 use axum::routing::get;
 use limits::{AuthThrottle, RequestSlots};
 use std::sync::Arc;
+use std::time::Duration;
 use tower_http::set_header::SetResponseHeaderLayer;
 use tower_http::trace::TraceLayer;
 
 pub use limits::{MAX_CONNECTIONS_PER_ADDRESS, MAX_SOCKETS_PER_ADDRESS};
+pub use live::MAX_LIVE_CONNECTIONS_PER_TENANT;
+pub use rate::ANONYMOUS_REQUEST_BURST;
 pub use serve::serve;
 
 /// What every handler shares.
@@ -31,6 +37,8 @@ pub struct HttpState {
     pub app: App,
     pub schema: AppSchema,
     limits: Arc<ClientLimits>,
+    /// How long a WebSocket connection may hold no subscription before it is closed.
+    unsubscribed_socket_timeout: Duration,
 }
 
 /// The in-memory limits every GraphQL request passes (see `limits`).
@@ -38,26 +46,32 @@ pub struct HttpState {
 struct ClientLimits {
     auth_failures: AuthThrottle,
     slots: RequestSlots,
+    anonymous_rate: rate::AnonymousRate,
     sockets: limits::AddressCounts,
+    live: live::LiveConnections,
 }
 
-impl Default for ClientLimits {
-    fn default() -> Self {
+impl ClientLimits {
+    fn new(live: &LiveConnectionSettings) -> Self {
         Self {
             auth_failures: AuthThrottle::default(),
             slots: RequestSlots::default(),
+            anonymous_rate: rate::AnonymousRate::default(),
             sockets: limits::AddressCounts::new(MAX_SOCKETS_PER_ADDRESS),
+            live: live::LiveConnections::new(live),
         }
     }
 }
 
 impl HttpState {
-    /// The state of one server: `app` and `schema`, with fresh client limits.
-    pub fn new(app: App, schema: AppSchema) -> Self {
+    /// The state of one server: `app` and `schema`, with fresh client limits and the
+    /// bounds on its live connections.
+    pub fn new(app: App, schema: AppSchema, live: LiveConnectionSettings) -> Self {
         Self {
             app,
             schema,
-            limits: Arc::default(),
+            limits: Arc::new(ClientLimits::new(&live)),
+            unsubscribed_socket_timeout: live.unsubscribed_socket_timeout,
         }
     }
 }

@@ -10,7 +10,8 @@
 //! `next` event holding them, as the protocol asks, since a client's event source
 //! would otherwise see only a failed connection. A stream ends when the client closes
 //! it, when it completes, or when its key is revoked. An authenticated caller's
-//! stream is never shed as an idle connection while it lasts.
+//! stream is never shed as an idle connection while it lasts; it counts among the
+//! live connections of its tenant and of the process (see `live`).
 
 use super::HttpState;
 use super::graphql::admission::authenticate_client;
@@ -18,7 +19,9 @@ use super::graphql::body::{BodyLimit, read_body};
 use super::graphql::responses::{JSON, check_content_type};
 use super::graphql::selected_operation;
 use super::limits::{ClientAddress, RequestOwner, SLOT_WAIT};
+use super::live::MAX_LIVE_CONNECTIONS_PER_TENANT;
 use super::serve::LiveStreams;
+use crate::accounts::Principal;
 use crate::accounts::api_keys::{self, Identity};
 use crate::graphql::ErrorCode;
 use crate::graphql::cost::{self, QueryBudget, StreamingTransport};
@@ -113,8 +116,33 @@ fn respond(
     live: Option<Extension<LiveStreams>>,
 ) -> Response {
     let principal = identity.map(|identity| identity.principal);
+    let Some(budget) = state.limits.live.open() else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "5")],
+            "the server holds as many live connections as it may",
+        )
+            .into_response();
+    };
+    let tenant_place = match principal {
+        Some(Principal::Tenant { tenant_id }) => match state.limits.live.admit_tenant(tenant_id) {
+            Some(place) => Some(place),
+            None => {
+                return (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    [(header::RETRY_AFTER, "5")],
+                    format!(
+                        "a tenant may hold at most {MAX_LIVE_CONNECTIONS_PER_TENANT} live connections on one server"
+                    ),
+                )
+                    .into_response();
+            }
+        },
+        _ => None,
+    };
     // Held by the stream: the connection is not idle while a tenant's stream lasts.
     let held = principal.and(live).map(|Extension(live)| live.hold());
+    let places = (budget, tenant_place);
     let results = match request {
         Ok(mut request) => {
             // GET must not change anything. Its text is measured before it is parsed
@@ -158,7 +186,7 @@ fn respond(
     };
     let key_id = identity.and_then(|identity| identity.key_id);
     let results = until_revoked(state.app.clone(), key_id, results).map(move |result| {
-        let _held = &held;
+        let _held = (&held, &places);
         result
     });
     Sse::new(events(results))

@@ -11,10 +11,17 @@
 //! subscribers it has. A receiver that sees a gap, a notice without its event, or that
 //! may have missed notices (it lagged, or the cross-process listener reconnected) is
 //! told so and re-reads. No subscriber polls the database.
+//!
+//! The relay brings this process's own stored events round again (through NOTIFY on
+//! PostgreSQL, through the shared poll on SQLite); the bus remembers the ones it
+//! published and drops them the second time, since a burst heard twice fills the
+//! receivers' queues twice as fast and makes every one of them lag and re-read. The
+//! re-reads of one tenant's account streams are shared (see `events::reread`).
 
+use super::events::reread::{SharedRereads, TenantRereads};
 use entity::{EventKind, JobStatus, JsonText, Timestamp, job_events};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::broadcast::{self, error::RecvError};
 use tokio::sync::watch;
@@ -28,6 +35,10 @@ const WIDE_CAPACITY: usize = 4096;
 /// little memory and a database read per event, so a runaway client is stopped long
 /// before it can slow other tenants.
 pub const MAX_SUBSCRIPTIONS_PER_TENANT: usize = 2_000;
+/// How many of its own stored events the bus remembers, to drop them when the relay
+/// brings them round again: more than the relay reads in a few turns. One forgotten
+/// early is delivered twice, which receivers tolerate.
+const REMEMBERED_OWN_EVENTS: usize = 65_536;
 
 /// A hint that an event was stored, published after its transaction committed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -112,6 +123,35 @@ struct Hub {
     missed: watch::Sender<u64>,
     revoked_keys: broadcast::Sender<Uuid>,
     subscriptions_by_tenant: Mutex<HashMap<Uuid, usize>>,
+    published_here: Mutex<OwnEvents>,
+    rereads: SharedRereads,
+}
+
+/// The stored events this process published, newest last, so that the relay does not
+/// publish them again.
+#[derive(Debug, Default)]
+struct OwnEvents {
+    events: HashSet<(Uuid, i32)>,
+    order: VecDeque<(Uuid, i32)>,
+}
+
+impl OwnEvents {
+    fn remember(&mut self, event: (Uuid, i32)) {
+        if self.events.insert(event) {
+            self.order.push_back(event);
+        }
+        while self.order.len() > REMEMBERED_OWN_EVENTS {
+            if let Some(oldest) = self.order.pop_front() {
+                self.events.remove(&oldest);
+            }
+        }
+    }
+
+    /// Whether `event` was published here; it is forgotten then (each comes round
+    /// once), though it stays in `order` until it ages out.
+    fn take(&mut self, event: (Uuid, i32)) -> bool {
+        self.events.remove(&event)
+    }
 }
 
 impl Default for EventBus {
@@ -123,6 +163,8 @@ impl Default for EventBus {
                 missed: watch::channel(0).0,
                 revoked_keys: broadcast::channel(WIDE_CAPACITY).0,
                 subscriptions_by_tenant: Mutex::default(),
+                published_here: Mutex::default(),
+                rereads: SharedRereads::default(),
             }),
         }
     }
@@ -135,18 +177,35 @@ impl EventBus {
         self.hub.id
     }
 
-    /// Tells the receivers of each notice's topics about committed events.
+    /// Tells the receivers of each notice's topics about events this process committed.
     pub fn publish(&self, notices: impl IntoIterator<Item = EventNotice>) {
+        let notices: Vec<_> = notices.into_iter().collect();
+        let mut own = self.hub.own_events();
+        for notice in notices.iter().filter(|notice| is_stored(notice)) {
+            own.remember((notice.job_id, notice.seq));
+        }
+        drop(own);
         self.publish_to(notices, true);
     }
 
-    /// Like [`publish`](Self::publish), but not to worker loops: for notices they find
-    /// by polling anyway.
-    pub fn publish_to_subscribers(&self, notices: impl IntoIterator<Item = EventNotice>) {
-        self.publish_to(notices, false);
+    /// Publishes what the relay heard, but for this process's own stored events,
+    /// which [`publish`](Self::publish) delivered already; to worker loops too unless
+    /// `to_workers` is false (for notices they find by polling anyway).
+    pub fn publish_relayed(
+        &self,
+        notices: impl IntoIterator<Item = EventNotice>,
+        to_workers: bool,
+    ) {
+        let mut own = self.hub.own_events();
+        let heard: Vec<_> = notices
+            .into_iter()
+            .filter(|notice| !(is_stored(notice) && own.take((notice.job_id, notice.seq))))
+            .collect();
+        drop(own);
+        self.publish_to(heard, to_workers);
     }
 
-    fn publish_to(&self, notices: impl IntoIterator<Item = EventNotice>, to_workers: bool) {
+    fn publish_to(&self, notices: Vec<EventNotice>, to_workers: bool) {
         let topics = self.hub.topics();
         for notice in notices {
             let created =
@@ -237,6 +296,11 @@ impl EventBus {
         self.hub.subscriptions().values().sum()
     }
 
+    /// The shared re-reads of `tenant_id`'s account streams.
+    pub(crate) fn tenant_rereads(&self, tenant_id: Uuid) -> std::sync::Arc<TenantRereads> {
+        self.hub.rereads.tenant(tenant_id)
+    }
+
     /// How many topics have receivers: a leak shows here first.
     pub fn watched_topics(&self) -> usize {
         self.hub.topics().len()
@@ -249,11 +313,23 @@ impl Hub {
         self.topics.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn own_events(&self) -> std::sync::MutexGuard<'_, OwnEvents> {
+        self.published_here
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn subscriptions(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, usize>> {
         self.subscriptions_by_tenant
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// Whether `notice` stands for a stored event (an output delta is never stored, and
+/// carries the seq of the event it follows).
+fn is_stored(notice: &EventNotice) -> bool {
+    notice.kind != EventKind::OutputDelta
 }
 
 /// Why a receiver wakes.

@@ -3,14 +3,17 @@
 //!
 //! The table is the truth; a notice on the bus is a hint to re-read it, or carries
 //! the next event itself (then nothing is read). A receiver that may have missed
-//! notices is told so and re-reads, so a stream loses nothing and never polls.
+//! notices is told so and re-reads, so a stream loses nothing and never polls; the
+//! account streams of one tenant share their re-reads (see [`reread`]).
+
+pub(crate) mod reread;
 
 use super::bus::{EventBus, EventNotice, StoredEvent, Wake};
 use entity::{EventKind, JsonText, Timestamp, job_events, jobs};
 use futures_util::Stream;
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait,
-    QueryFilter, QueryOrder, QuerySelect, QueryTrait,
+    QueryFilter, QueryOrder, QueryTrait,
 };
 use serde_json::Value;
 use std::collections::HashMap;
@@ -20,11 +23,8 @@ use uuid::Uuid;
 /// How far back an account stream re-reads after missing notices: events are stamped
 /// by the clock of the process that wrote them, which may run a little behind.
 const CLOCK_SKEW_MARGIN: Duration = Duration::from_secs(2);
-/// Most events an account stream re-reads at once after missing notices.
-const MAX_REREAD: u64 = 10_000;
 /// How long an account stream remembers a finished job, to drop late duplicates of
-/// its notices (each process hears its own events twice on PostgreSQL: locally and
-/// through its listener).
+/// its notices (one forgotten by the bus comes round again through the relay).
 const FINISHED_MEMORY: Duration = Duration::from_secs(60);
 
 /// Stores the event whose seq the caller just reserved by bumping the job's
@@ -164,6 +164,7 @@ pub fn account_updates(
     tenant_id: Uuid,
 ) -> impl Stream<Item = Result<job_events::Model, DbErr>> + use<> {
     let mut notices = bus.watch_tenant(tenant_id);
+    let rereads = bus.tenant_rereads(tenant_id);
     let since = Timestamp::now();
     async_stream::try_stream! {
         let mut delivered = Delivered::default();
@@ -189,10 +190,7 @@ pub fn account_updates(
                     let reread_from = caught_up_at
                         .plus(-chrono::Duration::from_std(CLOCK_SKEW_MARGIN).expect("a small duration"));
                     let now = Timestamp::now();
-                    let events = tenant_events_since(&db, tenant_id, reread_from.max(since)).await?;
-                    if events.len() as u64 == MAX_REREAD {
-                        tracing::warn!(tenant.id = %tenant_id, "an account stream fell so far behind that it re-read only the first {MAX_REREAD} missed events");
-                    }
+                    let events = rereads.since(&db, reread_from.max(since), now).await?;
                     caught_up_at = now;
                     events
                 }
@@ -246,23 +244,6 @@ impl Delivered {
             });
         }
     }
-}
-
-/// The tenant's events stamped at or after `from`, oldest first.
-async fn tenant_events_since(
-    db: &impl ConnectionTrait,
-    tenant_id: Uuid,
-    from: Timestamp,
-) -> Result<Vec<job_events::Model>, DbErr> {
-    job_events::Entity::find()
-        .filter(job_events::Column::TenantId.eq(tenant_id))
-        .filter(job_events::Column::At.gte(from))
-        .order_by_asc(job_events::Column::At)
-        .order_by_asc(job_events::Column::JobId)
-        .order_by_asc(job_events::Column::Seq)
-        .limit(MAX_REREAD)
-        .all(db)
-        .await
 }
 
 /// The event a subscriber sees for a live delta: it carries the seq of the stored

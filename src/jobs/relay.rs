@@ -180,7 +180,7 @@ async fn relay_notifications(
                 match serde_json::from_str::<EventNotice>(notification.payload()) {
                     // Already published here when it was sent.
                     Ok(notice) if notice.origin == Some(bus.id()) => {}
-                    Ok(notice) => bus.publish([notice]),
+                    Ok(notice) => bus.publish_relayed([notice], true),
                     Err(error) => {
                         tracing::warn!(error = %error, "ignored an unreadable notification")
                     }
@@ -256,19 +256,25 @@ async fn poll_sqlite(
         match polled {
             Ok(events) => {
                 last_row = events.last().map_or(last_row, |event| event.row);
-                // This process's own events come round again: receivers drop
-                // notices whose seq they have already read. Created notices are left
-                // out: every worker loop polls for work on its own.
-                bus.publish_to_subscribers(events.into_iter().map(|event| EventNotice {
-                    job_id: event.job_id,
-                    tenant_id: event.tenant_id,
-                    seq: event.seq,
-                    kind: event.kind,
-                    status: event.status,
-                    delta: None,
-                    stored: StoredEvent::carried(event.at, event.data.as_ref().map(|data| &data.0)),
-                    origin: None,
-                }));
+                // This process's own events come round again: the bus drops them.
+                // Created notices are left out: every worker loop polls for work on
+                // its own.
+                bus.publish_relayed(
+                    events.into_iter().map(|event| EventNotice {
+                        job_id: event.job_id,
+                        tenant_id: event.tenant_id,
+                        seq: event.seq,
+                        kind: event.kind,
+                        status: event.status,
+                        delta: None,
+                        stored: StoredEvent::carried(
+                            event.at,
+                            event.data.as_ref().map(|data| &data.0),
+                        ),
+                        origin: None,
+                    }),
+                    false,
+                );
             }
             Err(error) => tracing::warn!(error = %error, "polling for events failed"),
         }

@@ -45,6 +45,7 @@ impl WorkerProcess {
             operations: OperationsSettings {
                 metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
                 retention: None,
+                ..OperationsSettings::default()
             },
             allow_private_webhooks: false,
         };

@@ -1,5 +1,6 @@
 //! The gates a request passes on its headers alone: the failed-authentication throttle
-//! of its address, its credential, and a slot of its principal.
+//! of its address, its credential (or, without one, the keyless rate of its address),
+//! and a slot of its principal.
 
 use super::responses::{coded_error, too_many_requests};
 use crate::accounts::Principal;
@@ -11,7 +12,7 @@ use crate::http::limits::{ClientAddress, RequestOwner, RequestSlot, SLOT_WAIT};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A request that passed authentication and holds one of its principal's slots.
 pub(super) struct Admitted {
@@ -44,8 +45,9 @@ pub(super) async fn admit(
 }
 
 /// Who the request's `Authorization` stands for (`None`: no key), unless the address
-/// has failed too often lately (429, decided without the database) or the credential is
-/// refused (401, counted against the address).
+/// has failed too often lately (429, decided without the database), the credential is
+/// refused (401, counted against the address), or a keyless request finds its
+/// address's bucket empty (429).
 pub(in crate::http) async fn authenticate_client(
     state: &HttpState,
     client: ClientAddress,
@@ -73,6 +75,14 @@ pub(in crate::http) async fn authenticate_client(
         Err(error) => Err(error),
     };
     match principal {
+        Ok(None) => match state.limits.anonymous_rate.take(client, Instant::now()) {
+            Ok(()) => Ok(None),
+            Err(retry_after) => Err(too_many_requests(
+                media_type,
+                retry_after,
+                "too many requests without a key from this address",
+            )),
+        },
         Ok(principal) => Ok(principal),
         Err(error @ (AuthError::Malformed | AuthError::UnknownKey)) => {
             if let Some(attempt) = attempt {

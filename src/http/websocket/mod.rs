@@ -3,8 +3,10 @@
 //! async-graphql speaks the protocols; this module owns the socket around them: it
 //! caps message sizes before anyone is authenticated, counts the subscriptions a
 //! client starts before async-graphql reads them (see `ledger`), pings idle
-//! connections and drops dead ones, gives a client a few seconds to authenticate, and
-//! closes a connection with 4401 when `connection_init` carries no key (an anonymous
+//! connections and drops dead ones, gives a client a few seconds to authenticate,
+//! closes an authenticated connection that held no subscription for a while (it
+//! answers pings, so nothing else would ever close it; one holding a subscription is
+//! never closed as idle), and closes a connection with 4401 when `connection_init` carries no key (an anonymous
 //! connection has nothing to subscribe to) and with 4403 when its key is refused or
 //! revoked.
 
@@ -12,8 +14,9 @@ mod ledger;
 
 use super::HttpState;
 use super::auth::{AuthError, identify};
-use super::limits::{ClientAddress, MAX_SOCKETS_PER_ADDRESS, SLOT_WAIT};
-use crate::accounts::api_keys;
+use super::limits::{ClientAddress, MAX_SOCKETS_PER_ADDRESS, Place, SLOT_WAIT};
+use super::live::MAX_LIVE_CONNECTIONS_PER_TENANT;
+use crate::accounts::{Principal, api_keys};
 use crate::graphql::ConnectionSubscriptions;
 use crate::graphql::cost::StreamingTransport;
 use async_graphql::Data;
@@ -46,13 +49,15 @@ const INIT_TIMEOUT: Duration = Duration::from_secs(10);
 const CLOSE_UNAUTHORIZED: u16 = 4401;
 /// graphql-transport-ws: the key was refused or revoked.
 const CLOSE_FORBIDDEN: u16 = 4403;
-/// Too many failed authentications from this address, or too many subscriptions
-/// started at once on this connection.
+/// Too many failed authentications from this address, too many subscriptions started
+/// at once on this connection, or too many live connections of its tenant.
 const CLOSE_TOO_MANY: u16 = 4429;
 /// graphql-transport-ws: no `connection_init` in time.
 const CLOSE_INIT_TIMEOUT: u16 = 4408;
 /// The peer went silent.
 const CLOSE_GOING_AWAY: u16 = 1001;
+/// The connection held no subscription for the configured time.
+const CLOSE_NORMAL: u16 = 1000;
 /// The peer broke the WebSocket protocol.
 const CLOSE_PROTOCOL_ERROR: u16 = 1002;
 /// The peer sent a message above [`MAX_MESSAGE_BYTES`].
@@ -73,6 +78,14 @@ pub async fn upgrade(
         )
             .into_response();
     };
+    let Some(budget) = state.limits.live.open() else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "5")],
+            "the server holds as many live connections as it may",
+        )
+            .into_response();
+    };
     let Some(protocol) = requested_protocol(&headers) else {
         return (
             StatusCode::BAD_REQUEST,
@@ -86,7 +99,7 @@ pub async fn upgrade(
         .max_frame_size(MAX_MESSAGE_BYTES)
         .on_upgrade(move |socket| async move {
             serve(state, client, protocol, socket).await;
-            drop(place);
+            drop((place, budget));
         })
 }
 
@@ -107,6 +120,8 @@ struct Handshake {
     key: OnceLock<Option<Uuid>>,
     /// The close code of a refused `connection_init`.
     refused: OnceLock<u16>,
+    /// The connection's place among its tenant's live connections, once it holds one.
+    tenant_place: OnceLock<Place<Uuid>>,
     /// Why the server stopped reading the socket, once it did: the close code and
     /// reason.
     read_error: OnceLock<(u16, &'static str)>,
@@ -164,8 +179,9 @@ async fn serve(
             }
             std::future::ready(admitted.is_ok())
         });
+    let subscriptions = ConnectionSubscriptions::default();
     let mut connection_data = Data::default();
-    connection_data.insert(ConnectionSubscriptions::default());
+    connection_data.insert(subscriptions.clone());
     connection_data.insert(StreamingTransport);
     let app = state.app.clone();
     let limits = state.limits.clone();
@@ -196,6 +212,15 @@ async fn serve(
             };
             match identify(&app, Some(credential)).await {
                 Ok(Some(identity)) => {
+                    if let Principal::Tenant { tenant_id } = identity.principal {
+                        let Some(place) = limits.live.admit_tenant(tenant_id) else {
+                            let _ = established.refused.set(CLOSE_TOO_MANY);
+                            return Err(async_graphql::Error::new(format!(
+                                "a tenant may hold at most {MAX_LIVE_CONNECTIONS_PER_TENANT} live connections on one server"
+                            )));
+                        };
+                        let _ = established.tenant_place.set(place);
+                    }
                     data.insert(identity.principal);
                     let _ = established.key.set(identity.key_id);
                 }
@@ -220,6 +245,12 @@ async fn serve(
     ping.tick().await;
     let init_deadline = tokio::time::sleep(INIT_TIMEOUT);
     tokio::pin!(init_deadline);
+    let unsubscribed_limit = state.unsubscribed_socket_timeout;
+    // Looked at often enough that a quiet connection is closed within a tenth of its
+    // limit past it.
+    let mut quiet_check = tokio::time::interval(
+        (unsubscribed_limit / 10).clamp(Duration::from_millis(100), PING_INTERVAL),
+    );
     let close = loop {
         let key = handshake.key.get().copied();
         tokio::select! {
@@ -244,6 +275,11 @@ async fn serve(
             },
             _ = &mut init_deadline, if key.is_none() => {
                 break Some((CLOSE_INIT_TIMEOUT, "Connection initialisation timeout".to_owned()));
+            }
+            _ = quiet_check.tick() => {
+                if subscriptions.quiet_for().is_some_and(|quiet| quiet >= unsubscribed_limit) {
+                    break Some((CLOSE_NORMAL, format!("no subscription for {} s", unsubscribed_limit.as_secs())));
+                }
             }
             _ = ping.tick() => {
                 let heard = Duration::from_millis(heard_at_millis.load(Ordering::Relaxed));

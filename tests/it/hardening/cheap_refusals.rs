@@ -209,6 +209,7 @@ async fn metrics_move_off_the_api_port() {
         operations: jobledger::config::OperationsSettings {
             metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
             retention: None,
+            ..jobledger::config::OperationsSettings::default()
         },
         allow_private_webhooks: false,
     };

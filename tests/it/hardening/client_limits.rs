@@ -1,6 +1,6 @@
 //! One client against the others: failed authentications throttled per address, a
-//! few requests and top-level fields at once per tenant, and a response counted
-//! against its owner until it is read.
+//! few requests and top-level fields at once per tenant, keyless requests bounded in
+//! rate per address, and a response counted against its owner until it is read.
 
 use crate::helpers::{AppOptions, Backend, error_code, job_input, spawn_app_with};
 use reqwest::StatusCode;
@@ -13,6 +13,7 @@ use tokio::net::TcpStream;
 on_both_backends!(
     failed_authentications_are_throttled_per_address,
     each_tenant_has_a_few_requests_in_flight,
+    keyless_requests_are_bounded_in_rate_per_address,
 );
 
 /// A client whose requests come from `address` (any 127.0.0.0/8 address reaches a
@@ -128,6 +129,52 @@ async fn each_tenant_has_a_few_requests_in_flight(backend: Backend) {
         .post_strict(Some(&greedy.key), "{ account { id } }")
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
+}
+
+/// A keyless client that waits for each answer stays within its slots, but not within
+/// its rate: past its burst it is refused with a `Retry-After`, while another address
+/// and a key from the same address are served.
+async fn keyless_requests_are_bounded_in_rate_per_address(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let keyless = client_from(Ipv4Addr::new(127, 0, 0, 4));
+    let send = |client: &reqwest::Client, key: Option<&str>| {
+        let mut request = client
+            .post(app.url())
+            .json(&json!({"query": "{ __typename }"}));
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        request.send()
+    };
+    let burst = jobledger::http::ANONYMOUS_REQUEST_BURST as usize;
+    let mut served = 0;
+    let refused = loop {
+        let response = send(&keyless, None).await.unwrap();
+        if response.status() == StatusCode::TOO_MANY_REQUESTS {
+            break response;
+        }
+        assert_eq!(response.status(), StatusCode::OK);
+        served += 1;
+        // The bucket refills one request a second: a few more may pass meanwhile.
+        assert!(served < burst + 10, "{served} keyless requests were served");
+    };
+    assert!(served >= burst, "refused after only {served} requests");
+    let retry_after: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(retry_after, 1);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(error_code(&body), "TOO_MANY_REQUESTS");
+    let neighbour = client_from(Ipv4Addr::new(127, 0, 0, 5));
+    assert_eq!(
+        send(&neighbour, None).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let response = send(&keyless, Some(&tenant.key)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
 }
 
 /// One tenant's many requests of many top-level fields run a few fields at a time in

@@ -2,14 +2,16 @@
 //! they look (fragment bombs, alias floods, big pages multiplied), responses too
 //! large to build, sockets left half open, bodies that are not GraphQL requests, key
 //! guessing, one tenant flooding its own requests, subscribe floods, keyless sockets,
-//! fan-out bursts and introspection floods. Each scenario was reproduced against the
-//! release binary before its fix.
+//! sockets without subscriptions, live connections per tenant and per process,
+//! fan-out bursts, introspection floods and keyless request rates. Each scenario was
+//! reproduced against the release binary before its fix.
 
 mod bystanders;
 mod cheap_refusals;
 mod client_limits;
 mod connections;
 mod documents;
+mod live_connections;
 mod protocol;
 mod sockets;
 

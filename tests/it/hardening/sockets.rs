@@ -1,6 +1,7 @@
 //! Live connections a hostile client holds open: a WebSocket flooded with subscribe
-//! messages, keyless WebSockets, and a tenant's SSE stream among hundreds of trickling
-//! connections (issue 29, findings 1, 3 and 5).
+//! messages, keyless WebSockets, a tenant's SSE stream among hundreds of trickling
+//! connections (issue 29, findings 1, 3 and 5), and an authenticated WebSocket that
+//! answers pings but holds no subscription.
 
 use crate::helpers::{AppOptions, Backend, job_input, spawn_app_with};
 use crate::processes::ServeProcess;
@@ -20,6 +21,7 @@ on_both_backends!(
     a_subscribe_flood_closes_the_socket_before_memory_grows,
     a_keyless_connection_init_is_closed_at_once,
     a_tenants_sse_stream_survives_trickling_connections,
+    a_socket_holding_no_subscription_is_closed_after_a_while,
 );
 
 /// Most the server's resident memory may grow while flooded (the release binary grew
@@ -258,4 +260,43 @@ async fn a_tenants_sse_stream_survives_trickling_connections(backend: Backend) {
     for trickler in tricklers {
         trickler.abort();
     }
+}
+
+/// An authenticated socket that answers pings but holds no subscription is closed
+/// after the configured time (before, it lived forever); one holding a subscription
+/// is never closed as idle, and is closed once it has held none for as long.
+async fn a_socket_holding_no_subscription_is_closed_after_a_while(backend: Backend) {
+    let quiet = Duration::from_secs(2);
+    let mut options = AppOptions::no_workers();
+    options.operations.live.unsubscribed_socket_timeout = quiet;
+    let app = spawn_app_with(backend, options).await;
+    let tenant = app.funded_tenant("idler", "5").await;
+    let mut idle = GraphqlSocket::connect(app.address).await;
+    idle.init_ok(&tenant.key).await;
+    let mut subscribed = GraphqlSocket::connect(app.address).await;
+    subscribed.init_ok(&tenant.key).await;
+    let document = crate::contract::operation("AccountJobUpdates");
+    subscribed.subscribe("1", &document, json!({})).await;
+    let started = Instant::now();
+    assert_eq!(idle.closed_code(Duration::from_secs(10)).await, 1000);
+    assert!(
+        started.elapsed() < quiet * 2,
+        "closed after {:?}",
+        started.elapsed()
+    );
+    // Well past the limit, the socket with a subscription is still open.
+    assert!(
+        subscribed.next_within(quiet * 2).await.is_none(),
+        "the socket holding a subscription was closed"
+    );
+    subscribed
+        .send(json!({"id": "1", "type": "complete"}))
+        .await;
+    let ended = Instant::now();
+    assert_eq!(subscribed.closed_code(Duration::from_secs(10)).await, 1000);
+    assert!(
+        ended.elapsed() >= quiet - Duration::from_millis(200),
+        "closed {:?} after its subscription ended",
+        ended.elapsed()
+    );
 }
