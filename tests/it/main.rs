@@ -12,6 +12,7 @@ mod any_text;
 mod api_keys;
 mod audit;
 mod audit_grants;
+mod batch_script;
 mod batching;
 mod bench;
 mod billing;
