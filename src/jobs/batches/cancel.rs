@@ -105,10 +105,10 @@ async fn cancel_some(
         )
         .col_expr(
             jobs::Column::FinishedAt,
-            Expr::cust_with_values(
-                format!("CASE WHEN {queued_now} THEN ? ELSE finished_at END"),
-                [now],
-            ),
+            // Not `cust_with_values` with `?`: PostgreSQL takes no `?` placeholder.
+            Expr::case(jobs::Column::Status.eq(JobStatus::Queued), Expr::value(now))
+                .finally(Expr::col(jobs::Column::FinishedAt))
+                .into(),
         )
         .col_expr(jobs::Column::CancelRequested, Expr::value(true))
         .col_expr(jobs::Column::UpdatedAt, Expr::value(now))

@@ -388,7 +388,10 @@ async fn close(
         .col_expr(batches::Column::UpdatedAt, Expr::value(now))
         .col_expr(
             batches::Column::ClosedAt,
-            Expr::cust_with_values("COALESCE(closed_at, ?)", [now]),
+            // Not `cust_with_values` with `?`: PostgreSQL takes no `?` placeholder.
+            Expr::case(batches::Column::ClosedAt.is_null(), Expr::value(now))
+                .finally(Expr::col(batches::Column::ClosedAt))
+                .into(),
         )
         .col_expr(
             batches::Column::Status,
