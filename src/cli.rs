@@ -76,6 +76,9 @@ struct BenchArgs {
         value_name = "SCENARIO"
     )]
     scenarios: Vec<crate::bench::Scenario>,
+    /// Items of the batch scenario's batch (default 200,000; 2,000 with --smoke).
+    #[arg(long, env = "JOBLEDGER_BENCH_ITEMS", value_name = "N")]
+    items: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -268,11 +271,14 @@ impl Cli {
             }
             Command::Bench(args) => {
                 use crate::bench::{self, Scale, scratch::Engine};
-                let scale = if args.smoke {
+                let mut scale = if args.smoke {
                     Scale::SMOKE
                 } else {
                     Scale::FULL
                 };
+                if let Some(items) = args.items {
+                    scale.batch_items = items;
+                }
                 let mut engines = Vec::new();
                 if !args.no_sqlite {
                     engines.push(Engine::Sqlite);

@@ -5,6 +5,7 @@ import { h, notice, replace } from './dom.js';
 import { disconnect, onConnectionState } from './live.js';
 import { forgetListState, renderJobList, renderJob } from './jobs.js';
 import { renderBilling } from './billing.js';
+import { renderBatch, renderBatchList } from './batches.js';
 import { renderAdminBilling, renderTenant, renderTenants } from './admin.js';
 
 const main = document.getElementById('main');
@@ -20,6 +21,8 @@ let cleanup = () => {};
 const ROUTES = [
   ['tenant', /^#\/jobs$/, () => renderJobList],
   ['tenant', /^#\/jobs\/([0-9a-f-]{36})$/, ([id]) => (root) => renderJob(root, { id })],
+  ['tenant', /^#\/batches$/, () => renderBatchList],
+  ['tenant', /^#\/batches\/([0-9a-f-]{36})$/, ([id]) => (root) => renderBatch(root, { id })],
   ['tenant', /^#\/billing$/, () => renderBilling],
   ['admin', /^#\/admin$/, () => renderTenants],
   ['admin', /^#\/admin\/billing$/, () => renderAdminBilling],

@@ -172,7 +172,7 @@ export function renderJobList(root, { tenantId = null, state = listState } = {})
 
 const JOB = `query Job($id: UUID!, $tenantId: UUID) {
   job(id: $id, tenantId: $tenantId) {
-    id status cancelRequested model idempotencyKey result
+    id status cancelRequested model idempotencyKey result batchId customId
     error { code message }
     attemptCount maxAttempts createdAt startedAt finishedAt
     attempts {
@@ -217,7 +217,7 @@ export function renderJob(root, { id, tenantId = null }) {
       return null;
     }
     lastSeq = Math.max(lastSeq, ...job.events.map((event) => event.seq));
-    replace(details, jobDetails(job, live ? cancelButton(job) : null));
+    replace(details, jobDetails(job, live ? cancelButton(job) : null, tenantId));
     if (TERMINAL.has(job.status) && output.textContent === '') outputSection.hidden = true;
     // Output missed while reconnecting is only known once the job has its result.
     if (output.querySelector('.output-gap') && typeof job.result === 'string') output.textContent = job.result;
@@ -288,8 +288,14 @@ function attemptCost(attempt) {
   return '—';
 }
 
-function jobDetails(job, action) {
+function jobDetails(job, action, tenantId) {
   const cost = job.cost;
+  // An item of a batch: its batch (a tenant's own page) and the name the client gave it.
+  const batch = job.batchId === null || job.batchId === undefined ? [] : [
+    ['Batch', tenantId ? h('span', { class: 'mono', 'data-testid': 'job-batch' }, job.batchId)
+      : h('a', { href: `#/batches/${job.batchId}`, class: 'mono', 'data-testid': 'job-batch' }, job.batchId)],
+    ['Custom id', h('span', { class: 'mono', 'data-testid': 'job-custom-id' }, job.customId ?? '—')],
+  ];
   return [
     h('section', { 'aria-labelledby': 'summary-title' },
       h('h2', { id: 'summary-title' }, 'Summary'),
@@ -297,6 +303,7 @@ function jobDetails(job, action) {
         ['Status', [statusBadge(job.status), job.cancelRequested ? ' (cancel requested)' : '']],
         ['Model', job.model],
         ['Idempotency key', h('span', { class: 'mono' }, job.idempotencyKey)],
+        ...batch,
         ['Attempts', `${job.attemptCount} of at most ${job.maxAttempts}`],
         ['Created', time(job.createdAt)],
         ['Started', time(job.startedAt)],

@@ -17,8 +17,12 @@
 //!   each against the same drain without limits;
 //! - createJob over GraphQL at concurrency 1 and 32: latency p50/p99 and jobs/s;
 //! - against a `serve` child process (`live`): pickup and subscription latency,
-//!   1,000 attempts in flight, 10,000 idle subscriptions.
+//!   1,000 attempts in flight, 10,000 idle subscriptions;
+//! - a batch (`batch`, run only when named): 200,000 items enqueued by addBatchItems
+//!   next to createJob at concurrency 32 and a bare multi-row INSERT of the same rows,
+//!   then the batch's drain.
 
+mod batch;
 mod live;
 mod naive;
 pub mod scratch;
@@ -51,6 +55,10 @@ pub struct Scale {
     pub small_backlog: u64,
     /// createJob requests per measurement.
     pub creates: u64,
+    /// Items of the batch scenario's batch.
+    pub batch_items: u64,
+    /// createJob requests of the batch scenario's baseline.
+    pub batch_creates: u64,
 }
 
 impl Scale {
@@ -60,6 +68,8 @@ impl Scale {
         backlog: 200_000,
         small_backlog: 2_000,
         creates: 2_000,
+        batch_items: 200_000,
+        batch_creates: 5_000,
     };
 
     /// A run of a few seconds that exercises every scenario.
@@ -69,6 +79,8 @@ impl Scale {
         // Room for every measured claim: 15 claims of 32.
         small_backlog: 600,
         creates: 64,
+        batch_items: 2_000,
+        batch_creates: 64,
     };
 }
 
@@ -123,6 +135,9 @@ pub enum Scenario {
     /// Against a `serve` child process: pickup, delivery, in-flight attempts, idle
     /// subscriptions.
     Live,
+    /// A batch's items enqueued by addBatchItems next to createJob and a bare
+    /// multi-row INSERT, then its drain. Run only when named.
+    Batch,
 }
 
 /// Runs `scenarios` on `engine` — every one when the list is empty.
@@ -145,6 +160,9 @@ pub async fn run(
     }
     if wanted(Scenario::Live) {
         figures.extend(live::run(engine, scale).await?);
+    }
+    if scenarios.contains(&Scenario::Batch) {
+        figures.extend(batch::run(engine, scale).await?);
     }
     Ok(figures)
 }
@@ -171,6 +189,7 @@ pub fn to_json(figures: &[Figure], scale: Scale) -> Value {
         "scale": {
             "drain": scale.drain, "backlog": scale.backlog,
             "small_backlog": scale.small_backlog, "creates": scale.creates,
+            "batch_items": scale.batch_items, "batch_creates": scale.batch_creates,
         },
         "figures": figures.iter().map(|figure| json!({
             "engine": figure.engine,

@@ -461,6 +461,91 @@ await check('the billing charts show the same totals as billingSummary', async (
 await accessible('billing');
 await fits('billing', 768);
 
+// ---- batches ----------------------------------------------------------------------------
+const CREATE_BATCH = `mutation CreateBatch($input: CreateBatchInput!) {
+  createBatch(input: $input) { batch { id } }
+}`;
+const ADD_ITEMS = `mutation AddBatchItems($batchId: UUID!, $items: [BatchItemInput!]!) {
+  addBatchItems(batchId: $batchId, items: $items) { added }
+}`;
+const BATCH = `query Batch($id: UUID!) {
+  batch(id: $id) { status itemCount counts { succeeded cancelled } reserved customerCharge providerCost }
+}`;
+
+/** A batch with one item per content, made through the API as a client would. */
+async function batchWithItems(name, contents) {
+  const { createBatch } = await api(tenantKey, CREATE_BATCH, { input: {
+    idempotencyKey: `console-${name}`, name, model: 'gpt-4o-mini', maxOutputTokens: 50,
+  } });
+  const { addBatchItems } = await api(tenantKey, ADD_ITEMS, {
+    batchId: createBatch.batch.id,
+    items: contents.map((content, index) => ({ customId: `${name}-${index}`, messages: [{ role: 'user', content }] })),
+  });
+  assert(addBatchItems.added === contents.length, `added ${addBatchItems.added}`);
+  return createBatch.batch.id;
+}
+
+let batchId;
+await check('a batch made through the API reaches FINISHED on its page, live', async () => {
+  batchId = await batchWithItems('console-batch',
+    [1, 2, 3, 4, 5].map((number) => `Batch item ${number} [mock:delay_ms=1500]`));
+  await page.getByRole('link', { name: 'Batches', exact: true }).click();
+  await page.getByTestId('batches-table').getByRole('row').filter({ hasText: batchId }).waitFor();
+  await shot('batches');
+  await page.getByRole('link', { name: batchId }).click();
+  await page.getByTestId('live-state').filter({ hasText: 'Live:' }).waitFor();
+  await page.evaluate(() => { window.notReloaded = true; });
+  await api(tenantKey, 'mutation($id: UUID!) { closeBatch(id: $id) { status } }', { id: batchId });
+  await page.getByTestId('batch-status').filter({ hasText: 'FINISHED' }).waitFor({ timeout: 40_000 });
+  await page.getByTestId('count-succeeded').filter({ hasText: /^5$/ }).waitFor();
+  assert(await page.evaluate(() => window.notReloaded === true), 'the page was reloaded');
+  const { batch } = await api(tenantKey, BATCH, { id: batchId });
+  assert(batch.status === 'FINISHED' && batch.counts.succeeded === 5, JSON.stringify(batch));
+  for (const [testId, value] of [['batch-charge', batch.customerCharge], ['batch-reserved', batch.reserved], ['batch-provider-cost', batch.providerCost]]) {
+    const shown = await page.getByTestId(testId).innerText();
+    assert(nanos(shown) === nanos(value), `${testId}: shown ${shown}, API ${value}`);
+  }
+  assert(nanos(batch.customerCharge) > 0n && nanos(batch.reserved) === 0n, JSON.stringify(batch));
+  const bar = page.getByTestId('batch-progress');
+  assert(await bar.getAttribute('value') === '5' && await bar.getAttribute('max') === '5', 'the bar is full');
+  await page.getByTestId('batch-items').locator('tbody tr').nth(4).waitFor();
+  await shot('batch');
+});
+await accessible('batch');
+await fits('batch', 768);
+await check('the batch’s results download as NDJSON, one line per item', async () => {
+  const [download] = await Promise.all([
+    page.waitForEvent('download'),
+    page.getByRole('button', { name: 'Download results (NDJSON)' }).click(),
+  ]);
+  const lines = readFileSync(await download.path(), 'utf8').trim().split('\n').map((line) => JSON.parse(line));
+  assert(lines.length === 5, `${lines.length} lines`);
+  assert(lines.every((line, index) => line.customId === `console-batch-${index}` && line.status === 'SUCCEEDED'),
+    JSON.stringify(lines));
+  await page.getByText('Downloaded the results').waitFor();
+});
+await check('an item’s job page names its batch and custom id', async () => {
+  await page.getByTestId('batch-items').getByRole('link').first().click();
+  await page.getByTestId('job-custom-id').filter({ hasText: 'console-batch-0' }).waitFor();
+  await page.getByTestId('job-batch').click();
+  await page.getByTestId('batch-status').filter({ hasText: 'FINISHED' }).waitFor();
+});
+await check('another batch is cancelled from its page', async () => {
+  const slow = await batchWithItems('console-batch-slow',
+    [1, 2, 3].map((number) => `Slow batch item ${number} [mock:delay_ms=60000]`));
+  await page.goto(`${base}/#/batches/${slow}`);
+  await page.getByTestId('live-state').filter({ hasText: 'Live:' }).waitFor();
+  const cancel = page.getByRole('button', { name: 'Cancel batch' });
+  await cancel.focus();
+  await page.keyboard.press('Enter');
+  await page.getByTestId('batch-status').filter({ hasText: 'FINISHED' }).waitFor({ timeout: 40_000 });
+  await page.getByTestId('count-cancelled').filter({ hasText: /^3$/ }).waitFor();
+  assert(await page.getByRole('button', { name: 'Cancel batch' }).count() === 0, 'no cancel once cancelled');
+  const { batch } = await api(tenantKey, BATCH, { id: slow });
+  assert(batch.status === 'FINISHED' && batch.counts.cancelled === 3 && nanos(batch.reserved) === 0n, JSON.stringify(batch));
+  await shot('batch-cancelled');
+});
+
 // ---- admin -------------------------------------------------------------------------------
 await check('the admin signs in and sees tenants with their balances', async () => {
   await page.getByRole('button', { name: 'Sign out' }).click();

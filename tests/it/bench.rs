@@ -70,3 +70,60 @@ async fn the_benchmark_harness_runs_every_scenario() {
         );
     }
 }
+
+/// `jobledger bench --scenario batch` enqueues a small batch (3,000 items, so 3 chunks
+/// of 1,000 across the 4 clients) over addBatchItems next to its two baselines, drains
+/// it to FINISHED and reports each figure with its ratio.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_batch_benchmark_enqueues_and_drains_a_batch() {
+    let folder = tempfile::tempdir().unwrap();
+    let report = folder.path().join("bench.json");
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobledger"))
+        .args([
+            "bench",
+            "--smoke",
+            "--scenario",
+            "batch",
+            "--items",
+            "3000",
+            "--json",
+        ])
+        .arg(&report)
+        .output()
+        .await
+        .expect("the binary runs");
+    assert!(
+        output.status.success(),
+        "the benchmark failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(report["scale"]["batch_items"], 3000);
+    let figures = report["figures"].as_array().unwrap();
+    let measure = |name: &str| {
+        figures
+            .iter()
+            .find(|figure| figure["measure"] == name)
+            .unwrap_or_else(|| panic!("{name} missing from {figures:?}"))
+    };
+    for name in [
+        "bare SQL multi-row INSERT of 3000 job rows",
+        "createJob at concurrency 32 (batch baseline)",
+        "addBatchItems, 3000 items, 4 clients",
+        "addBatchItems, 3000 items, vs bare SQL",
+        "drain of a batch of 3000 items until FINISHED",
+    ] {
+        assert!(measure(name)["value"].as_f64().unwrap() > 0.0, "{name}");
+    }
+    let versus_create = &measure("addBatchItems, 3000 items, 4 clients")["ratio"];
+    assert_eq!(
+        versus_create["of"],
+        "createJob at concurrency 32 (batch baseline)"
+    );
+    assert!(versus_create["value"].as_f64().unwrap() > 0.0);
+    assert!(
+        figures.iter().all(|figure| figure["engine"] == "sqlite"
+            && !figure["measure"].as_str().unwrap().starts_with("claim")),
+        "only the batch scenario runs: {figures:?}"
+    );
+}
