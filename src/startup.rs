@@ -255,6 +255,12 @@ impl Application {
             )
             .run(shutdown.child_token()),
         );
+        let batch_cancels = tokio::spawn(crate::jobs::batches::cancel::run(
+            background_db.clone(),
+            self.app.bus.clone(),
+            self.app.metrics.clone(),
+            shutdown.child_token(),
+        ));
         let expiry = tokio::spawn(crate::billing::expiry::run(
             background_db,
             shutdown.child_token(),
@@ -286,6 +292,9 @@ impl Application {
         }
         if let Err(error) = dispatcher.await {
             tracing::error!(error = %error, "the webhook dispatcher ended abnormally");
+        }
+        if let Err(error) = batch_cancels.await {
+            tracing::error!(error = %error, "the batch cancel sweep ended abnormally");
         }
         if let Err(error) = expiry.await {
             tracing::error!(error = %error, "the credit expiry sweep ended abnormally");

@@ -156,8 +156,13 @@ async fn bare_insert(engine: &Engine, items: u64) -> Result<f64, BenchError> {
         .map(|column| format!("\"{}\"", sea_orm::IdenStatic::as_str(column)))
         .collect();
     let head = format!("INSERT INTO jobs ({}) VALUES ", names.join(", "));
-    // SQLite takes at most 32,766 placeholders a statement.
-    let per_statement = (30_000 / columns.len()) as u64;
+    // A statement of the whole chunk on PostgreSQL; on SQLite statements of the size
+    // its binding is linear in (see `db::bulk`).
+    let placeholders = match database.db.get_database_backend() {
+        sea_orm::DbBackend::Postgres => 30_000,
+        _ => crate::db::bulk::SQLITE_MAX_PLACEHOLDERS,
+    };
+    let per_statement = (placeholders / columns.len()).max(1) as u64;
     let next = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let clients = (0..CLIENTS).map(|_| {

@@ -12,8 +12,11 @@ use sea_orm::{
 };
 use uuid::Uuid;
 
-/// Most placeholders one SQLite statement is given (its limit is 32,766).
-const SQLITE_MAX_PLACEHOLDERS: usize = 30_000;
+/// Most placeholders one SQLite statement is given. Far below SQLite's limit (32,766):
+/// binding a parameter costs a scan of the statement's parameter names in sqlx, so a
+/// statement of 30,000 placeholders spent nearly all its time binding (measured: 97%
+/// of a chunk's time, 150 rows/s); statements of about 1,000 bind in linear time.
+pub const SQLITE_MAX_PLACEHOLDERS: usize = 1_000;
 
 /// What happens to a row whose unique key is taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,6 +111,20 @@ where
         }
     }
     Ok(inserted)
+}
+
+/// `texts` as one PostgreSQL `text[]` literal, for `= ANY($n::text[])`.
+pub fn text_array<'a>(texts: impl Iterator<Item = &'a str>) -> String {
+    let mut literal = String::from("{");
+    for (index, text) in texts.enumerate() {
+        if index > 0 {
+            literal.push(',');
+        }
+        push_element(&mut literal, &Value::from(text.to_owned()))
+            .expect("a string is an array element");
+    }
+    literal.push('}');
+    literal
 }
 
 /// Each column of `rows` as a PostgreSQL array literal, with its element type.

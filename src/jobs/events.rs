@@ -71,8 +71,20 @@ pub async fn append_many<'a>(
     if rows.is_empty() {
         return Ok(notices);
     }
-    let insert = job_events::Entity::insert_many(rows).into_query();
-    super::relay::store_and_notify(db, insert, &notices).await?;
+    if db.get_database_backend() == sea_orm::DbBackend::Postgres {
+        let insert = job_events::Entity::insert_many(rows).into_query();
+        super::relay::store_and_notify(db, insert, &notices).await?;
+    } else {
+        // SQLite binds a long statement's parameters in quadratic time (see
+        // `db::bulk`): a batch's chunk of 1,000 events goes in statements of ~1,000.
+        let per_statement = crate::db::bulk::SQLITE_MAX_PLACEHOLDERS
+            / <job_events::Column as sea_orm::Iterable>::iter().count();
+        for some in rows.chunks(per_statement) {
+            job_events::Entity::insert_many(some.to_vec())
+                .exec(db)
+                .await?;
+        }
+    }
     Ok(notices)
 }
 

@@ -19,6 +19,7 @@ use sea_orm::{
     QueryOrder, QuerySelect,
 };
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 /// Items cancelled per transaction: short enough that workers finishing other items
@@ -42,6 +43,62 @@ pub async fn cancel_batch(
     let transaction = begin_write(db).await?;
     close(&transaction, tenant_id, batch_id, true).await?;
     transaction.commit().await?;
+    let cancelled = cancel_items(db, bus, metrics, batch_id).await?;
+    tracing::info!(batch.id = %batch_id, tenant.id = %tenant_id, items = cancelled, "batch cancelled");
+    find_batch(db, tenant_id, batch_id).await
+}
+
+/// How often [`run`] looks for cancelled batches with items left to cancel.
+const RESUME_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Finishes the cancels that a process stopped mid-way (killed between the close and
+/// the last of its transactions): every few seconds, the unfinished items of each
+/// cancelled batch that are not yet asked to cancel are cancelled as cancelBatch would.
+pub async fn run(db: DatabaseConnection, bus: EventBus, metrics: Metrics, stop: CancellationToken) {
+    loop {
+        if let Err(error) = resume(&db, &bus, &metrics).await {
+            tracing::warn!(error = %error, "resuming batch cancels failed; it runs again shortly");
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(RESUME_INTERVAL) => {}
+        }
+    }
+}
+
+async fn resume(
+    db: &DatabaseConnection,
+    bus: &EventBus,
+    metrics: &Metrics,
+) -> Result<(), ServiceError> {
+    let pending: Vec<Uuid> = batches::Entity::find()
+        .select_only()
+        .column(batches::Column::Id)
+        .filter(batches::Column::CancelRequested.eq(true))
+        .filter(batches::Column::Status.eq(entity::BatchStatus::Closed))
+        .filter(Expr::cust(
+            "EXISTS (SELECT 1 FROM jobs WHERE jobs.batch_id = batches.id \
+             AND jobs.status IN ('queued', 'running') AND NOT jobs.cancel_requested)",
+        ))
+        .into_tuple()
+        .all(db)
+        .await?;
+    for batch_id in pending {
+        let cancelled = cancel_items(db, bus, metrics, batch_id).await?;
+        if cancelled > 0 {
+            tracing::warn!(batch.id = %batch_id, items = cancelled, "finished a batch cancel that had stopped mid-way");
+        }
+    }
+    Ok(())
+}
+
+/// Cancels the batch's unfinished items, a transaction at a time; returns how many.
+async fn cancel_items(
+    db: &DatabaseConnection,
+    bus: &EventBus,
+    metrics: &Metrics,
+    batch_id: Uuid,
+) -> Result<usize, ServiceError> {
     let started = std::time::Instant::now();
     let mut cancelled = 0usize;
     loop {
@@ -60,8 +117,7 @@ pub async fn cancel_batch(
         }
         tokio::time::sleep(RECHECK).await;
     }
-    tracing::info!(batch.id = %batch_id, tenant.id = %tenant_id, items = cancelled, "batch cancelled");
-    find_batch(db, tenant_id, batch_id).await
+    Ok(cancelled)
 }
 
 /// The batch's items that are not finished and not yet asked to cancel.

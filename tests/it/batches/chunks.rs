@@ -11,6 +11,7 @@ on_both_backends!(
     a_closed_batch_refuses_items,
     a_spend_cap_refuses_the_whole_chunk,
     create_batch_is_idempotent_and_refuses_what_it_cannot_honour,
+    overlapping_chunks_in_other_orders_all_land_once,
 );
 
 async fn a_chunk_that_does_not_fit_adds_nothing(backend: Backend) {
@@ -59,12 +60,21 @@ async fn a_changed_item_is_a_conflict_for_the_whole_call(backend: Backend) {
     assert_eq!(error_code(&response), "IDEMPOTENCY_CONFLICT", "{response}");
     assert_eq!(app.balance(&tenant).await, balance);
     assert_eq!(batch(&app, &tenant, id).await["itemCount"], 5);
+    // One item twice in a call, with one input: added once, the repetition replayed.
+    let mut doubled = items("pair-", 0, 1);
+    doubled.push(doubled[0].clone());
+    let response = add_items(&app, &tenant, id, &doubled).await;
+    assert_eq!(response["data"]["addBatchItems"]["added"], 1, "{response}");
+    assert_eq!(
+        response["data"]["addBatchItems"]["replayed"], 1,
+        "{response}"
+    );
     // Within one call too: one customId with two inputs.
     let mut twice = items("new-", 0, 2);
     twice[1]["customId"] = json!("new-0");
     let response = add_items(&app, &tenant, id, &twice).await;
     assert_eq!(error_code(&response), "IDEMPOTENCY_CONFLICT", "{response}");
-    assert_eq!(batch(&app, &tenant, id).await["itemCount"], 5);
+    assert_eq!(batch(&app, &tenant, id).await["itemCount"], 6);
     assert_billing_invariants(&app.app.db).await;
 }
 
@@ -158,4 +168,29 @@ async fn create_batch_is_idempotent_and_refuses_what_it_cannot_honour(backend: B
         1,
         "{listed}"
     );
+}
+
+async fn overlapping_chunks_in_other_orders_all_land_once(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "100").await;
+    for round in 0..3 {
+        let id = create_batch(&app, &tenant, &format!("b{round}")).await;
+        // A client re-sends a timed-out chunk with its items in another order, and one
+        // more, while the first is still being written.
+        let forward = items("d", 0, 1_000);
+        let mut backward: Vec<_> = forward[1..].iter().rev().cloned().collect();
+        backward.push(items("d", 5_000, 1).remove(0));
+        let (first, second) = tokio::join!(
+            add_items(&app, &tenant, id, &forward),
+            add_items(&app, &tenant, id, &backward)
+        );
+        for response in [&first, &second] {
+            assert!(response["errors"].is_null(), "{response}");
+        }
+        let added = first["data"]["addBatchItems"]["added"].as_i64().unwrap()
+            + second["data"]["addBatchItems"]["added"].as_i64().unwrap();
+        assert_eq!(added, 1_001);
+        assert_eq!(batch(&app, &tenant, id).await["itemCount"], 1_001);
+    }
+    assert_billing_invariants(&app.app.db).await;
 }

@@ -18,6 +18,7 @@ on_both_backends!(
     cancelling_mid_run_resolves_every_hold,
     another_tenant_sees_no_batch_item_or_result,
     a_large_batch_never_starves_another_tenants_job,
+    a_cancel_stopped_mid_way_is_finished_by_the_sweep,
 );
 
 fn busy_workers() -> AppOptions {
@@ -301,4 +302,31 @@ async fn a_large_batch_never_starves_another_tenants_job(backend: Backend) {
         "{} of the batch's items ran before the other tenant's job finished",
         after - before
     );
+}
+
+async fn a_cancel_stopped_mid_way_is_finished_by_the_sweep(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "10").await;
+    let id = create_batch(&app, &tenant, "b").await;
+    assert!(add_items(&app, &tenant, id, &items("d", 0, 30)).await["errors"].is_null());
+    // What a cancelBatch leaves when its process dies after its first transaction: the
+    // batch closed and cancelled, its items untouched.
+    {
+        use sea_orm::sea_query::Expr;
+        entity::batches::Entity::update_many()
+            .col_expr(
+                entity::batches::Column::Status,
+                Expr::value(entity::BatchStatus::Closed),
+            )
+            .col_expr(entity::batches::Column::CancelRequested, Expr::value(true))
+            .filter(entity::batches::Column::Id.eq(id))
+            .exec(&app.app.db)
+            .await
+            .unwrap();
+    }
+    let finished = wait_until_finished(&app, &tenant, id, Duration::from_secs(30)).await;
+    assert_eq!(finished["counts"]["cancelled"], 30, "{finished}");
+    assert_eq!(decimal(&finished["reserved"]), Decimal::ZERO);
+    assert_eq!(decimal(&app.balance(&tenant).await["held"]), Decimal::ZERO);
+    assert_billing_invariants(&app.app.db).await;
 }
