@@ -1,15 +1,12 @@
 //! Reads: a tenant's jobs and account.
 
 use super::types::{Account, Job, JobConnection, JobEdge, JobStatus, PageInfo};
-use super::{ErrorCode, app, principal};
+use super::{app, principal};
 use crate::accounts::tenants;
 use crate::billing::reports::Scope;
-use crate::jobs::service::{self, MAX_PAGE_SIZE};
+use crate::jobs::service;
 use async_graphql::{Context, Object};
 use uuid::Uuid;
-
-/// Jobs per page when the client does not say.
-const DEFAULT_PAGE_SIZE: i32 = 20;
 
 /// The queries of jobs and accounts.
 #[derive(Default)]
@@ -44,19 +41,7 @@ impl JobQuery {
     ) -> async_graphql::Result<JobConnection> {
         let db = &app(context).db;
         let tenant_id = Scope::single_tenant(db, principal(context)?, tenant_id).await?;
-        let first = first.unwrap_or(DEFAULT_PAGE_SIZE);
-        let first = u64::try_from(first)
-            .ok()
-            .filter(|first| (1..=MAX_PAGE_SIZE).contains(first))
-            .ok_or_else(|| {
-                ErrorCode::Validation.error(format!("first must be 1 to {MAX_PAGE_SIZE}"))
-            })?;
-        let after = after
-            .map(|cursor| {
-                Uuid::parse_str(&cursor)
-                    .map_err(|_| ErrorCode::Validation.error("after is not a cursor from this API"))
-            })
-            .transpose()?;
+        let (first, after) = super::types::page_arguments(first, after)?;
         let page = service::list_jobs(db, tenant_id, first, after, status.map(Into::into)).await?;
         let edges: Vec<JobEdge> = page
             .jobs
