@@ -1,8 +1,9 @@
 //! jobledger: durable, accountable LLM jobs.
 //!
 //! A job is created through GraphQL and lives in the database; workers claim it under
-//! a lease, call the model, and settle the credits held for it. See `DESIGN.md` in the
-//! shared folder for the lifecycle and the invariants.
+//! a lease, call the model, and settle the credits held for it. See
+//! `docs/architecture.md` for the lifecycle and its invariants section for the
+//! invariants.
 
 pub mod accounts;
 pub mod bench;

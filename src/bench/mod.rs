@@ -62,7 +62,7 @@ pub struct Scale {
 }
 
 impl Scale {
-    /// The figures the README reports.
+    /// The figures `docs/performance.md` reports.
     pub const FULL: Self = Self {
         drain: 20_000,
         backlog: 200_000,

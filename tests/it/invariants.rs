@@ -1,5 +1,5 @@
-//! The billing invariants of DESIGN.md, checked from the rows after a scenario by the
-//! same audit that `jobledger audit` runs.
+//! The billing invariants (`docs/architecture.md`, "Invariants"), checked from the rows
+//! after a scenario by the same audit that `jobledger audit` runs.
 
 use jobledger::billing::audit;
 use sea_orm::ConnectionTrait;

@@ -1,5 +1,6 @@
 //! The billing audit behind `jobledger audit`: recomputes every balance from the
-//! ledger and checks each invariant of DESIGN.md "Credits" against the rows.
+//! ledger and checks each invariant of `docs/architecture.md` ("Invariants") against
+//! the rows.
 //!
 //! Each [`Invariant`] checks one relation between two sources, so that one corrupted
 //! row names one invariant: the cached balance against the ledger replay, the replay

@@ -10,7 +10,7 @@ pub const VIOLATIONS_SHOWN: usize = 20;
 /// Tenants or jobs read per page by [`audit`].
 pub const PAGE_SIZE: u64 = 500;
 
-/// One invariant of DESIGN.md "Credits", as the audit names it.
+/// One billing invariant (`docs/architecture.md`, "Invariants"), as the audit names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Invariant {
     /// A tenant's cached granted, held, charged and expired equal a replay of its

@@ -38,7 +38,8 @@ use uuid::Uuid;
 const LEASE: Duration = Duration::from_secs(600);
 /// The models jobs use: two price levels with odd nano-credit rates.
 const MODELS: [&str; 2] = ["gpt-4o-mini", "gpt-4o"];
-/// Tokens the README adds per message to the UTF-8 bytes of its content.
+/// Tokens `docs/architecture.md` ("Money") adds per message to the UTF-8 bytes of its
+/// content.
 const MESSAGE_OVERHEAD_TOKENS: u64 = 16;
 
 /// A fresh database with the schema and the built-in prices (markup 1.25).
@@ -136,7 +137,8 @@ impl Spec {
         .expect("the generated request is valid")
     }
 
-    /// The hold by the README's sizing rule, computed here rather than by the service:
+    /// The hold by the sizing rule of `docs/architecture.md` ("Money"), computed here
+    /// rather than by the service:
     /// maxAttempts × the higher of the customer and the provider price ×
     /// (UTF-8 bytes + 16 per message + maxOutputTokens).
     fn hold(&self, price: &ModelPrice) -> Credits {
