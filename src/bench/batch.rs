@@ -8,6 +8,7 @@
 use super::scratch::{Engine, ScratchDatabase};
 use super::{BenchError, Figure, Scale, audited, in_process_settings, seed};
 use crate::db::Parameters;
+use crate::jobs::input::IdempotencyKey;
 use crate::jobs::worker::WorkerSettings;
 use crate::startup::Application;
 use entity::{BatchStatus, JobStatus, JsonText, Timestamp, batches, jobs};
@@ -28,6 +29,8 @@ const CLIENTS: u64 = 4;
 const CREATE_CONCURRENCY: u64 = 32;
 /// Workers of the draining process.
 const WORKERS: usize = 32;
+/// Reads of the whole batch, timed one by one (the median is reported).
+const READS: usize = 51;
 /// How long the drain may make no progress before the benchmark gives up.
 const STALL: Duration = Duration::from_secs(60);
 /// What every item asks (the benchmark's job prompt, so that holds are the seeded ones).
@@ -89,7 +92,7 @@ pub async fn run(engine: &Engine, scale: Scale) -> Result<Vec<Figure>, BenchErro
     let items = scale.batch_items.max(1);
     let bare = bare_insert(engine, items).await?;
     let creates = create_jobs(engine, scale.batch_creates.max(CREATE_CONCURRENCY)).await?;
-    let (enqueued, drained) = enqueue_and_drain(engine, items).await?;
+    let (enqueued, read_ms, drained) = enqueue_and_drain(engine, items).await?;
     let create_name = format!("createJob at concurrency {CREATE_CONCURRENCY} (batch baseline)");
     let bare_name = format!("bare SQL multi-row INSERT of {items} job rows");
     Ok(vec![
@@ -120,6 +123,13 @@ pub async fn run(engine: &Engine, scale: Scale) -> Result<Vec<Figure>, BenchErro
             value: enqueued,
             unit: "items/s",
             ratio: Some((enqueued / bare, bare_name)),
+        },
+        Figure {
+            engine: name,
+            name: format!("reading the batch of {items} queued items (median of {READS})"),
+            value: read_ms,
+            unit: "ms",
+            ratio: None,
         },
         Figure {
             engine: name,
@@ -193,7 +203,12 @@ async fn bare_insert(engine: &Engine, items: u64) -> Result<f64, BenchError> {
                             let row = jobs::Model {
                                 id: Uuid::now_v7(),
                                 tenant_id,
-                                idempotency_key: format!("batch/{}/item-{item}", batch.id),
+                                idempotency_key: IdempotencyKey::of_item(
+                                    batch.id,
+                                    &format!("item-{item}"),
+                                )
+                                .as_str()
+                                .to_owned(),
                                 request_hash: hash.clone(),
                                 status: JobStatus::Queued,
                                 cancel_requested: false,
@@ -306,10 +321,11 @@ async fn create_jobs(engine: &Engine, count: u64) -> Result<f64, BenchError> {
     Ok(rate)
 }
 
-/// Items per second of enqueueing `items` over GraphQL, and of draining them.
-async fn enqueue_and_drain(engine: &Engine, items: u64) -> Result<(f64, f64), BenchError> {
+/// Items per second of enqueueing `items` over GraphQL, the milliseconds of one read
+/// of the full batch (what `batch(id)` runs), and items per second of the drain.
+async fn enqueue_and_drain(engine: &Engine, items: u64) -> Result<(f64, f64, f64), BenchError> {
     let database = ScratchDatabase::create(engine).await?;
-    let (_, key) = seed::funded_tenant(&database.db, "batcher", items).await?;
+    let (tenant_id, key) = seed::funded_tenant(&database.db, "batcher", items).await?;
     let (address, shutdown, running) = serve_api(&database).await?;
     let client = reqwest::Client::new();
     let created = graphql(
@@ -370,6 +386,15 @@ async fn enqueue_and_drain(engine: &Engine, items: u64) -> Result<(f64, f64), Be
         result?;
     }
     let enqueued = items as f64 / started.elapsed().as_secs_f64();
+    let batch_uuid = Uuid::parse_str(&batch_id).map_err(failed)?;
+    let mut reads = Vec::with_capacity(READS);
+    for _ in 0..READS {
+        let started = Instant::now();
+        crate::jobs::batches::read(&database.db, tenant_id, batch_uuid).await?;
+        reads.push(started.elapsed().as_secs_f64() * 1_000.0);
+    }
+    reads.sort_by(f64::total_cmp);
+    let read_ms = reads[READS / 2];
     graphql(
         &client,
         address,
@@ -380,7 +405,7 @@ async fn enqueue_and_drain(engine: &Engine, items: u64) -> Result<(f64, f64), Be
     .await?;
     stop(shutdown, running).await?;
 
-    let batch_id = Uuid::parse_str(&batch_id).map_err(failed)?;
+    let batch_id = batch_uuid;
     let worker = WorkerSettings {
         concurrency: WORKERS,
         lease: Duration::from_secs(30),
@@ -427,5 +452,5 @@ async fn enqueue_and_drain(engine: &Engine, items: u64) -> Result<(f64, f64), Be
         )));
     }
     audited(database).await?;
-    Ok((enqueued, drained))
+    Ok((enqueued, read_ms, drained))
 }

@@ -2,6 +2,7 @@
 //! time, for the batch's tenant or the admin.
 
 use crate::accounts::Principal;
+use crate::error::ServiceError;
 use crate::http::auth::{AuthError, credential, identify};
 use crate::jobs::batches::{self, results};
 use crate::startup::App;
@@ -15,7 +16,7 @@ use sea_orm::EntityTrait;
 use uuid::Uuid;
 
 /// The results of the batch `id`: 401 without a valid key, 404 for a batch the
-/// caller cannot see.
+/// caller cannot see, 503 when the database cannot say.
 pub async fn results(
     State(app): State<App>,
     Path(id): Path<String>,
@@ -45,16 +46,22 @@ pub async fn results(
     let Ok(id) = Uuid::parse_str(&id) else {
         return not_found();
     };
-    let batch = match principal {
-        Principal::Tenant { tenant_id } => batches::find_batch(&app.db, tenant_id, id).await.ok(),
+    let found = match principal {
+        Principal::Tenant { tenant_id } => batches::find_batch(&app.db, tenant_id, id).await,
         Principal::Admin => rows::Entity::find_by_id(id)
             .one(&app.db)
             .await
-            .ok()
-            .flatten(),
+            .map_err(ServiceError::from)
+            .and_then(|batch| batch.ok_or(ServiceError::NotFound)),
     };
-    let Some(batch) = batch else {
-        return not_found();
+    let batch = match found {
+        Ok(batch) => batch,
+        Err(ServiceError::NotFound) => return not_found(),
+        // Not a 404: the batch may well exist, and a client told so would give up on it.
+        Err(error) => {
+            tracing::warn!(batch.id = %id, error = %error, "could not read a batch");
+            return (StatusCode::SERVICE_UNAVAILABLE, "try again\n").into_response();
+        }
     };
     let lines = results::result_lines(app.db.clone(), batch.clone()).map(move |line| {
         line.map(axum::body::Bytes::from).map_err(|error| {

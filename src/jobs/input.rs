@@ -7,6 +7,7 @@ use entity::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use uuid::Uuid;
 
 /// Longest idempotency key accepted, in characters.
 const MAX_IDEMPOTENCY_KEY_LENGTH: usize = 255;
@@ -33,6 +34,10 @@ pub const MAX_JSON_DEPTH: usize = 32;
 /// cost a few tokens in every chat format; 16 is more than any of them uses.
 const MESSAGE_OVERHEAD_TOKENS: u64 = 16;
 
+/// How the keys of batch items begin. A client's own key may not: a `createJob` could
+/// otherwise take an item's key before the item arrives, or answer with the item.
+const ITEM_KEY_PREFIX: &str = "batch/";
+
 /// A client's unique name for one job request, so retries of the request are safe.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdempotencyKey(String);
@@ -51,7 +56,18 @@ impl IdempotencyKey {
                 "idempotencyKey must not contain control characters",
             ));
         }
+        if text.starts_with(ITEM_KEY_PREFIX) {
+            return Err(ServiceError::validation(format!(
+                "idempotencyKey must not begin with \"{ITEM_KEY_PREFIX}\": such keys name batch items"
+            )));
+        }
         Ok(Self(text))
+    }
+
+    /// The key of a batch's item: its batch and `customId`, which the caller has
+    /// checked (at most 200 characters, one line), so it stays within 255.
+    pub fn of_item(batch_id: Uuid, custom_id: &str) -> Self {
+        Self(format!("{ITEM_KEY_PREFIX}{batch_id}/{custom_id}"))
     }
 
     /// The key's text.

@@ -1,7 +1,9 @@
 //! Adding items: all or nothing per chunk, idempotent by customId, refused once closed.
 
 use super::{add_items, batch, create_batch, items};
-use crate::helpers::{ADMIN_TOKEN, AppOptions, Backend, decimal, error_code, spawn_app_with};
+use crate::helpers::{
+    ADMIN_TOKEN, AppOptions, Backend, decimal, error_code, job_input, spawn_app_with,
+};
 use crate::invariants::assert_billing_invariants;
 use serde_json::json;
 
@@ -12,6 +14,7 @@ on_both_backends!(
     a_spend_cap_refuses_the_whole_chunk,
     create_batch_is_idempotent_and_refuses_what_it_cannot_honour,
     overlapping_chunks_in_other_orders_all_land_once,
+    a_job_cannot_take_the_key_of_an_item,
 );
 
 async fn a_chunk_that_does_not_fit_adds_nothing(backend: Backend) {
@@ -192,5 +195,30 @@ async fn overlapping_chunks_in_other_orders_all_land_once(backend: Backend) {
         assert_eq!(added, 1_001);
         assert_eq!(batch(&app, &tenant, id).await["itemCount"], 1_001);
     }
+    assert_billing_invariants(&app.app.db).await;
+}
+
+async fn a_job_cannot_take_the_key_of_an_item(backend: Backend) {
+    // An item's job is keyed `batch/{batch}/{customId}`: were a client's createJob
+    // allowed that key, it would take the item's place before the item arrived (or
+    // be answered with the item's job after).
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "10").await;
+    let id = create_batch(&app, &tenant, "keys").await;
+    let item_key = format!("batch/{id}/doc-0");
+    let taken = app.create_job(&tenant, job_input(&item_key, "mine")).await;
+    assert_eq!(error_code(&taken), "VALIDATION", "{taken}");
+    let other = app
+        .create_job(&tenant, job_input("batch/anything", "mine"))
+        .await;
+    assert_eq!(error_code(&other), "VALIDATION", "{other}");
+    let added = add_items(&app, &tenant, id, &items("doc-", 0, 1)).await;
+    assert!(added["errors"].is_null(), "{added}");
+    assert_eq!(batch(&app, &tenant, id).await["itemCount"], 1);
+    // Keys that merely contain the word are the client's own.
+    let own = app
+        .create_job(&tenant, job_input("my-batch/1", "mine"))
+        .await;
+    assert!(own["errors"].is_null(), "{own}");
     assert_billing_invariants(&app.app.db).await;
 }

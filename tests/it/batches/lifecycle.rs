@@ -8,7 +8,7 @@ use crate::helpers::{
 use crate::invariants::assert_billing_invariants;
 use jobledger::jobs::worker::WorkerSettings;
 use rust_decimal::Decimal;
-use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, PaginatorTrait, QueryFilter};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -19,6 +19,7 @@ on_both_backends!(
     another_tenant_sees_no_batch_item_or_result,
     a_large_batch_never_starves_another_tenants_job,
     a_cancel_stopped_mid_way_is_finished_by_the_sweep,
+    results_are_unavailable_not_missing_while_the_database_fails,
 );
 
 fn busy_workers() -> AppOptions {
@@ -329,4 +330,23 @@ async fn a_cancel_stopped_mid_way_is_finished_by_the_sweep(backend: Backend) {
     assert_eq!(decimal(&finished["reserved"]), Decimal::ZERO);
     assert_eq!(decimal(&app.balance(&tenant).await["held"]), Decimal::ZERO);
     assert_billing_invariants(&app.app.db).await;
+}
+
+async fn results_are_unavailable_not_missing_while_the_database_fails(backend: Backend) {
+    // A 404 tells a client the batch is gone and it should stop asking; a batch the
+    // database could not read may well exist, so the answer is 503.
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let owner = app.funded_tenant("owner", "10").await;
+    let id = create_batch(&app, &owner, "unreadable").await;
+    assert!(add_items(&app, &owner, id, &items("x", 0, 2)).await["errors"].is_null());
+    let db = &app.app.db;
+    db.execute_unprepared("ALTER TABLE batches RENAME TO batches_away")
+        .await
+        .unwrap();
+    let (status, _) = results(&app, &owner.key, id).await;
+    db.execute_unprepared("ALTER TABLE batches_away RENAME TO batches")
+        .await
+        .unwrap();
+    assert_eq!(status, 503);
+    assert_eq!(results(&app, &owner.key, id).await.1.len(), 2);
 }
