@@ -6,11 +6,13 @@
 //! connections and drops dead ones, gives a client a few seconds to authenticate,
 //! closes an authenticated connection that held no subscription for a while (it
 //! answers pings, so nothing else would ever close it; one holding a subscription is
-//! never closed as idle), and closes a connection with 4401 when `connection_init` carries no key (an anonymous
+//! never closed as idle), polls only the subscriptions something woke (see `woken`),
+//! and closes a connection with 4401 when `connection_init` carries no key (an anonymous
 //! connection has nothing to subscribe to) and with 4403 when its key is refused or
 //! revoked.
 
 mod ledger;
+mod woken;
 
 use super::HttpState;
 use super::auth::{AuthError, identify};
@@ -33,6 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use uuid::Uuid;
+use woken::WokenOnly;
 
 /// Largest message or frame read, before and after authentication: a subscription
 /// request is a few kilobytes, and nothing bigger is read into memory.
@@ -186,7 +189,8 @@ async fn serve(
     let app = state.app.clone();
     let limits = state.limits.clone();
     let established = handshake.clone();
-    let mut graphql = async_graphql::http::WebSocket::new(state.schema.clone(), input, protocol)
+    let executor = WokenOnly(state.schema.clone());
+    let mut graphql = async_graphql::http::WebSocket::new(executor, input, protocol)
         .connection_data(connection_data)
         .on_connection_init(move |payload| async move {
             let credential = payload
