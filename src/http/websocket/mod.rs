@@ -47,6 +47,11 @@ const PING_INTERVAL: Duration = Duration::from_secs(15);
 const SILENCE_LIMIT: Duration = Duration::from_secs(45);
 /// How long a client has to send `connection_init`.
 const INIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Messages a connection sends before it lets the other tasks of its worker thread
+/// run: a socket that keeps taking writes never makes the loop wait, so a burst of
+/// one tenant's events reaching its hundred streams held the thread while other
+/// tenants' requests queued behind it.
+const MESSAGES_PER_TURN: u32 = 16;
 
 /// `connection_init` carried no key.
 const CLOSE_UNAUTHORIZED: u16 = 4401;
@@ -255,6 +260,7 @@ async fn serve(
     let mut quiet_check = tokio::time::interval(
         (unsubscribed_limit / 10).clamp(Duration::from_millis(100), PING_INTERVAL),
     );
+    let mut sent_this_turn = 0;
     let close = loop {
         let key = handshake.key.get().copied();
         tokio::select! {
@@ -263,6 +269,11 @@ async fn serve(
                     ledger.sent(&text);
                     if sink.send(Message::Text(text.into())).await.is_err() {
                         return;
+                    }
+                    sent_this_turn += 1;
+                    if sent_this_turn == MESSAGES_PER_TURN {
+                        sent_this_turn = 0;
+                        tokio::task::yield_now().await;
                     }
                 }
                 Some(WsMessage::Close(code, reason)) => {
