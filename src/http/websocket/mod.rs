@@ -6,11 +6,13 @@
 //! connections and drops dead ones, gives a client a few seconds to authenticate,
 //! closes an authenticated connection that held no subscription for a while (it
 //! answers pings, so nothing else would ever close it; one holding a subscription is
-//! never closed as idle), and closes a connection with 4401 when `connection_init` carries no key (an anonymous
+//! never closed as idle), polls only the subscriptions something woke (see `woken`),
+//! and closes a connection with 4401 when `connection_init` carries no key (an anonymous
 //! connection has nothing to subscribe to) and with 4403 when its key is refused or
 //! revoked.
 
 mod ledger;
+mod woken;
 
 use super::HttpState;
 use super::auth::{AuthError, identify};
@@ -33,6 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use uuid::Uuid;
+use woken::WokenOnly;
 
 /// Largest message or frame read, before and after authentication: a subscription
 /// request is a few kilobytes, and nothing bigger is read into memory.
@@ -44,6 +47,11 @@ const PING_INTERVAL: Duration = Duration::from_secs(15);
 const SILENCE_LIMIT: Duration = Duration::from_secs(45);
 /// How long a client has to send `connection_init`.
 const INIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Messages a connection sends before it lets the other tasks of its worker thread
+/// run: a socket that keeps taking writes never makes the loop wait, so a burst of
+/// one tenant's events reaching its hundred streams held the thread while other
+/// tenants' requests queued behind it.
+const MESSAGES_PER_TURN: u32 = 16;
 
 /// `connection_init` carried no key.
 const CLOSE_UNAUTHORIZED: u16 = 4401;
@@ -186,7 +194,8 @@ async fn serve(
     let app = state.app.clone();
     let limits = state.limits.clone();
     let established = handshake.clone();
-    let mut graphql = async_graphql::http::WebSocket::new(state.schema.clone(), input, protocol)
+    let executor = WokenOnly(state.schema.clone());
+    let mut graphql = async_graphql::http::WebSocket::new(executor, input, protocol)
         .connection_data(connection_data)
         .on_connection_init(move |payload| async move {
             let credential = payload
@@ -251,6 +260,7 @@ async fn serve(
     let mut quiet_check = tokio::time::interval(
         (unsubscribed_limit / 10).clamp(Duration::from_millis(100), PING_INTERVAL),
     );
+    let mut sent_this_turn = 0;
     let close = loop {
         let key = handshake.key.get().copied();
         tokio::select! {
@@ -259,6 +269,11 @@ async fn serve(
                     ledger.sent(&text);
                     if sink.send(Message::Text(text.into())).await.is_err() {
                         return;
+                    }
+                    sent_this_turn += 1;
+                    if sent_this_turn == MESSAGES_PER_TURN {
+                        sent_this_turn = 0;
+                        tokio::task::yield_now().await;
                     }
                 }
                 Some(WsMessage::Close(code, reason)) => {
