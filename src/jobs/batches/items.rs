@@ -203,7 +203,8 @@ async fn write_chunk(
             ))
         })?;
     let transaction = begin_write(db).await?;
-    let existing = existing_items(&transaction, batch.id, items).await?;
+    let custom_ids: Vec<&str> = items.iter().map(|item| item.custom_id.as_str()).collect();
+    let existing = existing_items(&transaction, batch.id, &custom_ids).await?;
     let mut replayed = items.len();
     let mut fresh = Vec::with_capacity(items.len());
     for item in items {
@@ -230,17 +231,15 @@ async fn write_chunk(
     }
     let simulated = providers.simulates(&batch.model);
     let mut rows = Vec::with_capacity(fresh.len());
-    let mut holds = Vec::with_capacity(fresh.len());
     for item in &fresh {
         let bound = item.job.input.call_bound();
         let row = job_row(batch, item, simulated, bound.tokens(), now);
-        holds.push((row.id, bound.job_hold(&price, item.job.max_attempts)));
-        rows.push(row);
+        rows.push((row, item, bound.job_hold(&price, item.job.max_attempts)));
     }
     // Ids follow the items' order (the order they were added); the rows are inserted
     // in custom-id order, so two chunks that overlap take the unique index's entries in
     // one order and never wait on each other in a cycle.
-    let mut by_custom_id: Vec<&jobs::Model> = rows.iter().collect();
+    let mut by_custom_id: Vec<&jobs::Model> = rows.iter().map(|(row, _, _)| row).collect();
     by_custom_id.sort_by(|a, b| a.custom_id.cmp(&b.custom_id));
     let inserted: HashSet<Uuid> = bulk::insert(
         &transaction,
@@ -255,9 +254,48 @@ async fn write_chunk(
     .into_iter()
     .collect();
     if inserted.len() != rows.len() {
-        transaction.rollback().await?;
-        return Ok(None);
+        // Items a concurrent chunk took between the read and the insert. The insert
+        // waited for that chunk's commit before it skipped them (PostgreSQL; SQLite
+        // writes one chunk at a time and never gets here), so a read now sees them:
+        // taken with the same input they are replayed, as if read at first, and the
+        // chunk goes on with the rest. Starting over instead lost again and again
+        // when many clients sent overlapping chunks at once.
+        let (taken, kept): (Vec<_>, Vec<_>) = rows
+            .into_iter()
+            .partition(|(row, _, _)| !inserted.contains(&row.id));
+        let taken_ids: Vec<&str> = taken
+            .iter()
+            .map(|(_, item, _)| item.custom_id.as_str())
+            .collect();
+        let stored = existing_items(&transaction, batch.id, &taken_ids).await?;
+        for (_, item, _) in &taken {
+            match stored.get(&item.custom_id) {
+                Some(hash) if *hash == item.fingerprint => replayed += 1,
+                Some(_) => {
+                    transaction.rollback().await?;
+                    return Err(ServiceError::IdempotencyConflict);
+                }
+                // Skipped for another reason: try the chunk again from the start.
+                None => {
+                    transaction.rollback().await?;
+                    return Ok(None);
+                }
+            }
+        }
+        rows = kept;
+        if rows.is_empty() {
+            transaction.rollback().await?;
+            let batch = super::find_batch(db, tenant_id, batch.id).await?;
+            return Ok(Some(AddedItems {
+                added: 0,
+                replayed,
+                batch,
+            }));
+        }
     }
+    let added = rows.len();
+    let holds: Vec<_> = rows.iter().map(|(row, _, hold)| (row.id, *hold)).collect();
+    let rows: Vec<jobs::Model> = rows.into_iter().map(|(row, _, _)| row).collect();
     let notices = events::append_many(
         &transaction,
         rows.iter().map(|job| (job, EventKind::Created, None)),
@@ -294,7 +332,7 @@ async fn write_chunk(
     let counted = batches::Entity::update_many()
         .col_expr(
             batches::Column::ItemCount,
-            Expr::col(batches::Column::ItemCount).add(fresh.len() as i64),
+            Expr::col(batches::Column::ItemCount).add(added as i64),
         )
         .col_expr(batches::Column::UpdatedAt, Expr::value(now))
         .filter(batches::Column::Id.eq(batch.id))
@@ -310,10 +348,10 @@ async fn write_chunk(
     totals.apply(&transaction).await?;
     let batch = super::find_batch(&transaction, tenant_id, batch.id).await?;
     transaction.commit().await?;
-    tracing::info!(batch.id = %batch.id, tenant.id = %tenant_id, added = fresh.len(), replayed, hold = %total, "batch items added");
+    tracing::info!(batch.id = %batch.id, tenant.id = %tenant_id, added, replayed, hold = %total, "batch items added");
     bus.publish(notices);
     Ok(Some(AddedItems {
-        added: fresh.len(),
+        added,
         replayed,
         batch,
     }))
@@ -333,7 +371,7 @@ async fn write_chunk(
 async fn existing_items(
     transaction: &impl ConnectionTrait,
     batch_id: Uuid,
-    items: &[Item],
+    custom_ids: &[&str],
 ) -> Result<HashMap<String, String>, sea_orm::DbErr> {
     let backend = transaction.get_database_backend();
     let rows: Vec<(Option<String>, String)> = if backend == DbBackend::Postgres {
@@ -348,10 +386,10 @@ async fn existing_items(
              ) AS found",
             [
                 batch_id.into(),
-                bulk::text_array(items.iter().map(|item| item.custom_id.as_str())).into(),
+                bulk::text_array(custom_ids.iter().copied()).into(),
             ],
         );
-        let mut rows = Vec::with_capacity(items.len());
+        let mut rows = Vec::with_capacity(custom_ids.len());
         for row in transaction.query_all_raw(statement).await? {
             rows.push((
                 row.try_get("", "custom_id")?,
@@ -360,18 +398,15 @@ async fn existing_items(
         }
         rows
     } else {
-        let mut rows = Vec::with_capacity(items.len());
-        for some in items.chunks(bulk::SQLITE_MAX_PLACEHOLDERS - 1) {
+        let mut rows = Vec::with_capacity(custom_ids.len());
+        for some in custom_ids.chunks(bulk::SQLITE_MAX_PLACEHOLDERS - 1) {
             rows.extend(
                 jobs::Entity::find()
                     .select_only()
                     .column(jobs::Column::CustomId)
                     .column(jobs::Column::RequestHash)
                     .filter(jobs::Column::BatchId.eq(batch_id))
-                    .filter(
-                        jobs::Column::CustomId
-                            .is_in(some.iter().map(|item| item.custom_id.as_str())),
-                    )
+                    .filter(jobs::Column::CustomId.is_in(some.iter().copied()))
                     .into_tuple::<(Option<String>, String)>()
                     .all(transaction)
                     .await?,
