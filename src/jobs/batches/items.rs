@@ -10,8 +10,8 @@
 use super::BatchSettings;
 use crate::billing::batch_totals::BatchTotals;
 use crate::billing::{ledger, limits, prices};
-use crate::db::begin_write;
 use crate::db::bulk::{self, OnConflict};
+use crate::db::{WriteTransaction, begin_write};
 use crate::error::ServiceError;
 use crate::jobs::bus::EventBus;
 use crate::jobs::events;
@@ -221,13 +221,7 @@ async fn write_chunk(
         }
     }
     if fresh.is_empty() {
-        transaction.rollback().await?;
-        let batch = super::find_batch(db, tenant_id, batch.id).await?;
-        return Ok(Some(AddedItems {
-            added: 0,
-            replayed,
-            batch,
-        }));
+        return nothing_added(db, transaction, batch, replayed).await;
     }
     let simulated = providers.simulates(&batch.model);
     let mut rows = Vec::with_capacity(fresh.len());
@@ -284,13 +278,7 @@ async fn write_chunk(
         }
         rows = kept;
         if rows.is_empty() {
-            transaction.rollback().await?;
-            let batch = super::find_batch(db, tenant_id, batch.id).await?;
-            return Ok(Some(AddedItems {
-                added: 0,
-                replayed,
-                batch,
-            }));
+            return nothing_added(db, transaction, batch, replayed).await;
         }
     }
     let added = rows.len();
@@ -352,6 +340,23 @@ async fn write_chunk(
     bus.publish(notices);
     Ok(Some(AddedItems {
         added,
+        replayed,
+        batch,
+    }))
+}
+
+/// The answer to a chunk whose items were all there already: nothing is written, and
+/// the batch is read afresh for the answer.
+async fn nothing_added(
+    db: &DatabaseConnection,
+    transaction: WriteTransaction,
+    batch: &batches::Model,
+    replayed: usize,
+) -> Result<Option<AddedItems>, ServiceError> {
+    transaction.rollback().await?;
+    let batch = super::find_batch(db, batch.tenant_id, batch.id).await?;
+    Ok(Some(AddedItems {
+        added: 0,
         replayed,
         batch,
     }))
