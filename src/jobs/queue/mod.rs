@@ -11,8 +11,8 @@ use super::bus::EventNotice;
 use crate::billing::{Credits, ModelPrice};
 use crate::llm::TokenUsage;
 use entity::{AttemptOutcome, JobStatus, Timestamp, attempts, jobs};
-use sea_orm::sea_query::{Expr, ExprTrait, Query};
-use sea_orm::{ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter};
+use sea_orm::sea_query::{Expr, ExprTrait, LockBehavior, LockType, Query};
+use sea_orm::{ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, QueryFilter};
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::time::Duration;
@@ -31,7 +31,8 @@ pub use start::{start_attempt, start_attempts};
 /// What a lease renewal learned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Renewal {
-    /// The lease was extended; the attempt goes on unless cancel was requested.
+    /// The lease was extended (or, its row busy in another transaction, will be next
+    /// round); the attempt goes on unless cancel was requested.
     Renewed { cancel_requested: bool },
     /// The job is no longer this attempt's: stop and write nothing.
     Lost,
@@ -43,33 +44,70 @@ const RENEWAL_CHUNK: usize = 500;
 /// Extends to `lease` from now the lease of every listed `(job id, run token)` whose
 /// attempt still owns its job, one statement per few hundred jobs, and tells for each
 /// what it learned; a job missing from the answer was lost.
+///
+/// On PostgreSQL a job whose row another transaction holds is passed over this round
+/// and reported by what a plain read of it says: one statement for every attempt of
+/// the process would otherwise hold the rows it had already renewed while it waited
+/// for that one, and every finish of those jobs — other tenants' too — would wait
+/// with it (a frozen process holding one job's row stalled them all). The holder is
+/// the attempt's own finish, a cancel, or that frozen process; the next round, a
+/// third of a lease later, renews it.
 pub async fn renew_leases(
     db: &impl ConnectionTrait,
     owned: &[(Uuid, Uuid)],
     lease: Duration,
 ) -> Result<HashMap<Uuid, Renewal>, DbErr> {
-    let lease_until = crate::db::lease_until(db.get_database_backend(), lease);
+    let backend = db.get_database_backend();
+    let lease_until = crate::db::lease_until(backend, lease);
     let mut renewed = HashMap::with_capacity(owned.len());
     for chunk in owned.chunks(RENEWAL_CHUNK) {
-        let statement = Query::update()
+        let ours = || {
+            Expr::tuple([
+                Expr::col((jobs::Entity, jobs::Column::Id)),
+                Expr::col((jobs::Entity, jobs::Column::RunToken)),
+            ])
+            .in_tuples(chunk.iter().copied())
+        };
+        let mut update = Query::update();
+        update
             .table(jobs::Entity)
             .value(jobs::Column::LeaseUntil, lease_until.clone())
             .and_where(jobs::Column::Status.eq(JobStatus::Running))
-            .and_where(
-                Expr::tuple([
-                    Expr::col(jobs::Column::Id),
-                    Expr::col(jobs::Column::RunToken),
-                ])
-                .in_tuples(chunk.iter().copied()),
-            )
+            .and_where(ours())
             .returning(
                 Query::returning().columns([jobs::Column::Id, jobs::Column::CancelRequested]),
-            )
-            .to_owned();
-        for row in db.query_all(&statement).await? {
+            );
+        if backend == DbBackend::Postgres {
+            update.and_where(
+                Expr::col(jobs::Column::Id).in_subquery(
+                    Query::select()
+                        .column(jobs::Column::Id)
+                        .from(jobs::Entity)
+                        .and_where(ours())
+                        .lock_with_behavior(LockType::NoKeyUpdate, LockBehavior::SkipLocked)
+                        .to_owned(),
+                ),
+            );
+        }
+        for row in db.query_all(&update).await? {
             let job_id: Uuid = row.try_get("", "id")?;
             let cancel_requested: bool = row.try_get("", "cancel_requested")?;
             renewed.insert(job_id, Renewal::Renewed { cancel_requested });
+        }
+        if backend == DbBackend::Postgres && renewed.len() < owned.len() {
+            let passed_over = Query::select()
+                .columns([jobs::Column::Id, jobs::Column::CancelRequested])
+                .from(jobs::Entity)
+                .and_where(jobs::Column::Status.eq(JobStatus::Running))
+                .and_where(ours())
+                .to_owned();
+            for row in db.query_all(&passed_over).await? {
+                let job_id: Uuid = row.try_get("", "id")?;
+                let cancel_requested: bool = row.try_get("", "cancel_requested")?;
+                renewed
+                    .entry(job_id)
+                    .or_insert(Renewal::Renewed { cancel_requested });
+            }
         }
     }
     Ok(renewed)

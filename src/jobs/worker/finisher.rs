@@ -71,9 +71,15 @@ async fn write_groups(db: DatabaseConnection, mut queue: mpsc::UnboundedReceiver
             }
         }
         let held = held_elsewhere(&db, &group).await;
-        let (aside, group): (Vec<Request>, Vec<Request>) = group
-            .into_iter()
-            .partition(|(end, _)| held.contains(&end.claim.job.tenant_id));
+        // A tenant with a lane goes on in its lane even when its rows look free: the
+        // lane's transaction may take them right after the look (its tenant's row,
+        // then the held job's), and a group holding one of that tenant's finishes
+        // would wait behind it with every other tenant's.
+        let (aside, group): (Vec<Request>, Vec<Request>) =
+            group.into_iter().partition(|(end, _)| {
+                let tenant_id = end.claim.job.tenant_id;
+                held.contains(&tenant_id) || lanes.is_open(tenant_id)
+            });
         for request in aside {
             lanes.send(&db, request);
         }
@@ -191,6 +197,14 @@ struct Lanes {
 }
 
 impl Lanes {
+    /// Whether `tenant_id` has a lane still writing or waiting.
+    fn is_open(&self, tenant_id: Uuid) -> bool {
+        self.open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(&tenant_id)
+    }
+
     fn send(&self, db: &DatabaseConnection, request: Request) {
         let tenant_id = request.0.claim.job.tenant_id;
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
