@@ -6,6 +6,8 @@
 
 use super::limits::{OpenCounts, Place};
 use crate::config::LiveConnectionSettings;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
@@ -41,4 +43,22 @@ impl LiveConnections {
     pub fn admit_tenant(&self, tenant_id: Uuid) -> Option<Place<Uuid>> {
         self.per_tenant.admit(tenant_id)
     }
+}
+
+/// Why a tenant gets no more live connections, in words for its client.
+pub fn tenant_full() -> String {
+    format!(
+        "a tenant may hold at most {MAX_LIVE_CONNECTIONS_PER_TENANT} live connections on one server"
+    )
+}
+
+/// The answer when the process's budget of live connections is spent: another server
+/// may have room, or this one shortly.
+pub fn process_full() -> Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [(header::RETRY_AFTER, "5")],
+        "the server holds as many live connections as it may",
+    )
+        .into_response()
 }

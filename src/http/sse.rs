@@ -19,7 +19,7 @@ use super::graphql::body::{BodyLimit, read_body};
 use super::graphql::responses::{JSON, check_content_type};
 use super::graphql::selected_operation;
 use super::limits::{ClientAddress, RequestOwner, SLOT_WAIT};
-use super::live::MAX_LIVE_CONNECTIONS_PER_TENANT;
+use super::live;
 use super::serve::LiveStreams;
 use crate::accounts::Principal;
 use crate::accounts::api_keys::{self, Identity};
@@ -117,12 +117,7 @@ fn respond(
 ) -> Response {
     let principal = identity.map(|identity| identity.principal);
     let Some(budget) = state.limits.live.open() else {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            [(header::RETRY_AFTER, "5")],
-            "the server holds as many live connections as it may",
-        )
-            .into_response();
+        return live::process_full();
     };
     let tenant_place = match principal {
         Some(Principal::Tenant { tenant_id }) => match state.limits.live.admit_tenant(tenant_id) {
@@ -131,9 +126,7 @@ fn respond(
                 return (
                     StatusCode::TOO_MANY_REQUESTS,
                     [(header::RETRY_AFTER, "5")],
-                    format!(
-                        "a tenant may hold at most {MAX_LIVE_CONNECTIONS_PER_TENANT} live connections on one server"
-                    ),
+                    live::tenant_full(),
                 )
                     .into_response();
             }

@@ -17,7 +17,7 @@ mod woken;
 use super::HttpState;
 use super::auth::{AuthError, identify};
 use super::limits::{ClientAddress, MAX_SOCKETS_PER_ADDRESS, Place, SLOT_WAIT};
-use super::live::MAX_LIVE_CONNECTIONS_PER_TENANT;
+use super::live;
 use crate::accounts::{Principal, api_keys};
 use crate::graphql::ConnectionSubscriptions;
 use crate::graphql::cost::StreamingTransport;
@@ -87,12 +87,7 @@ pub async fn upgrade(
             .into_response();
     };
     let Some(budget) = state.limits.live.open() else {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            [(header::RETRY_AFTER, "5")],
-            "the server holds as many live connections as it may",
-        )
-            .into_response();
+        return live::process_full();
     };
     let Some(protocol) = requested_protocol(&headers) else {
         return (
@@ -224,9 +219,7 @@ async fn serve(
                     if let Principal::Tenant { tenant_id } = identity.principal {
                         let Some(place) = limits.live.admit_tenant(tenant_id) else {
                             let _ = established.refused.set(CLOSE_TOO_MANY);
-                            return Err(async_graphql::Error::new(format!(
-                                "a tenant may hold at most {MAX_LIVE_CONNECTIONS_PER_TENANT} live connections on one server"
-                            )));
+                            return Err(async_graphql::Error::new(live::tenant_full()));
                         };
                         let _ = established.tenant_place.set(place);
                     }

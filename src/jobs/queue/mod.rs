@@ -89,12 +89,14 @@ pub async fn renew_leases(
                 ),
             );
         }
-        for row in db.query_all(&update).await? {
+        let rows = db.query_all(&update).await?;
+        let all_renewed = rows.len() == chunk.len();
+        for row in rows {
             let job_id: Uuid = row.try_get("", "id")?;
             let cancel_requested: bool = row.try_get("", "cancel_requested")?;
             renewed.insert(job_id, Renewal::Renewed { cancel_requested });
         }
-        if backend == DbBackend::Postgres && renewed.len() < owned.len() {
+        if backend == DbBackend::Postgres && !all_renewed {
             let passed_over = Query::select()
                 .columns([jobs::Column::Id, jobs::Column::CancelRequested])
                 .from(jobs::Entity)
