@@ -11,13 +11,14 @@ use jobledger::jobs::queue::{self, ClaimRequest};
 use jobledger::jobs::worker::WorkerSettings;
 use rust_decimal::Decimal;
 use sea_orm::sea_query::Expr;
-use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, TransactionTrait};
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, TransactionTrait};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 on_both_backends!(
     a_rate_limit_is_retried_after_its_retry_after,
+    a_late_finish_does_not_shorten_the_retry_after,
     a_dropped_connection_is_an_unknown_outcome_with_a_cost_bound,
     a_hung_call_times_out_as_unknown_and_is_retried,
     unknown_outcomes_are_not_retried_when_the_job_forbids_it,
@@ -79,6 +80,66 @@ async fn a_rate_limit_is_retried_after_its_retry_after(backend: Backend) {
     assert!(
         second_started - first_finished >= chrono::Duration::milliseconds(1_900),
         "the retry came before Retry-After: {first_finished} → {second_started}"
+    );
+    assert_billing_invariants(&app.app.db).await;
+}
+
+/// The wait a `Retry-After` asks for counts from when the call ended, and the attempt
+/// says it ended then, however late its finish is written. (The attempt's end used to
+/// be the instant the finisher wrote it: a finish held up behind another writer made a
+/// correct retry look early — CI failed so under load. On SQLite the held write turn below delays the
+/// finish before it reads the clock; on PostgreSQL the held row delays only its commit.)
+async fn a_late_finish_does_not_shorten_the_retry_after(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let id = app
+        .create_job_ok(
+            &tenant,
+            job_input(
+                "limited-late",
+                "hi [mock:status=429][mock:retry_after=2][mock:fail_first=1][mock:delay_ms=600]",
+            ),
+        )
+        .await;
+    let started = Instant::now();
+    while app.job(&tenant, id).await["status"] != "RUNNING" {
+        assert!(started.elapsed() < LIMIT, "the job never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Another writer holds on past the call's end, so the finish waits for it.
+    match app.app.db.get_database_backend() {
+        sea_orm::DbBackend::Sqlite => {
+            let turn = jobledger::db::begin_write(&app.app.db).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(1_400)).await;
+            turn.rollback().await.unwrap();
+        }
+        _ => {
+            let frozen = sea_orm::Database::connect(&app.database_url())
+                .await
+                .unwrap();
+            let transaction = frozen.begin().await.unwrap();
+            transaction
+                .execute_unprepared(&format!("SELECT id FROM jobs WHERE id = '{id}' FOR UPDATE"))
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(1_400)).await;
+            transaction.rollback().await.unwrap();
+        }
+    }
+    let job = app.wait_until_finished(&tenant, id, LIMIT).await;
+    assert_eq!(job["status"], "SUCCEEDED", "{job}");
+    assert_eq!(outcomes(&job), ["RETRYABLE_ERROR", "SUCCEEDED"], "{job}");
+    let at = |attempt: usize, field: &str| -> chrono::DateTime<chrono::Utc> {
+        job["attempts"][attempt][field]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let gap = at(1, "startedAt") - at(0, "finishedAt");
+    assert!(
+        gap >= chrono::Duration::milliseconds(1_900),
+        "the retry came {gap} after the first attempt ended, before its Retry-After: {job}"
     );
     assert_billing_invariants(&app.app.db).await;
 }

@@ -68,6 +68,7 @@ pub fn success_report(price: &ModelPrice) -> AttemptReport {
         error: None,
         provider_request_id: Some("req-stale".into()),
         latency: Duration::from_millis(5),
+        ended_at: Timestamp::now(),
         model_paused_until: None,
     }
 }
@@ -312,6 +313,7 @@ async fn a_cancel_the_worker_missed_wins_over_a_retry(backend: Backend) {
                     error: Some(JobError::new(ErrorCode::ProviderUnavailable, "503")),
                     provider_request_id: None,
                     latency: Duration::from_millis(5),
+                    ended_at: Timestamp::now(),
                     model_paused_until: None,
                 };
                 let finished =

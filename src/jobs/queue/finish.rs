@@ -97,7 +97,6 @@ pub async fn finish_attempts(
             .iter()
             .map(|(index, current)| (&ends[*index], *current)),
         &mut progress,
-        now,
     )
     .await?;
     let job_ids: Vec<Uuid> = owned.iter().map(|(_, current)| current.id).collect();
@@ -335,11 +334,9 @@ async fn record_attempts<'a>(
     transaction: &impl ConnectionTrait,
     ends: impl IntoIterator<Item = (&'a AttemptEnd, &'a jobs::Model)>,
     progress: &mut BatchTotals,
-    now: Timestamp,
 ) -> Result<(), DbErr> {
     let backend = transaction.get_database_backend();
     let mut parameters = Parameters::new(backend);
-    let at = parameters.bind(now);
     let rows: Vec<String> = ends
         .into_iter()
         .map(|(end, job)| {
@@ -381,13 +378,14 @@ async fn record_attempts<'a>(
                 usage.map(|usage| tokens(usage.cached_input_tokens)).into(),
                 usage.map(|usage| tokens(usage.output_tokens)).into(),
                 exact_cost.map(Credits::nanos).into(),
+                report.ended_at.into(),
             ])
         })
         .collect();
     let sql = format!(
         "UPDATE attempts SET
             outcome = v.column3,
-            finished_at = {at},
+            finished_at = v.column14,
             latency_ms = v.column4,
             provider_request_id = v.column5,
             customer_charge_nanos = v.column6,

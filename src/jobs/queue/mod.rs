@@ -251,6 +251,9 @@ pub struct AttemptReport {
     pub error: Option<JobError>,
     pub provider_request_id: Option<String>,
     pub latency: Duration,
+    /// When the call ended: the attempt's `finished_at`, and the instant a retry's
+    /// backoff counts from (the finisher may write it a little later).
+    pub ended_at: Timestamp,
     /// The provider answered 429: the model is paused for every worker until then.
     pub model_paused_until: Option<Timestamp>,
 }

@@ -10,7 +10,7 @@ use crate::jobs::leases::LeaseHold;
 use crate::jobs::observe;
 use crate::jobs::queue::{self, AttemptEnd, Renewal, StartedAttempt};
 use crate::llm::ChatRequest;
-use entity::EventKind;
+use entity::{EventKind, Timestamp};
 use sea_orm::{DatabaseConnection, DbErr};
 use std::time::{Duration, Instant};
 use tracing::Instrument;
@@ -148,6 +148,7 @@ impl Worker {
             None => 0,
         };
         let latency = began.elapsed();
+        let ended_at = Timestamp::now();
         if matches!(end, CallEnd::LeaseLost) {
             tracing::warn!(job.id = %claim.job.id, attempt = attempt.number, "lease lost: the attempt writes nothing more");
             return Ok(());
@@ -156,6 +157,7 @@ impl Worker {
             input: &input,
             charging: inner.settings.charging,
             latency,
+            ended_at,
             streamed_bytes,
         };
         let sent = end.was_sent();

@@ -66,6 +66,7 @@ pub(super) struct CallContext<'a> {
     pub(super) input: &'a JobInput,
     pub(super) charging: ChargingPolicy,
     pub(super) latency: Duration,
+    pub(super) ended_at: Timestamp,
     /// Bytes of reply text streamed to subscribers before the call ended.
     pub(super) streamed_bytes: u64,
 }
@@ -89,6 +90,7 @@ impl<'a> CallContext<'a> {
             bound: self.input.call_bound(),
             charging: self.charging,
             latency: self.latency,
+            ended_at: self.ended_at,
             streamed_bytes: self.streamed_bytes,
         }
     }
@@ -103,6 +105,7 @@ pub(super) struct CallFacts<'a> {
     bound: CallBound,
     charging: ChargingPolicy,
     latency: Duration,
+    ended_at: Timestamp,
     /// Bytes of reply text streamed to subscribers before the call ended.
     streamed_bytes: u64,
 }
@@ -138,6 +141,7 @@ impl CallFacts<'_> {
             error,
             provider_request_id,
             latency: self.latency,
+            ended_at: self.ended_at,
             model_paused_until: None,
         }
     }
@@ -147,7 +151,7 @@ impl CallFacts<'_> {
         let job = &self.claim.job;
         if job.attempt_count < job.max_attempts {
             JobOutcome::Retry {
-                at: Timestamp::now().plus(
+                at: self.ended_at.plus(
                     chrono::Duration::from_std(retry_delay(self.attempt.number, retry_after))
                         .unwrap_or(chrono::Duration::MAX),
                 ),
@@ -161,7 +165,7 @@ impl CallFacts<'_> {
     /// spends no attempt, for [`OUTAGE_PATIENCE`] from the job's creation; failed after.
     fn wait_or_fail(&self, error: JobError) -> JobOutcome {
         let job = &self.claim.job;
-        let now = Timestamp::now();
+        let now = self.ended_at;
         let waited = Duration::from_micros(
             now.micros().saturating_sub(job.created_at.micros()).max(0) as u64,
         );
@@ -357,7 +361,7 @@ impl CallFacts<'_> {
                 // off the model, not only this job's retry.
                 if flow::pauses_model(status, retry_after) {
                     report.model_paused_until =
-                        Some(flow::paused_until(Timestamp::now(), retry_after));
+                        Some(flow::paused_until(self.ended_at, retry_after));
                 }
                 (report, self.retry_or_fail(error, retry_after))
             }

@@ -261,6 +261,7 @@ fn plan(
             error,
             provider_request_id: Some(format!("req-{}", Uuid::new_v4().simple())),
             latency: Duration::from_millis(3),
+            ended_at: Timestamp::now(),
             model_paused_until: None,
         };
     let cost = |outcome, usage: Option<TokenUsage>, not_billed: bool| AttemptCost {
