@@ -6,6 +6,7 @@ use crate::helpers::{
     AppOptions, Backend, decimal, error_code, spawn_app_with, test_worker_settings,
 };
 use crate::invariants::assert_billing_invariants;
+use jobledger::jobs::queue::{self, ClaimRequest};
 use jobledger::jobs::worker::WorkerSettings;
 use rust_decimal::Decimal;
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, PaginatorTrait, QueryFilter};
@@ -19,6 +20,7 @@ on_both_backends!(
     another_tenant_sees_no_batch_item_or_result,
     a_large_batch_never_starves_another_tenants_job,
     a_cancel_stopped_mid_way_is_finished_by_the_sweep,
+    no_item_of_a_batch_being_cancelled_is_claimed,
     results_are_unavailable_not_missing_while_the_database_fails,
 );
 
@@ -329,6 +331,46 @@ async fn a_cancel_stopped_mid_way_is_finished_by_the_sweep(backend: Backend) {
     assert_eq!(finished["counts"]["cancelled"], 30, "{finished}");
     assert_eq!(decimal(&finished["reserved"]), Decimal::ZERO);
     assert_eq!(decimal(&app.balance(&tenant).await["held"]), Decimal::ZERO);
+    assert_billing_invariants(&app.app.db).await;
+}
+
+/// Between a cancel's close and its reaching an item, no worker starts the item: a
+/// claim passes over the items of a batch whose cancel is asked (they used to be
+/// claimed, and paid for, until the cancel's transactions got to them).
+async fn no_item_of_a_batch_being_cancelled_is_claimed(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "10").await;
+    let id = create_batch(&app, &tenant, "b").await;
+    assert!(add_items(&app, &tenant, id, &items("d", 0, 30)).await["errors"].is_null());
+    let alone = app
+        .create_job_ok(&tenant, crate::helpers::job_input("alone", "hello"))
+        .await;
+    // The cancel's first transaction has committed; none of its item transactions has.
+    {
+        use sea_orm::sea_query::Expr;
+        entity::batches::Entity::update_many()
+            .col_expr(
+                entity::batches::Column::Status,
+                Expr::value(entity::BatchStatus::Closed),
+            )
+            .col_expr(entity::batches::Column::CancelRequested, Expr::value(true))
+            .filter(entity::batches::Column::Id.eq(id))
+            .exec(&app.app.db)
+            .await
+            .unwrap();
+    }
+    let claims = queue::claim(&app.app.db, ClaimRequest::new(100, Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let claimed: Vec<_> = claims.iter().map(|claim| claim.job.id).collect();
+    assert_eq!(
+        claimed,
+        [alone],
+        "only the job outside the batch is claimed"
+    );
+    let finished = wait_until_finished(&app, &tenant, id, Duration::from_secs(30)).await;
+    assert_eq!(finished["counts"]["cancelled"], 30, "{finished}");
+    assert_eq!(decimal(&finished["reserved"]), Decimal::ZERO);
     assert_billing_invariants(&app.app.db).await;
 }
 

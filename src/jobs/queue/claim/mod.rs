@@ -80,6 +80,13 @@ impl ClaimRequest<'static> {
     }
 }
 
+/// A due job of a batch being cancelled is not claimed: the cancel closes the batch
+/// first and then cancels its items a few hundred at a time, so without this the
+/// workers went on starting items it had not reached yet (paid calls the customer
+/// had asked to stop). The batches' cancel sweep ends them.
+const NOT_IN_A_CANCELLED_BATCH: &str = "(jobs.batch_id IS NULL OR NOT EXISTS (
+    SELECT 1 FROM batches WHERE batches.id = jobs.batch_id AND batches.cancel_requested))";
+
 /// What a claim took, and what kept due jobs queued.
 #[derive(Debug, Default)]
 pub struct Claimed {

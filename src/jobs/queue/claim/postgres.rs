@@ -3,7 +3,7 @@
 //! or take the same job.
 
 use super::visit::Visit;
-use super::{Candidate, Round};
+use super::{Candidate, NOT_IN_A_CANCELLED_BATCH, Round};
 use crate::db::POSTGRES_CLOCK;
 use entity::jobs;
 use sea_orm::{
@@ -30,7 +30,9 @@ fn groups(visits: &[&Visit]) -> [sea_orm::Value; 3] {
 }
 
 /// The due jobs of one group, locked, oldest first: `LIMIT $2` per group.
-const DUE: &str = "
+fn due() -> String {
+    format!(
+        "
     SELECT due.id, due.tenant_id, due.model, due.priority, due.next_run_at, due.token_bound
     FROM unnest($3::uuid[], $4::text[], $5::int[]) AS visit(tenant_id, model, priority)
     CROSS JOIN LATERAL (
@@ -40,10 +42,13 @@ const DUE: &str = "
         WHERE jobs.tenant_id = visit.tenant_id AND jobs.model = visit.model
           AND jobs.priority = visit.priority
           AND jobs.status = 'queued' AND jobs.next_run_at <= $1
+          AND {NOT_IN_A_CANCELLED_BATCH}
         ORDER BY jobs.next_run_at, jobs.id
         LIMIT $2
         FOR UPDATE SKIP LOCKED
-    ) AS due";
+    ) AS due"
+    )
+}
 
 /// One statement, when no budget is in play: the due jobs of each group (locked),
 /// ranked within their tenant; then the best `wanted` by rank, each with its own
@@ -59,7 +64,7 @@ pub async fn claim_unlimited(
         return Ok(Vec::new());
     }
     let sql = format!(
-        "WITH candidates AS MATERIALIZED ({DUE}
+        "WITH candidates AS MATERIALIZED ({due}
         ), ranked AS (
             SELECT id, next_run_at,
                    row_number() OVER (PARTITION BY tenant_id
@@ -82,7 +87,8 @@ pub async fn claim_unlimited(
             updated_at = $1
         FROM numbered JOIN tokens ON tokens.position = numbered.position
         WHERE jobs.id = numbered.id
-        RETURNING jobs.*"
+        RETURNING jobs.*",
+        due = due(),
     );
     let visits: Vec<&Visit> = visits.iter().collect();
     let [tenants, models, priorities] = groups(&visits);
@@ -113,7 +119,7 @@ pub async fn due_jobs(
     let [tenants, models, priorities] = groups(visits);
     let statement = Statement::from_sql_and_values(
         DbBackend::Postgres,
-        DUE,
+        due(),
         [
             round.now.into(),
             (wanted as i64).into(),
