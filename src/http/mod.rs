@@ -49,6 +49,7 @@ struct ClientLimits {
     anonymous_rate: rate::AnonymousRate,
     sockets: limits::AddressCounts,
     live: live::LiveConnections,
+    large_bodies: graphql::body::LargeBodies,
 }
 
 impl ClientLimits {
@@ -59,6 +60,7 @@ impl ClientLimits {
             anonymous_rate: rate::AnonymousRate::default(),
             sockets: limits::AddressCounts::new(MAX_SOCKETS_PER_ADDRESS),
             live: live::LiveConnections::new(live),
+            large_bodies: graphql::body::LargeBodies::default(),
         }
     }
 }

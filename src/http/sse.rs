@@ -15,7 +15,7 @@
 
 use super::HttpState;
 use super::graphql::admission::authenticate_client;
-use super::graphql::body::{BodyLimit, read_body};
+use super::graphql::body::{BodyLimit, read_body, retry_after};
 use super::graphql::responses::{JSON, check_content_type};
 use super::graphql::selected_operation;
 use super::limits::{ClientAddress, RequestOwner, SLOT_WAIT};
@@ -71,13 +71,25 @@ pub async fn post(
         )
             .into_response();
     };
-    let body = match read_body(&headers, body, BodyLimit::of(principal)).await {
-        Ok(body) => body,
-        Err((status, message)) => return (status, message).into_response(),
-    };
+    let large_bodies = &state.limits.large_bodies;
+    let (body, reservation) =
+        match read_body(&headers, body, BodyLimit::of(principal), large_bodies).await {
+            Ok(read) => read,
+            Err((status, message)) => {
+                let mut response = (status, message).into_response();
+                if let Some(retry_after) = retry_after(status) {
+                    response
+                        .headers_mut()
+                        .insert(header::RETRY_AFTER, retry_after);
+                }
+                return response;
+            }
+        };
     drop(slot);
     let request = serde_json::from_slice::<async_graphql::Request>(&body)
         .map_err(|error| format!("the body is not a GraphQL request: {error}"));
+    // The stream outlives its body: only the parse needed the room.
+    drop((body, reservation));
     respond(&state, identity, request, false, live)
 }
 

@@ -2,9 +2,11 @@
 
 use crate::accounts::Principal;
 use axum::body::{Body, Bytes};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use futures_util::StreamExt;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Largest GraphQL request body accepted: above the largest job input, so that an
 /// oversized input is refused with a `VALIDATION` error that says why, not a bare 413.
@@ -13,6 +15,68 @@ pub const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
 /// How long a client may take to send its whole request body: 16 MiB at about
 /// 4.5 Mbit/s. A client that trickles its body ties up one of its slots only this long.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Bodies larger than this are read only within the process's [`LargeBodies`]
+/// budget; smaller ones are bounded well enough by the request slots.
+const LARGE_BODY_BYTES: usize = 1024 * 1024;
+
+/// What the large bodies being read or served at once may add up to: a chunk of a
+/// thousand long documents is about 16 MiB, and takes about twice that while it is
+/// parsed and written. (24 tenants sending such chunks at once peaked at 737 MiB.)
+const LARGE_BODIES_BUDGET: usize = 192 * 1024 * 1024;
+
+/// How long a large body waits for room in the budget before it is refused.
+const LARGE_BODY_WAIT: Duration = Duration::from_secs(10);
+
+/// The budget's unit: permits count KiB, so the whole budget fits a semaphore.
+const BUDGET_UNIT: usize = 1024;
+
+/// The process's budget for large request bodies. A body takes its whole size from
+/// it before its first byte is read — all or nothing, so readers that each hold a
+/// part can never wait for each other — and gives it back when its response is done.
+#[derive(Clone, Debug)]
+pub(in crate::http) struct LargeBodies(Arc<Semaphore>);
+
+impl Default for LargeBodies {
+    fn default() -> Self {
+        Self(Arc::new(Semaphore::new(LARGE_BODIES_BUDGET / BUDGET_UNIT)))
+    }
+}
+
+/// A large body's share of the budget, given back when dropped.
+#[must_use]
+pub(in crate::http) struct BodyReservation {
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl LargeBodies {
+    /// Room for `bytes`, waiting at most [`LARGE_BODY_WAIT`]; nothing to take for a
+    /// small body.
+    async fn reserve(&self, bytes: usize) -> Result<BodyReservation, (StatusCode, String)> {
+        if bytes <= LARGE_BODY_BYTES {
+            return Ok(BodyReservation { _permit: None });
+        }
+        let units = u32::try_from(bytes.div_ceil(BUDGET_UNIT)).unwrap_or(u32::MAX);
+        match tokio::time::timeout(LARGE_BODY_WAIT, self.0.clone().acquire_many_owned(units)).await
+        {
+            Ok(Ok(permit)) => Ok(BodyReservation {
+                _permit: Some(permit),
+            }),
+            _ => Err((
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server is reading as many large requests as it can hold; \
+                 send this one again shortly"
+                    .to_owned(),
+            )),
+        }
+    }
+}
+
+/// The `Retry-After` of a refusal `read_body` answered with `status`: a body refused
+/// for want of room may be sent again in a moment; other refusals stand.
+pub(in crate::http) fn retry_after(status: StatusCode) -> Option<HeaderValue> {
+    (status == StatusCode::SERVICE_UNAVAILABLE).then(|| HeaderValue::from_static("2"))
+}
 
 /// What a body may hold, by who sends it. Besides bytes, the JSON values outside
 /// strings are counted before the body is parsed: a body of tiny objects costs
@@ -69,12 +133,15 @@ fn json_values(body: &[u8]) -> usize {
 }
 
 /// The body, refused when it passes `limit` or takes longer than `BODY_READ_TIMEOUT`
-/// to arrive.
+/// to arrive (counted once it may be read). A body larger than [`LARGE_BODY_BYTES`] is read only once the whole of its declared
+/// length (without one, of the limit) is reserved in `budget`; the reservation comes
+/// back with the body, to be held until the response is sent.
 pub(in crate::http) async fn read_body(
     headers: &HeaderMap,
     body: Body,
     limit: BodyLimit,
-) -> Result<Bytes, (StatusCode, String)> {
+    budget: &LargeBodies,
+) -> Result<(Bytes, BodyReservation), (StatusCode, String)> {
     let too_large = || {
         (
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -88,6 +155,9 @@ pub(in crate::http) async fn read_body(
     if declared.is_some_and(|length| length > limit.bytes as u64) {
         return Err(too_large());
     }
+    let reservation = budget
+        .reserve(declared.map_or(limit.bytes, |length| length as usize))
+        .await?;
     let read = async {
         let mut stream = body.into_data_stream();
         let mut collected = Vec::new();
@@ -112,7 +182,7 @@ pub(in crate::http) async fn read_body(
                 ),
             ));
         }
-        Ok(Bytes::from(collected))
+        Ok((Bytes::from(collected), reservation))
     };
     tokio::time::timeout(BODY_READ_TIMEOUT, read)
         .await

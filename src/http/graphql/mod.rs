@@ -76,9 +76,25 @@ pub async fn post(
         Ok(admitted) => admitted,
         Err(response) => return response,
     };
-    let body = match read_body(&headers, body, BodyLimit::of(admitted.principal)).await {
-        Ok(body) => body,
-        Err((status, message)) => return request_error(media_type, status, &message),
+    let large_bodies = &state.limits.large_bodies;
+    let (body, _reservation) = match read_body(
+        &headers,
+        body,
+        BodyLimit::of(admitted.principal),
+        large_bodies,
+    )
+    .await
+    {
+        Ok(read) => read,
+        Err((status, message)) => {
+            let mut response = request_error(media_type, status, &message);
+            if let Some(retry_after) = body::retry_after(status) {
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, retry_after);
+            }
+            return response;
+        }
     };
     // A JSON array (a batch) or any other value is not a GraphQL request.
     if body.iter().find(|byte| !byte.is_ascii_whitespace()) != Some(&b'{') {

@@ -14,6 +14,7 @@ on_both_backends!(
     failed_authentications_are_throttled_per_address,
     each_tenant_has_a_few_requests_in_flight,
     keyless_requests_are_bounded_in_rate_per_address,
+    large_bodies_are_read_within_one_budget_of_the_process,
 );
 
 /// A client whose requests come from `address` (any 127.0.0.0/8 address reaches a
@@ -288,4 +289,63 @@ async fn a_response_holds_its_slot_until_it_is_read() {
         }
     }
     assert!(served, "the slots came back once the clients left");
+}
+
+/// Large bodies (a chunk of a thousand documents is about 16 MiB) take their size from
+/// one budget of the process before they are read, and give it back with their
+/// response: twelve of them fill it, so a thirteenth waits and is refused with 503 and
+/// a Retry-After, while a small request is served at once; once the twelve are gone
+/// the large one is read. (Each tenant's requests were bounded, the process's not: 24
+/// tenants sending such chunks at once took 737 MiB.)
+async fn large_bodies_are_read_within_one_budget_of_the_process(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let senders = [
+        app.funded_tenant("a", "5").await,
+        app.funded_tenant("b", "5").await,
+    ];
+    let other = app.funded_tenant("c", "5").await;
+    let declared = 16 * 1024 * 1024 - 4096;
+    let mut held = Vec::new();
+    for index in 0..12 {
+        let mut socket = TcpStream::connect(app.address).await.unwrap();
+        let head = format!(
+            "POST /graphql HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\nauthorization: Bearer {}\r\ncontent-length: {declared}\r\n\r\n{{\"query\":",
+            senders[index % 2].key
+        );
+        socket.write_all(head.as_bytes()).await.unwrap();
+        held.push(socket);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let small = app.create_job(&other, job_input("small", "hi")).await;
+    assert!(small["errors"].is_null(), "{small}");
+    let large = json!({
+        "query": "query Large($pad: String!) { __typename __type(name: $pad) { name } }",
+        "variables": {"pad": "x".repeat(2 * 1024 * 1024)},
+    });
+    let send = || {
+        reqwest::Client::new()
+            .post(format!("http://{}/graphql", app.address))
+            .bearer_auth(&other.key)
+            .json(&large)
+            .send()
+    };
+    let waited = Instant::now();
+    let refused = send().await.unwrap();
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        refused.headers().contains_key("retry-after"),
+        "{:?}",
+        refused.headers()
+    );
+    assert!(
+        waited.elapsed() >= Duration::from_secs(5),
+        "refused after {:?}: a large body waits for room first",
+        waited.elapsed()
+    );
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let read = send().await.unwrap();
+    assert_eq!(read.status(), StatusCode::OK);
+    let body: Value = read.json().await.unwrap();
+    assert_eq!(body["data"]["__typename"], "QueryRoot", "{body}");
 }
