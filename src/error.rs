@@ -18,12 +18,14 @@ pub enum ServiceError {
     /// The idempotency key was used before with a different request.
     #[error("idempotency key already used with a different request")]
     IdempotencyConflict,
-    /// The tenant's available balance does not cover the hold.
-    #[error("insufficient credits: the job needs a hold of {needed}, {available} is available")]
+    /// The tenant's available balance does not cover the hold (of a job, or of a
+    /// batch chunk's items together).
+    #[error("insufficient credits: a hold of {needed} is needed, {available} is available")]
     InsufficientCredits { needed: Credits, available: Credits },
-    /// The job's hold would take the tenant's spend in a period past its cap.
+    /// The hold (of a job, or of a chunk's items) would take the tenant's spend in a
+    /// period past its cap.
     #[error(
-        "spend limit exceeded: the job needs a hold of {needed}; the {} spend is {spend} of a limit of {limit}",
+        "spend limit exceeded: a hold of {needed} is needed; the {} spend is {spend} of a limit of {limit}",
         period_name(*period)
     )]
     SpendLimitExceeded {
