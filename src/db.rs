@@ -1,6 +1,9 @@
 //! Connecting to the database and the transaction rules both backends share.
 
 pub mod bulk;
+mod values;
+
+pub use values::Values;
 
 use entity::Timestamp;
 use migration::{Migrator, MigratorTrait};
@@ -301,9 +304,9 @@ pub async fn begin_write(db: &DatabaseConnection) -> Result<WriteTransaction, Db
     })
 }
 
-/// The values of a hand-written statement and their numbered placeholders, for
-/// statements that change many rows at once (`UPDATE … FROM (VALUES …) AS v`, whose
-/// columns are `v.column1`, `v.column2`, … on both backends).
+/// The values of a hand-written statement and their numbered placeholders. A
+/// statement that changes or reads many rows by a list of rows uses [`Values`], which
+/// names the list's columns.
 pub struct Parameters {
     backend: DbBackend,
     values: Vec<sea_orm::Value>,

@@ -6,7 +6,7 @@
 
 use super::Credits;
 use crate::db::bulk::{self, OnConflict};
-use crate::db::{Parameters, WriteTransaction, begin_write};
+use crate::db::{Values, WriteTransaction, begin_write};
 use crate::error::ServiceError;
 use entity::{
     LedgerEntryKind, ReservationStatus, Timestamp, charges, credit_grants, credit_reservations,
@@ -531,28 +531,36 @@ async fn mark_resolved(
     now: Timestamp,
 ) -> Result<HashSet<Uuid>, DbErr> {
     let backend = db.get_database_backend();
-    let mut parameters = Parameters::new(backend);
-    let at = parameters.bind(now);
-    let rows: Vec<String> = planned
-        .iter()
-        .zip(resolutions)
-        .filter_map(|(plan, resolution)| {
-            let (reservation, settlement) = plan.as_ref()?;
-            let status = if resolution.charge.is_some() {
-                ReservationStatus::Settled
-            } else {
-                ReservationStatus::Released
-            };
-            Some(parameters.row([
-                reservation.id.into(),
-                status.into(),
-                settlement.charged.nanos().into(),
-                settlement.released.nanos().into(),
-                settlement.absorbed.nanos().into(),
-            ]))
-        })
-        .collect();
-    if rows.is_empty() {
+    let mut values = Values::new(
+        backend,
+        "v",
+        [
+            "id",
+            "status",
+            "settled_amount_nanos",
+            "released_amount_nanos",
+            "absorbed_nanos",
+        ],
+    );
+    let at = values.bind(now);
+    for (plan, resolution) in planned.iter().zip(resolutions) {
+        let Some((reservation, settlement)) = plan else {
+            continue;
+        };
+        let status = if resolution.charge.is_some() {
+            ReservationStatus::Settled
+        } else {
+            ReservationStatus::Released
+        };
+        values.push([
+            reservation.id.into(),
+            status.into(),
+            settlement.charged.nanos().into(),
+            settlement.released.nanos().into(),
+            settlement.absorbed.nanos().into(),
+        ]);
+    }
+    if values.is_empty() {
         return Ok(HashSet::new());
     }
     let returning = if backend == DbBackend::Postgres {
@@ -562,18 +570,17 @@ async fn mark_resolved(
     };
     let sql = format!(
         "UPDATE credit_reservations SET
-            status = v.column2,
-            settled_amount_nanos = v.column3,
-            released_amount_nanos = v.column4,
-            absorbed_nanos = v.column5,
+            status = v.status,
+            settled_amount_nanos = v.settled_amount_nanos,
+            released_amount_nanos = v.released_amount_nanos,
+            absorbed_nanos = v.absorbed_nanos,
             resolved_at = {at}
-        FROM (VALUES {rows}) AS v
-        WHERE credit_reservations.id = v.column1 AND credit_reservations.status = 'held'
-        RETURNING {returning}",
-        rows = rows.join(", "),
+        FROM v
+        WHERE credit_reservations.id = v.id AND credit_reservations.status = 'held'
+        RETURNING {returning}"
     );
     let mut marked = HashSet::new();
-    for row in db.query_all_raw(parameters.statement(sql)).await? {
+    for row in db.query_all_raw(values.statement(&sql)).await? {
         marked.insert(row.try_get_by_index::<Uuid>(0)?);
     }
     Ok(marked)

@@ -10,7 +10,7 @@
 
 use super::report::{Invariant, Recorder, Subject, credits};
 use crate::billing::limits::SpendPeriod;
-use crate::db::Parameters;
+use crate::db::Values;
 use chrono::{Datelike, Months};
 use entity::{Timestamp, tenants};
 use sea_orm::{ConnectionTrait, DbErr};
@@ -40,19 +40,26 @@ pub(super) async fn audit_spend_counters(
     if page.is_empty() {
         return Ok(());
     }
-    let mut parameters = Parameters::new(db.get_database_backend());
-    let rows: Vec<String> = page
-        .iter()
-        .map(|tenant| {
-            parameters.row([
-                tenant.id.into(),
-                tenant.spend_day_starts_at.into(),
-                period_end(SpendPeriod::Day, tenant.spend_day_starts_at).into(),
-                tenant.spend_month_starts_at.into(),
-                period_end(SpendPeriod::Month, tenant.spend_month_starts_at).into(),
-            ])
-        })
-        .collect();
+    let mut values = Values::new(
+        db.get_database_backend(),
+        "period",
+        [
+            "tenant_id",
+            "day_starts",
+            "day_ends",
+            "month_starts",
+            "month_ends",
+        ],
+    );
+    for tenant in page {
+        values.push([
+            tenant.id.into(),
+            tenant.spend_day_starts_at.into(),
+            period_end(SpendPeriod::Day, tenant.spend_day_starts_at).into(),
+            tenant.spend_month_starts_at.into(),
+            period_end(SpendPeriod::Month, tenant.spend_month_starts_at).into(),
+        ]);
+    }
     let in_period = |starts: &str, ends: &str| {
         format!("jobs.created_at >= period.{starts} AND jobs.created_at < period.{ends}")
     };
@@ -66,20 +73,19 @@ pub(super) async fn audit_spend_counters(
         )
     };
     let sql = format!(
-        "SELECT period.column1, {day}, {month}
-         FROM (VALUES {rows}) AS period
-         JOIN jobs ON jobs.tenant_id = period.column1
+        "SELECT period.tenant_id, {day}, {month}
+         FROM period
+         JOIN jobs ON jobs.tenant_id = period.tenant_id
              AND (({in_day}) OR ({in_month}))
          JOIN credit_reservations ON credit_reservations.job_id = jobs.id
-         GROUP BY period.column1",
-        day = spent("column2", "column3"),
-        month = spent("column4", "column5"),
-        rows = rows.join(", "),
-        in_day = in_period("column2", "column3"),
-        in_month = in_period("column4", "column5"),
+         GROUP BY period.tenant_id",
+        day = spent("day_starts", "day_ends"),
+        month = spent("month_starts", "month_ends"),
+        in_day = in_period("day_starts", "day_ends"),
+        in_month = in_period("month_starts", "month_ends"),
     );
     let mut counted: HashMap<Uuid, (i64, i64)> = HashMap::new();
-    for row in db.query_all_raw(parameters.statement(sql)).await? {
+    for row in db.query_all_raw(values.statement(&sql)).await? {
         counted.insert(
             row.try_get_by_index(0)?,
             (row.try_get_by_index(1)?, row.try_get_by_index(2)?),

@@ -2,7 +2,7 @@
 //! topped up by finished calls, and paused by a provider's 429.
 
 use super::{Bucket, BucketKey, Scope};
-use crate::db::Parameters;
+use crate::db::{Parameters, Values};
 use entity::{Timestamp, rate_limit_buckets};
 use sea_orm::{ConnectionTrait, DbBackend, DbErr, EntityTrait};
 
@@ -107,28 +107,25 @@ pub async fn store(
     if taken.is_empty() {
         return Ok(());
     }
-    let backend = transaction.get_database_backend();
-    let mut parameters = Parameters::new(backend);
-    let rows: Vec<String> = taken
-        .iter()
-        .map(|(key, bucket)| {
-            parameters.row([
-                key.scope.as_str().into(),
-                key.key.clone().into(),
-                bucket.requests().into(),
-                bucket.tokens().into(),
-                bucket.refilled_at().into(),
-            ])
-        })
-        .collect();
-    let sql = format!(
-        "UPDATE rate_limit_buckets SET
-            requests = v.column3, tokens = v.column4, refilled_at = v.column5
-         FROM (VALUES {}) AS v
-         WHERE rate_limit_buckets.scope = v.column1 AND rate_limit_buckets.key = v.column2",
-        rows.join(", ")
+    let mut values = Values::new(
+        transaction.get_database_backend(),
+        "v",
+        ["scope", "key", "requests", "tokens", "refilled_at"],
     );
-    transaction.execute_raw(parameters.statement(sql)).await?;
+    for (key, bucket) in taken {
+        values.push([
+            key.scope.as_str().into(),
+            key.key.clone().into(),
+            bucket.requests().into(),
+            bucket.tokens().into(),
+            bucket.refilled_at().into(),
+        ]);
+    }
+    let sql = "UPDATE rate_limit_buckets SET
+            requests = v.requests, tokens = v.tokens, refilled_at = v.refilled_at
+         FROM v
+         WHERE rate_limit_buckets.scope = v.scope AND rate_limit_buckets.key = v.key";
+    transaction.execute_raw(values.statement(sql)).await?;
     Ok(())
 }
 

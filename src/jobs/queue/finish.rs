@@ -11,7 +11,7 @@ use super::{
 };
 use crate::billing::batch_totals::BatchTotals;
 use crate::billing::{Credits, ModelPrice};
-use crate::db::{Parameters, begin_write};
+use crate::db::{Values, begin_write};
 use crate::jobs::budget::{self, Spent};
 use crate::jobs::bus::EventNotice;
 use crate::jobs::events;
@@ -239,29 +239,40 @@ async fn write_jobs(
     now: Timestamp,
 ) -> Result<HashMap<Uuid, jobs::Model>, DbErr> {
     let backend = transaction.get_database_backend();
-    let mut parameters = Parameters::new(backend);
-    let at = parameters.bind(now);
-    let rows: Vec<String> = changes
-        .iter()
-        .map(|(index, change, _)| {
-            let claim = &ends[*index].claim;
-            parameters.row([
-                claim.job.id.into(),
-                claim.run_token.into(),
-                change.status.into(),
-                change.result.clone().map(JsonText).into(),
-                change.error.as_ref().map(|error| error.code.clone()).into(),
-                change
-                    .error
-                    .as_ref()
-                    .map(|error| error.message.clone())
-                    .into(),
-                change.next_run_at.into(),
-                change.status.is_terminal().then_some(now).into(),
-                i32::from(change.hand_back).into(),
-            ])
-        })
-        .collect();
+    let mut values = Values::new(
+        backend,
+        "v",
+        [
+            "id",
+            "run_token",
+            "status",
+            "result",
+            "error_code",
+            "error_message",
+            "next_run_at",
+            "finished_at",
+            "hand_back",
+        ],
+    );
+    let at = values.bind(now);
+    for (index, change, _) in changes {
+        let claim = &ends[*index].claim;
+        values.push([
+            claim.job.id.into(),
+            claim.run_token.into(),
+            change.status.into(),
+            change.result.clone().map(JsonText).into(),
+            change.error.as_ref().map(|error| error.code.clone()).into(),
+            change
+                .error
+                .as_ref()
+                .map(|error| error.message.clone())
+                .into(),
+            change.next_run_at.into(),
+            change.status.is_terminal().then_some(now).into(),
+            i32::from(change.hand_back).into(),
+        ]);
+    }
     // An error, a result or a finish time is only ever set, never cleared, as the
     // job's earlier attempts left it.
     let returning = if backend == DbBackend::Postgres {
@@ -271,24 +282,23 @@ async fn write_jobs(
     };
     let sql = format!(
         "UPDATE jobs SET
-            status = v.column3,
-            result = COALESCE(v.column4, jobs.result),
-            error_code = COALESCE(v.column5, jobs.error_code),
-            error_message = COALESCE(v.column6, jobs.error_message),
-            next_run_at = COALESCE(v.column7, jobs.next_run_at),
-            finished_at = COALESCE(v.column8, jobs.finished_at),
-            attempt_count = jobs.attempt_count - v.column9,
+            status = v.status,
+            result = COALESCE(v.result, jobs.result),
+            error_code = COALESCE(v.error_code, jobs.error_code),
+            error_message = COALESCE(v.error_message, jobs.error_message),
+            next_run_at = COALESCE(v.next_run_at, jobs.next_run_at),
+            finished_at = COALESCE(v.finished_at, jobs.finished_at),
+            attempt_count = jobs.attempt_count - v.hand_back,
             last_event_seq = jobs.last_event_seq + 1,
             run_token = NULL,
             lease_until = NULL,
             updated_at = {at}
-        FROM (VALUES {rows}) AS v
-        WHERE jobs.id = v.column1 AND jobs.run_token = v.column2 AND jobs.status = 'running'
-        RETURNING {returning}",
-        rows = rows.join(", "),
+        FROM v
+        WHERE jobs.id = v.id AND jobs.run_token = v.run_token AND jobs.status = 'running'
+        RETURNING {returning}"
     );
     Ok(jobs::Entity::find()
-        .from_raw_sql(parameters.statement(sql))
+        .from_raw_sql(values.statement(&sql))
         .all(transaction)
         .await?
         .into_iter()
@@ -335,74 +345,86 @@ async fn record_attempts<'a>(
     ends: impl IntoIterator<Item = (&'a AttemptEnd, &'a jobs::Model)>,
     progress: &mut BatchTotals,
 ) -> Result<(), DbErr> {
-    let backend = transaction.get_database_backend();
-    let mut parameters = Parameters::new(backend);
-    let rows: Vec<String> = ends
-        .into_iter()
-        .map(|(end, job)| {
-            let report = &end.report;
-            // Exact cost when usage is known or nothing can have been billed;
-            // otherwise the bound stored at the start stands.
-            let exact_cost = match (&report.usage, report.not_billed) {
-                (Some(usage), _) => Some(end.price.provider_cost(usage)),
-                (None, true) => Some(Credits::ZERO),
-                (None, false) => None,
-            };
-            let before = (
-                end.attempt.provider_cost_nanos,
-                end.attempt.provider_cost_upper_bound_nanos,
-            );
-            let after = match exact_cost {
-                Some(cost) => (Some(cost.nanos()), None),
-                None => before,
-            };
-            progress.attempt_cost(job, before, after);
-            let usage = report.usage.as_ref();
-            parameters.row([
-                end.attempt.id.into(),
-                end.attempt.run_token.into(),
-                report.outcome.into(),
-                i64::try_from(report.latency.as_millis())
-                    .unwrap_or(i64::MAX)
-                    .into(),
-                report.provider_request_id.clone().map(storable_text).into(),
-                report.customer_charge.nanos().into(),
-                report.delivered_output_tokens.map(tokens).into(),
-                report.error.as_ref().map(|error| error.code.clone()).into(),
-                report
-                    .error
-                    .as_ref()
-                    .map(|error| error.message.clone())
-                    .into(),
-                usage.map(|usage| tokens(usage.input_tokens)).into(),
-                usage.map(|usage| tokens(usage.cached_input_tokens)).into(),
-                usage.map(|usage| tokens(usage.output_tokens)).into(),
-                exact_cost.map(Credits::nanos).into(),
-                report.ended_at.into(),
-            ])
-        })
-        .collect();
-    let sql = format!(
-        "UPDATE attempts SET
-            outcome = v.column3,
-            finished_at = v.column14,
-            latency_ms = v.column4,
-            provider_request_id = v.column5,
-            customer_charge_nanos = v.column6,
-            delivered_output_tokens = v.column7,
-            error_code = v.column8,
-            error_message = v.column9,
-            input_tokens = COALESCE(v.column10, attempts.input_tokens),
-            cached_input_tokens = COALESCE(v.column11, attempts.cached_input_tokens),
-            output_tokens = COALESCE(v.column12, attempts.output_tokens),
-            provider_cost_nanos = COALESCE(v.column13, attempts.provider_cost_nanos),
-            provider_cost_upper_bound_nanos = CASE WHEN v.column13 IS NULL
-                THEN attempts.provider_cost_upper_bound_nanos END
-        FROM (VALUES {rows}) AS v
-        WHERE attempts.id = v.column1 AND attempts.run_token = v.column2",
-        rows = rows.join(", "),
+    let mut values = Values::new(
+        transaction.get_database_backend(),
+        "v",
+        [
+            "id",
+            "run_token",
+            "outcome",
+            "latency_ms",
+            "provider_request_id",
+            "customer_charge_nanos",
+            "delivered_output_tokens",
+            "error_code",
+            "error_message",
+            "input_tokens",
+            "cached_input_tokens",
+            "output_tokens",
+            "provider_cost_nanos",
+            "finished_at",
+        ],
     );
-    transaction.execute_raw(parameters.statement(sql)).await?;
+    for (end, job) in ends {
+        let report = &end.report;
+        // Exact cost when usage is known or nothing can have been billed;
+        // otherwise the bound stored at the start stands.
+        let exact_cost = match (&report.usage, report.not_billed) {
+            (Some(usage), _) => Some(end.price.provider_cost(usage)),
+            (None, true) => Some(Credits::ZERO),
+            (None, false) => None,
+        };
+        let before = (
+            end.attempt.provider_cost_nanos,
+            end.attempt.provider_cost_upper_bound_nanos,
+        );
+        let after = match exact_cost {
+            Some(cost) => (Some(cost.nanos()), None),
+            None => before,
+        };
+        progress.attempt_cost(job, before, after);
+        let usage = report.usage.as_ref();
+        values.push([
+            end.attempt.id.into(),
+            end.attempt.run_token.into(),
+            report.outcome.into(),
+            i64::try_from(report.latency.as_millis())
+                .unwrap_or(i64::MAX)
+                .into(),
+            report.provider_request_id.clone().map(storable_text).into(),
+            report.customer_charge.nanos().into(),
+            report.delivered_output_tokens.map(tokens).into(),
+            report.error.as_ref().map(|error| error.code.clone()).into(),
+            report
+                .error
+                .as_ref()
+                .map(|error| error.message.clone())
+                .into(),
+            usage.map(|usage| tokens(usage.input_tokens)).into(),
+            usage.map(|usage| tokens(usage.cached_input_tokens)).into(),
+            usage.map(|usage| tokens(usage.output_tokens)).into(),
+            exact_cost.map(Credits::nanos).into(),
+            report.ended_at.into(),
+        ]);
+    }
+    let sql = "UPDATE attempts SET
+            outcome = v.outcome,
+            finished_at = v.finished_at,
+            latency_ms = v.latency_ms,
+            provider_request_id = v.provider_request_id,
+            customer_charge_nanos = v.customer_charge_nanos,
+            delivered_output_tokens = v.delivered_output_tokens,
+            error_code = v.error_code,
+            error_message = v.error_message,
+            input_tokens = COALESCE(v.input_tokens, attempts.input_tokens),
+            cached_input_tokens = COALESCE(v.cached_input_tokens, attempts.cached_input_tokens),
+            output_tokens = COALESCE(v.output_tokens, attempts.output_tokens),
+            provider_cost_nanos = COALESCE(v.provider_cost_nanos, attempts.provider_cost_nanos),
+            provider_cost_upper_bound_nanos = CASE WHEN v.provider_cost_nanos IS NULL
+                THEN attempts.provider_cost_upper_bound_nanos END
+        FROM v
+        WHERE attempts.id = v.id AND attempts.run_token = v.run_token";
+    transaction.execute_raw(values.statement(sql)).await?;
     Ok(())
 }
 
