@@ -17,6 +17,7 @@ pub mod http;
 pub mod jobs;
 pub mod llm;
 pub mod metrics;
+pub mod outbox;
 pub mod startup;
 pub mod telemetry;
 pub mod validation;

@@ -144,7 +144,7 @@ impl BatchTotals {
             };
             if row.status == BatchStatus::Finished && row.finished_at == Some(now) {
                 tracing::info!(batch.id = %row.id, items = row.item_count, "batch finished");
-                crate::webhooks::outbox::enqueue_batch_finished(db, &row).await?;
+                crate::outbox::enqueue_batch_finished(db, &row).await?;
                 finished.push(row);
             }
         }

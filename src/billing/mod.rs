@@ -1,6 +1,7 @@
-//! Money: the `Credits` type, model prices, and the ledger that holds, charges and
-//! releases credits.
+//! Money: the `Credits` type, model prices, the ledger that holds, charges and
+//! releases credits, and the account alerts its changes raise (written to the outbox).
 
+pub mod alerts;
 pub mod audit;
 pub mod batch_totals;
 mod credits;

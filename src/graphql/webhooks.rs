@@ -4,7 +4,8 @@
 use super::types::PageInfo;
 use super::{ErrorCode, app, principal};
 use crate::jobs::service::MAX_PAGE_SIZE;
-use crate::webhooks::{self, EventType};
+use crate::outbox::{self, EventType};
+use crate::webhooks;
 use async_graphql::{Context, Enum, InputObject, Object, SimpleObject};
 use chrono::{DateTime, Utc};
 use entity::{webhook_deliveries, webhooks as rows};
@@ -15,7 +16,7 @@ const DEFAULT_PAGE_SIZE: i32 = 20;
 
 /// What a webhook reports.
 #[derive(Enum, Clone, Copy, Debug, PartialEq, Eq)]
-#[graphql(remote = "crate::webhooks::EventType")]
+#[graphql(remote = "crate::outbox::EventType")]
 pub enum WebhookEventType {
     JobSucceeded,
     JobFailed,
@@ -59,7 +60,7 @@ impl From<rows::Model> for Webhook {
     fn from(row: rows::Model) -> Self {
         Self {
             id: row.id,
-            events: webhooks::events_of(&row)
+            events: outbox::events_of(&row)
                 .into_iter()
                 .map(Into::into)
                 .collect(),

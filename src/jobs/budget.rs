@@ -222,7 +222,7 @@ pub async fn resolve_holds(
             (*job, charged)
         })
         .collect();
-    crate::webhooks::outbox::enqueue_jobs_finished(transaction, &finished).await?;
+    crate::outbox::enqueue_jobs_finished(transaction, &finished).await?;
     for ((job, _), settlement) in terminal.iter().zip(&settlements) {
         progress.item_finished(job, settlement.as_ref());
     }

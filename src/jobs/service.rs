@@ -4,12 +4,12 @@ use super::budget::{self, Spent};
 use super::bus::{EventBus, EventNotice};
 use super::events;
 use super::input::NewJob;
+use crate::billing::alerts;
 use crate::billing::{ledger, limits, prices};
 use crate::db::begin_write;
 use crate::error::ServiceError;
 use crate::llm::ProviderRegistry;
 use crate::metrics::Metrics;
-use crate::webhooks::alerts;
 use entity::{EventKind, JobStatus, JsonText, Timestamp, attempts, job_events, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait, OnConflict};
 use sea_orm::{

@@ -1,14 +1,13 @@
-//! Webhooks: endpoints tenants register, an outbox of signed deliveries written in the
-//! transaction of each fact it reports, and the dispatcher that delivers them.
+//! Webhooks: endpoints tenants register, and the dispatcher that delivers what the
+//! outbox ([`crate::outbox`]) queued for them, signed.
 
 pub mod address;
-pub mod alerts;
 pub mod dispatch;
-pub mod outbox;
 pub mod signature;
 
 use crate::db::begin_write;
 use crate::error::ServiceError;
+use crate::outbox::EventType;
 use entity::{Timestamp, WebhookDeliveryStatus, tenants, webhook_deliveries, webhooks};
 use reqwest::Url;
 use sea_orm::sea_query::{Expr, LockType};
@@ -17,46 +16,6 @@ use sea_orm::{
     PaginatorTrait, QueryFilter, QueryOrder, QuerySelect,
 };
 use uuid::Uuid;
-
-/// What a webhook reports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum EventType {
-    JobSucceeded,
-    JobFailed,
-    JobCancelled,
-    BalanceLow,
-    SpendLimitReached,
-    BatchFinished,
-}
-
-impl EventType {
-    /// Every event type, in a stable order.
-    pub const ALL: [Self; 6] = [
-        Self::JobSucceeded,
-        Self::JobFailed,
-        Self::JobCancelled,
-        Self::BalanceLow,
-        Self::SpendLimitReached,
-        Self::BatchFinished,
-    ];
-
-    /// The `type` of the delivered body.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::JobSucceeded => "job.succeeded",
-            Self::JobFailed => "job.failed",
-            Self::JobCancelled => "job.cancelled",
-            Self::BalanceLow => "balance.low",
-            Self::SpendLimitReached => "spend_limit.reached",
-            Self::BatchFinished => "batch.finished",
-        }
-    }
-
-    /// The event type a stored name names.
-    pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|kind| kind.as_str() == name)
-    }
-}
 
 /// Longest endpoint URL accepted.
 const MAX_URL_LENGTH: usize = 2048;
@@ -140,15 +99,6 @@ pub async fn create_webhook(
     transaction.commit().await?;
     tracing::info!(tenant.id = %tenant_id, webhook.id = %webhook.id, "webhook created");
     Ok(CreatedWebhook { webhook, secret })
-}
-
-/// The event types an endpoint receives.
-pub fn events_of(webhook: &webhooks::Model) -> Vec<EventType> {
-    webhook
-        .events
-        .split(',')
-        .filter_map(EventType::parse)
-        .collect()
 }
 
 /// Deletes a tenant's endpoint: nothing more is delivered to it, and its pending

@@ -332,7 +332,7 @@ pub async fn expire_tenant(
     expired = expired + lapsed;
     if expired.is_positive() {
         tracing::info!(tenant.id = %tenant_id, expired = %expired, "expired credit left the balance");
-        crate::webhooks::alerts::after_balance_fell(db, tenant_id, expired).await?;
+        super::alerts::after_balance_fell(db, tenant_id, expired).await?;
     }
     Ok(expired)
 }

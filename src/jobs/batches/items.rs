@@ -8,6 +8,7 @@
 //! item there with another input makes the whole call a conflict.
 
 use super::BatchSettings;
+use crate::billing::alerts;
 use crate::billing::batch_totals::BatchTotals;
 use crate::billing::{ledger, limits, prices};
 use crate::db::bulk::{self, OnConflict};
@@ -19,7 +20,6 @@ use crate::jobs::input::{
     IdempotencyKey, JobInput, NewJob, Priority, check_json, parse_max_output_tokens, parse_messages,
 };
 use crate::llm::ProviderRegistry;
-use crate::webhooks::alerts;
 use entity::{BatchStatus, EventKind, JobStatus, JsonText, Timestamp, batches, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{

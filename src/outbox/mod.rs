@@ -1,13 +1,63 @@
-//! Writing deliveries: one row per event and subscribed endpoint, in the caller's
-//! transaction, so a delivery exists exactly when the fact it reports was committed.
+//! The outbox: webhook deliveries written in the caller's transaction, one row per
+//! event and subscribed endpoint, so a delivery exists exactly when the fact it reports
+//! was committed. Whatever records a fact (a job's end, a balance alert, a batch's
+//! end) writes here; the webhooks dispatcher sends what is here.
 
-use super::EventType;
 use crate::billing::Credits;
 use entity::{JobStatus, Timestamp, WebhookDeliveryStatus, jobs, webhook_deliveries, webhooks};
 use sea_orm::{ActiveValue::Set, ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter};
 use serde_json::{Value, json};
 use std::collections::HashSet;
 use uuid::Uuid;
+
+/// What a webhook reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventType {
+    JobSucceeded,
+    JobFailed,
+    JobCancelled,
+    BalanceLow,
+    SpendLimitReached,
+    BatchFinished,
+}
+
+impl EventType {
+    /// Every event type, in a stable order.
+    pub const ALL: [Self; 6] = [
+        Self::JobSucceeded,
+        Self::JobFailed,
+        Self::JobCancelled,
+        Self::BalanceLow,
+        Self::SpendLimitReached,
+        Self::BatchFinished,
+    ];
+
+    /// The `type` of the delivered body.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::JobSucceeded => "job.succeeded",
+            Self::JobFailed => "job.failed",
+            Self::JobCancelled => "job.cancelled",
+            Self::BalanceLow => "balance.low",
+            Self::SpendLimitReached => "spend_limit.reached",
+            Self::BatchFinished => "batch.finished",
+        }
+    }
+
+    /// The event type a stored name names.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.as_str() == name)
+    }
+}
+
+/// The event types an endpoint receives.
+pub fn events_of(webhook: &webhooks::Model) -> Vec<EventType> {
+    webhook
+        .events
+        .split(',')
+        .filter_map(EventType::parse)
+        .collect()
+}
 
 /// Queues `event` with `data` for every live endpoint of the tenant that subscribed
 /// to it. Run it in the transaction that records the fact.
@@ -55,7 +105,7 @@ async fn enqueue_many(
             endpoints
                 .iter()
                 .filter(|endpoint| {
-                    endpoint.tenant_id == tenant_id && super::events_of(endpoint).contains(&event)
+                    endpoint.tenant_id == tenant_id && events_of(endpoint).contains(&event)
                 })
                 .map(|endpoint| webhook_deliveries::ActiveModel {
                     id: Set(Uuid::now_v7()),

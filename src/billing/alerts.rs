@@ -1,11 +1,10 @@
 //! The account alerts: `balance.low` once per crossing of the tenant's threshold, and
 //! `spend_limit.reached` once per period in which a cap refused a job.
 
-use super::EventType;
-use super::outbox;
 use crate::billing::Credits;
 use crate::billing::ledger::Balance;
 use crate::billing::limits::SpendPeriod;
+use crate::outbox::{self, EventType};
 use entity::{Timestamp, tenant_limits, tenants};
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, Condition, ConnectionTrait, DbErr, EntityTrait, QueryFilter};
