@@ -12,7 +12,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 /// Most labels one job carries.
-pub const MAX_LABELS: usize = 16;
+const MAX_LABELS: usize = 16;
 /// Longest label key or value, in characters.
 const MAX_LABEL_LENGTH: usize = 128;
 
