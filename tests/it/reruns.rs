@@ -7,6 +7,8 @@ use crate::helpers::{
     spawn_app_with,
 };
 use crate::invariants::assert_billing_invariants;
+use entity::{credit_reservations, jobs};
+use sea_orm::{EntityTrait, PaginatorTrait};
 use serde_json::{Value, json};
 use std::time::Duration;
 use uuid::Uuid;
@@ -16,6 +18,7 @@ on_both_backends!(
     a_rerun_key_used_for_anything_else_conflicts,
     an_unfinished_job_is_not_rerun_and_another_tenants_is_not_found,
     a_rerun_of_a_batch_item_is_a_job_outside_the_batch,
+    concurrent_reruns_with_one_key_make_one_job_and_one_hold,
 );
 
 async fn rerun(app: &TestApp, tenant: &TestTenant, id: Uuid, key: &str) -> Value {
@@ -224,4 +227,54 @@ async fn a_rerun_of_a_batch_item_is_a_job_outside_the_batch(backend: Backend) {
         "the rerun is not counted in the batch"
     );
     assert_billing_invariants(&app.app.db).await;
+}
+
+async fn concurrent_reruns_with_one_key_make_one_job_and_one_hold(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let mut input = job_input("original", "Run me twice.");
+    input["labels"] = json!([{"key": "doc", "value": "d1"}]);
+    let original = app.create_job_ok(&tenant, input).await;
+    app.operation(Some(&tenant.key), "CancelJob", json!({"id": original}))
+        .await;
+    // Every one may pass the key check before any has inserted: the service's own
+    // replay, by fingerprint, settles the race.
+    let responses =
+        futures_util::future::join_all((0..8).map(|_| rerun(&app, &tenant, original, "one-rerun")))
+            .await;
+    let ids: std::collections::HashSet<String> = responses
+        .iter()
+        .map(|response| {
+            assert!(
+                response["errors"].is_null(),
+                "a concurrent rerun failed: {response}"
+            );
+            response["data"]["rerunJob"]["job"]["id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        ids.len(),
+        1,
+        "8 reruns with one key made {} jobs",
+        ids.len()
+    );
+    let fresh = responses
+        .iter()
+        .filter(|response| response["data"]["rerunJob"]["replayed"] == false)
+        .count();
+    assert_eq!(fresh, 1, "exactly one rerun is not a replay");
+    let db = &app.app.db;
+    assert_eq!(jobs::Entity::find().count(db).await.unwrap(), 2);
+    assert_eq!(
+        credit_reservations::Entity::find().count(db).await.unwrap(),
+        2
+    );
+    assert_eq!(
+        entity::job_labels::Entity::find().count(db).await.unwrap(),
+        2
+    );
+    assert_billing_invariants(db).await;
 }
