@@ -1,6 +1,6 @@
 //! Batched loading of what a job's nested fields show — attempts, events, reservation,
-//! charge, cost, labels and the job it reruns — so that a page of jobs costs one query per relation instead of one
-//! per job and field.
+//! charge, cost, labels and the job it reruns — so that a page of jobs costs one query
+//! per relation instead of one per job and field.
 //!
 //! A page of 100 jobs asking for all five made 500 queries; a few hundred aliases of
 //! such a page held every pooled connection for most of a minute, and other tenants'
@@ -8,7 +8,8 @@
 //! asks for its attempts shares one `WHERE job_id IN (…)` query, and likewise for each
 //! other relation. A page of jobs asks for its jobs' relations all at once, before its
 //! jobs are resolved (`JobConnection::edges`), so its batches do not depend on how fast
-//! the fields are reached; single jobs (`job`, mutations) batch by the loader's delay.
+//! the fields are reached; single jobs (`job`, mutations) and the jobs reruns name
+//! (`rerunOf`, whose ids are only known from each row) batch by the loader's delay.
 //!
 //! The loaders live for one request: [`PerRequestLoaders`], a schema extension, puts
 //! fresh ones in each request's data. Created per request rather than shared in the
