@@ -10,8 +10,8 @@ const STATUSES = ['QUEUED', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED'];
 const PAGE_SIZE = 20;
 const TERMINAL = new Set(['SUCCEEDED', 'FAILED', 'CANCELLED']);
 
-const JOBS = `query Jobs($first: Int, $after: String, $status: JobStatus, $tenantId: UUID) {
-  jobs(first: $first, after: $after, status: $status, tenantId: $tenantId) {
+const JOBS = `query Jobs($first: Int, $after: String, $status: JobStatus, $label: LabelInput, $tenantId: UUID) {
+  jobs(first: $first, after: $after, status: $status, label: $label, tenantId: $tenantId) {
     edges { cursor node { id status model createdAt } }
     pageInfo { hasNextPage endCursor }
   }
@@ -62,13 +62,26 @@ function newJobForm() {
     h('button', { type: 'submit' }, 'Create job'), message));
 }
 
-/** The list's filter and page survive going to a job and back (not a sign-out). */
-const listState = { status: '', cursors: [null] };
+/** The list's filters and page survive going to a job and back (not a sign-out). */
+const listState = { status: '', label: null, cursors: [null] };
 
-/** Forgets the list's filter and page, for the next sign-in. */
+/** Forgets the list's filters and page, for the next sign-in. */
 export function forgetListState() {
   listState.status = '';
+  listState.label = null;
   listState.cursors = [null];
+}
+
+/**
+ * A label filter: `key=value`, the first `=` splitting them (a value may hold `=`).
+ * Empty is no filter; `null` for text that names no label.
+ */
+function parseLabel(text) {
+  const trimmed = text.trim();
+  if (trimmed === '') return { label: null };
+  const split = trimmed.indexOf('=');
+  if (split <= 0 || split === trimmed.length - 1) return null;
+  return { label: { key: trimmed.slice(0, split), value: trimmed.slice(split + 1) } };
 }
 
 /**
@@ -86,6 +99,25 @@ export function renderJobList(root, { tenantId = null, state = listState } = {})
   } },
   h('option', { value: '' }, 'All statuses'),
   STATUSES.map((status) => h('option', { value: status, selected: state.status === status }, status)));
+  const labelInput = h('input', {
+    id: 'label-filter', name: 'label', placeholder: 'key=value', autocomplete: 'off',
+    value: state.label ? `${state.label.key}=${state.label.value}` : '',
+  });
+  const labelMessage = h('span', { role: 'status', 'data-testid': 'label-filter-message' });
+  const labelForm = h('form', { class: 'inline-form', onsubmit: (event) => {
+    event.preventDefault();
+    const parsed = parseLabel(labelInput.value);
+    if (parsed === null) {
+      replace(labelMessage, 'Write a label as key=value.');
+      return;
+    }
+    replace(labelMessage);
+    state.label = parsed.label;
+    state.cursors = [null];
+    load();
+  } },
+  h('label', { for: 'label-filter' }, 'Label'), labelInput,
+  h('button', { type: 'submit' }, 'Filter'), labelMessage);
   let rows = new Map();
   let reload = null;
   let lastLoad = 0;
@@ -100,7 +132,7 @@ export function renderJobList(root, { tenantId = null, state = listState } = {})
     let page;
     try {
       ({ jobs: page } = await gql(JOBS, {
-        first: PAGE_SIZE, after, status: state.status || null, tenantId,
+        first: PAGE_SIZE, after, status: state.status || null, label: state.label, tenantId,
       }));
     } catch (error) {
       if (request === newestRequest) replace(body, notice(`Could not load jobs: ${error.message}`, 'error'));
@@ -119,7 +151,7 @@ export function renderJobList(root, { tenantId = null, state = listState } = {})
     });
     replace(body,
       page.edges.length === 0 ? notice('No jobs match.') :
-        table(`Jobs, page ${pageNumber}${state.status ? `, ${state.status} only` : ''}`,
+        table(`Jobs, page ${pageNumber}${state.status ? `, ${state.status} only` : ''}${state.label ? `, labelled ${state.label.key}=${state.label.value}` : ''}`,
           ['Job', 'Status', 'Model', 'Created'], tableRows, { testId: 'jobs-table' }),
       h('div', { class: 'pager' },
         h('button', { type: 'button', disabled: pageNumber === 1, onclick: () => {
@@ -141,7 +173,7 @@ export function renderJobList(root, { tenantId = null, state = listState } = {})
     tenantId ? h('h2', {}, 'Jobs (read-only)') : h('h1', {}, 'Jobs'),
     live && newJobForm(),
     h('div', { class: 'toolbar' },
-      h('label', { for: 'status-filter' }, 'Status'), statusSelect,
+      h('label', { for: 'status-filter' }, 'Status'), statusSelect, labelForm,
       live ? liveState : h('button', { type: 'button', onclick: () => load() }, 'Refresh')),
     body);
   load();
@@ -173,6 +205,7 @@ export function renderJobList(root, { tenantId = null, state = listState } = {})
 const JOB = `query Job($id: UUID!, $tenantId: UUID) {
   job(id: $id, tenantId: $tenantId) {
     id status cancelRequested model idempotencyKey result batchId customId
+    labels { key value } rerunOf { id }
     error { code message }
     attemptCount maxAttempts createdAt startedAt finishedAt
     attempts {
@@ -193,6 +226,10 @@ const JOB_UPDATES = `subscription JobOutput($jobId: UUID!, $afterSeq: Int) {
 
 const CANCEL = `mutation CancelJob($id: UUID!) {
   cancelJob(id: $id) { id status cancelRequested }
+}`;
+
+const RERUN = `mutation RerunJob($id: UUID!, $idempotencyKey: String!) {
+  rerunJob(id: $id, idempotencyKey: $idempotencyKey) { replayed job { id } }
 }`;
 
 /** One job. A tenant sees it live and may cancel it; an admin reads it. */
@@ -217,7 +254,7 @@ export function renderJob(root, { id, tenantId = null }) {
       return null;
     }
     lastSeq = Math.max(lastSeq, ...job.events.map((event) => event.seq));
-    replace(details, jobDetails(job, live ? cancelButton(job) : null, tenantId));
+    replace(details, jobDetails(job, live ? (TERMINAL.has(job.status) ? rerunButton() : cancelButton(job)) : null, tenantId));
     if (TERMINAL.has(job.status) && output.textContent === '') outputSection.hidden = true;
     // Output missed while reconnecting is only known once the job has its result.
     if (output.querySelector('.output-gap') && typeof job.result === 'string') output.textContent = job.result;
@@ -238,6 +275,21 @@ export function renderJob(root, { id, tenantId = null }) {
       }
       load();
     } }, 'Cancel job');
+  }
+
+  // One key per page shown: a double click reruns once, and opens that one rerun.
+  const rerunKey = `console-rerun-${crypto.randomUUID()}`;
+  function rerunButton() {
+    return h('button', { type: 'button', onclick: async (event) => {
+      event.target.disabled = true;
+      try {
+        const { rerunJob } = await gql(RERUN, { id, idempotencyKey: rerunKey });
+        location.hash = `#/jobs/${rerunJob.job.id}`;
+      } catch (error) {
+        replace(actionMessage, notice(`Could not rerun: ${error.message}`, 'error'));
+        event.target.disabled = false;
+      }
+    } }, 'Rerun');
   }
 
   replace(root,
@@ -296,6 +348,13 @@ function jobDetails(job, action, tenantId) {
       : h('a', { href: `#/batches/${job.batchId}`, class: 'mono', 'data-testid': 'job-batch' }, job.batchId)],
     ['Custom id', h('span', { class: 'mono', 'data-testid': 'job-custom-id' }, job.customId ?? '—')],
   ];
+  const jobLink = (id) => tenantId ? `#/admin/tenants/${tenantId}/jobs/${id}` : `#/jobs/${id}`;
+  const rerunOf = job.rerunOf ? [
+    ['Rerun of', h('a', { href: jobLink(job.rerunOf.id), class: 'mono', 'data-testid': 'job-rerun-of' }, job.rerunOf.id)],
+  ] : [];
+  const labels = job.labels.length === 0 ? 'none'
+    : h('ul', { class: 'labels', 'data-testid': 'job-labels' }, job.labels.map((label) =>
+      h('li', { class: 'mono' }, `${label.key}=${label.value}`)));
   return [
     h('section', { 'aria-labelledby': 'summary-title' },
       h('h2', { id: 'summary-title' }, 'Summary'),
@@ -304,6 +363,8 @@ function jobDetails(job, action, tenantId) {
         ['Model', job.model],
         ['Idempotency key', h('span', { class: 'mono' }, job.idempotencyKey)],
         ...batch,
+        ...rerunOf,
+        ['Labels', labels],
         ['Attempts', `${job.attemptCount} of at most ${job.maxAttempts}`],
         ['Created', time(job.createdAt)],
         ['Started', time(job.startedAt)],

@@ -52,6 +52,8 @@ pub struct Model {
     pub batch_id: Option<Uuid>,
     /// The item's name within its batch, unique there.
     pub custom_id: Option<String>,
+    /// The finished job this one reruns (`rerunJob`), if any.
+    pub rerun_of: Option<Uuid>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -16,6 +16,7 @@ pub mod credit_grants;
 pub mod credit_reservations;
 pub mod hold_backings;
 pub mod job_events;
+pub mod job_labels;
 pub mod jobs;
 mod json_text;
 pub mod ledger_entries;

@@ -22,6 +22,7 @@ mod m20261201_000001_api_keys_tenant_index;
 mod m20261201_000002_hold_backings;
 mod m20261201_000003_absorbed_exposure;
 mod m20261201_000004_batches;
+mod m20261201_000005_job_labels_and_reruns;
 
 /// Applies jobledger's migrations in order.
 pub struct Migrator;
@@ -47,6 +48,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000002_hold_backings::Migration),
             Box::new(m20261201_000003_absorbed_exposure::Migration),
             Box::new(m20261201_000004_batches::Migration),
+            Box::new(m20261201_000005_job_labels_and_reruns::Migration),
         ]
     }
 }

@@ -235,6 +235,7 @@ async fn bare_insert(engine: &Engine, items: u64) -> Result<f64, BenchError> {
                                 payloads_pruned_at: None,
                                 batch_id: Some(batch.id),
                                 custom_id: Some(format!("item-{item}")),
+                                rerun_of: None,
                             }
                             .into_active_model();
                             parameters.row(columns.iter().map(|column| match row.get(*column) {

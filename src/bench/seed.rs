@@ -76,6 +76,7 @@ pub fn job_saying(index: u64, content: &str) -> NewJob {
         stream_output: None,
         priority: None,
         run_at: None,
+        labels: Vec::new(),
     })
     .expect("the benchmark's job is valid")
 }

@@ -1,6 +1,6 @@
 //! Batched loading of what a job's nested fields show — attempts, events, reservation,
-//! charge and cost — so that a page of jobs costs one query per relation instead of one
-//! per job and field.
+//! charge, cost, labels and the job it reruns — so that a page of jobs costs one query
+//! per relation instead of one per job and field.
 //!
 //! A page of 100 jobs asking for all five made 500 queries; a few hundred aliases of
 //! such a page held every pooled connection for most of a minute, and other tenants'
@@ -8,7 +8,8 @@
 //! asks for its attempts shares one `WHERE job_id IN (…)` query, and likewise for each
 //! other relation. A page of jobs asks for its jobs' relations all at once, before its
 //! jobs are resolved (`JobConnection::edges`), so its batches do not depend on how fast
-//! the fields are reached; single jobs (`job`, mutations) batch by the loader's delay.
+//! the fields are reached; single jobs (`job`, mutations) and the jobs reruns name
+//! (`rerunOf`, whose ids are only known from each row) batch by the loader's delay.
 //!
 //! The loaders live for one request: [`PerRequestLoaders`], a schema extension, puts
 //! fresh ones in each request's data. Created per request rather than shared in the
@@ -19,13 +20,13 @@
 
 use crate::billing::{ledger, reports};
 use crate::error::ServiceError;
-use crate::jobs::service;
+use crate::jobs::{labels, service};
 use async_graphql::dataloader::{DataLoader, HashMapCache, Loader};
 use async_graphql::extensions::{
     Extension, ExtensionContext, ExtensionFactory, NextPrepareRequest,
 };
 use async_graphql::{Request, ServerResult};
-use entity::{attempts, charges, credit_reservations, job_events, jobs};
+use entity::{attempts, charges, credit_reservations, job_events, job_labels, jobs};
 use sea_orm::DatabaseConnection;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
@@ -67,6 +68,14 @@ pub struct ChargeOf(pub JobKey);
 /// The key of a job's cost figures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CostOf(pub JobKey);
+
+/// The key of a job's labels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LabelsOf(pub JobKey);
+
+/// The key of a job read by its id, without its payloads (the job a rerun reruns).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct JobOf(pub JobKey);
 
 /// Every relation of a job, each loaded in batches by its own key type.
 pub struct JobRelations {
@@ -257,6 +266,48 @@ impl Loader<CostOf> for JobRelations {
             for cost in costs {
                 let job_id = cost.job_id;
                 found.insert(CostOf(JobKey { tenant_id, job_id }), Some(cost));
+            }
+        }
+        Ok(found)
+    }
+}
+
+impl Loader<LabelsOf> for JobRelations {
+    type Value = Vec<job_labels::Model>;
+    type Error = async_graphql::Error;
+
+    async fn load(&self, keys: &[LabelsOf]) -> Result<HashMap<LabelsOf, Self::Value>, Self::Error> {
+        let mut found: HashMap<_, Self::Value> = empty_entries(keys);
+        for (tenant_id, job_ids) in by_tenant(keys.iter().map(|key| &key.0)) {
+            let rows = labels::labels_of_jobs(&self.db, tenant_id, &job_ids)
+                .await
+                .map_err(internal)?;
+            for row in rows {
+                let job_id = row.job_id;
+                // Rows come in order of key within each job, and stay in it.
+                found
+                    .entry(LabelsOf(JobKey { tenant_id, job_id }))
+                    .or_default()
+                    .push(row);
+            }
+        }
+        Ok(found)
+    }
+}
+
+impl Loader<JobOf> for JobRelations {
+    type Value = Option<jobs::Model>;
+    type Error = async_graphql::Error;
+
+    async fn load(&self, keys: &[JobOf]) -> Result<HashMap<JobOf, Self::Value>, Self::Error> {
+        let mut found = empty_entries(keys);
+        for (tenant_id, job_ids) in by_tenant(keys.iter().map(|key| &key.0)) {
+            let rows = service::jobs_of_ids(&self.db, tenant_id, &job_ids)
+                .await
+                .map_err(internal)?;
+            for row in rows {
+                let job_id = row.id;
+                found.insert(JobOf(JobKey { tenant_id, job_id }), Some(row));
             }
         }
         Ok(found)

@@ -8,8 +8,8 @@ use crate::billing::reconciliation::{self, NewReconciliation};
 use crate::billing::{Credits, CreditsError, ledger};
 use crate::db::begin_write;
 use crate::error::ServiceError;
-use crate::jobs::input::{JobRequest, NewJob};
-use crate::jobs::service;
+use crate::jobs::input::{IdempotencyKey, JobRequest, NewJob};
+use crate::jobs::{rerun, service};
 use crate::llm::TokenUsage;
 use async_graphql::{Context, InputObject, Json, Object, SimpleObject};
 use chrono::{DateTime, Utc};
@@ -22,6 +22,14 @@ pub struct MessageInput {
     /// `system`, `developer`, `user` or `assistant`.
     pub role: String,
     pub content: String,
+}
+
+/// A `key=value` pair to find a job by: key and value of 1 to 128 characters, with no
+/// control or invisible characters.
+#[derive(InputObject)]
+pub struct LabelInput {
+    pub key: String,
+    pub value: String,
 }
 
 /// A job to run.
@@ -50,6 +58,9 @@ pub struct CreateJobInput {
     /// The job is not started before this instant (at most 366 days ahead); its hold
     /// is taken now.
     pub run_at: Option<DateTime<Utc>>,
+    /// At most 16, one value per key (a key given twice is `VALIDATION`), for finding
+    /// the job again with `jobs(label:)`.
+    pub labels: Option<Vec<LabelInput>>,
 }
 
 /// The job, and whether an earlier request with the same key created it.
@@ -179,12 +190,46 @@ impl JobMutation {
             stream_output: input.stream_output,
             priority: input.priority,
             run_at: input.run_at.map(Timestamp::from),
+            labels: input
+                .labels
+                .unwrap_or_default()
+                .into_iter()
+                .map(|label| (label.key, label.value))
+                .collect(),
         })?;
         let app = app(context);
         let created =
             service::create_job(&app.db, &app.bus, &app.providers, tenant_id, new).await?;
         app.metrics
             .create_job_handled(began.elapsed(), !created.replayed);
+        Ok(CreateJobPayload {
+            replayed: created.replayed,
+            job: created.job.into(),
+        })
+    }
+
+    /// Creates a new job with the input of a finished one (model, messages, settings,
+    /// labels, metadata), with its own hold and attempts and `rerunOf` naming the
+    /// original. Idempotent by `idempotencyKey` like `createJob`. A job that has not
+    /// finished is `VALIDATION`; a rerun of a batch item is a job outside the batch.
+    async fn rerun_job(
+        &self,
+        context: &Context<'_>,
+        id: Uuid,
+        idempotency_key: String,
+    ) -> async_graphql::Result<CreateJobPayload> {
+        let tenant_id = principal(context)?.tenant_id()?;
+        let idempotency_key = IdempotencyKey::parse(idempotency_key)?;
+        let app = app(context);
+        let created = rerun::rerun_job(
+            &app.db,
+            &app.bus,
+            &app.providers,
+            tenant_id,
+            id,
+            idempotency_key,
+        )
+        .await?;
         Ok(CreateJobPayload {
             replayed: created.replayed,
             job: created.job.into(),

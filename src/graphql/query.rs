@@ -1,10 +1,12 @@
 //! Reads: a tenant's jobs and account.
 
+use super::mutation::LabelInput;
 use super::types::{Account, Job, JobConnection, JobEdge, JobStatus, PageInfo};
-use super::{app, principal};
+use super::{ErrorCode, app, principal};
 use crate::accounts::tenants;
 use crate::billing::reports::Scope;
-use crate::jobs::service;
+use crate::jobs::labels::Label;
+use crate::jobs::service::{self, JobFilter};
 use async_graphql::{Context, Object};
 use uuid::Uuid;
 
@@ -14,22 +16,33 @@ pub struct JobQuery;
 
 #[Object]
 impl JobQuery {
-    /// One of the caller's jobs. An admin reads any tenant's job by naming the tenant
-    /// (`VALIDATION` otherwise); a tenant naming another tenant is `FORBIDDEN`.
+    /// One of the caller's jobs, by its `id` or by the `idempotencyKey` it was created
+    /// with (exactly one of them, else `VALIDATION`); `NOT_FOUND` when the tenant has
+    /// no such job. An admin reads any tenant's job by naming the tenant (`VALIDATION`
+    /// otherwise); a tenant naming another tenant is `FORBIDDEN`.
     async fn job(
         &self,
         context: &Context<'_>,
-        id: Uuid,
+        id: Option<Uuid>,
+        idempotency_key: Option<String>,
         tenant_id: Option<Uuid>,
     ) -> async_graphql::Result<Job> {
         let db = &app(context).db;
         let tenant_id = Scope::single_tenant(db, principal(context)?, tenant_id).await?;
-        Ok(service::find_job(db, tenant_id, id).await?.into())
+        let job = match (id, idempotency_key) {
+            (Some(id), None) => service::find_job(db, tenant_id, id).await?,
+            (None, Some(key)) => service::find_job_by_key(db, tenant_id, &key).await?,
+            _ => {
+                return Err(ErrorCode::Validation.error("job takes either id or idempotencyKey"));
+            }
+        };
+        Ok(job.into())
     }
 
-    /// The caller's jobs, newest first, `first` at a time (at most 100). An admin reads
-    /// any tenant's jobs by naming the tenant (`VALIDATION` otherwise); a tenant naming
-    /// another tenant is `FORBIDDEN`.
+    /// The caller's jobs, newest first, `first` at a time (at most 100), optionally only
+    /// those of one status or carrying one label. An admin reads any tenant's jobs by
+    /// naming the tenant (`VALIDATION` otherwise); a tenant naming another tenant is
+    /// `FORBIDDEN`.
     #[graphql(complexity = "super::cost::page_complexity(first, child_complexity)")]
     async fn jobs(
         &self,
@@ -37,12 +50,19 @@ impl JobQuery {
         first: Option<i32>,
         after: Option<String>,
         status: Option<JobStatus>,
+        label: Option<LabelInput>,
         tenant_id: Option<Uuid>,
     ) -> async_graphql::Result<JobConnection> {
         let db = &app(context).db;
         let tenant_id = Scope::single_tenant(db, principal(context)?, tenant_id).await?;
         let (first, after) = super::types::page_arguments(first, after)?;
-        let page = service::list_jobs(db, tenant_id, first, after, status.map(Into::into)).await?;
+        let filter = JobFilter {
+            status: status.map(Into::into),
+            label: label
+                .map(|label| Label::parse(label.key, label.value))
+                .transpose()?,
+        };
+        let page = service::list_jobs(db, tenant_id, first, after, filter).await?;
         let edges: Vec<JobEdge> = page
             .jobs
             .into_iter()

@@ -1,5 +1,6 @@
 //! What a client asks a job to do, parsed into types that cannot hold a bad request.
 
+use super::labels::Labels;
 use crate::billing::CallBound;
 use crate::error::ServiceError;
 use crate::llm::{Message, Role};
@@ -131,6 +132,8 @@ pub struct JobRequest {
     pub stream_output: Option<bool>,
     pub priority: Option<i32>,
     pub run_at: Option<Timestamp>,
+    /// `(key, value)` pairs.
+    pub labels: Vec<(String, String)>,
 }
 
 /// A job request that passed every check.
@@ -144,6 +147,9 @@ pub struct NewJob {
     pub priority: Priority,
     /// Not claimed before this instant.
     pub run_at: Option<Timestamp>,
+    pub labels: Labels,
+    /// The finished job this one reruns.
+    pub rerun_of: Option<Uuid>,
 }
 
 /// How soon a job runs among its tenant's due jobs: 0 to 9, higher first.
@@ -188,6 +194,7 @@ impl NewJob {
         let priority = request
             .priority
             .map_or(Ok(Priority::DEFAULT), Priority::parse)?;
+        let labels = Labels::parse(request.labels)?;
         if let Some(run_at) = request.run_at
             && run_at > Timestamp::now().plus(chrono::Duration::days(MAX_SCHEDULE_DAYS))
         {
@@ -209,6 +216,8 @@ impl NewJob {
             retry_unknown_outcome: request.retry_unknown_outcome.unwrap_or(true),
             priority,
             run_at: request.run_at,
+            labels,
+            rerun_of: None,
         })
     }
 
@@ -228,6 +237,14 @@ impl NewJob {
         }
         if let Some(run_at) = self.run_at {
             request["run_at"] = run_at.micros().into();
+        }
+        if !self.labels.is_empty() {
+            request["labels"] = self.labels.to_json();
+        }
+        // A rerun's key used again for another job's rerun, or for a createJob, is a
+        // conflict even when the inputs are alike.
+        if let Some(rerun_of) = self.rerun_of {
+            request["rerun_of"] = rerun_of.to_string().into();
         }
         fingerprint_of(&request)
     }
@@ -423,6 +440,7 @@ mod tests {
             stream_output: None,
             priority: None,
             run_at: None,
+            labels: Vec::new(),
         }
     }
 

@@ -4,17 +4,18 @@ use super::budget::{self, Spent};
 use super::bus::{EventBus, EventNotice};
 use super::events;
 use super::input::NewJob;
+use super::labels::{self, Label};
 use crate::billing::alerts;
 use crate::billing::{ledger, limits, prices};
 use crate::db::begin_write;
 use crate::error::ServiceError;
 use crate::llm::ProviderRegistry;
 use crate::metrics::Metrics;
-use entity::{EventKind, JobStatus, JsonText, Timestamp, attempts, job_events, jobs};
+use entity::{EventKind, JobStatus, JsonText, Timestamp, attempts, job_events, job_labels, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait, OnConflict};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait,
-    FromQueryResult, Iterable, QueryFilter, QueryOrder, QuerySelect,
+    FromQueryResult, Iterable, JoinType, QueryFilter, QueryOrder, QuerySelect, RelationTrait,
 };
 use uuid::Uuid;
 
@@ -102,6 +103,7 @@ pub async fn create_job_at(
         payloads_pruned_at: Set(None),
         batch_id: Set(None),
         custom_id: Set(None),
+        rerun_of: Set(new.rerun_of),
     };
     // A key used before inserts nothing; on PostgreSQL an insert racing with another
     // one of the same key waits for it to commit, so the job it made is there to read.
@@ -118,14 +120,17 @@ pub async fn create_job_at(
         // SeaORM tells "no row came back" by either name.
         Err(sea_orm::DbErr::RecordNotInserted | sea_orm::DbErr::RecordNotFound(_)) => {
             transaction.rollback().await?;
-            let existing = find_by_key(db, tenant_id, &new).await?.ok_or_else(|| {
-                ServiceError::Database(sea_orm::DbErr::Custom("job vanished".into()))
-            })?;
+            let existing = find_by_key(db, tenant_id, new.idempotency_key.as_str())
+                .await?
+                .ok_or_else(|| {
+                    ServiceError::Database(sea_orm::DbErr::Custom("job vanished".into()))
+                })?;
             return replay(existing, &fingerprint);
         }
         Err(error) => return Err(error.into()),
     };
     let created = events::append(&transaction, &job, EventKind::Created, None).await?;
+    labels::write(&transaction, tenant_id, job.id, &new.labels).await?;
     // Last: the hold locks the tenant's row, which every create of the tenant needs,
     // so it is held for one statement and the commit. A refusal rolls everything
     // back as the transaction drops.
@@ -184,14 +189,14 @@ pub(super) async fn report_spend_limit(
     Ok(())
 }
 
-async fn find_by_key(
+pub(super) async fn find_by_key(
     db: &impl ConnectionTrait,
     tenant_id: Uuid,
-    new: &NewJob,
+    idempotency_key: &str,
 ) -> Result<Option<jobs::Model>, sea_orm::DbErr> {
     jobs::Entity::find()
         .filter(jobs::Column::TenantId.eq(tenant_id))
-        .filter(jobs::Column::IdempotencyKey.eq(new.idempotency_key.as_str()))
+        .filter(jobs::Column::IdempotencyKey.eq(idempotency_key))
         .one(db)
         .await
 }
@@ -221,6 +226,19 @@ pub async fn find_job(
         .ok_or(ServiceError::NotFound)
 }
 
+/// The tenant's job created with this idempotency key; another tenant's key finds
+/// nothing (`NotFound`), as [`find_job`] does for its ids. A batch item's key
+/// (`batch/…`) finds the item.
+pub async fn find_job_by_key(
+    db: &impl ConnectionTrait,
+    tenant_id: Uuid,
+    idempotency_key: &str,
+) -> Result<jobs::Model, ServiceError> {
+    find_by_key(db, tenant_id, idempotency_key)
+        .await?
+        .ok_or(ServiceError::NotFound)
+}
+
 /// One page of a tenant's jobs, newest first.
 #[derive(Clone, Debug)]
 pub struct JobPage {
@@ -231,27 +249,48 @@ pub struct JobPage {
 /// Most jobs one page may hold.
 pub const MAX_PAGE_SIZE: u64 = 100;
 
-/// A page of at most `first` jobs older than the job `after`, optionally of one status.
+/// What a page of jobs is narrowed to.
+#[derive(Clone, Debug, Default)]
+pub struct JobFilter {
+    pub status: Option<JobStatus>,
+    pub label: Option<Label>,
+}
+
+/// A page of at most `first` jobs older than the job `after`, narrowed by `filter`.
 pub async fn list_jobs(
     db: &impl ConnectionTrait,
     tenant_id: Uuid,
     first: u64,
     after: Option<Uuid>,
-    status: Option<JobStatus>,
+    filter: JobFilter,
 ) -> Result<JobPage, ServiceError> {
     let mut query = jobs_without_payloads().filter(jobs::Column::TenantId.eq(tenant_id));
     if let Some(after) = after {
         // Ids are version-7 UUIDs: ordering by id is ordering by creation.
         query = query.filter(jobs::Column::Id.lt(after));
     }
-    if let Some(status) = status {
+    let mut order = jobs::Column::Id.into_expr();
+    if let Some(label) = &filter.label {
+        // Driven by the label index: its rows for (tenant, key, value) in order of job
+        // id, each joined to its job by primary key, so the page is a range of the
+        // index read backwards. The cursor bounds both sides: PostgreSQL does not carry
+        // an inequality across the join, and a merge join (its choice for a label on
+        // most of a tenant's jobs) otherwise walks the jobs from the newest down to
+        // the cursor on every page.
+        query = query
+            .join_rev(JoinType::InnerJoin, job_labels::Relation::Job.def())
+            .filter(job_labels::Column::TenantId.eq(tenant_id))
+            .filter(job_labels::Column::Key.eq(label.key()))
+            .filter(job_labels::Column::Value.eq(label.value()));
+        if let Some(after) = after {
+            query = query.filter(job_labels::Column::JobId.lt(after));
+        }
+        order = job_labels::Column::JobId.into_expr();
+    }
+    if let Some(status) = filter.status {
         query = query.filter(jobs::Column::Status.eq(status));
     }
-    let mut jobs = query
-        .order_by_desc(jobs::Column::Id)
-        .limit(first + 1)
-        .all(db)
-        .await?;
+    let mut jobs = query.order_by_desc(order).limit(first + 1).all(db).await?;
     let has_next_page = jobs.len() as u64 > first;
     jobs.truncate(first as usize);
     Ok(JobPage {
@@ -273,6 +312,20 @@ pub fn jobs_without_payloads() -> sea_orm::Select<jobs::Entity> {
         )
         .column_as(Expr::cust("CAST('null' AS TEXT)"), "input")
         .column_as(Expr::cust("CAST(NULL AS TEXT)"), "result")
+}
+
+/// The tenant's jobs among `job_ids`, without their payloads. The tenant is part of the
+/// query, so another tenant's job id finds nothing.
+pub async fn jobs_of_ids(
+    db: &impl ConnectionTrait,
+    tenant_id: Uuid,
+    job_ids: &[Uuid],
+) -> Result<Vec<jobs::Model>, ServiceError> {
+    Ok(jobs_without_payloads()
+        .filter(jobs::Column::TenantId.eq(tenant_id))
+        .filter(jobs::Column::Id.is_in(job_ids.iter().copied()))
+        .all(db)
+        .await?)
 }
 
 /// A job's input and result, which `list_jobs` leaves out.

@@ -461,6 +461,42 @@ await check('the billing charts show the same totals as billingSummary', async (
 await accessible('billing');
 await fits('billing', 768);
 
+// ---- labels and reruns (after billing: its ledger check reads the newest 20 entries,
+// among them the expiry made at the start, which a rerun's entries would push out) ----
+await check('a finished job shows its labels and reruns from its page; the list filters by label', async () => {
+  const labelled = await createJob(tenantKey, 'console-labelled', 'Summarise the labelled document', {
+    labels: [{ key: 'user', value: 'u1' }, { key: 'doc', value: 'console-7' }],
+  });
+  await until('the labelled job to finish', async () => (await api(tenantKey, JOB, { id: labelled })).job.status === 'SUCCEEDED');
+  await page.goto(`${base}/#/jobs/${labelled}`);
+  const labels = page.getByTestId('job-labels');
+  await labels.waitFor();
+  const shown = await labels.innerText();
+  assert(shown.indexOf('doc=console-7') !== -1 && shown.indexOf('doc=console-7') < shown.indexOf('user=u1'), `labels, in order of key: ${shown}`);
+  const rerun = page.getByRole('button', { name: 'Rerun', exact: true });
+  await rerun.focus();
+  await page.keyboard.press('Enter');
+  const original = page.getByTestId('job-rerun-of');
+  await original.waitFor();
+  assert(await original.innerText() === labelled, 'the rerun names the job it reruns');
+  const rerunId = page.url().split('/').pop();
+  assert(rerunId !== labelled, 'the rerun is a job of its own');
+  await page.getByTestId('job-labels').waitFor();
+  await shot('job-rerun');
+  await page.goto(`${base}/#/jobs`);
+  await page.locator('#label-filter').fill('doc=console-7');
+  await page.locator('#label-filter').press('Enter');
+  await page.getByRole('row').filter({ hasText: rerunId }).waitFor();
+  const rows = page.getByTestId('jobs-table').locator('tbody tr');
+  await until('only the two labelled jobs to be listed', async () => (await rows.count()) === 2);
+  await page.locator('#label-filter').fill('doc');
+  await page.locator('#label-filter').press('Enter');
+  await page.getByText('Write a label as key=value.').waitFor();
+  await page.locator('#label-filter').fill('');
+  await page.locator('#label-filter').press('Enter');
+  await page.getByRole('row').filter({ hasText: fastJob }).waitFor();
+});
+
 // ---- batches ----------------------------------------------------------------------------
 const CREATE_BATCH = `mutation CreateBatch($input: CreateBatchInput!) {
   createBatch(input: $input) { batch { id } }

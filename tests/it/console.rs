@@ -99,6 +99,7 @@ async fn the_console_works_in_a_real_browser() {
         "batch",
         "batch-cancelled",
         "billing",
+        "job-rerun",
         "admin-tenants",
         "admin-tenant",
         "admin-billing",

@@ -15,11 +15,8 @@ const OPERATIONS: &str = include_str!("contract/operations.graphql");
 const NOT_YET_SERVED: &[&str] = &[
     // Request shape (models and the price map).
     "Models",
-    // Job lifecycle: deadlines, reruns, labels, lookup by key.
+    // Job lifecycle: deadlines and each attempt's model.
     "JobLifecycle",
-    "JobByKey",
-    "RerunJob",
-    "JobsByLabel",
     // A frontend calling directly: time series, labels, resumable stream, tokens,
     // the webhooks list.
     "BillingSeries",
@@ -91,6 +88,9 @@ fn variables(name: &str) -> Value {
         }}),
         "CancelJob" | "Job" | "JobSchedule" => json!({"id": id}),
         "Jobs" => json!({"first": 5, "after": null, "status": "QUEUED"}),
+        "JobByKey" => json!({"key": "k"}),
+        "RerunJob" => json!({"id": id, "idempotencyKey": "k"}),
+        "JobsByLabel" => json!({"key": "doc", "value": "d1", "first": 5, "after": id}),
         "JobUpdates" => json!({"jobId": id, "afterSeq": 1}),
         "JobOutput" => json!({"jobId": id}),
         "JobCosts" => json!({

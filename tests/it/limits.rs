@@ -240,6 +240,7 @@ fn new_job(key: &str) -> NewJob {
         stream_output: None,
         priority: None,
         run_at: None,
+        labels: Vec::new(),
     })
     .expect("a valid request")
 }

@@ -4,7 +4,7 @@ use super::{Attempt, Charge, EventKind, JobCost, JobStatus, Reservation, time};
 use crate::error::ServiceError;
 use crate::graphql::loader;
 use crate::graphql::loaders::{
-    AttemptsOf, ChargeOf, CostOf, EventsOf, JobKey, ReservationOf, prefetch,
+    AttemptsOf, ChargeOf, CostOf, EventsOf, JobKey, JobOf, LabelsOf, ReservationOf, prefetch,
 };
 use async_graphql::{Context, Json, Lookahead, Object, SimpleObject};
 use chrono::{DateTime, Utc};
@@ -79,6 +79,13 @@ impl Job {
     }
 }
 
+/// A `key=value` pair the client put on a job to find it again.
+#[derive(SimpleObject)]
+pub struct Label {
+    pub key: String,
+    pub value: String,
+}
+
 /// Why a job failed.
 #[derive(SimpleObject)]
 pub struct JobError {
@@ -117,6 +124,32 @@ impl Job {
 
     async fn model(&self) -> &str {
         &self.0.model
+    }
+
+    /// The labels the job was created with, in order of key.
+    async fn labels(&self, context: &Context<'_>) -> async_graphql::Result<Vec<Label>> {
+        let rows = loader(context).load_one(LabelsOf(self.key())).await?;
+        Ok(rows
+            .unwrap_or_default()
+            .into_iter()
+            .map(|row| Label {
+                key: row.key,
+                value: row.value,
+            })
+            .collect())
+    }
+
+    /// The finished job this one reruns (`rerunJob`); null for a job created otherwise.
+    async fn rerun_of(&self, context: &Context<'_>) -> async_graphql::Result<Option<Job>> {
+        let Some(job_id) = self.0.rerun_of else {
+            return Ok(None);
+        };
+        let key = JobKey {
+            tenant_id: self.0.tenant_id,
+            job_id,
+        };
+        let row = loader(context).load_one(JobOf(key)).await?;
+        Ok(row.flatten().map(Job::without_payloads))
     }
 
     /// The messages, limits, response schema and metadata the job was created with;
@@ -258,6 +291,7 @@ impl Job {
             prefetch(loader, wanted("reservation"), keys().map(ReservationOf)),
             prefetch(loader, wanted("charge"), keys().map(ChargeOf)),
             prefetch(loader, wanted("cost"), keys().map(CostOf)),
+            prefetch(loader, wanted("labels"), keys().map(LabelsOf)),
         )?;
         Ok(())
     }

@@ -19,6 +19,7 @@ use crate::jobs::events;
 use crate::jobs::input::{
     IdempotencyKey, JobInput, NewJob, Priority, check_json, parse_max_output_tokens, parse_messages,
 };
+use crate::jobs::labels::Labels;
 use crate::llm::ProviderRegistry;
 use entity::{BatchStatus, EventKind, JobStatus, JsonText, Timestamp, batches, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait};
@@ -162,6 +163,9 @@ fn parse_items(
             retry_unknown_outcome: true,
             priority,
             run_at: None,
+            // Items take no labels (the contract's item input has none).
+            labels: Labels::default(),
+            rerun_of: None,
         };
         let fingerprint = job.fingerprint();
         match seen.get(&request.custom_id) {
@@ -463,5 +467,6 @@ fn job_row(
         payloads_pruned_at: None,
         batch_id: Some(batch.id),
         custom_id: Some(item.custom_id.clone()),
+        rerun_of: None,
     }
 }

@@ -42,6 +42,7 @@ async fn concurrent_creates_never_admit_more_than_the_balance_holds(backend: Bac
         stream_output: None,
         priority: None,
         run_at: None,
+        labels: Vec::new(),
     })
     .unwrap();
     let price = prices::price_at(&db, "gpt-4o-mini", Timestamp::now())

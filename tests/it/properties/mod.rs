@@ -133,6 +133,7 @@ impl Spec {
             stream_output: None,
             priority: None,
             run_at: None,
+            labels: Vec::new(),
         })
         .expect("the generated request is valid")
     }

@@ -1,0 +1,93 @@
+//! Labels and reruns.
+//!
+//! A label is a `key=value` pair a client puts on a job to find it again. Labels live in
+//! a table of their own, one row per label, so that finding a tenant's jobs by a label is
+//! a range scan of one index in the jobs page's order (newest first, by id), never a scan
+//! of JSON. The tenant is in every row so the index is the tenant's alone.
+//!
+//! A rerun is a new job with the input of a finished one; `jobs.rerun_of` names that
+//! one.
+
+use sea_orm_migration::{prelude::*, schema::*};
+
+#[derive(DeriveMigrationName)]
+pub struct Migration;
+
+const LABEL_INDEX: &str = "ix_job_labels_tenant_key_value_job";
+
+#[async_trait::async_trait]
+impl MigrationTrait for Migration {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .create_table(
+                Table::create()
+                    .table(JobLabels::Table)
+                    .col(uuid(JobLabels::JobId))
+                    .col(uuid(JobLabels::TenantId))
+                    .col(string(JobLabels::Key))
+                    .col(string(JobLabels::Value))
+                    // One value per key and job: a job's labels are a map.
+                    .primary_key(Index::create().col(JobLabels::JobId).col(JobLabels::Key))
+                    .foreign_key(
+                        ForeignKey::create()
+                            .from(JobLabels::Table, JobLabels::JobId)
+                            .to(Jobs::Table, Jobs::Id),
+                    )
+                    .to_owned(),
+            )
+            .await?;
+        manager
+            .alter_table(
+                Table::alter()
+                    .table(Jobs::Table)
+                    .add_column(uuid_null(Jobs::RerunOf))
+                    .to_owned(),
+            )
+            .await?;
+        // jobs(label:) pages a tenant's jobs with one label newest first: equality on the
+        // first three columns, then job ids in order. `rerun_of` is only read from the
+        // rerun's own row, so it has no index.
+        manager
+            .create_index(
+                Index::create()
+                    .name(LABEL_INDEX)
+                    .table(JobLabels::Table)
+                    .col(JobLabels::TenantId)
+                    .col(JobLabels::Key)
+                    .col(JobLabels::Value)
+                    .col(JobLabels::JobId)
+                    .to_owned(),
+            )
+            .await
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .alter_table(
+                Table::alter()
+                    .table(Jobs::Table)
+                    .drop_column(Jobs::RerunOf)
+                    .to_owned(),
+            )
+            .await?;
+        manager
+            .drop_table(Table::drop().table(JobLabels::Table).to_owned())
+            .await
+    }
+}
+
+#[derive(DeriveIden)]
+enum JobLabels {
+    Table,
+    JobId,
+    TenantId,
+    Key,
+    Value,
+}
+
+#[derive(DeriveIden)]
+enum Jobs {
+    Table,
+    Id,
+    RerunOf,
+}

@@ -1,0 +1,73 @@
+//! Reruns: a new job with the input of a finished one.
+//!
+//! A rerun is created exactly as `createJob` creates a job — the same service call, so
+//! its own hold, attempts and charge — from the stored input of the job it reruns:
+//! model, messages, limits, response schema, metadata, attempts, priority and labels.
+//! A job's money never reopens once it is terminal; a rerun is how a client tries again.
+
+use super::input::{IdempotencyKey, JobInput, NewJob, Priority};
+use super::labels::{self, Labels};
+use super::service::{self, CreatedJob};
+use crate::error::ServiceError;
+use crate::jobs::bus::EventBus;
+use crate::llm::ProviderRegistry;
+use sea_orm::DatabaseConnection;
+use uuid::Uuid;
+
+/// Creates a rerun of the tenant's finished job `job_id` under `idempotency_key`.
+///
+/// The key is the rerun's own, per tenant like every job's: used again for a rerun of
+/// the same job it answers that rerun (`replayed`); used for anything else it is a
+/// conflict. Another tenant's job is `NotFound`; a job not finished yet is
+/// `Validation`. A rerun of a batch item is a job of its own, outside the batch.
+pub async fn rerun_job(
+    db: &DatabaseConnection,
+    bus: &EventBus,
+    providers: &ProviderRegistry,
+    tenant_id: Uuid,
+    job_id: Uuid,
+    idempotency_key: IdempotencyKey,
+) -> Result<CreatedJob, ServiceError> {
+    let original = service::find_job(db, tenant_id, job_id).await?;
+    // Replayed before the original is read any further: a replay must answer even once
+    // retention has pruned the input the rerun was made from.
+    if let Some(existing) = service::find_by_key(db, tenant_id, idempotency_key.as_str()).await? {
+        return if existing.rerun_of == Some(original.id) {
+            Ok(CreatedJob {
+                job: existing,
+                replayed: true,
+            })
+        } else {
+            Err(ServiceError::IdempotencyConflict)
+        };
+    }
+    if !original.status.is_terminal() {
+        return Err(ServiceError::validation(
+            "only a finished job (SUCCEEDED, FAILED or CANCELLED) can be rerun",
+        ));
+    }
+    if original.payloads_pruned_at.is_some() {
+        return Err(ServiceError::validation(
+            "the job's input was pruned by retention: there is nothing to rerun",
+        ));
+    }
+    let input: JobInput = serde_json::from_value(original.input.0.clone())
+        .map_err(|error| sea_orm::DbErr::Custom(format!("job input: {error}")))?;
+    let labels = Labels::of_rows(labels::labels_of_jobs(db, tenant_id, &[original.id]).await?);
+    let new = NewJob {
+        idempotency_key,
+        model: original.model.clone(),
+        input,
+        max_attempts: u32::try_from(original.max_attempts)
+            .map_err(|_| sea_orm::DbErr::Custom("negative max_attempts".into()))?,
+        retry_unknown_outcome: original.retry_unknown_outcome,
+        priority: Priority::parse(original.priority)?,
+        // The original's start has passed: a rerun runs as soon as it can.
+        run_at: None,
+        labels,
+        rerun_of: Some(original.id),
+    };
+    // A race with the same key ends in the service's own replay, by fingerprint, which
+    // names the original.
+    service::create_job(db, bus, providers, tenant_id, new).await
+}
