@@ -17,13 +17,21 @@ pub const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Bodies larger than this are read only within the process's [`LargeBodies`]
-/// budget; smaller ones are bounded well enough by the request slots.
-const LARGE_BODY_BYTES: usize = 1024 * 1024;
+/// budget; smaller ones are bounded well enough by the request slots. (With 1 MiB,
+/// twelve tenants each sending eight bodies just under it took 661 MiB.)
+const LARGE_BODY_BYTES: usize = 64 * 1024;
 
-/// What the large bodies being read or served at once may add up to: a chunk of a
-/// thousand long documents is about 16 MiB, and takes about twice that while it is
-/// parsed and written. (24 tenants sending such chunks at once peaked at 737 MiB.)
-const LARGE_BODIES_BUDGET: usize = 192 * 1024 * 1024;
+/// What serving a body costs in memory, as a multiple of its size: it is parsed as
+/// JSON, as GraphQL input, as job inputs and bound as statement parameters, each a
+/// copy. A chunk of a thousand 15 KB documents (15 MiB) took 60 MiB on SQLite and
+/// 117 MiB on PostgreSQL while it was served.
+const MEMORY_PER_BODY_BYTE: usize = 8;
+
+/// What the large bodies being read or served at once may cost together, counted at
+/// [`MEMORY_PER_BODY_BYTE`]: four 16 MiB chunks at once, or sixty-four of 1 MiB.
+/// (Counting received bytes alone, 12 chunks of 15 MiB were admitted together and
+/// the process reached 1.4 GiB.)
+const LARGE_BODIES_BUDGET: usize = 512 * 1024 * 1024;
 
 /// How long a large body waits for room in the budget before it is refused.
 const LARGE_BODY_WAIT: Duration = Duration::from_secs(10);
@@ -31,7 +39,7 @@ const LARGE_BODY_WAIT: Duration = Duration::from_secs(10);
 /// The budget's unit: permits count KiB, so the whole budget fits a semaphore.
 const BUDGET_UNIT: usize = 1024;
 
-/// The process's budget for large request bodies. A body takes its whole size from
+/// The process's budget for large request bodies. A body takes its whole cost from
 /// it before its first byte is read — all or nothing, so readers that each hold a
 /// part can never wait for each other — and gives it back when its response is done.
 #[derive(Clone, Debug)]
@@ -50,13 +58,14 @@ pub(in crate::http) struct BodyReservation {
 }
 
 impl LargeBodies {
-    /// Room for `bytes`, waiting at most [`LARGE_BODY_WAIT`]; nothing to take for a
-    /// small body.
+    /// Room for a body of `bytes`, waiting at most [`LARGE_BODY_WAIT`]; nothing to
+    /// take for a small body.
     async fn reserve(&self, bytes: usize) -> Result<BodyReservation, (StatusCode, String)> {
         if bytes <= LARGE_BODY_BYTES {
             return Ok(BodyReservation { _permit: None });
         }
-        let units = u32::try_from(bytes.div_ceil(BUDGET_UNIT)).unwrap_or(u32::MAX);
+        let cost = bytes.saturating_mul(MEMORY_PER_BODY_BYTE);
+        let units = u32::try_from(cost.div_ceil(BUDGET_UNIT)).unwrap_or(u32::MAX);
         match tokio::time::timeout(LARGE_BODY_WAIT, self.0.clone().acquire_many_owned(units)).await
         {
             Ok(Ok(permit)) => Ok(BodyReservation {
@@ -133,9 +142,10 @@ fn json_values(body: &[u8]) -> usize {
 }
 
 /// The body, refused when it passes `limit` or takes longer than `BODY_READ_TIMEOUT`
-/// to arrive (counted once it may be read). A body larger than [`LARGE_BODY_BYTES`] is read only once the whole of its declared
-/// length (without one, of the limit) is reserved in `budget`; the reservation comes
-/// back with the body, to be held until the response is sent.
+/// to arrive (counted once it may be read). A body larger than [`LARGE_BODY_BYTES`]
+/// is read only once the cost of its declared length (without one, of the limit) is
+/// reserved in `budget`; the reservation comes back with the body, to be held until
+/// the response is sent.
 pub(in crate::http) async fn read_body(
     headers: &HeaderMap,
     body: Body,
