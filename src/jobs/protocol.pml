@@ -1,9 +1,10 @@
 /*
  * protocol.pml: a Promela model of jobledger's job / lease / billing protocol,
  * checked with Spin (tests/it/protocol_model.rs runs it). It describes
- * src/jobs/queue/mod.rs (renew_lease, start_attempt, finish_attempt, abandon_claim,
- * expire_leases), src/jobs/queue/claim.rs (claim, claim_in_turn), src/jobs/worker.rs,
- * src/jobs/service.rs, src/jobs/budget.rs and src/billing/ledger.rs; a comment at
+ * src/jobs/queue/ (renew_lease in mod.rs, start_attempt in start.rs, finish_attempt
+ * and abandon_claim in finish.rs, expire_leases in expiry.rs; claim and claim_in_turn
+ * in claim/mod.rs), src/jobs/worker/ (the judgement in judge.rs), src/jobs/service.rs,
+ * src/jobs/budget.rs and src/billing/ledger.rs; a comment at
  * each step names the Rust function it stands for.
  *
  * WHAT IS MODELLED
@@ -284,7 +285,7 @@ proctype worker()
     mtype:job_outcome wanted;   /* what Worker::judge asks for */
 
 end_idle:
-    /* queue::claim_in_turn (queue/claim.rs) */
+    /* queue::claim_in_turn (queue/claim/mod.rs) */
     atomic {
         status == QUEUED ->
 #ifndef NO_ABANDON

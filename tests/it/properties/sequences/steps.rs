@@ -113,7 +113,7 @@ impl Sequence {
         assert_eq!(
             new.input.call_bound().job_hold(price, new.max_attempts),
             hold,
-            "{}: the service sizes holds other than the README says",
+            "{}: the service sizes holds other than docs/architecture.md says",
             self.at
         );
         let tenant_id = self.tenants[tenant].id;
