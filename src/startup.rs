@@ -261,7 +261,7 @@ impl Application {
             self.app.metrics.clone(),
             shutdown.child_token(),
         ));
-        let expiry = tokio::spawn(crate::billing::expiry::run(
+        let expiry = tokio::spawn(crate::billing::grant_expiry::run(
             background_db,
             shutdown.child_token(),
         ));

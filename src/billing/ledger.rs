@@ -71,7 +71,7 @@ pub struct NewGrant {
 /// Adds credits to a tenant, once per idempotency key: a repeated key with the same
 /// amount, reason and expiry returns the first grant; anything else is a conflict.
 ///
-/// An expiry must lie in the future, at most [`super::expiry::MAX_LIFETIME_DAYS`]
+/// An expiry must lie in the future, at most [`super::grant_expiry::MAX_LIFETIME_DAYS`]
 /// days ahead. Charges made so far are attributed to the earlier grants first, so
 /// the new grant starts whole (see [`super::expiry`]).
 pub async fn grant(
@@ -87,7 +87,7 @@ pub async fn grant(
     }
     let now = Timestamp::now();
     if let Some(expires_at) = new.expires_at {
-        super::expiry::check_expiry(expires_at, now)?;
+        super::grant_expiry::check_expiry(expires_at, now)?;
     }
     let existing = credit_grants::Entity::find()
         .filter(credit_grants::Column::TenantId.eq(new.tenant_id))
@@ -123,7 +123,7 @@ pub async fn grant(
     if let Some(expires_at) = new.expires_at {
         update = update.col_expr(
             tenants::Column::NextExpiryAt,
-            super::expiry::earliest_expiry(expires_at),
+            super::grant_expiry::earliest_expiry(expires_at),
         );
     }
     let updated = update.exec(db).await?;
@@ -132,7 +132,7 @@ pub async fn grant(
     }
     // The tenant's row is locked now. Charges so far consumed the grants that existed
     // when they were made: attribute them before the new grant joins the order.
-    super::expiry::attribute_charges(db, new.tenant_id).await?;
+    super::grant_expiry::attribute_charges(db, new.tenant_id).await?;
     let row = credit_grants::ActiveModel {
         id: Set(Uuid::now_v7()),
         tenant_id: Set(new.tenant_id),
@@ -314,7 +314,7 @@ async fn take_held(
         .ok_or(ServiceError::NotFound)?;
     if tenant.next_expiry_at.is_some_and(|due| due <= now) {
         // Under the tenant's lock, whatever is still due after this is held credit.
-        super::expiry::expire_tenant(transaction, tenant_id, now).await?;
+        super::grant_expiry::expire_tenant(transaction, tenant_id, now).await?;
         if take_hold(Condition::all()).await?.rows_affected == 1 {
             return Ok(());
         }
@@ -514,7 +514,7 @@ pub async fn resolve_holds(
             // the released credit, and so does the sweep.
             update = update.col_expr(
                 tenants::Column::NextExpiryAt,
-                super::expiry::earliest_expiry(now),
+                super::grant_expiry::earliest_expiry(now),
             );
         }
         update.exec(db).await?;

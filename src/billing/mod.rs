@@ -5,7 +5,7 @@ pub mod alerts;
 pub mod audit;
 pub mod batch_totals;
 mod credits;
-pub mod expiry;
+pub mod grant_expiry;
 pub mod ledger;
 pub mod limits;
 pub mod policy;

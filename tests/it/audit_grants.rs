@@ -6,7 +6,7 @@ use crate::audit::{Scenario, assert_only_violated, bump_tenant, report, scenario
 use crate::helpers::{ADMIN_TOKEN, Backend};
 use entity::{LedgerEntryKind, Timestamp, credit_grants, ledger_entries, tenants};
 use jobledger::billing::audit::{Invariant, Subject};
-use jobledger::billing::expiry;
+use jobledger::billing::grant_expiry;
 // `ExprTrait` only where used: in scope, its `is_null` shadows `Value::is_null`.
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
@@ -40,7 +40,9 @@ async fn with_expiry(backend: Backend) -> (Scenario, Uuid) {
         )
         .await;
     assert!(granted["errors"].is_null(), "{granted}");
-    let expired = expiry::sweep(&s.app.app.db, expires_at).await.unwrap();
+    let expired = grant_expiry::sweep(&s.app.app.db, expires_at)
+        .await
+        .unwrap();
     assert!(expired.is_positive());
     let id = granted["data"]["grantCredits"]["id"]
         .as_str()

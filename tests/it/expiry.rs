@@ -10,7 +10,7 @@ use crate::invariants::assert_billing_invariants;
 use crate::webhooks::{Receiver, create_webhook};
 use chrono::{DateTime, Utc};
 use entity::{LedgerEntryKind, Timestamp, credit_grants, ledger_entries};
-use jobledger::billing::{Credits, expiry};
+use jobledger::billing::{Credits, grant_expiry};
 use rust_decimal::Decimal;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder};
 use serde_json::{Value, json};
@@ -82,7 +82,7 @@ fn in_an_hour() -> DateTime<Utc> {
 
 /// The sweep as a process running at `at` would do it.
 async fn sweep_at(app: &TestApp, at: DateTime<Utc>) -> Credits {
-    expiry::sweep(&app.app.db, Timestamp::from(at))
+    grant_expiry::sweep(&app.app.db, Timestamp::from(at))
         .await
         .unwrap()
 }
@@ -316,10 +316,10 @@ async fn two_sweepers_at_once_expire_each_grant_once(backend: Backend) {
     for round in 0..3 {
         let at = Timestamp::from(expires_at + chrono::Duration::milliseconds(round));
         let (first, second, third, fourth) = tokio::join!(
-            expiry::sweep(&app.app.db, at),
-            expiry::sweep(&other.app.db, at),
-            expiry::sweep(&app.app.db, at),
-            expiry::sweep(&other.app.db, at),
+            grant_expiry::sweep(&app.app.db, at),
+            grant_expiry::sweep(&other.app.db, at),
+            grant_expiry::sweep(&app.app.db, at),
+            grant_expiry::sweep(&other.app.db, at),
         );
         let total = first.unwrap() + second.unwrap() + third.unwrap() + fourth.unwrap();
         let wanted = if round == 0 {

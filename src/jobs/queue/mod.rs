@@ -19,13 +19,13 @@ use std::time::Duration;
 use uuid::Uuid;
 
 mod claim;
-mod expiry;
 mod finish;
+mod rescue;
 mod start;
 
 pub use claim::{Claim, ClaimRequest, Claimed, TenantCursor, claim, claim_in_turn};
-pub use expiry::expire_leases;
 pub use finish::{AttemptEnd, abandon_claim, finish_attempt, finish_attempts};
+pub use rescue::expire_leases;
 pub use start::{start_attempt, start_attempts};
 
 /// What a lease renewal learned.
