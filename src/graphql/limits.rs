@@ -2,7 +2,7 @@
 //! an account shows its tenant.
 
 use super::scalars::Amount;
-use super::{ErrorCode, app, principal};
+use super::{ApiErrorCode, app, principal};
 use crate::billing::limits::{self, LimitChange, Limits, LimitsChange, Spend};
 use crate::billing::{Credits, CreditsError};
 use crate::db::begin_write;
@@ -81,7 +81,7 @@ fn amount_change(
         MaybeUndefined::Null => LimitChange::Clear,
         MaybeUndefined::Value(amount) => LimitChange::Set(
             Credits::from_decimal(amount.0).map_err(|error: CreditsError| {
-                ErrorCode::Validation.error(format!("{field}: {error}"))
+                ApiErrorCode::Validation.error(format!("{field}: {error}"))
             })?,
         ),
     })
@@ -94,7 +94,7 @@ fn rate_change(field: &str, value: MaybeUndefined<i32>) -> async_graphql::Result
         MaybeUndefined::Value(rate) => {
             // The same words as the limit's own check of zero (billing::limits).
             LimitChange::Set(u32::try_from(rate).map_err(|_| {
-                ErrorCode::Validation.error(format!("{field} must be 1 to {}", i32::MAX))
+                ApiErrorCode::Validation.error(format!("{field} must be 1 to {}", i32::MAX))
             })?)
         }
     })

@@ -2,7 +2,7 @@
 //! deliveries.
 
 use super::types::PageInfo;
-use super::{ErrorCode, app, principal};
+use super::{ApiErrorCode, app, principal};
 use crate::jobs::service::MAX_PAGE_SIZE;
 use crate::webhooks::{self, EventType};
 use async_graphql::{Context, Enum, InputObject, Object, SimpleObject};
@@ -140,12 +140,13 @@ impl WebhookQuery {
             .ok()
             .filter(|first| (1..=MAX_PAGE_SIZE).contains(first))
             .ok_or_else(|| {
-                ErrorCode::Validation.error(format!("first must be 1 to {MAX_PAGE_SIZE}"))
+                ApiErrorCode::Validation.error(format!("first must be 1 to {MAX_PAGE_SIZE}"))
             })?;
         let after = after
             .map(|cursor| {
-                Uuid::parse_str(&cursor)
-                    .map_err(|_| ErrorCode::Validation.error("after is not a cursor from this API"))
+                Uuid::parse_str(&cursor).map_err(|_| {
+                    ApiErrorCode::Validation.error("after is not a cursor from this API")
+                })
             })
             .transpose()?;
         let page = webhooks::list_deliveries(&app(context).db, tenant_id, first, after).await?;

@@ -25,6 +25,7 @@ mod crash;
 mod deploy;
 mod dispatch;
 mod engine;
+mod error_codes;
 mod expiry;
 mod faults;
 mod fencing;
