@@ -1,8 +1,9 @@
-//! Spend control over GraphQL: `setTenantLimits` for admins, and the limits and spend
-//! an account shows its tenant.
+//! Spend control over GraphQL: `setTenantLimits` and `tenantLimits` for admins, and
+//! the limits and spend an account shows its tenant.
 
 use super::scalars::Amount;
 use super::{ApiErrorCode, app, principal};
+use crate::accounts::tenants;
 use crate::billing::limits::{self, LimitChange, Limits, LimitsChange, Spend};
 use crate::billing::{Credits, CreditsError};
 use crate::db::begin_write;
@@ -98,6 +99,29 @@ fn rate_change(field: &str, value: MaybeUndefined<i32>) -> async_graphql::Result
             })?)
         }
     })
+}
+
+/// The admin's read of limits; a tenant reads its own in `account { limits }`.
+#[derive(Default)]
+pub struct LimitsQuery;
+
+#[Object]
+impl LimitsQuery {
+    /// Admin: a tenant's limits, as `setTenantLimits` set them. A tenant is
+    /// `FORBIDDEN`; an unknown tenant `NOT_FOUND`.
+    async fn tenant_limits(
+        &self,
+        context: &Context<'_>,
+        tenant_id: Uuid,
+    ) -> async_graphql::Result<TenantLimits> {
+        principal(context)?.require_admin()?;
+        let db = &app(context).db;
+        tenants::find_tenant(db, tenant_id).await?;
+        let limits = limits::limits_of(db, tenant_id)
+            .await
+            .map_err(ServiceError::from)?;
+        Ok(TenantLimits::new(tenant_id, limits))
+    }
 }
 
 /// The limits mutation.

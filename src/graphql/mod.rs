@@ -36,6 +36,7 @@ pub struct QueryRoot(
     billing::BillingQuery,
     keys::KeyQuery,
     admin::AdminQuery,
+    limits::LimitsQuery,
     webhooks::WebhookQuery,
 );
 

@@ -127,6 +127,15 @@ pub struct WebhookQuery;
 
 #[Object]
 impl WebhookQuery {
+    /// The caller's endpoints that are not deleted, newest first (a tenant has at
+    /// most 16). Their signing secrets were shown once, at `createWebhook`.
+    #[graphql(complexity = "webhooks::MAX_WEBHOOKS_PER_TENANT as usize * child_complexity")]
+    async fn webhooks(&self, context: &Context<'_>) -> async_graphql::Result<Vec<Webhook>> {
+        let tenant_id = principal(context)?.tenant_id()?;
+        let webhooks = webhooks::list_webhooks(&app(context).db, tenant_id).await?;
+        Ok(webhooks.into_iter().map(Webhook::from).collect())
+    }
+
     /// The caller's webhook deliveries, newest first, `first` at a time (at most 100).
     #[graphql(complexity = "super::cost::page_complexity(first, child_complexity)")]
     async fn webhook_deliveries(

@@ -20,13 +20,11 @@ const NOT_YET_SERVED: &[&str] = &[
     "JobByKey",
     "RerunJob",
     "JobsByLabel",
-    // A frontend calling directly: time series, labels, resumable stream, tokens,
-    // the webhooks list.
+    // A frontend calling directly: time series, labels, resumable stream, tokens.
     "BillingSeries",
     "BillingByLabel",
     "AccountJobUpdatesFrom",
     "CreateAccessToken",
-    "Webhooks",
 ];
 
 /// The text of one named operation of the contract, comments removed.
