@@ -21,6 +21,7 @@ mod charging;
 mod config;
 mod console;
 mod contract;
+mod cors;
 mod crash;
 mod deploy;
 mod dispatch;

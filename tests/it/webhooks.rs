@@ -320,6 +320,7 @@ async fn private_urls_are_refused_without_the_flag(backend: Backend) {
     let options = AppOptions {
         worker: None,
         allow_private_webhooks: false,
+        cors_origins: Vec::new(),
         ..AppOptions::default()
     };
     let app = spawn_app_with(backend, options).await;
