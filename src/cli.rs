@@ -155,6 +155,13 @@ struct ServeArgs {
     /// Address of the GraphQL API.
     #[arg(long, env = "JOBLEDGER_LISTEN", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
+    /// An origin (`https://app.example.com`) whose pages may call /graphql,
+    /// /graphql/sse and batch results from a browser, and open WebSockets; repeat it,
+    /// or list them comma-separated in the environment. Unset: no CORS headers, and
+    /// any WebSocket.
+    #[arg(long = "cors-origin", env = "JOBLEDGER_CORS_ORIGINS", value_name = "ORIGIN",
+          value_delimiter = ',', value_parser = crate::config::cors_origin)]
+    cors_origins: Vec<String>,
     #[command(flatten)]
     worker: WorkerArgs,
 }
@@ -187,9 +194,14 @@ impl WorkerArgs {
 
     /// The settings these flags and the environment give; an admin token the operator
     /// chose must pass [`crate::config::admin_token`].
-    fn into_settings(self, listen: Option<SocketAddr>) -> Result<Settings, AdminTokenError> {
+    fn into_settings(
+        self,
+        listen: Option<SocketAddr>,
+        cors_origins: Vec<String>,
+    ) -> Result<Settings, AdminTokenError> {
         Ok(Settings {
             listen,
+            cors_origins,
             worker: self.settings(),
             database_url: self.database.database_url,
             admin_token: crate::config::admin_token_from_env()?,
@@ -227,8 +239,11 @@ impl Cli {
     pub async fn run(self) -> Result<(), Box<dyn std::error::Error>> {
         match self.command {
             Command::Serve(args) => {
-                let application =
-                    Application::build(args.worker.into_settings(Some(args.listen))?).await?;
+                let application = Application::build(
+                    args.worker
+                        .into_settings(Some(args.listen), args.cors_origins)?,
+                )
+                .await?;
                 let (token, generated) = application.admin_token();
                 if generated {
                     // Printed, not logged: the one time an operator can copy it.
@@ -253,7 +268,8 @@ impl Cli {
                         "a separate worker process on SQLite learns of new jobs by polling and of cancels at lease renewal, and its live output never reaches the API process; run `serve` alone on SQLite, or use PostgreSQL"
                     );
                 }
-                let application = Application::build(args.into_settings(None)?).await?;
+                // No API: no browser calls it.
+                let application = Application::build(args.into_settings(None, Vec::new())?).await?;
                 application.run(shutdown_on_signal()).await?;
             }
             Command::Migrate(args) => {

@@ -42,6 +42,28 @@ pub struct Settings {
     /// Whether webhooks may reach loopback, private and link-local addresses
     /// (`--allow-private-webhooks`; development and tests).
     pub allow_private_webhooks: bool,
+    /// The origins whose pages may call the API from a browser (`--cors-origin`), each
+    /// as [`cors_origin`] accepts it; empty: none but the API's own.
+    pub cors_origins: Vec<String>,
+}
+
+/// `text` when it is an origin exactly as a browser sends it in `Origin`: an http(s)
+/// scheme, a lowercase host and a port only where it is not the scheme's default,
+/// with no path, not even a trailing slash. A browser's `Origin` is compared with it
+/// byte for byte, so anything else would never match: it is refused at start, with
+/// the form that would.
+pub fn cors_origin(text: &str) -> Result<String, String> {
+    let url = reqwest::Url::parse(text).map_err(|error| format!("{text:?}: {error}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!("{text:?}: an origin is http:// or https://"));
+    }
+    let origin = url.origin().ascii_serialization();
+    if origin != text {
+        return Err(format!(
+            "{text:?} is not an origin as browsers send it: write {origin:?} (scheme, host and port, no path)"
+        ));
+    }
+    Ok(origin)
 }
 
 /// How long a WebSocket connection may hold no subscription before it is closed.

@@ -63,6 +63,8 @@ pub struct Application {
     metrics_listener: Option<TcpListener>,
     retention: Option<std::time::Duration>,
     live_connections: crate::config::LiveConnectionSettings,
+    /// The origins whose pages may call the API.
+    browser_origins: http::BrowserOrigins,
     worker: Option<Worker>,
     simulator: Option<BuiltInSimulator>,
     relay: NotificationRelay,
@@ -170,6 +172,7 @@ impl Application {
             metrics_listener,
             retention: settings.operations.retention,
             live_connections: settings.operations.live,
+            browser_origins: http::BrowserOrigins::new(&settings.cors_origins),
             worker,
             simulator,
             relay,
@@ -269,7 +272,12 @@ impl Application {
             let address = listener.local_addr()?;
             let schema = graphql::build_schema(self.app.clone());
             let router = http::router(
-                HttpState::new(self.app.clone(), schema, self.live_connections),
+                HttpState::new(
+                    self.app.clone(),
+                    schema,
+                    self.live_connections,
+                    self.browser_origins,
+                ),
                 metrics_elsewhere,
             );
             tracing::info!(address = %address, "listening on http://{address}/graphql");

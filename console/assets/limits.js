@@ -42,7 +42,9 @@ export function renderLimits() {
   return section;
 }
 
-const SETTABLE = `query ConsoleSetLimitsServed { __schema { mutationType { fields { name } } } }`;
+const SETTABLE = `query ConsoleSetLimitsServed {
+  __schema { queryType { fields { name } } mutationType { fields { name } } }
+}`;
 
 const SET_LIMITS = `mutation SetTenantLimits($input: TenantLimitsInput!) {
   setTenantLimits(input: $input) {
@@ -65,11 +67,17 @@ function limitsTable(limits) {
   ]));
 }
 
+const TENANT_LIMITS = `query ConsoleTenantLimits($tenantId: UUID!) {
+  tenantLimits(tenantId: $tenantId) {
+    tenantId dailySpendLimit monthlySpendLimit requestsPerMinute tokensPerMinute lowBalanceThreshold
+  }
+}`;
+
 /**
  * The admin's form for one tenant's limits (setTenantLimits), when the server serves
- * it. The API has no read of another tenant's limits, so the form sends only the
- * fields filled in (the others keep their values), `none` clears one, and the limits
- * the server answers with are shown.
+ * it, under the limits the tenant has now (tenantLimits, when served). The form sends
+ * only the fields filled in (the others keep their values), `none` clears one, and the
+ * limits the server answers with replace those shown.
  */
 export function renderTenantLimits(tenantId) {
   const section = h('section', { 'aria-labelledby': 'limits-title', 'data-testid': 'limits' },
@@ -80,11 +88,16 @@ export function renderTenantLimits(tenantId) {
       section.append(notice('This server does not serve tenant limits yet.'));
       return;
     }
+    const readable = (schema.queryType?.fields ?? []).some((field) => field.name === 'tenantLimits');
     const inputs = LIMIT_FIELDS.map(([name, label]) => {
       const input = h('input', { id: `limit-${name}`, name, autocomplete: 'off', 'aria-describedby': 'limits-help' });
       return [name, h('label', { for: `limit-${name}` }, label), input];
     });
     const result = h('div', {});
+    if (readable) {
+      const { tenantLimits } = await gql(TENANT_LIMITS, { tenantId });
+      replace(result, h('p', {}, 'Limits now:'), limitsTable(tenantLimits));
+    }
     section.append(h('form', { class: 'stack', 'data-testid': 'limits-form', onsubmit: async (event) => {
       event.preventDefault();
       const input = { tenantId };

@@ -367,6 +367,7 @@ fn in_process_settings(
         config_file: None,
         operations: Default::default(),
         allow_private_webhooks: false,
+        cors_origins: Vec::new(),
     }
 }
 

@@ -2,16 +2,31 @@
 //! `extensions.code`.
 
 use crate::error::ServiceError;
-use async_graphql::ErrorExtensions;
+use async_graphql::extensions::{
+    Extension, ExtensionContext, ExtensionFactory, NextParseQuery, NextRequest, NextSubscribe,
+};
+use async_graphql::parser::types::ExecutableDocument;
+use async_graphql::resolver_utils::EnumType;
+use async_graphql::{Enum, ErrorExtensions, Response, ServerError, ServerResult, Variables};
+use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
+use std::sync::Arc;
 
-/// The codes clients can branch on, in `extensions.code`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ErrorCode {
+/// The codes clients can branch on, in `extensions.code`: every error the API
+/// answers carries one.
+#[derive(Enum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApiErrorCode {
+    /// No valid API key where one is needed, or a malformed `Authorization` header.
     Unauthenticated,
+    /// The caller is known, but the operation or the tenant it names is not theirs.
     Forbidden,
+    /// The object does not exist, or belongs to another tenant.
     NotFound,
+    /// The input breaks a rule; the message says which.
     Validation,
+    /// An idempotency key used again with a different request.
     IdempotencyConflict,
+    /// The job's hold is larger than the tenant's available balance.
     InsufficientCredits,
     /// The job would take the tenant's spend in a day or month past its cap.
     SpendLimitExceeded,
@@ -24,26 +39,28 @@ pub enum ErrorCode {
     /// Too many requests at once, or too many failed authentications, from one
     /// client.
     TooManyRequests,
+    /// The HTTP request is not a GraphQL request: a wrong media type, a body that is
+    /// not a JSON object with a query, a mutation over GET, a subscription sent to
+    /// `/graphql`.
+    BadRequest,
+    /// The query text is not a GraphQL document.
+    GraphqlParseFailed,
+    /// The document does not fit the schema or its variables (an unknown field, a
+    /// variable of the wrong type, an unknown operation name) or passes the schema's
+    /// depth or complexity limit.
+    GraphqlValidationFailed,
+    /// The server could not serve the request; the cause is logged, never sent.
     Internal,
 }
 
-impl ErrorCode {
-    /// The code's text.
+impl ApiErrorCode {
+    /// The code's text: its name in the schema.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Unauthenticated => "UNAUTHENTICATED",
-            Self::Forbidden => "FORBIDDEN",
-            Self::NotFound => "NOT_FOUND",
-            Self::Validation => "VALIDATION",
-            Self::IdempotencyConflict => "IDEMPOTENCY_CONFLICT",
-            Self::InsufficientCredits => "INSUFFICIENT_CREDITS",
-            Self::SpendLimitExceeded => "SPEND_LIMIT_EXCEEDED",
-            Self::SubscriptionLimit => "SUBSCRIPTION_LIMIT",
-            Self::QueryTooComplex => "QUERY_TOO_COMPLEX",
-            Self::ResponseTooLarge => "RESPONSE_TOO_LARGE",
-            Self::TooManyRequests => "TOO_MANY_REQUESTS",
-            Self::Internal => "INTERNAL",
-        }
+        Self::items()
+            .iter()
+            .find(|item| item.value == self)
+            .map(|item| item.name)
+            .expect("every code is an item of its enum")
     }
 
     /// A GraphQL error with this code.
@@ -54,21 +71,78 @@ impl ErrorCode {
     }
 
     /// An error about the whole request, found before execution: no location, no path.
-    pub fn request_error(self, message: impl Into<String>) -> async_graphql::ServerError {
-        let mut error = async_graphql::ServerError::new(message, None);
-        error.extensions = self.error(String::new()).extensions;
+    pub fn request_error(self, message: impl Into<String>) -> ServerError {
+        self.given_to(ServerError::new(message, None))
+    }
+
+    /// `error` with this code, unless it carries one already.
+    pub fn given_to(self, mut error: ServerError) -> ServerError {
+        let extensions = error.extensions.get_or_insert_with(Default::default);
+        if extensions.get("code").is_none() {
+            extensions.set("code", self.as_str());
+        }
         error
+    }
+}
+
+/// Gives every error a response holds a code, whatever its transport: async-graphql's
+/// own errors carry none. A document that does not parse is `GRAPHQL_PARSE_FAILED`;
+/// any other error without a code comes from async-graphql checking the document, its
+/// operation name or its arguments against the schema (validation, and the scalars it
+/// parses only while executing), so it is `GRAPHQL_VALIDATION_FAILED`. Registered
+/// first, so that it sees the errors of every other extension.
+pub struct EveryErrorCoded;
+
+impl ExtensionFactory for EveryErrorCoded {
+    fn create(&self) -> Arc<dyn Extension> {
+        Arc::new(EveryErrorCoded)
+    }
+}
+
+fn coded(mut response: Response) -> Response {
+    response.errors = std::mem::take(&mut response.errors)
+        .into_iter()
+        .map(|error| ApiErrorCode::GraphqlValidationFailed.given_to(error))
+        .collect();
+    response
+}
+
+#[async_trait::async_trait]
+impl Extension for EveryErrorCoded {
+    async fn request(&self, context: &ExtensionContext<'_>, next: NextRequest<'_>) -> Response {
+        coded(next.run(context).await)
+    }
+
+    fn subscribe<'s>(
+        &self,
+        context: &ExtensionContext<'_>,
+        stream: BoxStream<'s, Response>,
+        next: NextSubscribe<'_>,
+    ) -> BoxStream<'s, Response> {
+        next.run(context, stream).map(coded).boxed()
+    }
+
+    async fn parse_query(
+        &self,
+        context: &ExtensionContext<'_>,
+        query: &str,
+        variables: &Variables,
+        next: NextParseQuery<'_>,
+    ) -> ServerResult<ExecutableDocument> {
+        next.run(context, query, variables)
+            .await
+            .map_err(|error| ApiErrorCode::GraphqlParseFailed.given_to(error))
     }
 }
 
 impl From<ServiceError> for async_graphql::Error {
     fn from(error: ServiceError) -> Self {
         let code = match &error {
-            ServiceError::Validation(_) => ErrorCode::Validation,
-            ServiceError::NotFound => ErrorCode::NotFound,
-            ServiceError::Forbidden => ErrorCode::Forbidden,
-            ServiceError::IdempotencyConflict => ErrorCode::IdempotencyConflict,
-            ServiceError::InsufficientCredits { .. } => ErrorCode::InsufficientCredits,
+            ServiceError::Validation(_) => ApiErrorCode::Validation,
+            ServiceError::NotFound => ApiErrorCode::NotFound,
+            ServiceError::Forbidden => ApiErrorCode::Forbidden,
+            ServiceError::IdempotencyConflict => ApiErrorCode::IdempotencyConflict,
+            ServiceError::InsufficientCredits { .. } => ApiErrorCode::InsufficientCredits,
             ServiceError::SpendLimitExceeded {
                 period,
                 limit,
@@ -78,7 +152,7 @@ impl From<ServiceError> for async_graphql::Error {
                 // Amounts as strings, like the `Decimal` scalar.
                 let (period, limit, spend) =
                     (period.as_str(), limit.to_string(), spend.to_string());
-                return ErrorCode::SpendLimitExceeded
+                return ApiErrorCode::SpendLimitExceeded
                     .error(error.to_string())
                     .extend_with(|_, extensions| {
                         extensions.set("period", period);
@@ -89,7 +163,7 @@ impl From<ServiceError> for async_graphql::Error {
             ServiceError::Database(cause) => {
                 // The cause goes to the log, never to the client.
                 tracing::error!(error = %cause, "database error while serving a request");
-                return ErrorCode::Internal.error("internal error");
+                return ApiErrorCode::Internal.error("internal error");
             }
         };
         code.error(error.to_string())

@@ -1,6 +1,6 @@
 //! API keys: a tenant manages its own; an admin names the tenant.
 
-use super::{ErrorCode, app, principal};
+use super::{ApiErrorCode, app, principal};
 use crate::accounts::Principal;
 use crate::accounts::api_keys;
 use async_graphql::{Context, Object, SimpleObject};
@@ -110,11 +110,11 @@ fn managed_tenant(principal: Principal, named: Option<Uuid>) -> async_graphql::R
         (Principal::Tenant { tenant_id }, None) => Ok(tenant_id),
         (Principal::Tenant { tenant_id }, Some(named)) if named == tenant_id => Ok(tenant_id),
         (Principal::Tenant { .. }, Some(_)) => {
-            Err(ErrorCode::Forbidden.error("a tenant manages only its own keys"))
+            Err(ApiErrorCode::Forbidden.error("a tenant manages only its own keys"))
         }
         (Principal::Admin, Some(named)) => Ok(named),
         (Principal::Admin, None) => {
-            Err(ErrorCode::Validation.error("tenantId is required for an admin"))
+            Err(ApiErrorCode::Validation.error("tenantId is required for an admin"))
         }
     }
 }

@@ -1,8 +1,9 @@
-//! Spend control over GraphQL: `setTenantLimits` for admins, and the limits and spend
-//! an account shows its tenant.
+//! Spend control over GraphQL: `setTenantLimits` and `tenantLimits` for admins, and
+//! the limits and spend an account shows its tenant.
 
 use super::scalars::Amount;
-use super::{ErrorCode, app, principal};
+use super::{ApiErrorCode, app, principal};
+use crate::accounts::tenants;
 use crate::billing::limits::{self, LimitChange, Limits, LimitsChange, Spend};
 use crate::billing::{Credits, CreditsError};
 use crate::db::begin_write;
@@ -81,7 +82,7 @@ fn amount_change(
         MaybeUndefined::Null => LimitChange::Clear,
         MaybeUndefined::Value(amount) => LimitChange::Set(
             Credits::from_decimal(amount.0).map_err(|error: CreditsError| {
-                ErrorCode::Validation.error(format!("{field}: {error}"))
+                ApiErrorCode::Validation.error(format!("{field}: {error}"))
             })?,
         ),
     })
@@ -94,10 +95,33 @@ fn rate_change(field: &str, value: MaybeUndefined<i32>) -> async_graphql::Result
         MaybeUndefined::Value(rate) => {
             // The same words as the limit's own check of zero (billing::limits).
             LimitChange::Set(u32::try_from(rate).map_err(|_| {
-                ErrorCode::Validation.error(format!("{field} must be 1 to {}", i32::MAX))
+                ApiErrorCode::Validation.error(format!("{field} must be 1 to {}", i32::MAX))
             })?)
         }
     })
+}
+
+/// The admin's read of limits; a tenant reads its own in `account { limits }`.
+#[derive(Default)]
+pub struct LimitsQuery;
+
+#[Object]
+impl LimitsQuery {
+    /// Admin: a tenant's limits, as `setTenantLimits` set them. A tenant is
+    /// `FORBIDDEN`; an unknown tenant `NOT_FOUND`.
+    async fn tenant_limits(
+        &self,
+        context: &Context<'_>,
+        tenant_id: Uuid,
+    ) -> async_graphql::Result<TenantLimits> {
+        principal(context)?.require_admin()?;
+        let db = &app(context).db;
+        tenants::find_tenant(db, tenant_id).await?;
+        let limits = limits::limits_of(db, tenant_id)
+            .await
+            .map_err(ServiceError::from)?;
+        Ok(TenantLimits::new(tenant_id, limits))
+    }
 }
 
 /// The limits mutation.

@@ -20,9 +20,9 @@ mod webhooks;
 
 use crate::accounts::Principal;
 use crate::startup::App;
-use async_graphql::{Context, MergedObject, Schema};
+use async_graphql::{Context, MergedObject, Schema, SchemaBuilder};
 
-pub use error::ErrorCode;
+pub use error::ApiErrorCode;
 pub use subscription::{
     ConnectionSubscriptions, MAX_SUBSCRIPTIONS_PER_CONNECTION, SubscriptionRoot,
 };
@@ -36,6 +36,7 @@ pub struct QueryRoot(
     billing::BillingQuery,
     keys::KeyQuery,
     admin::AdminQuery,
+    limits::LimitsQuery,
     webhooks::WebhookQuery,
 );
 
@@ -65,31 +66,34 @@ const MAX_COMPLEXITY: usize = 20_000;
 
 /// The schema serving `app`.
 pub fn build_schema(app: App) -> AppSchema {
-    Schema::build(
-        QueryRoot::default(),
-        MutationRoot::default(),
-        SubscriptionRoot,
-    )
-    .extension(loaders::PerRequestLoaders::new(app.db.clone()))
-    .extension(cost::CostLimits)
-    .extension(fairness::TenantFairness::default())
-    .extension(spans::OperationSpans)
-    .data(types::PayloadGate::default())
-    .data(app)
-    .limit_depth(MAX_DEPTH)
-    .limit_complexity(MAX_COMPLEXITY)
-    .finish()
+    schema_builder()
+        .extension(error::EveryErrorCoded)
+        .extension(loaders::PerRequestLoaders::new(app.db.clone()))
+        .extension(cost::CostLimits)
+        .extension(fairness::TenantFairness::default())
+        .extension(spans::OperationSpans)
+        .data(types::PayloadGate::default())
+        .data(app)
+        .limit_depth(MAX_DEPTH)
+        .limit_complexity(MAX_COMPLEXITY)
+        .finish()
 }
 
 /// The schema's SDL, as committed in `schema.graphql`.
 pub fn sdl() -> String {
+    schema_builder().finish().sdl()
+}
+
+/// The types and resolvers of the schema, before its extensions and data.
+fn schema_builder() -> SchemaBuilder<QueryRoot, MutationRoot, SubscriptionRoot> {
     Schema::build(
         QueryRoot::default(),
         MutationRoot::default(),
         SubscriptionRoot,
     )
-    .finish()
-    .sdl()
+    // No field returns it: clients read it in `extensions.code`, and the schema
+    // documents its values.
+    .register_output_type::<ApiErrorCode>()
 }
 
 /// Who the request acts for; `UNAUTHENTICATED` without a valid key.
@@ -97,7 +101,7 @@ fn principal(context: &Context<'_>) -> async_graphql::Result<Principal> {
     context
         .data_opt::<Principal>()
         .copied()
-        .ok_or_else(|| ErrorCode::Unauthenticated.error("a valid API key is required"))
+        .ok_or_else(|| ApiErrorCode::Unauthenticated.error("a valid API key is required"))
 }
 
 fn app<'a>(context: &Context<'a>) -> &'a App {

@@ -2,7 +2,7 @@
 
 use super::scalars::Amount;
 use super::types::{Attempt, CreditGrant, Job, Tenant};
-use super::{ErrorCode, app, principal};
+use super::{ApiErrorCode, app, principal};
 use crate::accounts::tenants;
 use crate::billing::reconciliation::{self, NewReconciliation};
 use crate::billing::{Credits, CreditsError, ledger};
@@ -275,12 +275,12 @@ impl JobMutation {
         principal(context)?.require_admin()?;
         let amount = Credits::from_decimal(input.amount.0).map_err(|error| match error {
             CreditsError::TooPrecise | CreditsError::TooLarge => {
-                ErrorCode::Validation.error(format!("amount: {error}"))
+                ApiErrorCode::Validation.error(format!("amount: {error}"))
             }
         })?;
         let idempotency_key = input.idempotency_key.trim().to_owned();
         if idempotency_key.is_empty() {
-            return Err(ErrorCode::Validation.error("idempotencyKey must not be empty"));
+            return Err(ApiErrorCode::Validation.error("idempotencyKey must not be empty"));
         }
         let grant = ledger::grant_credits(
             &app(context).db,
@@ -307,8 +307,9 @@ impl JobMutation {
     ) -> async_graphql::Result<ReconcileAttemptPayload> {
         principal(context)?.require_admin()?;
         let count = |field: &str, value: i32| {
-            u64::try_from(value)
-                .map_err(|_| ErrorCode::Validation.error(format!("{field} must not be negative")))
+            u64::try_from(value).map_err(|_| {
+                ApiErrorCode::Validation.error(format!("{field} must not be negative"))
+            })
         };
         let usage = TokenUsage {
             input_tokens: count("inputTokens", input.input_tokens)?,

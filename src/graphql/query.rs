@@ -2,7 +2,7 @@
 
 use super::mutation::LabelInput;
 use super::types::{Account, Job, JobConnection, JobEdge, JobStatus, PageInfo};
-use super::{ErrorCode, app, principal};
+use super::{ApiErrorCode, app, principal};
 use crate::accounts::tenants;
 use crate::billing::reports::Scope;
 use crate::jobs::labels::Label;
@@ -33,7 +33,7 @@ impl JobQuery {
             (Some(id), None) => service::find_job(db, tenant_id, id).await?,
             (None, Some(key)) => service::find_job_by_key(db, tenant_id, &key).await?,
             _ => {
-                return Err(ErrorCode::Validation.error("job takes either id or idempotencyKey"));
+                return Err(ApiErrorCode::Validation.error("job takes either id or idempotencyKey"));
             }
         };
         Ok(job.into())

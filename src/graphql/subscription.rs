@@ -1,7 +1,7 @@
 //! Live job status.
 
 use super::types::{BatchUpdate, JobEvent};
-use super::{ErrorCode, app, principal};
+use super::{ApiErrorCode, app, principal};
 use crate::error::ServiceError;
 use crate::jobs::bus::{MAX_SUBSCRIPTIONS_PER_TENANT, SubscriptionSlot};
 use crate::jobs::{batches, events, service};
@@ -137,7 +137,7 @@ struct Slots {
 fn admit(context: &Context<'_>, tenant_id: Uuid) -> async_graphql::Result<Slots> {
     let connection = match context.data_opt::<ConnectionSubscriptions>() {
         Some(subscriptions) => Some(subscriptions.admit().ok_or_else(|| {
-            ErrorCode::SubscriptionLimit.error(format!(
+            ApiErrorCode::SubscriptionLimit.error(format!(
                 "a connection may hold at most {MAX_SUBSCRIPTIONS_PER_CONNECTION} subscriptions"
             ))
         })?),
@@ -147,7 +147,7 @@ fn admit(context: &Context<'_>, tenant_id: Uuid) -> async_graphql::Result<Slots>
         .bus
         .admit_subscription(tenant_id)
         .ok_or_else(|| {
-            ErrorCode::SubscriptionLimit.error(format!(
+            ApiErrorCode::SubscriptionLimit.error(format!(
                 "a tenant may hold at most {MAX_SUBSCRIPTIONS_PER_TENANT} subscriptions on one server"
             ))
         })?;

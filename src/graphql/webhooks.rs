@@ -2,7 +2,7 @@
 //! deliveries.
 
 use super::types::PageInfo;
-use super::{ErrorCode, app, principal};
+use super::{ApiErrorCode, app, principal};
 use crate::jobs::service::MAX_PAGE_SIZE;
 use crate::outbox::{self, EventType};
 use crate::webhooks;
@@ -128,6 +128,15 @@ pub struct WebhookQuery;
 
 #[Object]
 impl WebhookQuery {
+    /// The caller's endpoints that are not deleted, newest first (a tenant has at
+    /// most 16). Their signing secrets were shown once, at `createWebhook`.
+    #[graphql(complexity = "webhooks::MAX_WEBHOOKS_PER_TENANT as usize * child_complexity")]
+    async fn webhooks(&self, context: &Context<'_>) -> async_graphql::Result<Vec<Webhook>> {
+        let tenant_id = principal(context)?.tenant_id()?;
+        let webhooks = webhooks::list_webhooks(&app(context).db, tenant_id).await?;
+        Ok(webhooks.into_iter().map(Webhook::from).collect())
+    }
+
     /// The caller's webhook deliveries, newest first, `first` at a time (at most 100).
     #[graphql(complexity = "super::cost::page_complexity(first, child_complexity)")]
     async fn webhook_deliveries(
@@ -141,12 +150,13 @@ impl WebhookQuery {
             .ok()
             .filter(|first| (1..=MAX_PAGE_SIZE).contains(first))
             .ok_or_else(|| {
-                ErrorCode::Validation.error(format!("first must be 1 to {MAX_PAGE_SIZE}"))
+                ApiErrorCode::Validation.error(format!("first must be 1 to {MAX_PAGE_SIZE}"))
             })?;
         let after = after
             .map(|cursor| {
-                Uuid::parse_str(&cursor)
-                    .map_err(|_| ErrorCode::Validation.error("after is not a cursor from this API"))
+                Uuid::parse_str(&cursor).map_err(|_| {
+                    ApiErrorCode::Validation.error("after is not a cursor from this API")
+                })
             })
             .transpose()?;
         let page = webhooks::list_deliveries(&app(context).db, tenant_id, first, after).await?;

@@ -4,6 +4,7 @@
 mod auth;
 mod batches;
 mod console;
+mod cors;
 mod graphql;
 mod health;
 mod limits;
@@ -26,6 +27,7 @@ use std::time::Duration;
 use tower_http::set_header::SetResponseHeaderLayer;
 use tower_http::trace::TraceLayer;
 
+pub use cors::BrowserOrigins;
 pub use limits::{MAX_CONNECTIONS_PER_ADDRESS, MAX_SOCKETS_PER_ADDRESS};
 pub use live::MAX_LIVE_CONNECTIONS_PER_TENANT;
 pub use rate::ANONYMOUS_REQUEST_BURST;
@@ -39,6 +41,8 @@ pub struct HttpState {
     limits: Arc<ClientLimits>,
     /// How long a WebSocket connection may hold no subscription before it is closed.
     unsubscribed_socket_timeout: Duration,
+    /// The origins whose pages may call the API (see `cors`).
+    origins: BrowserOrigins,
 }
 
 /// The in-memory limits every GraphQL request passes (see `limits`).
@@ -66,14 +70,20 @@ impl ClientLimits {
 }
 
 impl HttpState {
-    /// The state of one server: `app` and `schema`, with fresh client limits and the
-    /// bounds on its live connections.
-    pub fn new(app: App, schema: AppSchema, live: LiveConnectionSettings) -> Self {
+    /// The state of one server: `app` and `schema`, with fresh client limits, the
+    /// bounds on its live connections and the origins browsers may call it from.
+    pub fn new(
+        app: App,
+        schema: AppSchema,
+        live: LiveConnectionSettings,
+        origins: BrowserOrigins,
+    ) -> Self {
         Self {
             app,
             schema,
             limits: Arc::new(ClientLimits::new(&live)),
             unsubscribed_socket_timeout: live.unsubscribed_socket_timeout,
+            origins,
         }
     }
 }
@@ -88,18 +98,29 @@ impl FromRef<HttpState> for App {
 /// operations listener serves it, off the API's port).
 pub fn router(state: HttpState, metrics_elsewhere: bool) -> Router {
     console::prepare();
-    let router = Router::new()
-        .route("/", get(console::index))
-        .route("/assets/{*path}", get(console::asset))
+    // What a page of another origin may call, when `--cors-origin` lists it.
+    let browser_routes = Router::new()
         .route("/graphql", get(graphql::get).post(graphql::post))
-        .route("/graphql/ws", get(websocket::upgrade))
         .route(
             "/graphql/sse",
             get(sse::get)
                 .post(sse::post)
                 .layer(DefaultBodyLimit::max(graphql::body::MAX_REQUEST_BYTES)),
         )
-        .route("/batches/{id}/results", get(batches::results))
+        .route("/batches/{id}/results", get(batches::results));
+    let browser_routes = if state.origins.is_listed() {
+        browser_routes.layer(axum::middleware::from_fn_with_state(
+            state.origins.clone(),
+            cors::apply,
+        ))
+    } else {
+        browser_routes
+    };
+    let router = Router::new()
+        .merge(browser_routes)
+        .route("/", get(console::index))
+        .route("/assets/{*path}", get(console::asset))
+        .route("/graphql/ws", get(websocket::upgrade))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz));
     let router = if metrics_elsewhere {

@@ -23,7 +23,7 @@ use super::live;
 use super::serve::LiveStreams;
 use crate::accounts::Principal;
 use crate::accounts::api_keys::{self, Identity};
-use crate::graphql::ErrorCode;
+use crate::graphql::ApiErrorCode;
 use crate::graphql::cost::{self, QueryBudget, StreamingTransport};
 use crate::startup::App;
 use async_graphql::parser::types::OperationType;
@@ -185,7 +185,10 @@ fn respond(
                 .boxed()
         }
         Err(message) => stream::once(async move {
-            serde_json::to_string(&json!({"errors": [{"message": message}]}))
+            serde_json::to_string(&json!({"errors": [{
+                "message": message,
+                "extensions": {"code": ApiErrorCode::BadRequest.as_str()},
+            }]}))
         })
         .boxed(),
     };
@@ -232,7 +235,7 @@ fn until_revoked(
                 () = &mut revoked => {
                     yield serde_json::to_string(&json!({"errors": [{
                         "message": "the API key was revoked",
-                        "extensions": {"code": ErrorCode::Unauthenticated.as_str()},
+                        "extensions": {"code": ApiErrorCode::Unauthenticated.as_str()},
                     }]}));
                     return;
                 }

@@ -16,7 +16,7 @@
 use crate::billing::batch_totals::BatchTotals;
 use crate::billing::ledger::{self, Resolution};
 use crate::billing::{Credits, limits};
-use crate::jobs::queue::ErrorCode;
+use crate::jobs::queue::JobErrorCode;
 use entity::{AttemptOutcome, JobStatus, ReservationStatus, attempts, credit_reservations, jobs};
 use sea_orm::{ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QueryOrder};
 use std::collections::HashMap;
@@ -59,7 +59,7 @@ pub const FREE_HAND_BACKS: u32 = 3;
 /// an unknown outcome, `WORKER_SHUTDOWN`).
 fn is_shutdown_abort(attempt: &attempts::Model) -> bool {
     attempt.outcome == AttemptOutcome::Unknown
-        && attempt.error_code.as_deref() == Some(ErrorCode::WorkerShutdown.as_str())
+        && attempt.error_code.as_deref() == Some(JobErrorCode::WorkerShutdown.as_str())
 }
 
 impl Spent {

@@ -4,7 +4,7 @@
 
 use super::bus::{EventBus, EventNotice};
 use super::flow::Deferral;
-use super::queue::{AttemptEnd, Claim, ErrorCode};
+use super::queue::{AttemptEnd, Claim, JobErrorCode};
 use crate::billing::Credits;
 use crate::metrics::{AttemptFinished, LiveState, Metrics, StoredState};
 use entity::{AttemptOutcome, EventKind, JobStatus, Timestamp, jobs, tenants};
@@ -100,7 +100,7 @@ pub fn leases_expired(metrics: &Metrics, notices: &[EventNotice]) {
     for _ in notices {
         metrics.lease_expired();
     }
-    job_events(metrics, notices, ErrorCode::LeaseExpired.as_str(), None);
+    job_events(metrics, notices, JobErrorCode::LeaseExpired.as_str(), None);
 }
 
 /// A job ended outside an attempt (abandoned by its worker, cancelled while queued).

@@ -20,7 +20,7 @@ use uuid::Uuid;
 /// Longest endpoint URL accepted.
 const MAX_URL_LENGTH: usize = 2048;
 /// Most live endpoints one tenant may have.
-const MAX_WEBHOOKS_PER_TENANT: u64 = 16;
+pub const MAX_WEBHOOKS_PER_TENANT: u64 = 16;
 
 /// A new endpoint and its signing secret, which is shown this once.
 #[derive(Clone, Debug)]
@@ -129,6 +129,20 @@ pub async fn delete_webhook(
         .await?;
     tracing::info!(tenant.id = %tenant_id, webhook.id = %webhook_id, "webhook deleted");
     Ok(webhook)
+}
+
+/// A tenant's live endpoints (at most [`MAX_WEBHOOKS_PER_TENANT`]), newest first.
+pub async fn list_webhooks(
+    db: &impl ConnectionTrait,
+    tenant_id: Uuid,
+) -> Result<Vec<webhooks::Model>, ServiceError> {
+    Ok(webhooks::Entity::find()
+        .filter(webhooks::Column::TenantId.eq(tenant_id))
+        .filter(webhooks::Column::DeletedAt.is_null())
+        // Version-7 ids: ordering by id is ordering by creation.
+        .order_by_desc(webhooks::Column::Id)
+        .all(db)
+        .await?)
 }
 
 /// One page of a tenant's deliveries, newest first.

@@ -607,8 +607,12 @@ await check('the admin grants credits and reads the tenant’s jobs and keys', a
   await page.getByText('Granted 2 cr, expiring 2099-01-02 03:04 UTC.').waitFor();
   await page.getByTestId('balance-granted').filter({ hasText: '108.5 cr' }).waitFor();
   if (limitsServed) {
+    // The limits the tenant has now, before anything is changed.
+    const before = page.getByTestId('tenant-limits');
+    await before.filter({ hasText: '50 cr' }).waitFor();
     await page.locator('#limit-monthlySpendLimit').fill('80');
     await page.locator('#limit-monthlySpendLimit').press('Enter');
+    await page.getByText('Limits saved. They are now:').waitFor();
     const limits = page.getByTestId('tenant-limits');
     await limits.waitFor();
     const shown = await limits.innerText();

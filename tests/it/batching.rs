@@ -7,7 +7,7 @@ use crate::helpers::{AppOptions, Backend, TestApp, job_input, spawn_app_with};
 use crate::invariants::assert_billing_invariants;
 use entity::{JobStatus, Timestamp, charges, jobs};
 use jobledger::jobs::queue::{
-    self, AttemptEnd, AttemptStart, Claim, ClaimRequest, ErrorCode, JobError, JobOutcome,
+    self, AttemptEnd, AttemptStart, Claim, ClaimRequest, JobError, JobErrorCode, JobOutcome,
     StartedAttempt,
 };
 use sea_orm::sea_query::Expr;
@@ -105,7 +105,7 @@ async fn a_batch_starts_and_finishes_in_statements_that_do_not_grow_per_job(back
                 1 => JobOutcome::Retry {
                     at: Timestamp::now(),
                 },
-                _ => JobOutcome::Failed(JobError::new(ErrorCode::ProviderRejected, "no")),
+                _ => JobOutcome::Failed(JobError::new(JobErrorCode::ProviderRejected, "no")),
             };
             end(claim, start, started, outcome)
         })
@@ -226,7 +226,7 @@ async fn a_group_finishes_each_job_by_its_own_claim(backend: Backend) {
         &fresh,
         &fresh_started[0].0,
         &fresh_started[0].1,
-        JobOutcome::Failed(JobError::new(ErrorCode::ProviderRejected, "refused")),
+        JobOutcome::Failed(JobError::new(JobErrorCode::ProviderRejected, "refused")),
     ));
     let finished = queue::finish_attempts(db, &ends).await.unwrap();
     assert!(finished[0].is_none(), "the lost claim finished its job");

@@ -17,13 +17,11 @@ const NOT_YET_SERVED: &[&str] = &[
     "Models",
     // Job lifecycle: deadlines and each attempt's model.
     "JobLifecycle",
-    // A frontend calling directly: time series, labels, resumable stream, tokens,
-    // the webhooks list.
+    // A frontend calling directly: time series, labels, resumable stream, tokens.
     "BillingSeries",
     "BillingByLabel",
     "AccountJobUpdatesFrom",
     "CreateAccessToken",
-    "Webhooks",
 ];
 
 /// The text of one named operation of the contract, comments removed.

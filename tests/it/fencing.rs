@@ -12,7 +12,7 @@ use entity::{
 use jobledger::billing::{Credits, ModelPrice, prices};
 use jobledger::jobs::input::JobInput;
 use jobledger::jobs::queue::{
-    self, AttemptReport, AttemptStart, Claim, ClaimRequest, ErrorCode, JobError, JobOutcome,
+    self, AttemptReport, AttemptStart, Claim, ClaimRequest, JobError, JobErrorCode, JobOutcome,
     Renewal,
 };
 use jobledger::jobs::worker::{Worker, WorkerSettings};
@@ -161,7 +161,7 @@ async fn a_stale_run_token_cannot_renew_start_or_finish(backend: Backend) {
         JobOutcome::Succeeded {
             result: json!("stale"),
         },
-        JobOutcome::Failed(JobError::new(ErrorCode::ProviderRejected, "stale")),
+        JobOutcome::Failed(JobError::new(JobErrorCode::ProviderRejected, "stale")),
         JobOutcome::Cancelled,
         JobOutcome::Retry {
             at: Timestamp::now(),
@@ -310,7 +310,7 @@ async fn a_cancel_the_worker_missed_wins_over_a_retry(backend: Backend) {
                     not_billed: true,
                     customer_charge: Credits::ZERO,
                     delivered_output_tokens: None,
-                    error: Some(JobError::new(ErrorCode::ProviderUnavailable, "503")),
+                    error: Some(JobError::new(JobErrorCode::ProviderUnavailable, "503")),
                     provider_request_id: None,
                     latency: Duration::from_millis(5),
                     ended_at: Timestamp::now(),

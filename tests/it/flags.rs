@@ -64,6 +64,7 @@ fn settings(folder: &std::path::Path, config: std::path::PathBuf) -> Settings {
         config_file: Some(config),
         operations: OperationsSettings::default(),
         allow_private_webhooks: false,
+        cors_origins: Vec::new(),
     }
 }
 

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 on_both_backends!(
     admins_set_limits_and_tenants_read_them,
+    an_admin_reads_any_tenants_limits,
     concurrent_creates_admit_exactly_what_fits_under_a_daily_cap,
     spend_counts_charges_and_open_holds_only,
     caps_reset_at_the_utc_day_and_month_boundaries,
@@ -132,6 +133,61 @@ async fn admins_set_limits_and_tenants_read_them(backend: Backend) {
     assert!(zero["errors"].is_null(), "{zero}");
     let refused = app.create_job(&tenant, job_input("k", "hello")).await;
     assert_eq!(error_code(&refused), "SPEND_LIMIT_EXCEEDED", "{refused}");
+}
+
+const TENANT_LIMITS: &str = "query ($tenantId: UUID!) {
+    tenantLimits(tenantId: $tenantId) {
+        tenantId dailySpendLimit monthlySpendLimit requestsPerMinute tokensPerMinute lowBalanceThreshold
+    }
+}";
+
+async fn an_admin_reads_any_tenants_limits(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let (acme, other) = (
+        app.create_tenant("acme").await,
+        app.create_tenant("other").await,
+    );
+    let read = |key: &'static str, tenant_id: uuid::Uuid| {
+        let app = &app;
+        async move {
+            app.graphql(Some(key), TENANT_LIMITS, json!({"tenantId": tenant_id}))
+                .await
+        }
+    };
+    let none = json!({
+        "tenantId": other.id, "dailySpendLimit": null, "monthlySpendLimit": null,
+        "requestsPerMinute": null, "tokensPerMinute": null, "lowBalanceThreshold": null,
+    });
+    assert_eq!(
+        read(ADMIN_TOKEN, other.id).await["data"]["tenantLimits"],
+        none
+    );
+    let set = set_limits(
+        &app,
+        ADMIN_TOKEN,
+        json!({"tenantId": acme.id, "monthlySpendLimit": "200", "tokensPerMinute": 1000}),
+    )
+    .await;
+    let read_back = read(ADMIN_TOKEN, acme.id).await;
+    assert_eq!(
+        read_back["data"]["tenantLimits"], set["data"]["setTenantLimits"],
+        "{read_back}"
+    );
+    assert_eq!(
+        read(ADMIN_TOKEN, other.id).await["data"]["tenantLimits"],
+        none
+    );
+
+    let unknown = read(ADMIN_TOKEN, uuid::Uuid::now_v7()).await;
+    assert_eq!(error_code(&unknown), "NOT_FOUND", "{unknown}");
+    let own = app
+        .graphql(Some(&acme.key), TENANT_LIMITS, json!({"tenantId": acme.id}))
+        .await;
+    assert_eq!(
+        error_code(&own),
+        "FORBIDDEN",
+        "a tenant reads account {{ limits }}"
+    );
 }
 
 /// The hold of `job_input(_, "hello")`: every create of these tests holds as much.

@@ -48,6 +48,7 @@ impl WorkerProcess {
                 ..OperationsSettings::default()
             },
             allow_private_webhooks: false,
+            cors_origins: Vec::new(),
         };
         let application = Application::build(settings)
             .await

@@ -22,6 +22,7 @@ on_both_backends!(
     pending_deliveries_resume_after_a_restart,
     private_urls_are_refused_without_the_flag,
     concurrent_creates_never_pass_the_endpoint_limit,
+    a_tenant_lists_its_live_webhooks_and_no_one_elses,
     balance_low_fires_once_per_crossing_and_spend_limit_reached_once_per_period,
 );
 
@@ -319,6 +320,7 @@ async fn private_urls_are_refused_without_the_flag(backend: Backend) {
     let options = AppOptions {
         worker: None,
         allow_private_webhooks: false,
+        cors_origins: Vec::new(),
         ..AppOptions::default()
     };
     let app = spawn_app_with(backend, options).await;
@@ -345,6 +347,66 @@ async fn private_urls_are_refused_without_the_flag(backend: Backend) {
 /// 40 endpoints created at once: exactly the 16 a tenant may have are. (Each create
 /// counted the live endpoints outside a transaction: 23 passed on PostgreSQL, 18 on
 /// SQLite.)
+async fn a_tenant_lists_its_live_webhooks_and_no_one_elses(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let (acme, other) = (
+        app.create_tenant("acme").await,
+        app.create_tenant("other").await,
+    );
+    let list = |tenant: &TestTenant| {
+        let key = tenant.key.clone();
+        let app = &app;
+        async move {
+            let answer = app.operation(Some(&key), "Webhooks", json!({})).await;
+            assert!(answer["errors"].is_null(), "{answer}");
+            answer["data"]["webhooks"].as_array().unwrap().clone()
+        }
+    };
+    assert!(list(&acme).await.is_empty());
+    let mut created = Vec::new();
+    for (path, events) in [
+        ("first", json!(["JOB_SUCCEEDED", "JOB_FAILED"])),
+        ("second", json!(["BATCH_FINISHED"])),
+        ("third", json!(["BALANCE_LOW"])),
+    ] {
+        let url = format!("http://127.0.0.1:9/{path}");
+        let answer = create_webhook(&app, &acme, &url, events).await;
+        assert!(answer["errors"].is_null(), "{answer}");
+        created.push(answer["data"]["createWebhook"]["webhook"].clone());
+    }
+    create_webhook(
+        &app,
+        &other,
+        "http://127.0.0.1:9/other",
+        json!(["JOB_FAILED"]),
+    )
+    .await;
+    let deleted = app
+        .operation(
+            Some(&acme.key),
+            "DeleteWebhook",
+            json!({"id": created[1]["id"]}),
+        )
+        .await;
+    assert!(deleted["errors"].is_null(), "{deleted}");
+
+    // Newest first, the deleted one gone, each as createWebhook answered it.
+    assert_eq!(list(&acme).await, [created[2].clone(), created[0].clone()]);
+    let others = list(&other).await;
+    assert_eq!(others.len(), 1);
+    assert_eq!(others[0]["url"], "http://127.0.0.1:9/other");
+    let keyless = app.operation(None, "Webhooks", json!({})).await;
+    assert_eq!(error_code(&keyless), "UNAUTHENTICATED");
+    let admin = app
+        .operation(Some(ADMIN_TOKEN), "Webhooks", json!({}))
+        .await;
+    assert_eq!(
+        error_code(&admin),
+        "FORBIDDEN",
+        "the webhooks are a tenant's"
+    );
+}
+
 async fn concurrent_creates_never_pass_the_endpoint_limit(backend: Backend) {
     let app = spawn_app_with(backend, AppOptions::no_workers()).await;
     let tenant = app.create_tenant("acme").await;

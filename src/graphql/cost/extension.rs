@@ -3,7 +3,7 @@
 
 use super::{CostError, QueryBudget, ResponseMeter, check_document, check_text};
 use crate::accounts::Principal;
-use crate::graphql::ErrorCode;
+use crate::graphql::ApiErrorCode;
 use async_graphql::extensions::{
     Extension, ExtensionContext, ExtensionFactory, NextExecute, NextParseQuery, NextResolve,
     ResolveInfo,
@@ -54,7 +54,7 @@ impl Extension for CostLimits {
             None => QueryBudget::ANONYMOUS,
         };
         let too_complex =
-            |error: CostError| ErrorCode::QueryTooComplex.request_error(error.to_string());
+            |error: CostError| ApiErrorCode::QueryTooComplex.request_error(error.to_string());
         check_text(query, &budget).map_err(too_complex)?;
         // Measured on a parse of its own: async-graphql's parse step (`next`) ends with
         // a recursion-depth check that follows every fragment spread, which a fragment
@@ -67,7 +67,7 @@ impl Extension for CostLimits {
                 .iter()
                 .any(|(_, operation)| operation.node.ty != OperationType::Subscription)
         {
-            return Err(ErrorCode::Validation.request_error(
+            return Err(ApiErrorCode::Validation.request_error(
                 "only subscriptions run over WebSocket and SSE; send queries and mutations to /graphql",
             ));
         }

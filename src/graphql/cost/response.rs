@@ -1,7 +1,7 @@
 //! The response limit: the values a request resolves are measured as they are
 //! produced, and resolving stops once they would pass it.
 
-use crate::graphql::ErrorCode;
+use crate::graphql::ApiErrorCode;
 use async_graphql::{ServerError, Value};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -44,7 +44,7 @@ impl ResponseMeter {
 
     /// The error that replaces a response past the limit.
     pub fn error(&self) -> ServerError {
-        ErrorCode::ResponseTooLarge.request_error(format!(
+        ApiErrorCode::ResponseTooLarge.request_error(format!(
             "the response would be larger than {} bytes: select fewer fields or smaller pages",
             self.limit
         ))

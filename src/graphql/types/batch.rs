@@ -2,7 +2,7 @@
 
 use super::{JobConnection, JobEdge, JobStatus, PageInfo, money, time};
 use crate::graphql::scalars::Amount;
-use crate::graphql::{ErrorCode, app};
+use crate::graphql::{ApiErrorCode, app};
 use crate::jobs::batches::{self, BatchView};
 use crate::jobs::service::MAX_PAGE_SIZE;
 use async_graphql::{Context, Enum, Object, SimpleObject};
@@ -203,12 +203,12 @@ pub fn page_arguments(
         .ok()
         .filter(|first| (1..=MAX_PAGE_SIZE).contains(first))
         .ok_or_else(|| {
-            ErrorCode::Validation.error(format!("first must be 1 to {MAX_PAGE_SIZE}"))
+            ApiErrorCode::Validation.error(format!("first must be 1 to {MAX_PAGE_SIZE}"))
         })?;
     let after = after
         .map(|cursor| {
             Uuid::parse_str(&cursor)
-                .map_err(|_| ErrorCode::Validation.error("after is not a cursor from this API"))
+                .map_err(|_| ApiErrorCode::Validation.error("after is not a cursor from this API"))
         })
         .transpose()?;
     Ok((first, after))

@@ -89,7 +89,7 @@ pub struct Label {
 /// Why a job failed.
 #[derive(SimpleObject)]
 pub struct JobError {
-    pub code: String,
+    pub code: super::JobErrorCode,
     pub message: String,
 }
 
@@ -169,11 +169,14 @@ impl Job {
         Ok(self.payloads(context).await?.1.map(|result| Json(result.0)))
     }
 
-    async fn error(&self) -> Option<JobError> {
-        Some(JobError {
-            code: self.0.error_code.clone()?,
+    async fn error(&self) -> async_graphql::Result<Option<JobError>> {
+        let Some(code) = self.0.error_code.as_deref() else {
+            return Ok(None);
+        };
+        Ok(Some(JobError {
+            code: super::JobErrorCode::of_stored(code)?,
             message: self.0.error_message.clone().unwrap_or_default(),
-        })
+        }))
     }
 
     async fn attempt_count(&self) -> i32 {

@@ -81,3 +81,51 @@ pub enum EventKind {
     /// Live text of a streaming attempt; not stored, so not replayed.
     OutputDelta,
 }
+
+/// Why an attempt ended as it did, or why a job failed: `Job.error.code` and
+/// `Attempt.errorCode`.
+#[derive(Enum, Clone, Copy, Debug, PartialEq, Eq)]
+#[graphql(remote = "crate::jobs::queue::JobErrorCode")]
+pub enum JobErrorCode {
+    /// The provider refused the request with a permanent status; not billed, not
+    /// retried.
+    ProviderRejected,
+    /// The provider was unreachable or answered a retryable status; retried with
+    /// backoff while attempts remain.
+    ProviderUnavailable,
+    /// The request was sent and no answer came back: it may have been billed. Retried
+    /// only when the job's `retryUnknownOutcome` allows it.
+    OutcomeUnknown,
+    /// The reply did not satisfy the job's response schema (or was not JSON).
+    InvalidOutput,
+    /// The worker running the attempt stopped renewing its lease; another process took
+    /// the job back.
+    LeaseExpired,
+    /// The tenant cancelled the job.
+    Cancelled,
+    /// The worker shut down during the attempt and handed the job back.
+    WorkerShutdown,
+    /// The job made as many calls that may have been billed as it may pay for, or
+    /// their cost reached its hold.
+    PaidCallLimit,
+    /// No configured provider serves the job's model; no call was made.
+    ModelNotServed,
+    /// The answer came back and was paid for, but could not be stored.
+    ResultNotStored,
+    /// The job cannot be run at all (unreadable input, a model without a price); no
+    /// call was made.
+    NotRunnable,
+}
+
+impl JobErrorCode {
+    /// The code a job or attempt row stores. Every stored code is one of the enum's
+    /// (they are written from it); one that is not is reported rather than guessed.
+    fn of_stored(text: &str) -> async_graphql::Result<Self> {
+        crate::jobs::queue::JobErrorCode::parse(text)
+            .map(Self::from)
+            .ok_or_else(|| {
+                tracing::error!(code = text, "a stored error code is not a known code");
+                crate::graphql::ApiErrorCode::Internal.error("internal error")
+            })
+    }
+}

@@ -5,7 +5,7 @@
 use super::responses::{coded_error, too_many_requests};
 use crate::accounts::Principal;
 use crate::accounts::api_keys::Identity;
-use crate::graphql::ErrorCode;
+use crate::graphql::ApiErrorCode;
 use crate::http::HttpState;
 use crate::http::auth::{AuthError, credential, identify};
 use crate::http::limits::{ClientAddress, RequestOwner, RequestSlot, SLOT_WAIT};
@@ -91,7 +91,7 @@ pub(in crate::http) async fn authenticate_client(
             let mut response = coded_error(
                 media_type,
                 StatusCode::UNAUTHORIZED,
-                ErrorCode::Unauthenticated,
+                ApiErrorCode::Unauthenticated,
                 &error.to_string(),
             );
             response
@@ -104,7 +104,7 @@ pub(in crate::http) async fn authenticate_client(
             Err(coded_error(
                 media_type,
                 StatusCode::INTERNAL_SERVER_ERROR,
-                ErrorCode::Internal,
+                ApiErrorCode::Internal,
                 "internal error",
             ))
         }

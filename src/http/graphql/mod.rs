@@ -16,6 +16,7 @@ pub(super) mod responses;
 
 use super::HttpState;
 use super::limits::RequestSlot;
+use crate::graphql::ApiErrorCode;
 use crate::graphql::cost::{self, MAX_RESPONSE_BYTES, QueryBudget, ResponseMeter};
 use admission::{Admitted, admit};
 use async_graphql::Variables;
@@ -188,7 +189,10 @@ async fn execute(
     let operation_name = request.operation_name.clone();
     // Execution reuses this document (the cost hook measures a parse of its own).
     let operation_type = match request.parsed_query() {
-        Err(error) => return not_executed(media_type, vec![error]),
+        Err(error) => {
+            let error = ApiErrorCode::GraphqlParseFailed.given_to(error);
+            return not_executed(media_type, vec![error]);
+        }
         // Measured here too, so that a refused document (an alias flood of schema
         // dumps from keyless clients) costs one parse, not the schema's three.
         Ok(document) => match cost::check_document(document, &budget) {

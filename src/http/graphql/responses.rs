@@ -1,7 +1,7 @@
 //! What `/graphql` answers, by media type: the GraphQL-over-HTTP rules for status
 //! codes and content types, and the errors sent before or instead of execution.
 
-use crate::graphql::ErrorCode;
+use crate::graphql::ApiErrorCode;
 use crate::graphql::cost::{CostError, MAX_RESPONSE_BYTES, ResponseMeter};
 use async_graphql::ServerError;
 use axum::body::Body;
@@ -90,7 +90,7 @@ pub(super) fn not_executed(media_type: &'static str, errors: Vec<ServerError>) -
 pub(super) fn too_complex(media_type: &'static str, error: &CostError) -> Response {
     not_executed(
         media_type,
-        vec![ErrorCode::QueryTooComplex.request_error(error.to_string())],
+        vec![ApiErrorCode::QueryTooComplex.request_error(error.to_string())],
     )
 }
 
@@ -112,14 +112,13 @@ pub(super) fn request_error(
     status: StatusCode,
     message: &str,
 ) -> Response {
-    let body = json!({"errors": [{"message": message}]});
-    graphql_response(media_type, status, body.to_string())
+    coded_error(media_type, status, ApiErrorCode::BadRequest, message)
 }
 
 pub(super) fn coded_error(
     media_type: &'static str,
     status: StatusCode,
-    code: ErrorCode,
+    code: ApiErrorCode,
     message: &str,
 ) -> Response {
     let body = json!({"errors": [{"message": message, "extensions": {"code": code.as_str()}}]});
@@ -134,7 +133,7 @@ pub(super) fn too_many_requests(
     let mut response = coded_error(
         media_type,
         StatusCode::TOO_MANY_REQUESTS,
-        ErrorCode::TooManyRequests,
+        ApiErrorCode::TooManyRequests,
         message,
     );
     // Whole seconds, rounded up: a client retrying at once would be refused again.

@@ -78,6 +78,10 @@ pub async fn upgrade(
     headers: HeaderMap,
     upgrade: WebSocketUpgrade,
 ) -> Response {
+    // Before anything is counted: a page of another site never gets a socket.
+    if !state.origins.may_open_socket(&headers) {
+        return super::cors::socket_refused();
+    }
     let client = ClientAddress::from(peer.ip());
     let Some(place) = state.limits.sockets.admit(client) else {
         return (

@@ -5,7 +5,7 @@
 //! its own run token and settled exactly once.
 
 use super::{
-    AttemptReport, Claim, ErrorCode, INVALID_OUTPUT_RETRIES, JobError, JobOutcome,
+    AttemptReport, Claim, INVALID_OUTPUT_RETRIES, JobError, JobErrorCode, JobOutcome,
     attempt_event_data, fenced_update_of_all, paid_call_limit, releasing_update, storable_text,
     with_error,
 };
@@ -180,7 +180,7 @@ fn decide(end: &AttemptEnd, current: &jobs::Model, spent: &Spent, now: Timestamp
         {
             JobOutcome::Failed(report.error.clone().unwrap_or_else(|| {
                 JobError::new(
-                    ErrorCode::InvalidOutput,
+                    JobErrorCode::InvalidOutput,
                     "the reply failed the response schema",
                 )
             }))

@@ -269,7 +269,7 @@ impl JobError {
     /// An error with one of the codes jobledger uses. The message may quote a
     /// provider, so a NUL character in it (which PostgreSQL text cannot hold) becomes
     /// U+FFFD.
-    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+    pub fn new(code: JobErrorCode, message: impl Into<String>) -> Self {
         Self {
             code: code.as_str().to_owned(),
             message: storable_text(message.into()),
@@ -289,7 +289,7 @@ pub fn storable_text(text: String) -> String {
 
 /// The codes a failed job or attempt carries, as clients see them in `error.code`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ErrorCode {
+pub enum JobErrorCode {
     /// The provider refused the request (4xx); retrying cannot help.
     ProviderRejected,
     /// The provider was unreachable or answered with a retryable error.
@@ -318,7 +318,27 @@ pub enum ErrorCode {
     NotRunnable,
 }
 
-impl ErrorCode {
+impl JobErrorCode {
+    /// Every code, in the order of the declaration.
+    pub const ALL: [Self; 11] = [
+        Self::ProviderRejected,
+        Self::ProviderUnavailable,
+        Self::OutcomeUnknown,
+        Self::InvalidOutput,
+        Self::LeaseExpired,
+        Self::Cancelled,
+        Self::WorkerShutdown,
+        Self::PaidCallLimit,
+        Self::ModelNotServed,
+        Self::ResultNotStored,
+        Self::NotRunnable,
+    ];
+
+    /// The code whose text is `text`, as a job or attempt row stores it.
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|code| code.as_str() == text)
+    }
+
     /// The code's text.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -365,7 +385,7 @@ pub const INVALID_OUTPUT_RETRIES: u32 = 2;
 /// The error of a job whose budget of paid calls is spent.
 fn paid_call_limit(spent: &Spent) -> JobError {
     JobError::new(
-        ErrorCode::PaidCallLimit,
+        JobErrorCode::PaidCallLimit,
         format!(
             "the job made {} provider calls that may have been billed, as many as it may pay for",
             spent.paid_calls

@@ -1,7 +1,7 @@
 //! Taking back jobs whose attempt stopped renewing its lease.
 
 use super::{
-    Claim, ErrorCode, JobError, attempt_event_data, lock_claimed, paid_call_limit,
+    Claim, JobError, JobErrorCode, attempt_event_data, lock_claimed, paid_call_limit,
     releasing_update, with_error,
 };
 use crate::db::begin_write;
@@ -94,7 +94,7 @@ async fn expire_lease(
         .col_expr(attempts::Column::FinishedAt, Expr::value(now))
         .col_expr(
             attempts::Column::ErrorCode,
-            Expr::value(ErrorCode::LeaseExpired.as_str()),
+            Expr::value(JobErrorCode::LeaseExpired.as_str()),
         )
         .filter(attempts::Column::JobId.eq(job.id))
         .filter(attempts::Column::RunToken.eq(claim.run_token))
@@ -108,7 +108,7 @@ async fn expire_lease(
         (JobStatus::Queued, EventKind::RetryScheduled, None)
     } else if job.attempt_count >= job.max_attempts {
         let error = JobError::new(
-            ErrorCode::LeaseExpired,
+            JobErrorCode::LeaseExpired,
             format!(
                 "attempt {} stopped renewing its lease and no attempts are left",
                 job.attempt_count
@@ -123,7 +123,7 @@ async fn expire_lease(
         )
     } else if !job.retry_unknown_outcome {
         let error = JobError::new(
-            ErrorCode::OutcomeUnknown,
+            JobErrorCode::OutcomeUnknown,
             "the attempt stopped renewing its lease after its request may have been sent, and the job does not retry unknown outcomes",
         );
         (JobStatus::Failed, EventKind::Failed, Some(error))

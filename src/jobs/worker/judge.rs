@@ -4,7 +4,7 @@
 use crate::billing::{AttemptEnding, CallBound, ChargingPolicy, ModelPrice};
 use crate::jobs::flow;
 use crate::jobs::input::JobInput;
-use crate::jobs::queue::{AttemptReport, Claim, ErrorCode, JobError, JobOutcome};
+use crate::jobs::queue::{AttemptReport, Claim, JobError, JobErrorCode, JobOutcome};
 use crate::llm::TokenUsage;
 use crate::llm::{Completion, ProviderError};
 use entity::{AttemptOutcome, Timestamp, attempts};
@@ -205,7 +205,7 @@ impl CallFacts<'_> {
             )),
             CallEnd::Cancelled => {
                 let error = JobError::new(
-                    ErrorCode::Cancelled,
+                    JobErrorCode::Cancelled,
                     "cancelled while the provider call was running",
                 );
                 (
@@ -221,7 +221,7 @@ impl CallFacts<'_> {
             }
             CallEnd::CancelledBeforeSending => {
                 let error = JobError::new(
-                    ErrorCode::Cancelled,
+                    JobErrorCode::Cancelled,
                     "cancelled before the provider was called",
                 );
                 (
@@ -236,18 +236,18 @@ impl CallFacts<'_> {
                 )
             }
             CallEnd::BudgetSpent => not_sent(
-                ErrorCode::PaidCallLimit,
+                JobErrorCode::PaidCallLimit,
                 "not sent: the job already made as many provider calls that may have been billed as it may pay for",
             ),
             CallEnd::NotServed => not_sent(
-                ErrorCode::ModelNotServed,
+                JobErrorCode::ModelNotServed,
                 "not sent: no configured provider serves this model",
             ),
             CallEnd::AbortedBeforeSending => {
                 // Nothing was sent: the job goes back as if never claimed, and the
                 // row, not billed, spends nothing.
                 let error = JobError::new(
-                    ErrorCode::WorkerShutdown,
+                    JobErrorCode::WorkerShutdown,
                     "not sent: the worker shut down before the call",
                 );
                 (
@@ -267,14 +267,14 @@ impl CallFacts<'_> {
                 // first few such hand-backs of a job count apart from its paid calls
                 // (`budget::FREE_HAND_BACKS`): a rolling restart is the operator's.
                 let error = JobError::new(
-                    ErrorCode::WorkerShutdown,
+                    JobErrorCode::WorkerShutdown,
                     "the worker shut down during the call",
                 );
                 let outcome = if self.claim.job.retry_unknown_outcome {
                     JobOutcome::HandBack
                 } else {
                     JobOutcome::Failed(JobError::new(
-                        ErrorCode::OutcomeUnknown,
+                        JobErrorCode::OutcomeUnknown,
                         "the worker shut down during the call, and the job does not retry unknown outcomes",
                     ))
                 };
@@ -340,7 +340,7 @@ impl CallFacts<'_> {
         };
         match error {
             ProviderError::NotSent { message } => {
-                let error = JobError::new(ErrorCode::ProviderUnavailable, message);
+                let error = JobError::new(JobErrorCode::ProviderUnavailable, message);
                 (
                     failed(AttemptOutcome::RetryableError, error.clone(), None),
                     self.wait_or_fail(error),
@@ -353,7 +353,7 @@ impl CallFacts<'_> {
                 ..
             } => {
                 let error = JobError::new(
-                    ErrorCode::ProviderUnavailable,
+                    JobErrorCode::ProviderUnavailable,
                     format!("provider answered {status}: {message}"),
                 );
                 let mut report = failed(AttemptOutcome::RetryableError, error.clone(), request_id);
@@ -370,7 +370,7 @@ impl CallFacts<'_> {
             } => {
                 let message = tenant_message(self.claim, status, message);
                 let error = JobError::new(
-                    ErrorCode::ProviderRejected,
+                    JobErrorCode::ProviderRejected,
                     format!("provider refused the request with {status}: {message}"),
                 );
                 (
@@ -385,7 +385,7 @@ impl CallFacts<'_> {
     /// The request may have been billed: the cost stays a bound, and the job is retried
     /// only if it allows paying twice.
     fn unknown_outcome(&self, message: String) -> (AttemptReport, JobOutcome) {
-        let error = JobError::new(ErrorCode::OutcomeUnknown, message);
+        let error = JobError::new(JobErrorCode::OutcomeUnknown, message);
         let outcome = if self.claim.job.retry_unknown_outcome {
             self.retry_or_fail(error.clone(), None)
         } else {
@@ -410,7 +410,7 @@ impl CallFacts<'_> {
     /// whatever the answer was, it could not be kept.
     pub(super) fn not_stored(&self, refused: AttemptReport) -> (AttemptReport, JobOutcome) {
         let error = JobError::new(
-            ErrorCode::ResultNotStored,
+            JobErrorCode::ResultNotStored,
             format!(
                 "the outcome of attempt {} could not be stored; the call is recorded with its usage",
                 self.attempt.number
@@ -459,7 +459,7 @@ fn accept(completion: &Completion, input: &JobInput) -> Result<serde_json::Value
     // parser's position or fault kind where it broke — and even the schema paths that
     // fail do: a schema of `allOf: [{not: {pattern: "^.{p}c"}}, …]` fails exactly the
     // branches that spell the reply, character by character. So both texts are fixed.
-    let invalid = |message: &str| JobError::new(ErrorCode::InvalidOutput, message);
+    let invalid = |message: &str| JobError::new(JobErrorCode::InvalidOutput, message);
     let value: serde_json::Value =
         serde_json::from_str(strip_code_fence(&completion.text)).map_err(|_| invalid(NOT_JSON))?;
     // The schema compiled when the job was created; it still does.

@@ -17,7 +17,7 @@ use super::input::JobInput;
 use super::leases::LeaseKeeper;
 use super::observe;
 use super::queue::{
-    self, AttemptStart, Claim, ClaimRequest, Claimed, ErrorCode, JobError, StartedAttempt,
+    self, AttemptStart, Claim, ClaimRequest, Claimed, JobError, JobErrorCode, StartedAttempt,
     TenantCursor,
 };
 use crate::billing::{AttemptEnding, ChargingPolicy, ModelPrice, prices};
@@ -262,7 +262,7 @@ impl Worker {
     /// back for ever.
     async fn abandon(&self, claim: &Claim, reason: String) {
         tracing::error!(job.id = %claim.job.id, reason = %reason, "the job cannot be run");
-        let error = JobError::new(ErrorCode::NotRunnable, reason);
+        let error = JobError::new(JobErrorCode::NotRunnable, reason);
         match queue::abandon_claim(&self.inner.db, claim, &error).await {
             Ok(Some(notice)) => {
                 observe::job_ended(&self.inner.metrics, std::slice::from_ref(&notice));

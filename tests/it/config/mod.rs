@@ -86,6 +86,7 @@ fn settings_without_database() -> Settings {
         config_file: None,
         operations: Default::default(),
         allow_private_webhooks: false,
+        cors_origins: Vec::new(),
     }
 }
 

@@ -212,6 +212,7 @@ async fn metrics_move_off_the_api_port() {
             ..jobledger::config::OperationsSettings::default()
         },
         allow_private_webhooks: false,
+        cors_origins: Vec::new(),
     };
     let application = jobledger::startup::Application::build(settings)
         .await

@@ -28,6 +28,8 @@ pub struct AppOptions {
     pub operations: OperationsSettings,
     /// `--allow-private-webhooks`: on, so that webhooks reach the tests' own servers.
     pub allow_private_webhooks: bool,
+    /// `--cors-origin`: none.
+    pub cors_origins: Vec<String>,
 }
 
 impl Default for AppOptions {
@@ -37,6 +39,7 @@ impl Default for AppOptions {
             config_file: None,
             operations: OperationsSettings::default(),
             allow_private_webhooks: true,
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -189,6 +192,7 @@ async fn spawn_app_at(
         config_file: options.config_file,
         operations: options.operations,
         allow_private_webhooks: options.allow_private_webhooks,
+        cors_origins: options.cors_origins,
     };
     let application = Application::build(settings).await.expect("the app builds");
     let address = application.address().unwrap();

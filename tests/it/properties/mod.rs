@@ -24,7 +24,7 @@ use jobledger::billing::{Credits, ModelPrice, prices};
 use jobledger::db::begin_write;
 use jobledger::error::ServiceError;
 use jobledger::jobs::input::{JobInput, JobRequest, NewJob};
-use jobledger::jobs::queue::{AttemptReport, AttemptStart, ErrorCode, JobError, JobOutcome};
+use jobledger::jobs::queue::{AttemptReport, AttemptStart, JobError, JobErrorCode, JobOutcome};
 use jobledger::llm::TokenUsage;
 use rust_decimal::Decimal;
 use sea_orm::sea_query::Expr;
@@ -302,7 +302,7 @@ fn plan(
                 cached_input_tokens: 0,
                 output_tokens: 0,
             });
-            let error = JobError::new(ErrorCode::ProviderRejected, "rejected");
+            let error = JobError::new(JobErrorCode::ProviderRejected, "rejected");
             (
                 report(
                     AttemptOutcome::PermanentError,
@@ -320,7 +320,7 @@ fn plan(
                 AttemptOutcome::Cancelled,
                 None,
                 false,
-                Some(JobError::new(ErrorCode::Cancelled, "cancelled")),
+                Some(JobError::new(JobErrorCode::Cancelled, "cancelled")),
             ),
             JobOutcome::Cancelled,
             Effect::Release(JobStatus::Cancelled),
@@ -331,7 +331,7 @@ fn plan(
                 AttemptOutcome::Cancelled,
                 None,
                 true,
-                Some(JobError::new(ErrorCode::Cancelled, "not sent")),
+                Some(JobError::new(JobErrorCode::Cancelled, "not sent")),
             ),
             JobOutcome::Cancelled,
             Effect::Release(JobStatus::Cancelled),
@@ -339,11 +339,11 @@ fn plan(
         ),
         Finish::Retry { unknown } => {
             let (outcome, code) = if unknown {
-                (AttemptOutcome::Unknown, ErrorCode::OutcomeUnknown)
+                (AttemptOutcome::Unknown, JobErrorCode::OutcomeUnknown)
             } else {
                 (
                     AttemptOutcome::RetryableError,
-                    ErrorCode::ProviderUnavailable,
+                    JobErrorCode::ProviderUnavailable,
                 )
             };
             let error = JobError::new(code, "try again");
@@ -372,7 +372,7 @@ fn plan(
                 AttemptOutcome::Unknown,
                 None,
                 false,
-                Some(JobError::new(ErrorCode::WorkerShutdown, "shutting down")),
+                Some(JobError::new(JobErrorCode::WorkerShutdown, "shutting down")),
             ),
             JobOutcome::HandBack,
             Effect::Requeue { hand_back: true },
