@@ -3,7 +3,7 @@
 use super::mutation::MessageInput;
 use super::types::{Batch, BatchConnection, BatchEdge, BatchMode, PageInfo};
 use super::{app, principal};
-use crate::billing::reports::Scope;
+use crate::billing::reports::ReportScope;
 use crate::jobs::batches::items::{self, ItemRequest};
 use crate::jobs::batches::{self, BatchRequest, NewBatch, cancel};
 use async_graphql::{Context, InputObject, Json, Object, SimpleObject};
@@ -168,7 +168,7 @@ impl BatchQuery {
         tenant_id: Option<Uuid>,
     ) -> async_graphql::Result<Batch> {
         let db = &app(context).db;
-        let tenant_id = Scope::single_tenant(db, principal(context)?, tenant_id).await?;
+        let tenant_id = ReportScope::single_tenant(db, principal(context)?, tenant_id).await?;
         Ok(batches::read(db, tenant_id, id).await?.into())
     }
 
@@ -182,7 +182,7 @@ impl BatchQuery {
         tenant_id: Option<Uuid>,
     ) -> async_graphql::Result<BatchConnection> {
         let db = &app(context).db;
-        let tenant_id = Scope::single_tenant(db, principal(context)?, tenant_id).await?;
+        let tenant_id = ReportScope::single_tenant(db, principal(context)?, tenant_id).await?;
         let (first, after) = super::types::page_arguments(first, after)?;
         let page = batches::list_batches(db, tenant_id, first, after).await?;
         let edges: Vec<BatchEdge> = page

@@ -5,7 +5,7 @@ use super::scalars::Amount;
 use super::types::{JobStatus, PageInfo};
 use super::{app, principal};
 use crate::billing::Credits;
-use crate::billing::reports::{self, PageRequest, Scope, Window};
+use crate::billing::reports::{self, PageRequest, ReportScope, Window};
 use async_graphql::{Context, Enum, Object, SimpleObject};
 use chrono::{DateTime, Utc};
 use entity::{Timestamp, ledger_entries};
@@ -269,7 +269,7 @@ impl BillingQuery {
         tenant_id: Option<Uuid>,
     ) -> async_graphql::Result<JobCostConnection> {
         let db = &app(context).db;
-        let scope = Scope::for_caller(db, principal(context)?, tenant_id).await?;
+        let scope = ReportScope::for_caller(db, principal(context)?, tenant_id).await?;
         let page = PageRequest::new(first, after.as_deref())?;
         let costs = reports::job_costs(db, scope, window(from, to)?, page).await?;
         let edges: Vec<JobCostEdge> = costs
@@ -306,7 +306,7 @@ impl BillingQuery {
         tenant_id: Option<Uuid>,
     ) -> async_graphql::Result<BillingSummary> {
         let db = &app(context).db;
-        let scope = Scope::for_caller(db, principal(context)?, tenant_id).await?;
+        let scope = ReportScope::for_caller(db, principal(context)?, tenant_id).await?;
         let summary = reports::billing_summary(db, scope, window(Some(from), Some(to))?).await?;
         Ok(summary.into())
     }
@@ -327,7 +327,7 @@ impl BillingQuery {
         tenant_id: Option<Uuid>,
     ) -> async_graphql::Result<LedgerEntryConnection> {
         let db = &app(context).db;
-        let tenant_id = Scope::single_tenant(db, principal(context)?, tenant_id).await?;
+        let tenant_id = ReportScope::single_tenant(db, principal(context)?, tenant_id).await?;
         let page = PageRequest::new(first, after.as_deref())?;
         let entries = reports::credit_ledger(db, tenant_id, page).await?;
         let edges: Vec<LedgerEntryEdge> = entries

@@ -4,7 +4,7 @@ use super::mutation::LabelInput;
 use super::types::{Account, Job, JobConnection, JobEdge, JobStatus, PageInfo};
 use super::{ApiErrorCode, app, principal};
 use crate::accounts::tenants;
-use crate::billing::reports::Scope;
+use crate::billing::reports::ReportScope;
 use crate::jobs::labels::Label;
 use crate::jobs::service::{self, JobFilter};
 use async_graphql::{Context, Object};
@@ -28,7 +28,7 @@ impl JobQuery {
         tenant_id: Option<Uuid>,
     ) -> async_graphql::Result<Job> {
         let db = &app(context).db;
-        let tenant_id = Scope::single_tenant(db, principal(context)?, tenant_id).await?;
+        let tenant_id = ReportScope::single_tenant(db, principal(context)?, tenant_id).await?;
         let job = match (id, idempotency_key) {
             (Some(id), None) => service::find_job(db, tenant_id, id).await?,
             (None, Some(key)) => service::find_job_by_key(db, tenant_id, &key).await?,
@@ -54,7 +54,7 @@ impl JobQuery {
         tenant_id: Option<Uuid>,
     ) -> async_graphql::Result<JobConnection> {
         let db = &app(context).db;
-        let tenant_id = Scope::single_tenant(db, principal(context)?, tenant_id).await?;
+        let tenant_id = ReportScope::single_tenant(db, principal(context)?, tenant_id).await?;
         let (first, after) = super::types::page_arguments(first, after)?;
         let filter = JobFilter {
             status: status.map(Into::into),

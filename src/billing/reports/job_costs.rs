@@ -2,7 +2,7 @@
 //! by one per-job query that the job's `cost` field and the cost dashboard share.
 
 use super::Credits;
-use super::{Page, PageRequest, Scope, Window, unknown_cursor};
+use super::{Page, PageRequest, ReportScope, Window, unknown_cursor};
 use crate::error::ServiceError;
 use entity::{AttemptOutcome, JobStatus, Timestamp, attempts, charges, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait, Order, Query, SelectStatement};
@@ -103,7 +103,7 @@ pub(super) fn count_where(condition: Expr) -> Expr {
 
 /// The jobs of `scope` created in `window` (their id, tenant, model, status and
 /// creation time): the rows that [`per_job_costs`] adds the figures to.
-pub(super) fn jobs_in(scope: Scope, window: Window) -> SelectStatement {
+pub(super) fn jobs_in(scope: ReportScope, window: Window) -> SelectStatement {
     let mut select = Query::select();
     select
         .columns(
@@ -211,7 +211,7 @@ pub async fn costs_of_jobs(
     tenant_id: Uuid,
     job_ids: &[Uuid],
 ) -> Result<Vec<JobCost>, ServiceError> {
-    let mut jobs = jobs_in(Scope::Tenant(tenant_id), Window::default());
+    let mut jobs = jobs_in(ReportScope::Tenant(tenant_id), Window::default());
     jobs.and_where(jobs::Column::Id.is_in(job_ids.iter().copied()));
     let select = per_job_costs(jobs);
     let rows = JobCostRow::find_by_statement(db.get_database_backend().build(&select))
@@ -226,7 +226,7 @@ pub async fn costs_of_jobs(
 /// holds the jobs created before it.
 pub async fn job_costs(
     db: &impl ConnectionTrait,
-    scope: Scope,
+    scope: ReportScope,
     window: Window,
     page: PageRequest,
 ) -> Result<Page<JobCost>, ServiceError> {

@@ -31,14 +31,14 @@ pub const MAX_PAGE_SIZE: u64 = 100;
 
 /// Whose figures a report covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scope {
+pub enum ReportScope {
     /// One tenant's jobs and ledger.
     Tenant(Uuid),
     /// Every tenant's (admins only).
     AllTenants,
 }
 
-impl Scope {
+impl ReportScope {
     /// The scope `principal` may see when it asks for `requested` (a tenant id or none).
     ///
     /// A tenant sees itself: naming no tenant or its own id is the same, naming another
@@ -63,7 +63,7 @@ impl Scope {
         }
     }
 
-    /// The one tenant whose figures `principal` may see, as [`Scope::for_caller`] says,
+    /// The one tenant whose figures `principal` may see, as [`ReportScope::for_caller`] says,
     /// for reports that cover a single tenant: an admin must name it.
     pub async fn single_tenant(
         db: &impl ConnectionTrait,

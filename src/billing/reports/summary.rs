@@ -2,7 +2,7 @@
 
 use super::Credits;
 use super::job_costs::{count_where, jobs_in, per_job_costs, sum_bigint};
-use super::{Scope, Window};
+use super::{ReportScope, Window};
 use crate::error::ServiceError;
 use entity::JobStatus;
 use rust_decimal::{Decimal, RoundingStrategy};
@@ -124,7 +124,7 @@ struct GroupRow {
 /// derived table, grouped by model and status — a handful of rows, folded here.
 pub async fn billing_summary(
     db: &impl ConnectionTrait,
-    scope: Scope,
+    scope: ReportScope,
     window: Window,
 ) -> Result<BillingSummary, ServiceError> {
     let per_job = "per_job";

@@ -1,7 +1,7 @@
 //! Admission: the budgets one claim weighs its candidates against, in rank order.
 
 use super::bucket::Bucket;
-use super::{BucketKey, Deferral, DeferralReason, FlowLimits, RateLimit, Scope};
+use super::{BucketKey, BucketScope, Deferral, DeferralReason, FlowLimits, RateLimit};
 use entity::{Timestamp, rate_limit_buckets};
 use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU32;
@@ -87,7 +87,7 @@ impl Admission {
         for key in busy {
             admission.held.insert(key.clone());
             // Its running jobs may be changing under another claim: none start here.
-            if key.scope == Scope::Tenant
+            if key.scope == BucketScope::Tenant
                 && let Some((tenant_id, _)) = tenants
                     .iter()
                     .find(|(tenant_id, _)| BucketKey::tenant(*tenant_id) == *key)
@@ -122,18 +122,18 @@ impl Admission {
         let key = self.tenant_buckets.get(&tenant_id);
         if key.is_some_and(|key| self.held.contains(key)) {
             return Some(Deferral {
-                scope: Scope::Tenant,
+                scope: BucketScope::Tenant,
                 reason: DeferralReason::Busy,
             });
         }
         if self.tenant_slots.get(&tenant_id) == Some(&0) {
             return Some(Deferral {
-                scope: Scope::Tenant,
+                scope: BucketScope::Tenant,
                 reason: DeferralReason::Concurrency,
             });
         }
         self.shortage(key?).map(|reason| Deferral {
-            scope: Scope::Tenant,
+            scope: BucketScope::Tenant,
             reason,
         })
     }
@@ -143,7 +143,7 @@ impl Admission {
     pub fn admit(&mut self, job: &Weighed<'_>) -> Result<(), Deferral> {
         if self.tenant_slots.get(&job.tenant_id) == Some(&0) {
             return Err(Deferral {
-                scope: Scope::Tenant,
+                scope: BucketScope::Tenant,
                 reason: DeferralReason::Concurrency,
             });
         }
@@ -221,7 +221,7 @@ mod tests {
         };
         assert_eq!(admission.admit(&job(busy_tenant, "m")), Ok(()));
         let concurrency = Deferral {
-            scope: Scope::Tenant,
+            scope: BucketScope::Tenant,
             reason: DeferralReason::Concurrency,
         };
         assert_eq!(admission.admit(&job(busy_tenant, "free")), Err(concurrency));
@@ -230,14 +230,14 @@ mod tests {
         assert_eq!(
             admission.admit(&job(limited_tenant, "free")),
             Err(Deferral {
-                scope: Scope::Tenant,
+                scope: BucketScope::Tenant,
                 reason: DeferralReason::Requests
             })
         );
         assert_eq!(
             admission.model_blocked("m"),
             Some(Deferral {
-                scope: Scope::Model,
+                scope: BucketScope::Model,
                 reason: DeferralReason::Requests
             })
         );
@@ -299,7 +299,7 @@ mod tests {
         assert_eq!(
             admission.admit(&call),
             Err(Deferral {
-                scope: Scope::Model,
+                scope: BucketScope::Model,
                 reason: DeferralReason::Requests,
             })
         );

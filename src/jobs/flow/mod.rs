@@ -100,13 +100,13 @@ impl RateLimit {
 
 /// Whose budget a bucket holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Scope {
+pub enum BucketScope {
     Provider,
     Model,
     Tenant,
 }
 
-impl Scope {
+impl BucketScope {
     /// The name stored in `rate_limit_buckets.scope` and used as a metrics label.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -120,28 +120,28 @@ impl Scope {
 /// One bucket's identity: its scope and the provider's or model's name or tenant id.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct BucketKey {
-    pub scope: Scope,
+    pub scope: BucketScope,
     pub key: String,
 }
 
 impl BucketKey {
     pub fn model(model: &str) -> Self {
         Self {
-            scope: Scope::Model,
+            scope: BucketScope::Model,
             key: model.to_owned(),
         }
     }
 
     pub fn provider(provider: &str) -> Self {
         Self {
-            scope: Scope::Provider,
+            scope: BucketScope::Provider,
             key: provider.to_owned(),
         }
     }
 
     pub fn tenant(tenant_id: Uuid) -> Self {
         Self {
-            scope: Scope::Tenant,
+            scope: BucketScope::Tenant,
             key: tenant_id.to_string(),
         }
     }
@@ -255,7 +255,7 @@ impl FlowLimits {
         };
         match buckets
             .iter_mut()
-            .find(|(key, _)| key.scope == Scope::Model)
+            .find(|(key, _)| key.scope == BucketScope::Model)
         {
             Some((_, limit)) => {
                 limit.requests_per_minute = Some(
@@ -294,7 +294,7 @@ pub fn ramp_limit(paused_until: Timestamp, now: Timestamp) -> Option<NonZeroU32>
 /// What kept a job queued at a claim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Deferral {
-    pub scope: Scope,
+    pub scope: BucketScope,
     pub reason: DeferralReason,
 }
 
@@ -532,16 +532,16 @@ mod tests {
         };
         assert_eq!(
             counting("gpt-a"),
-            [(Scope::Model, Some(TokenCounting::Requested))]
+            [(BucketScope::Model, Some(TokenCounting::Requested))]
         );
         assert_eq!(
             counting("gpt-b"),
-            [(Scope::Model, Some(TokenCounting::Used))]
+            [(BucketScope::Model, Some(TokenCounting::Used))]
         );
         // No provider serves it: counted as used.
         assert_eq!(
             counting("other"),
-            [(Scope::Model, Some(TokenCounting::Used))]
+            [(BucketScope::Model, Some(TokenCounting::Used))]
         );
     }
 }

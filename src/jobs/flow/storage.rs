@@ -1,7 +1,7 @@
 //! The stored buckets: locked and read by a claim, written back with what it took,
 //! topped up by finished calls, and paused by a provider's 429.
 
-use super::{Bucket, BucketKey, Scope};
+use super::{Bucket, BucketKey, BucketScope};
 use crate::db::{Parameters, Values};
 use entity::{Timestamp, rate_limit_buckets};
 use sea_orm::{ConnectionTrait, DbBackend, DbErr, EntityTrait};
@@ -169,7 +169,7 @@ pub async fn pause_model(
          VALUES ({scope}, {key}, {now}, {until})
          ON CONFLICT (scope, key) DO UPDATE SET paused_until =
             {larger}(COALESCE(rate_limit_buckets.paused_until, excluded.paused_until), excluded.paused_until)",
-        scope = parameters.bind(Scope::Model.as_str()),
+        scope = parameters.bind(BucketScope::Model.as_str()),
         key = parameters.bind(model),
         now = parameters.bind(now),
         until = parameters.bind(until),

@@ -2,7 +2,7 @@
 //! queued jobs, found by a skip scan of the queued-jobs index — one probe per group —
 //! with the tenant's rate limits and until when the model was last paused.
 
-use crate::jobs::flow::{self, Deferral, DeferralReason, RateLimit, Scope};
+use crate::jobs::flow::{self, BucketScope, Deferral, DeferralReason, RateLimit};
 use entity::Timestamp;
 use sea_orm::{ConnectionTrait, DbErr, FromQueryResult, Statement};
 use std::num::NonZeroU32;
@@ -31,7 +31,7 @@ impl Visit {
         self.paused_until
             .is_some_and(|until| until > now)
             .then_some(Deferral {
-                scope: Scope::Model,
+                scope: BucketScope::Model,
                 reason: DeferralReason::Paused,
             })
     }
