@@ -72,6 +72,33 @@ impl Default for AuthThrottle {
     }
 }
 
+/// Why a key presented by an address was not looked up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthRefusal {
+    /// The address used up its failures: refused until its window ends.
+    Failures { retry_after: Duration },
+    /// Lookups of the address's other keys held every failure it has left for the
+    /// whole wait: nothing failed, they were slow (many tenants behind one proxy,
+    /// a loaded database). Said apart, so that a tenant is not told its key failed.
+    Busy,
+}
+
+impl AuthRefusal {
+    pub fn retry_after(self) -> Duration {
+        match self {
+            Self::Failures { retry_after } => retry_after,
+            Self::Busy => Duration::from_secs(1),
+        }
+    }
+
+    pub fn message(self) -> &'static str {
+        match self {
+            Self::Failures { .. } => "too many failed authentications from this address",
+            Self::Busy => "too many keys of this address are being checked at once",
+        }
+    }
+}
+
 /// One key lookup's place in its address's failures; it counts as a failure only if
 /// [`AuthAttempt::failed`] is called.
 #[derive(Debug)]
@@ -109,13 +136,12 @@ impl AuthThrottle {
     }
 
     /// A reservation for one lookup of a key presented by `client`, waiting at most
-    /// `wait` while the address's other lookups hold its remaining failures;
-    /// `Err(retry_after)` once it has used up its failures (or the wait ran out).
+    /// `wait` while the address's other lookups hold its remaining failures.
     pub async fn reserve(
         &self,
         client: ClientAddress,
         wait: Duration,
-    ) -> Result<AuthAttempt<'_>, Duration> {
+    ) -> Result<AuthAttempt<'_>, AuthRefusal> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let released = self.released.notified();
@@ -130,10 +156,10 @@ impl AuthThrottle {
                     });
                 }
                 Ok(false) => {}
-                Err(retry_after) => return Err(retry_after),
+                Err(retry_after) => return Err(AuthRefusal::Failures { retry_after }),
             }
             if tokio::time::timeout_at(deadline, released).await.is_err() {
-                return Err(Duration::from_secs(1));
+                return Err(AuthRefusal::Busy);
             }
         }
     }
@@ -435,17 +461,22 @@ mod tests {
         let first = throttle.reserve(client(1), wait).await.unwrap();
         let second = throttle.reserve(client(1), wait).await.unwrap();
         let third = throttle.reserve(client(1), wait).await.unwrap();
-        // A fourth waits for one of them, and gives up after its wait.
-        assert!(throttle.reserve(client(1), wait).await.is_err());
+        // A fourth waits for one of them, and gives up after its wait: nothing failed.
+        assert_eq!(
+            throttle.reserve(client(1), wait).await.unwrap_err(),
+            AuthRefusal::Busy
+        );
         // A valid key gives its place back; a refused one spends it.
         drop(first);
         second.failed();
         let fourth = throttle.reserve(client(1), wait).await.unwrap();
         third.failed();
         fourth.failed();
+        let refusal = throttle.reserve(client(1), wait).await.unwrap_err();
         assert!(
-            throttle.reserve(client(1), wait).await.unwrap_err() > Duration::from_secs(50),
-            "used up: refused until the window ends"
+            matches!(refusal, AuthRefusal::Failures { .. })
+                && refusal.retry_after() > Duration::from_secs(50),
+            "used up: refused until the window ends, not {refusal:?}"
         );
     }
 

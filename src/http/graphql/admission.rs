@@ -60,11 +60,11 @@ pub(in crate::http) async fn authenticate_client(
     let attempt = match presented {
         Some(_) => match state.limits.auth_failures.reserve(client, SLOT_WAIT).await {
             Ok(attempt) => Some(attempt),
-            Err(retry_after) => {
+            Err(refusal) => {
                 return Err(too_many_requests(
                     media_type,
-                    retry_after,
-                    "too many failed authentications from this address",
+                    refusal.retry_after(),
+                    refusal.message(),
                 ));
             }
         },

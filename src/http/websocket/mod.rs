@@ -212,11 +212,12 @@ async fn serve(
             };
             // The same throttle as HTTP: an address that keeps presenting bad keys is
             // turned away without a database query.
-            let Ok(attempt) = limits.auth_failures.reserve(client, SLOT_WAIT).await else {
-                let _ = established.refused.set(CLOSE_TOO_MANY);
-                return Err(async_graphql::Error::new(
-                    "too many failed authentications from this address",
-                ));
+            let attempt = match limits.auth_failures.reserve(client, SLOT_WAIT).await {
+                Ok(attempt) => attempt,
+                Err(refusal) => {
+                    let _ = established.refused.set(CLOSE_TOO_MANY);
+                    return Err(async_graphql::Error::new(refusal.message()));
+                }
             };
             match identify(&app, Some(credential)).await {
                 Ok(Some(identity)) => {
