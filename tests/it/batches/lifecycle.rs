@@ -307,26 +307,29 @@ async fn a_large_batch_never_starves_another_tenants_job(backend: Backend) {
     );
 }
 
+/// The batch as a cancelBatch leaves it after its first transaction: closed and
+/// cancel-requested, its items untouched.
+async fn cancel_asked_and_no_item_reached(app: &crate::helpers::TestApp, id: uuid::Uuid) {
+    use sea_orm::sea_query::Expr;
+    entity::batches::Entity::update_many()
+        .col_expr(
+            entity::batches::Column::Status,
+            Expr::value(entity::BatchStatus::Closed),
+        )
+        .col_expr(entity::batches::Column::CancelRequested, Expr::value(true))
+        .filter(entity::batches::Column::Id.eq(id))
+        .exec(&app.app.db)
+        .await
+        .unwrap();
+}
+
 async fn a_cancel_stopped_mid_way_is_finished_by_the_sweep(backend: Backend) {
     let app = spawn_app_with(backend, AppOptions::no_workers()).await;
     let tenant = app.funded_tenant("acme", "10").await;
     let id = create_batch(&app, &tenant, "b").await;
     assert!(add_items(&app, &tenant, id, &items("d", 0, 30)).await["errors"].is_null());
-    // What a cancelBatch leaves when its process dies after its first transaction: the
-    // batch closed and cancelled, its items untouched.
-    {
-        use sea_orm::sea_query::Expr;
-        entity::batches::Entity::update_many()
-            .col_expr(
-                entity::batches::Column::Status,
-                Expr::value(entity::BatchStatus::Closed),
-            )
-            .col_expr(entity::batches::Column::CancelRequested, Expr::value(true))
-            .filter(entity::batches::Column::Id.eq(id))
-            .exec(&app.app.db)
-            .await
-            .unwrap();
-    }
+    // What a cancelBatch leaves when its process dies after its first transaction.
+    cancel_asked_and_no_item_reached(&app, id).await;
     let finished = wait_until_finished(&app, &tenant, id, Duration::from_secs(30)).await;
     assert_eq!(finished["counts"]["cancelled"], 30, "{finished}");
     assert_eq!(decimal(&finished["reserved"]), Decimal::ZERO);
@@ -346,19 +349,7 @@ async fn no_item_of_a_batch_being_cancelled_is_claimed(backend: Backend) {
         .create_job_ok(&tenant, crate::helpers::job_input("alone", "hello"))
         .await;
     // The cancel's first transaction has committed; none of its item transactions has.
-    {
-        use sea_orm::sea_query::Expr;
-        entity::batches::Entity::update_many()
-            .col_expr(
-                entity::batches::Column::Status,
-                Expr::value(entity::BatchStatus::Closed),
-            )
-            .col_expr(entity::batches::Column::CancelRequested, Expr::value(true))
-            .filter(entity::batches::Column::Id.eq(id))
-            .exec(&app.app.db)
-            .await
-            .unwrap();
-    }
+    cancel_asked_and_no_item_reached(&app, id).await;
     let claims = queue::claim(&app.app.db, ClaimRequest::new(100, Duration::from_secs(30)))
         .await
         .unwrap();
