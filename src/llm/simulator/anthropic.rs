@@ -97,10 +97,11 @@ pub(super) async fn messages(
     };
     let stream = request.stream.unwrap_or(false);
     let conn = conn.map(|Extension(ConnectInfo(conn))| conn);
-    let completion = match admit::<Anthropic>(&sim, conn, request_id, request.into_prompt()).await {
-        Ok(completion) => completion,
-        Err(response) => return response,
-    };
+    let completion =
+        match admit::<Anthropic>(&sim, conn, request_id, request.into_prompt(), &body).await {
+            Ok(completion) => completion,
+            Err(response) => return response,
+        };
     let response = if stream {
         streamed(&completion)
     } else {

@@ -122,6 +122,7 @@ pub(super) async fn admit<D: Dialect>(
     conn: Option<ConnHandle>,
     request_id: String,
     prompt: Prompt,
+    body: &[u8],
 ) -> Result<Completion, Response> {
     let directives = Directives::parse(prompt.texts.iter().map(String::as_str));
     let input_tokens = tokens(prompt.texts.iter().map(String::len).sum());
@@ -134,7 +135,7 @@ pub(super) async fn admit<D: Dialect>(
         Some(Fault::Status(_)) => Charge::FREE,
         _ => Charge::billed(output_tokens),
     };
-    let slot = sim.open_call(&request_id, &prompt.model, input_tokens, if_abandoned);
+    let slot = sim.open_call(&request_id, &prompt.model, input_tokens, body, if_abandoned);
     tracing::debug!(%request_id, model = %prompt.model, ?directives, "mock provider: call");
 
     if let Some(ms) = directives.delay_ms {
@@ -206,7 +207,7 @@ pub(super) fn reject<D: Dialect>(
         .ok()
         .and_then(|value| value.get("model")?.as_str().map(str::to_owned))
         .unwrap_or_default();
-    sim.open_call(request_id, &model, 0, Charge::FREE)
+    sim.open_call(request_id, &model, 0, body, Charge::FREE)
         .settle(400, Charge::FREE);
     let message = format!("invalid request body: {err}");
     error_response::<D>(StatusCode::BAD_REQUEST, &message, request_id, None)

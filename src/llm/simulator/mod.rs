@@ -129,6 +129,21 @@ pub struct CallRecord {
     pub input_tokens: u64,
     /// Completion tokens charged (0 unless billed).
     pub output_tokens: u64,
+    /// The body as received, so that a test can see what a client sent (parameters,
+    /// tools, parts); `null` when it was not JSON. A body over [`LOGGED_BODY_BYTES`]
+    /// is logged as `{"omittedBytes": n}`: the log lives as long as the process.
+    pub request: serde_json::Value,
+}
+
+/// The largest request body the call log keeps whole.
+const LOGGED_BODY_BYTES: usize = 64 * 1024;
+
+/// `body` as the call log keeps it (see [`CallRecord::request`]).
+fn logged_request(body: &[u8]) -> serde_json::Value {
+    if body.len() > LOGGED_BODY_BYTES {
+        return serde_json::json!({"omittedBytes": body.len()});
+    }
+    serde_json::from_slice(body).unwrap_or(serde_json::Value::Null)
 }
 
 impl Simulator {
@@ -197,6 +212,7 @@ impl Simulator {
         request_id: &str,
         model: &str,
         input_tokens: u64,
+        body: &[u8],
         if_abandoned: Charge,
     ) -> CallSlot {
         let mut ledger = self.ledger();
@@ -208,6 +224,7 @@ impl Simulator {
             billed: false,
             input_tokens,
             output_tokens: 0,
+            request: logged_request(body),
         });
         CallSlot {
             sim: self.clone(),

@@ -136,10 +136,11 @@ pub(super) async fn chat_completions(
         .and_then(|options| options.include_usage)
         .unwrap_or(false);
     let conn = conn.map(|Extension(ConnectInfo(conn))| conn);
-    let completion = match admit::<OpenAi>(&sim, conn, request_id, request.into_prompt()).await {
-        Ok(completion) => completion,
-        Err(response) => return response,
-    };
+    let completion =
+        match admit::<OpenAi>(&sim, conn, request_id, request.into_prompt(), &body).await {
+            Ok(completion) => completion,
+            Err(response) => return response,
+        };
     let response = if stream {
         streamed(&completion, include_usage)
     } else {

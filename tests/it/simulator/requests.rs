@@ -63,6 +63,7 @@ async fn calls_endpoint_lists_in_order_and_delete_clears() {
             "model",
             "output_tokens",
             "received_at",
+            "request",
             "request_id",
             "status"
         ]
@@ -82,4 +83,39 @@ async fn calls_endpoint_lists_in_order_and_delete_clears() {
     let listed: Vec<CallRecord> = server.listed_calls().await;
     assert!(listed.is_empty());
     assert!(server.sim.calls().is_empty());
+}
+
+/// Each call lists the body the simulator received, so that a test can check what a
+/// client sent — parameters and tools included; a body that is not JSON is `null`,
+/// and a very large one is not kept whole.
+#[tokio::test]
+async fn each_call_lists_the_request_as_received() {
+    let server = Server::start().await;
+    let mut sent = chat("with parameters");
+    sent["temperature"] = json!(0.25);
+    sent["tools"] = json!([{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]);
+    server.openai(sent.clone()).await;
+    let anthropic = messages("plain");
+    server.anthropic(anthropic.clone()).await;
+    reqwest::Client::new()
+        .post(server.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    let mut large = chat(&"x".repeat(100 * 1024));
+    large["model"] = json!("large");
+    let large_bytes = serde_json::to_vec(&large).unwrap().len();
+    server.openai(large).await;
+    let raw: Value = reqwest::get(server.url("/_mock/calls"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(raw[0]["request"], sent);
+    assert_eq!(raw[1]["request"], anthropic);
+    assert_eq!(raw[2]["request"], Value::Null);
+    assert_eq!(raw[3]["request"], json!({"omittedBytes": large_bytes}));
 }
