@@ -160,30 +160,7 @@ async fn concurrent_creates_with_one_key_make_one_job_and_one_hold(backend: Back
         (0..16).map(|_| app.create_job(&tenant, job_input("race", "the same request"))),
     )
     .await;
-    let ids: std::collections::HashSet<_> = responses
-        .iter()
-        .map(|response| {
-            assert!(
-                response["errors"].is_null(),
-                "a concurrent create failed: {response}"
-            );
-            response["data"]["createJob"]["job"]["id"]
-                .as_str()
-                .unwrap()
-                .to_owned()
-        })
-        .collect();
-    assert_eq!(
-        ids.len(),
-        1,
-        "16 creates with one key made {} jobs",
-        ids.len()
-    );
-    let fresh = responses
-        .iter()
-        .filter(|response| response["data"]["createJob"]["replayed"] == false)
-        .count();
-    assert_eq!(fresh, 1, "exactly one create is not a replay");
+    crate::helpers::one_job_made_once(&responses, "createJob");
     assert_eq!(jobs::Entity::find().count(&app.app.db).await.unwrap(), 1);
     assert_eq!(
         credit_reservations::Entity::find()

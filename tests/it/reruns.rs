@@ -242,30 +242,7 @@ async fn concurrent_reruns_with_one_key_make_one_job_and_one_hold(backend: Backe
     let responses =
         futures_util::future::join_all((0..8).map(|_| rerun(&app, &tenant, original, "one-rerun")))
             .await;
-    let ids: std::collections::HashSet<String> = responses
-        .iter()
-        .map(|response| {
-            assert!(
-                response["errors"].is_null(),
-                "a concurrent rerun failed: {response}"
-            );
-            response["data"]["rerunJob"]["job"]["id"]
-                .as_str()
-                .unwrap()
-                .to_owned()
-        })
-        .collect();
-    assert_eq!(
-        ids.len(),
-        1,
-        "8 reruns with one key made {} jobs",
-        ids.len()
-    );
-    let fresh = responses
-        .iter()
-        .filter(|response| response["data"]["rerunJob"]["replayed"] == false)
-        .count();
-    assert_eq!(fresh, 1, "exactly one rerun is not a replay");
+    crate::helpers::one_job_made_once(&responses, "rerunJob");
     let db = &app.app.db;
     assert_eq!(jobs::Entity::find().count(db).await.unwrap(), 2);
     assert_eq!(

@@ -72,3 +72,31 @@ pub fn job_input(idempotency_key: &str, content: &str) -> Value {
         "maxOutputTokens": 100,
     })
 }
+
+/// The answers to the same mutation sent concurrently under one key (`createJob`,
+/// `rerunJob`, …, named by `field`): every one succeeded, all name one job, and exactly
+/// one made it (the others are replays).
+pub fn one_job_made_once(responses: &[Value], field: &str) {
+    let ids: std::collections::HashSet<&str> = responses
+        .iter()
+        .map(|response| {
+            assert!(
+                response["errors"].is_null(),
+                "a concurrent {field} failed: {response}"
+            );
+            response["data"][field]["job"]["id"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(
+        ids.len(),
+        1,
+        "{} {field} calls with one key made {} jobs",
+        responses.len(),
+        ids.len()
+    );
+    let fresh = responses
+        .iter()
+        .filter(|response| response["data"][field]["replayed"] == false)
+        .count();
+    assert_eq!(fresh, 1, "exactly one {field} is not a replay");
+}

@@ -35,5 +35,5 @@ pub use app::{
 };
 pub use backends::{Backend, TestDatabase};
 pub use graphql::{decimal, error_code};
-pub use jobs::{event_kinds, job_input};
+pub use jobs::{event_kinds, job_input, one_job_made_once};
 pub use tenants::TestTenant;
