@@ -24,13 +24,14 @@ const LARGE_BODY_BYTES: usize = 64 * 1024;
 /// What serving a body costs in memory, as a multiple of its size: it is parsed as
 /// JSON, as GraphQL input, as job inputs and bound as statement parameters, each a
 /// copy. A chunk of a thousand 15 KB documents (15 MiB) took 60 MiB on SQLite and
-/// 117 MiB on PostgreSQL while it was served.
-const MEMORY_PER_BODY_BYTE: usize = 8;
+/// 117–156 MiB on PostgreSQL while it was served.
+const MEMORY_PER_BODY_BYTE: usize = 10;
 
 /// What the large bodies being read or served at once may cost together, counted at
-/// [`MEMORY_PER_BODY_BYTE`]: four 16 MiB chunks at once, or sixty-four of 1 MiB.
+/// [`MEMORY_PER_BODY_BYTE`]: three 16 MiB chunks at once, or fifty of 1 MiB.
 /// (Counting received bytes alone, 12 chunks of 15 MiB were admitted together and
-/// the process reached 1.4 GiB.)
+/// the process reached 1.4 GiB; counting 8 bytes a byte, 4 were, and it reached
+/// 681 MiB on PostgreSQL.)
 const LARGE_BODIES_BUDGET: usize = 512 * 1024 * 1024;
 
 /// How long a large body waits for room in the budget before it is refused.
