@@ -207,10 +207,16 @@ pub struct SeriesPoint {
     pub provider_cost: Amount,
     /// Σ charges of those jobs.
     pub customer_charges: Amount,
-    /// Attempts beyond each job's first ÷ the jobs' attempts; 0 without attempts.
+    /// `customerCharges − providerCost`.
+    pub margin: Amount,
+    /// Attempt rows of those jobs, failures and unknown outcomes included.
+    pub provider_attempts: i64,
+    /// Attempts beyond each job's first ÷ `providerAttempts`; 0 without attempts.
     pub retry_rate: f64,
     /// Attempts of those jobs whose outcome is `UNKNOWN`.
     pub unknown_outcomes: i64,
+    /// Attempts of those jobs whose worker's lease lapsed (`LEASE_EXPIRED`).
+    pub lease_expirations: i64,
 }
 
 impl From<reports::SeriesPoint> for SeriesPoint {
@@ -222,8 +228,11 @@ impl From<reports::SeriesPoint> for SeriesPoint {
             jobs_failed: point.jobs_failed,
             provider_cost: money(point.provider_cost),
             customer_charges: money(point.customer_charges),
+            margin: money(point.margin()),
+            provider_attempts: point.provider_attempts,
             retry_rate: point.retry_rate(),
             unknown_outcomes: point.unknown_outcomes,
+            lease_expirations: point.lease_expirations,
         }
     }
 }

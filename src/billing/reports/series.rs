@@ -41,6 +41,7 @@ pub struct SeriesPoint {
     /// Attempts beyond each job's first.
     pub retries: i64,
     pub unknown_outcomes: i64,
+    pub lease_expirations: i64,
     /// Σ exact attempt costs.
     pub provider_cost: Credits,
     pub customer_charges: Credits,
@@ -56,6 +57,7 @@ impl SeriesPoint {
             provider_attempts: 0,
             retries: 0,
             unknown_outcomes: 0,
+            lease_expirations: 0,
             provider_cost: Credits::ZERO,
             customer_charges: Credits::ZERO,
         }
@@ -69,6 +71,11 @@ impl SeriesPoint {
             self.retries as f64 / self.provider_attempts as f64
         }
     }
+
+    /// `customer_charges − provider_cost`.
+    pub fn margin(&self) -> Credits {
+        self.customer_charges - self.provider_cost
+    }
 }
 
 /// The totals of one (interval, status) group of jobs.
@@ -80,6 +87,7 @@ struct PointRow {
     attempts: i64,
     jobs_with_attempts: i64,
     unknown_outcomes: i64,
+    lease_expirations: i64,
     provider_cost_nanos: i64,
     customer_charge_nanos: i64,
 }
@@ -125,6 +133,7 @@ pub async fn billing_series(
         .expr_as(total("attempts"), "attempts")
         .expr_as(count_where(column("attempts").gt(0)), "jobs_with_attempts")
         .expr_as(total("unknown_outcomes"), "unknown_outcomes")
+        .expr_as(total("lease_expirations"), "lease_expirations")
         .expr_as(total("provider_cost_nanos"), "provider_cost_nanos")
         .expr_as(total("customer_charge_nanos"), "customer_charge_nanos")
         .from_subquery(per_job_costs(jobs_in(scope, window)), per_job)
@@ -152,6 +161,7 @@ pub async fn billing_series(
         point.provider_attempts += row.attempts;
         point.retries += row.attempts - row.jobs_with_attempts;
         point.unknown_outcomes += row.unknown_outcomes;
+        point.lease_expirations += row.lease_expirations;
         point.provider_cost = point.provider_cost + Credits::from_nanos(row.provider_cost_nanos);
         point.customer_charges =
             point.customer_charges + Credits::from_nanos(row.customer_charge_nanos);

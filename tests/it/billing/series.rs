@@ -131,16 +131,38 @@ async fn series_and_labels_add_up_to_the_summary_and_the_jobs_costs(backend: Bac
         .operation(Some(&acme.key), "BillingSummary", window.clone())
         .await;
     let summary = data(&response, "billingSummary");
+    // Beyond the contract, a point has the margin, attempts and lease expirations the
+    // console's per-day tables show.
+    let extended = crate::contract::operation("BillingSeries").replacen(
+        "unknownOutcomes",
+        "unknownOutcomes margin providerAttempts leaseExpirations",
+        1,
+    );
+    let response = app
+        .graphql(Some(&acme.key), &extended, variables.clone())
+        .await;
+    let extended_points = data(&response, "billingSeries").as_array().unwrap();
     for field in [
         "jobsCreated",
         "jobsSucceeded",
         "jobsFailed",
         "unknownOutcomes",
+        "providerAttempts",
+        "leaseExpirations",
     ] {
-        assert_eq!(json!(count(&points, field)), summary[field], "{field}");
+        assert_eq!(
+            json!(count(extended_points, field)),
+            summary[field],
+            "{field}"
+        );
     }
-    for field in ["providerCost", "customerCharges"] {
-        assert_eq!(sum(&points, field), decimal(&summary[field]), "{field}");
+    assert!(summary["providerAttempts"].as_i64().unwrap() >= 4);
+    for field in ["providerCost", "customerCharges", "margin"] {
+        assert_eq!(
+            sum(extended_points, field),
+            decimal(&summary[field]),
+            "{field}"
+        );
     }
     assert!(decimal(&summary["providerCost"]) > Decimal::ZERO);
     // The latest point holds a job of one attempt and one retried once: 1 retry of 3.
