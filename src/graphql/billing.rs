@@ -184,6 +184,86 @@ impl From<reports::BillingSummary> for BillingSummary {
     }
 }
 
+/// The length of one point of a `billingSeries`.
+#[derive(Enum, Clone, Copy, Debug, PartialEq, Eq)]
+#[graphql(remote = "reports::SeriesInterval")]
+pub enum SeriesInterval {
+    Hour,
+    Day,
+}
+
+/// The jobs created in one interval of a `billingSeries`, with the figures of
+/// `billingSummary` over that interval.
+#[derive(SimpleObject)]
+pub struct SeriesPoint {
+    /// Where the interval starts; it ends at the next point's start (the last one at
+    /// `to`).
+    pub start: DateTime<Utc>,
+    /// Jobs created in the interval, whatever their status.
+    pub jobs_created: i64,
+    pub jobs_succeeded: i64,
+    pub jobs_failed: i64,
+    /// Σ exact attempt costs of those jobs.
+    pub provider_cost: Amount,
+    /// Σ charges of those jobs.
+    pub customer_charges: Amount,
+    /// `customerCharges − providerCost`.
+    pub margin: Amount,
+    /// Attempt rows of those jobs, failures and unknown outcomes included.
+    pub provider_attempts: i64,
+    /// Attempts beyond each job's first ÷ `providerAttempts`; 0 without attempts.
+    pub retry_rate: f64,
+    /// Attempts of those jobs whose outcome is `UNKNOWN`.
+    pub unknown_outcomes: i64,
+    /// Attempts of those jobs whose worker's lease lapsed (`LEASE_EXPIRED`).
+    pub lease_expirations: i64,
+}
+
+impl From<reports::SeriesPoint> for SeriesPoint {
+    fn from(point: reports::SeriesPoint) -> Self {
+        Self {
+            start: time(point.start),
+            jobs_created: point.jobs_created,
+            jobs_succeeded: point.jobs_succeeded,
+            jobs_failed: point.jobs_failed,
+            provider_cost: money(point.provider_cost),
+            customer_charges: money(point.customer_charges),
+            margin: money(point.margin()),
+            provider_attempts: point.provider_attempts,
+            retry_rate: point.retry_rate(),
+            unknown_outcomes: point.unknown_outcomes,
+            lease_expirations: point.lease_expirations,
+        }
+    }
+}
+
+/// The jobs created in a window that carry one value of a label.
+#[derive(SimpleObject)]
+pub struct LabelBilling {
+    /// The label's value.
+    pub value: String,
+    /// Jobs with `key=value` created in the window.
+    pub jobs: i64,
+    /// Σ exact attempt costs of those jobs.
+    pub provider_cost: Amount,
+    /// Σ charges of those jobs.
+    pub customer_charges: Amount,
+    /// `customerCharges − providerCost`.
+    pub margin: Amount,
+}
+
+impl From<reports::LabelBilling> for LabelBilling {
+    fn from(label: reports::LabelBilling) -> Self {
+        Self {
+            provider_cost: money(label.provider_cost),
+            customer_charges: money(label.customer_charges),
+            margin: money(label.margin()),
+            jobs: label.jobs,
+            value: label.value,
+        }
+    }
+}
+
 /// A movement of credits; the amount is positive and the kind gives the direction.
 #[derive(Enum, Clone, Copy, Debug, PartialEq, Eq)]
 #[graphql(remote = "entity::LedgerEntryKind")]
@@ -309,6 +389,52 @@ impl BillingQuery {
         let scope = ReportScope::for_caller(db, principal(context)?, tenant_id).await?;
         let summary = reports::billing_summary(db, scope, window(Some(from), Some(to))?).await?;
         Ok(summary.into())
+    }
+
+    /// One point per `interval` over `[from, to)`, each the `billingSummary` figures of
+    /// the jobs created in it, so that the points add up to the summary of the window.
+    /// The points start at `from` (not at a UTC hour or midnight: a client picks its own
+    /// day boundaries) and every interval has one, zeros when no job was created in it;
+    /// the last one is cut at `to`. At most 1000 points (`VALIDATION` beyond).
+    ///
+    /// A tenant sees its own figures (naming another `tenantId` is `FORBIDDEN`); an
+    /// admin sees the named tenant's, or every tenant's when `tenantId` is omitted.
+    #[graphql(complexity = "super::cost::REPORT_COMPLEXITY + child_complexity")]
+    async fn billing_series(
+        &self,
+        context: &Context<'_>,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        interval: SeriesInterval,
+        tenant_id: Option<Uuid>,
+    ) -> async_graphql::Result<Vec<SeriesPoint>> {
+        let db = &app(context).db;
+        let scope = ReportScope::for_caller(db, principal(context)?, tenant_id).await?;
+        let series =
+            reports::billing_series(db, scope, from.into(), to.into(), interval.into()).await?;
+        Ok(series.into_iter().map(SeriesPoint::from).collect())
+    }
+
+    /// One row per value of the label `key` among the jobs created in `[from, to)`,
+    /// sorted by value: how many jobs carry it and what they cost and paid. Jobs
+    /// without the label are in no row, so the rows add up to the labelled jobs only.
+    ///
+    /// A tenant sees its own figures (naming another `tenantId` is `FORBIDDEN`); an
+    /// admin sees the named tenant's, or every tenant's when `tenantId` is omitted.
+    #[graphql(complexity = "super::cost::REPORT_COMPLEXITY + child_complexity")]
+    async fn billing_by_label(
+        &self,
+        context: &Context<'_>,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        key: String,
+        tenant_id: Option<Uuid>,
+    ) -> async_graphql::Result<Vec<LabelBilling>> {
+        let db = &app(context).db;
+        let scope = ReportScope::for_caller(db, principal(context)?, tenant_id).await?;
+        let rows =
+            reports::billing_by_label(db, scope, window(Some(from), Some(to))?, &key).await?;
+        Ok(rows.into_iter().map(LabelBilling::from).collect())
     }
 
     /// The tenant's credit ledger, newest first, `first` at a time (default 20, at most

@@ -435,11 +435,21 @@ await check('the billing charts show the same totals as billingSummary', async (
     await new Promise((resolve) => setTimeout(resolve, 1_000));
   }
   assert(nanos(expired) > 0n && nanos(expired) <= nanos('1'), `expired: ${expired}`);
+  // The charts are fed by one billingSeries request, not one billingSummary a day.
+  const operations = [];
+  const record = (request) => {
+    const body = request.postData() ?? '';
+    for (const name of ['billingSeries', 'billingSummary']) if (body.includes(`${name}(`)) operations.push(name);
+  };
+  page.on('request', record);
   await page.getByRole('link', { name: 'Billing' }).click();
   await page.getByTestId('balance-available').waitFor();
   await page.getByTestId('balance-expired').filter({ hasText: `${expired} cr` }).waitFor();
   await page.getByTestId('ledger').locator('tbody tr', { hasText: 'EXPIRY' }).first().waitFor();
   await chartTotalsMatch(tenantKey);
+  page.off('request', record);
+  const count = (name) => operations.filter((operation) => operation === name).length;
+  assert(count('billingSeries') === 1 && count('billingSummary') === 1, `requests: ${operations}`);
   // A chosen period: the last three days.
   await page.locator('#period').selectOption('custom');
   const day = (offset) => new Date(Date.now() - offset * 86_400_000).toISOString().slice(0, 10);

@@ -17,9 +17,7 @@ const NOT_YET_SERVED: &[&str] = &[
     "Models",
     // Job lifecycle: deadlines and each attempt's model.
     "JobLifecycle",
-    // A frontend calling directly: time series, labels, resumable stream, tokens.
-    "BillingSeries",
-    "BillingByLabel",
+    // A frontend calling directly: resumable stream, tokens.
     "AccountJobUpdatesFrom",
     "CreateAccessToken",
 ];
@@ -95,6 +93,12 @@ fn variables(name: &str) -> Value {
             "from": "2026-01-01T00:00:00Z", "to": "2026-02-01T00:00:00.5Z", "first": 5, "after": id
         }),
         "BillingSummary" => json!({"from": "2026-01-01T00:00:00Z", "to": "2026-02-01T00:00:00Z"}),
+        "BillingSeries" => json!({
+            "from": "2026-01-01T00:00:00Z", "to": "2026-02-01T00:00:00Z", "interval": "DAY"
+        }),
+        "BillingByLabel" => json!({
+            "from": "2026-01-01T00:00:00Z", "to": "2026-02-01T00:00:00Z", "key": "customer"
+        }),
         "CreditLedger" => json!({"first": 5, "after": id}),
         "CreateTenant" => json!({"name": "acme"}),
         "CreateApiKey" => json!({"name": "ci", "tenantId": id}),

@@ -11,10 +11,14 @@
 
 mod job_costs;
 mod ledger;
+mod series;
 mod summary;
 
 pub use job_costs::{JobCost, costs_of_jobs, job_costs};
 pub use ledger::credit_ledger;
+pub use series::{
+    LabelBilling, MAX_SERIES_POINTS, SeriesInterval, SeriesPoint, billing_by_label, billing_series,
+};
 pub use summary::{BillingSummary, ModelBilling, billing_summary};
 
 use super::Credits;

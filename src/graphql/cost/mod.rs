@@ -123,9 +123,9 @@ pub fn page_complexity(first: Option<i32>, child_complexity: usize) -> usize {
 /// up to megabytes loaded and sent whole, so it weighs as much as 50 plain fields.
 pub const DOCUMENT_FIELD_COMPLEXITY: usize = 50;
 
-/// The weight of an aggregate report over a tenant's whole history
-/// (`billingSummary`): a few of them fill a request's budget, so that one tenant's
-/// requests cannot hold the database with dozens of aggregates at once.
+/// The weight of an aggregate report over a tenant's whole history (`billingSummary`,
+/// `billingSeries`, `billingByLabel`): a few of them fill a request's budget, so that
+/// one tenant's requests cannot hold the database with dozens of aggregates at once.
 pub const REPORT_COMPLEXITY: usize = 2_500;
 
 /// Attempts a job lists, for the complexity estimate: its most paid calls. Hand-backs

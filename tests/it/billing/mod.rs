@@ -5,6 +5,7 @@
 mod dashboards;
 mod figures;
 mod paging;
+mod series;
 
 use crate::helpers::{AppOptions, TestApp, decimal};
 use chrono::{DateTime, SecondsFormat, Utc};
