@@ -20,7 +20,6 @@ const NOT_YET_SERVED: &[&str] = &[
     // A frontend calling directly: time series, labels, resumable stream, tokens.
     "BillingSeries",
     "BillingByLabel",
-    "AccountJobUpdatesFrom",
     "CreateAccessToken",
 ];
 
