@@ -139,6 +139,9 @@ async fn a_resumed_stream_delivers_what_it_missed_once_then_live_events(backend:
             .unwrap();
     }
 
+    // Long enough for every notice of them to have gone by, and for them to be out of
+    // reach of a live stream's re-read (a stream that did not catch up would miss them).
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let mut owed = stored(&worker, &acme).await;
     owed.get_mut(&first).unwrap().drain(..before.len());
     let owed_count: usize = owed.values().map(Vec::len).sum();
