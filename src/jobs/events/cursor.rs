@@ -57,7 +57,10 @@ impl Cursor {
     pub fn parse(text: &str, tenant_id: Uuid) -> Result<Self, ServiceError> {
         let invalid = || ServiceError::validation("not a cursor of this account's job updates");
         let bytes = URL_SAFE_NO_PAD.decode(text).map_err(|_| invalid())?;
-        if bytes.len() < HEADER || (bytes.len() - HEADER) % JOB != 0 || bytes[0] != VERSION {
+        if bytes.len() < HEADER
+            || !(bytes.len() - HEADER).is_multiple_of(JOB)
+            || bytes[0] != VERSION
+        {
             return Err(invalid());
         }
         let uuid = |at: usize| Uuid::from_slice(&bytes[at..at + 16]).expect("16 bytes");
