@@ -4,6 +4,7 @@ use super::types::{BatchUpdate, JobEvent};
 use super::{ApiErrorCode, app, principal};
 use crate::error::ServiceError;
 use crate::jobs::bus::{MAX_SUBSCRIPTIONS_PER_TENANT, SubscriptionSlot};
+use crate::jobs::events::cursor::Cursor;
 use crate::jobs::{batches, events, service};
 use async_graphql::{Context, Subscription};
 use futures_util::{Stream, StreamExt};
@@ -37,15 +38,28 @@ impl SubscriptionRoot {
     }
 
     /// Every event of the caller's jobs from now on, live (output deltas excepted:
-    /// follow one job's `jobUpdates` for those). Never completes by itself.
+    /// follow one job's `jobUpdates` for those), each with its `cursor`. With `after`
+    /// (a cursor of this account), first the stored events that cursor had not seen,
+    /// then live ones: each event once, in order within each job. Never completes by
+    /// itself.
     async fn account_job_updates(
         &self,
         context: &Context<'_>,
+        after: Option<String>,
     ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<JobEvent>> + use<>> {
         let tenant_id = principal(context)?.tenant_id()?;
+        let after = after
+            .map(|text| Cursor::parse(&text, tenant_id))
+            .transpose()?;
         let app = app(context);
         let slots = admit(context, tenant_id)?;
-        let updates = events::account_updates(app.db.clone(), &app.bus, tenant_id);
+        let updates =
+            events::account_updates(app.db.clone(), &app.bus, tenant_id, after).map(|update| {
+                update.map(|(event, cursor)| JobEvent {
+                    event,
+                    cursor: Some(cursor),
+                })
+            });
         Ok(served(updates, slots))
     }
 
@@ -159,13 +173,13 @@ fn admit(context: &Context<'_>, tenant_id: Uuid) -> async_graphql::Result<Slots>
 
 /// The stream a client sees, holding its slots until it ends.
 fn served(
-    updates: impl Stream<Item = Result<entity::job_events::Model, sea_orm::DbErr>> + Send + 'static,
+    updates: impl Stream<Item = Result<impl Into<JobEvent>, sea_orm::DbErr>> + Send + 'static,
     slots: Slots,
 ) -> impl Stream<Item = async_graphql::Result<JobEvent>> {
     updates.map(move |event| {
         let _held = &slots;
         event
-            .map(JobEvent)
+            .map(Into::into)
             .map_err(|error| ServiceError::from(error).into())
     })
 }

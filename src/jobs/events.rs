@@ -6,9 +6,11 @@
 //! notices is told so and re-reads, so a stream loses nothing and never polls; the
 //! account streams of one tenant share their re-reads (see [`reread`]).
 
+pub mod cursor;
 pub(crate) mod reread;
 
 use super::bus::{EventBus, EventNotice, StoredEvent, Wake};
+use cursor::{Cursor, SeenJob};
 use entity::{EventKind, JsonText, Timestamp, job_events, jobs};
 use futures_util::Stream;
 use sea_orm::{
@@ -169,17 +171,48 @@ pub fn job_updates(
 }
 
 /// Every stored event of the tenant's jobs from now on, each once, in order within
-/// each job; live deltas are left to `job_updates`. Runs until dropped.
+/// each job, with the cursor that resumes right after it; live deltas are left to
+/// `job_updates`. Resumed from `after`, it first delivers the stored events the cursor
+/// had not seen, a page at a time (see [`cursor`]). Runs until dropped.
 pub fn account_updates(
     db: DatabaseConnection,
     bus: &EventBus,
     tenant_id: Uuid,
-) -> impl Stream<Item = Result<job_events::Model, DbErr>> + use<> {
+    after: Option<Cursor>,
+) -> impl Stream<Item = Result<(job_events::Model, String), DbErr>> + use<> {
+    // Watching before the first read means no event stored meanwhile, by this process
+    // or another, can slip between the catch-up and the live part: it is read, or
+    // heard, or both (then the per-job seqs drop the second).
     let mut notices = bus.watch_tenant(tenant_id);
     let rereads = bus.tenant_rereads(tenant_id);
     let since = Timestamp::now();
     async_stream::try_stream! {
-        let mut delivered = Delivered::default();
+        let mut delivered = Delivered::new(tenant_id, after.as_ref().map_or(since, |cursor| cursor.from));
+        if let Some(cursor) = after {
+            delivered.seed(&cursor);
+            let mut last = None;
+            loop {
+                let page = cursor::stored_page(&db, tenant_id, cursor.from, last.as_ref()).await?;
+                let full = page.len() as u64 >= cursor::CATCH_UP_PAGE;
+                for event in page {
+                    // Stamped by different processes' clocks, a job's events may come
+                    // out of `at` order: a gap is filled from the job's own timeline.
+                    let events = match delivered.last_seq(event.job_id) {
+                        Some(seq) if event.seq > seq + 1 => events_after(&db, event.job_id, seq).await?,
+                        _ => vec![event.clone()],
+                    };
+                    for event in events {
+                        if let Some(cursor) = delivered.deliver(&event) {
+                            yield (event, cursor);
+                        }
+                    }
+                    last = Some(event);
+                }
+                if !full {
+                    break;
+                }
+            }
+        }
         let mut caught_up_at = since;
         loop {
             let events = match notices.next().await {
@@ -199,8 +232,7 @@ pub fn account_updates(
                     }
                 }
                 Wake::Missed => {
-                    let reread_from = caught_up_at
-                        .plus(-chrono::Duration::from_std(CLOCK_SKEW_MARGIN).expect("a small duration"));
+                    let reread_from = caught_up_at.plus(-margin());
                     let now = Timestamp::now();
                     let events = rereads.since(&db, reread_from.max(since), now).await?;
                     caught_up_at = now;
@@ -208,40 +240,78 @@ pub fn account_updates(
                 }
             };
             for event in events {
-                if delivered.last_seq(event.job_id).is_some_and(|seq| event.seq <= seq) {
-                    continue;
+                if let Some(cursor) = delivered.deliver(&event) {
+                    yield (event, cursor);
                 }
-                delivered.record(&event);
-                yield event;
             }
         }
     }
 }
 
+fn margin() -> chrono::Duration {
+    chrono::Duration::from_std(CLOCK_SKEW_MARGIN).expect("a small duration")
+}
+
 /// What an account stream already delivered: the last seq of each job it has seen,
 /// forgetting finished jobs after a while so that the map stays small.
-#[derive(Default)]
 struct Delivered {
+    tenant_id: Uuid,
+    /// The earliest `from` its cursors may name: the stream owes nothing stamped
+    /// before it started (or before the cursor it resumed from).
+    floor: Timestamp,
     jobs: HashMap<Uuid, DeliveredJob>,
     last_pruned: Option<Instant>,
 }
 
 struct DeliveredJob {
     seq: i32,
+    at: Timestamp,
+    /// When the job may start to be forgotten: once finished, or once known from a
+    /// cursor (whose own jobs the stream does not follow).
     finished_at: Option<Instant>,
 }
 
 impl Delivered {
+    fn new(tenant_id: Uuid, floor: Timestamp) -> Self {
+        Self {
+            tenant_id,
+            floor,
+            jobs: HashMap::new(),
+            last_pruned: None,
+        }
+    }
+
+    fn seed(&mut self, cursor: &Cursor) {
+        for job in &cursor.seen {
+            self.jobs.insert(
+                job.job_id,
+                DeliveredJob {
+                    seq: job.seq,
+                    at: job.at,
+                    finished_at: Some(Instant::now()),
+                },
+            );
+        }
+    }
+
     fn last_seq(&self, job_id: Uuid) -> Option<i32> {
         self.jobs.get(&job_id).map(|job| job.seq)
     }
 
-    fn record(&mut self, event: &job_events::Model) {
+    /// Records `event` and returns the cursor after it, unless it was delivered before.
+    fn deliver(&mut self, event: &job_events::Model) -> Option<String> {
+        if self
+            .last_seq(event.job_id)
+            .is_some_and(|seq| event.seq <= seq)
+        {
+            return None;
+        }
         let finished_at = event.kind.is_terminal().then(Instant::now);
         self.jobs.insert(
             event.job_id,
             DeliveredJob {
                 seq: event.seq,
+                at: event.at,
                 finished_at,
             },
         );
@@ -254,6 +324,26 @@ impl Delivered {
                 job.finished_at
                     .is_none_or(|at| at.elapsed() < FINISHED_MEMORY)
             });
+        }
+        Some(self.cursor_after(event).encode())
+    }
+
+    fn cursor_after(&self, event: &job_events::Model) -> Cursor {
+        let from = event.at.plus(-margin()).max(self.floor);
+        let seen = self
+            .jobs
+            .iter()
+            .filter(|(_, job)| job.at >= from)
+            .map(|(&job_id, job)| SeenJob {
+                job_id,
+                seq: job.seq,
+                at: job.at,
+            })
+            .collect();
+        Cursor {
+            tenant_id: self.tenant_id,
+            from,
+            seen,
         }
     }
 }

@@ -17,8 +17,7 @@ const NOT_YET_SERVED: &[&str] = &[
     "Models",
     // Job lifecycle: deadlines and each attempt's model.
     "JobLifecycle",
-    // A frontend calling directly: resumable stream, tokens.
-    "AccountJobUpdatesFrom",
+    // A frontend calling directly: scoped tokens.
     "CreateAccessToken",
 ];
 

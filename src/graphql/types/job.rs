@@ -264,7 +264,7 @@ impl Job {
         Ok(events
             .unwrap_or_default()
             .into_iter()
-            .map(JobEvent)
+            .map(JobEvent::from)
             .collect())
     }
 }
@@ -302,41 +302,60 @@ impl Job {
 
 /// One entry of a job's timeline.
 #[derive(Clone)]
-pub struct JobEvent(pub job_events::Model);
+pub struct JobEvent {
+    pub event: job_events::Model,
+    /// Where `accountJobUpdates` resumes right after this event.
+    pub cursor: Option<String>,
+}
+
+impl From<job_events::Model> for JobEvent {
+    fn from(event: job_events::Model) -> Self {
+        Self {
+            event,
+            cursor: None,
+        }
+    }
+}
 
 #[Object]
 impl JobEvent {
+    /// Opaque; on the events of `accountJobUpdates` only: pass it as `after` to resume
+    /// right after this event.
+    async fn cursor(&self) -> Option<&str> {
+        self.cursor.as_deref()
+    }
+
     /// 1, 2, 3 … within the job; subscriptions resume after a seq.
     async fn seq(&self) -> i32 {
-        self.0.seq
+        self.event.seq
     }
 
     async fn job_id(&self) -> Uuid {
-        self.0.job_id
+        self.event.job_id
     }
 
     async fn kind(&self) -> EventKind {
-        self.0.kind.into()
+        self.event.kind.into()
     }
 
     /// The job's status right after the event.
     async fn status(&self) -> JobStatus {
-        self.0.status.into()
+        self.event.status.into()
     }
 
     async fn at(&self) -> DateTime<Utc> {
-        time(self.0.at)
+        time(self.event.at)
     }
 
     /// Details: the attempt number, its outcome and error; `modelPausedUntil` when the
     /// provider's 429 paused the job's model for every worker.
     async fn data(&self) -> Option<Json<serde_json::Value>> {
-        self.0.data.clone().map(|data| Json(data.0))
+        self.event.data.clone().map(|data| Json(data.0))
     }
 
     /// The text an `OUTPUT_DELTA` event carries.
     async fn delta(&self) -> Option<&str> {
-        self.0.data.as_ref()?.0.get("delta")?.as_str()
+        self.event.data.as_ref()?.0.get("delta")?.as_str()
     }
 }
 

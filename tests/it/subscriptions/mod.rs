@@ -7,6 +7,7 @@ mod account_updates;
 mod caps;
 mod job_updates;
 mod keys;
+mod resume;
 mod sse;
 
 use crate::contract::operation;
