@@ -3,12 +3,11 @@
 
 use crate::helpers::{AppOptions, Backend, TestApp, spawn_app_with};
 use async_graphql::parser::types::{TypeKind, TypeSystemDefinition};
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::time::Duration;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 /// The values of the enum `name` in the served schema.
 fn schema_enum(name: &str) -> BTreeSet<String> {
@@ -179,23 +178,7 @@ async fn requests_that_are_not_graphql_requests_are_bad_requests() {
 /// with: those of a `next` message (async-graphql sends a document it refused as a
 /// result holding only errors) or of an `error` message.
 async fn refused_subscription(app: &TestApp, key: &str, query: &str, variables: Value) -> Value {
-    let mut request = format!("ws://{}/graphql/ws", app.address)
-        .into_client_request()
-        .unwrap();
-    request.headers_mut().insert(
-        "sec-websocket-protocol",
-        "graphql-transport-ws".parse().unwrap(),
-    );
-    let (mut socket, _) = tokio_tungstenite::connect_async(request).await.unwrap();
-    let send = |value: Value| Message::Text(value.to_string().into());
-    socket
-        .send(send(json!({"type": "connection_init", "payload": {"authorization": format!("Bearer {key}")}})))
-        .await
-        .unwrap();
-    socket
-        .send(send(json!({"id": "1", "type": "subscribe", "payload": {"query": query, "variables": variables}})))
-        .await
-        .unwrap();
+    let mut socket = app.subscribed_socket(key, query, variables).await;
     let refusal = async {
         while let Some(message) = socket.next().await {
             let Message::Text(text) = message.unwrap() else {

@@ -29,15 +29,15 @@ impl TestApp {
         request.send().await.unwrap().json().await.unwrap()
     }
 
-    /// Subscribes over `graphql-transport-ws` and collects every `next` payload until
-    /// the server completes the subscription (bounded by `limit`).
-    pub async fn subscribe(
+    /// A `graphql-transport-ws` connection that has sent `connection_init` with `key`
+    /// and one `subscribe` (id "1"), for the caller to read.
+    pub async fn subscribed_socket(
         &self,
         key: &str,
         query: &str,
         variables: Value,
-        limit: Duration,
-    ) -> Result<Vec<Value>, Value> {
+    ) -> tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>
+    {
         let mut request = format!("ws://{}/graphql/ws", self.address)
             .into_client_request()
             .unwrap();
@@ -55,6 +55,19 @@ impl TestApp {
             .send(send(json!({"id": "1", "type": "subscribe", "payload": {"query": query, "variables": variables}})))
             .await
             .unwrap();
+        socket
+    }
+
+    /// Subscribes over `graphql-transport-ws` and collects every `next` payload until
+    /// the server completes the subscription (bounded by `limit`).
+    pub async fn subscribe(
+        &self,
+        key: &str,
+        query: &str,
+        variables: Value,
+        limit: Duration,
+    ) -> Result<Vec<Value>, Value> {
+        let mut socket = self.subscribed_socket(key, query, variables).await;
         let mut payloads = Vec::new();
         let collect = async {
             while let Some(message) = socket.next().await {
