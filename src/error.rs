@@ -34,6 +34,15 @@ pub enum ServiceError {
         spend: Credits,
         needed: Credits,
     },
+    /// The hold would take an access token's creates past its `maxSpend`.
+    #[error(
+        "the access token's spend limit is exceeded: a hold of {needed} is needed; it has held {spent} of its limit of {limit}"
+    )]
+    TokenSpendExceeded {
+        limit: Credits,
+        spent: Credits,
+        needed: Credits,
+    },
     #[error("database error: {0}")]
     Database(#[from] sea_orm::DbErr),
 }

@@ -7,6 +7,7 @@
 //!   comparisons in SQL (`lease_until < now`) are integer comparisons on both backends;
 //! - JSON is a [`JsonText`]: serialized text, so any JSON value round-trips exactly.
 
+pub mod access_tokens;
 pub mod api_keys;
 pub mod attempt_reconciliations;
 pub mod attempts;

@@ -83,19 +83,22 @@ impl AdminToken {
         self.0.expose()
     }
 
-    fn matches(&self, presented: &ApiKey) -> bool {
+    /// Whether `presented` is the admin token.
+    pub fn matches(&self, presented: &ApiKey) -> bool {
         // Comparing hashes rather than secrets keeps the comparison's timing independent
         // of how much of the secret a guess got right.
         self.0.hash() == presented.hash()
     }
 }
 
-/// Who presented a key: the principal it stands for, and the stored key (none for
-/// the admin token, which lives in configuration).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Who presented a credential: the principal it stands for, the stored key (none for
+/// the admin token, which lives in configuration, and for access tokens, which are
+/// not revoked but expire), and when it expires, if it does.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Identity {
     pub principal: Principal,
     pub key_id: Option<Uuid>,
+    pub expires_at: Option<Timestamp>,
 }
 
 /// Stores a new key of `tenant_id` named `name` and returns it with its secret, which
@@ -244,6 +247,7 @@ pub async fn identify(
         return Ok(Some(Identity {
             principal: Principal::Admin,
             key_id: None,
+            expires_at: None,
         }));
     }
     let Some(row) = api_keys::Entity::find()
@@ -263,6 +267,7 @@ pub async fn identify(
     Ok(Some(Identity {
         principal,
         key_id: Some(row.id),
+        expires_at: None,
     }))
 }
 

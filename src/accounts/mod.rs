@@ -1,5 +1,6 @@
-//! Tenants, their API keys, and who a request acts for.
+//! Tenants, their API keys and access tokens, and who a request acts for.
 
+pub mod access_tokens;
 pub mod api_keys;
 mod principal;
 pub mod tenants;

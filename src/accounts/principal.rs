@@ -1,21 +1,28 @@
+use super::access_tokens::{AccessGrant, AccessScope};
 use crate::error::ServiceError;
+use crate::jobs::reach::JobReach;
+use std::sync::Arc;
 use uuid::Uuid;
 
-/// Who a request acts for, established from its API key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Who a request acts for, established from its API key or access token.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Principal {
     /// May create tenants and grant credits.
     Admin,
     /// Sees and changes only this tenant's jobs, balance and events.
     Tenant { tenant_id: Uuid },
+    /// A browser's access token: only the job operations its scopes name, on the jobs
+    /// of its tenant within its reach; nothing else.
+    Token(Arc<AccessGrant>),
 }
 
 impl Principal {
-    /// The tenant a request acts for, or `Forbidden` for an admin.
+    /// The tenant a request acts for with a tenant's full powers, or `Forbidden` for
+    /// an admin and for an access token.
     pub fn tenant_id(self) -> Result<Uuid, ServiceError> {
         match self {
             Self::Tenant { tenant_id } => Ok(tenant_id),
-            Self::Admin => Err(ServiceError::Forbidden),
+            Self::Admin | Self::Token(_) => Err(ServiceError::Forbidden),
         }
     }
 
@@ -23,7 +30,31 @@ impl Principal {
     pub fn require_admin(self) -> Result<(), ServiceError> {
         match self {
             Self::Admin => Ok(()),
-            Self::Tenant { .. } => Err(ServiceError::Forbidden),
+            Self::Tenant { .. } | Self::Token(_) => Err(ServiceError::Forbidden),
+        }
+    }
+
+    /// The tenant whose capacity the request uses (live connections, request rates,
+    /// fair shares): an access token's is its tenant's. `None` for an admin.
+    pub fn counted_tenant(&self) -> Option<Uuid> {
+        match self {
+            Self::Admin => None,
+            Self::Tenant { tenant_id } => Some(*tenant_id),
+            Self::Token(grant) => Some(grant.tenant_id),
+        }
+    }
+
+    /// The tenant and the jobs of it that a job operation needing `scope` may touch:
+    /// all of a tenant key's, an access token's within its reach if it has the scope
+    /// (`Forbidden` otherwise). An admin is `Forbidden`: it names tenants explicitly.
+    pub fn job_access(&self, scope: AccessScope) -> Result<(Uuid, JobReach), ServiceError> {
+        match self {
+            Self::Tenant { tenant_id } => Ok((*tenant_id, JobReach::All)),
+            Self::Token(grant) => {
+                grant.require(scope)?;
+                Ok((grant.tenant_id, grant.reach.clone()))
+            }
+            Self::Admin => Err(ServiceError::Forbidden),
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod policy;
 pub mod prices;
 pub mod reconciliation;
 pub mod reports;
+pub mod token_spend;
 
 pub use credits::{Credits, CreditsError};
 pub use policy::{AttemptEnding, CallBound, ChargingPolicy, UnfinishedCall};

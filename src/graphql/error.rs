@@ -28,7 +28,8 @@ pub enum ApiErrorCode {
     IdempotencyConflict,
     /// The job's hold is larger than the tenant's available balance.
     InsufficientCredits,
-    /// The job would take the tenant's spend in a day or month past its cap.
+    /// The job would take the tenant's spend in a day or month past its cap, or an
+    /// access token's creates past its `maxSpend` (`extensions.period` is `TOKEN`).
     SpendLimitExceeded,
     /// Too many live subscriptions on one connection or for one tenant.
     SubscriptionLimit,
@@ -156,6 +157,16 @@ impl From<ServiceError> for async_graphql::Error {
                     .error(error.to_string())
                     .extend_with(|_, extensions| {
                         extensions.set("period", period);
+                        extensions.set("limit", limit);
+                        extensions.set("spend", spend);
+                    });
+            }
+            ServiceError::TokenSpendExceeded { limit, spent, .. } => {
+                let (limit, spend) = (limit.to_string(), spent.to_string());
+                return ApiErrorCode::SpendLimitExceeded
+                    .error(error.to_string())
+                    .extend_with(|_, extensions| {
+                        extensions.set("period", "TOKEN");
                         extensions.set("limit", limit);
                         extensions.set("spend", spend);
                     });

@@ -46,8 +46,7 @@ impl Extension for TenantFairness {
     ) -> ServerResult<Option<Value>> {
         let top_level_query = info.path_node.parent.is_none() && info.parent_type == "QueryRoot";
         let owner = match ctx.data_opt::<Principal>() {
-            Some(Principal::Tenant { tenant_id }) => Some(*tenant_id),
-            Some(Principal::Admin) => None,
+            Some(principal) => principal.counted_tenant(),
             // Anonymous requests read only the schema.
             None => return next.run(ctx, info).await,
         };

@@ -95,6 +95,7 @@ impl KeyMutation {
         let scope = match principal(context)? {
             Principal::Admin => None,
             Principal::Tenant { tenant_id } => Some(tenant_id),
+            Principal::Token(_) => return Err(ApiErrorCode::Forbidden.error("forbidden")),
         };
         let app = app(context);
         Ok(api_keys::revoke_key(&app.db, &app.bus, scope, id)
@@ -103,15 +104,19 @@ impl KeyMutation {
     }
 }
 
-/// The tenant whose keys a request manages: a tenant's own (naming another is
-/// FORBIDDEN), or the one an admin names.
-fn managed_tenant(principal: Principal, named: Option<Uuid>) -> async_graphql::Result<Uuid> {
+/// The tenant whose keys (or access tokens) a request manages: a tenant's own (naming
+/// another is FORBIDDEN), or the one an admin names; never an access token's.
+pub(super) fn managed_tenant(
+    principal: Principal,
+    named: Option<Uuid>,
+) -> async_graphql::Result<Uuid> {
     match (principal, named) {
         (Principal::Tenant { tenant_id }, None) => Ok(tenant_id),
         (Principal::Tenant { tenant_id }, Some(named)) if named == tenant_id => Ok(tenant_id),
         (Principal::Tenant { .. }, Some(_)) => {
-            Err(ApiErrorCode::Forbidden.error("a tenant manages only its own keys"))
+            Err(ApiErrorCode::Forbidden.error("a tenant manages only its own keys and tokens"))
         }
+        (Principal::Token(_), _) => Err(ApiErrorCode::Forbidden.error("forbidden")),
         (Principal::Admin, Some(named)) => Ok(named),
         (Principal::Admin, None) => {
             Err(ApiErrorCode::Validation.error("tenantId is required for an admin"))

@@ -1,6 +1,7 @@
 //! The GraphQL API: schema, resolvers and their types. Resolvers are thin: they
 //! check who is asking and call the services.
 
+mod access_tokens;
 mod admin;
 mod batches;
 mod billing;
@@ -19,8 +20,13 @@ mod types;
 mod webhooks;
 
 use crate::accounts::Principal;
+use crate::accounts::access_tokens::AccessScope;
+use crate::billing::reports::ReportScope;
+use crate::error::ServiceError;
+use crate::jobs::reach::JobReach;
 use crate::startup::App;
 use async_graphql::{Context, MergedObject, Schema, SchemaBuilder};
+use uuid::Uuid;
 
 pub use error::ApiErrorCode;
 pub use subscription::{
@@ -46,6 +52,7 @@ pub struct MutationRoot(
     mutation::JobMutation,
     batches::BatchMutation,
     keys::KeyMutation,
+    access_tokens::AccessTokenMutation,
     limits::LimitsMutation,
     webhooks::WebhookMutation,
 );
@@ -100,8 +107,30 @@ fn schema_builder() -> SchemaBuilder<QueryRoot, MutationRoot, SubscriptionRoot> 
 fn principal(context: &Context<'_>) -> async_graphql::Result<Principal> {
     context
         .data_opt::<Principal>()
-        .copied()
+        .cloned()
         .ok_or_else(|| ApiErrorCode::Unauthenticated.error("a valid API key is required"))
+}
+
+/// The tenant, and the jobs of it, that a job operation needing `scope` may touch: an
+/// access token's reach (if it has the scope), a tenant key's every job; an admin
+/// the tenant it names where the operation lets it name one (`admin_names`, else
+/// `FORBIDDEN`). Naming another tenant than one's own is `FORBIDDEN`.
+async fn job_access(
+    context: &Context<'_>,
+    scope: AccessScope,
+    named: Option<Uuid>,
+    admin_names: bool,
+) -> async_graphql::Result<(Uuid, JobReach)> {
+    let principal = principal(context)?;
+    if principal == Principal::Admin && admin_names {
+        let tenant_id = ReportScope::single_tenant(&app(context).db, principal, named).await?;
+        return Ok((tenant_id, JobReach::All));
+    }
+    let (tenant_id, reach) = principal.job_access(scope)?;
+    if named.is_some_and(|named| named != tenant_id) {
+        return Err(ServiceError::Forbidden.into());
+    }
+    Ok((tenant_id, reach))
 }
 
 fn app<'a>(context: &Context<'a>) -> &'a App {

@@ -3,6 +3,8 @@
 use super::scalars::Amount;
 use super::types::{Attempt, CreditGrant, Job, Tenant};
 use super::{ApiErrorCode, app, principal};
+use crate::accounts::Principal;
+use crate::accounts::access_tokens::AccessScope;
 use crate::accounts::tenants;
 use crate::billing::reconciliation::{self, NewReconciliation};
 use crate::billing::{Credits, CreditsError, ledger};
@@ -166,14 +168,25 @@ pub struct JobMutation;
 
 #[Object]
 impl JobMutation {
-    /// Creates a job and holds credits for it; returns at once.
+    /// Creates a job and holds credits for it; returns at once. An access token needs
+    /// `CREATE_JOBS`; the job gets the token's labels, and its hold counts against the
+    /// token's `maxSpend`.
     async fn create_job(
         &self,
         context: &Context<'_>,
         input: CreateJobInput,
     ) -> async_graphql::Result<CreateJobPayload> {
         let began = std::time::Instant::now();
-        let tenant_id = principal(context)?.tenant_id()?;
+        let principal = principal(context)?;
+        let (tenant_id, reach) = principal.job_access(AccessScope::CreateJobs)?;
+        let labels = reach.stamp(
+            input
+                .labels
+                .unwrap_or_default()
+                .into_iter()
+                .map(|label| (label.key, label.value))
+                .collect(),
+        )?;
         let new = NewJob::parse(JobRequest {
             idempotency_key: input.idempotency_key,
             model: input.model,
@@ -190,16 +203,23 @@ impl JobMutation {
             stream_output: input.stream_output,
             priority: input.priority,
             run_at: input.run_at.map(Timestamp::from),
-            labels: input
-                .labels
-                .unwrap_or_default()
-                .into_iter()
-                .map(|label| (label.key, label.value))
-                .collect(),
+            labels,
         })?;
         let app = app(context);
-        let created =
-            service::create_job(&app.db, &app.bus, &app.providers, tenant_id, new).await?;
+        let created = match &principal {
+            Principal::Token(grant) => {
+                service::create_job_for_token(
+                    &app.db,
+                    &app.bus,
+                    &app.providers,
+                    tenant_id,
+                    grant.token_id,
+                    new,
+                )
+                .await?
+            }
+            _ => service::create_job(&app.db, &app.bus, &app.providers, tenant_id, new).await?,
+        };
         app.metrics
             .create_job_handled(began.elapsed(), !created.replayed);
         Ok(CreateJobPayload {
@@ -237,10 +257,12 @@ impl JobMutation {
     }
 
     /// Asks for a job to be cancelled: a queued job is cancelled at once, a running one
-    /// as soon as its worker notices.
+    /// as soon as its worker notices. An access token needs `CANCEL_JOBS` and cancels
+    /// only jobs within its reach.
     async fn cancel_job(&self, context: &Context<'_>, id: Uuid) -> async_graphql::Result<Job> {
-        let tenant_id = principal(context)?.tenant_id()?;
+        let (tenant_id, reach) = principal(context)?.job_access(AccessScope::CancelJobs)?;
         let app = app(context);
+        reach.require(&app.db, tenant_id, id).await?;
         Ok(
             service::cancel_job(&app.db, &app.bus, &app.metrics, tenant_id, id)
                 .await?

@@ -2,9 +2,9 @@
 
 use super::mutation::LabelInput;
 use super::types::{Account, Job, JobConnection, JobEdge, JobStatus, PageInfo};
-use super::{ApiErrorCode, app, principal};
+use super::{ApiErrorCode, app, job_access, principal};
+use crate::accounts::access_tokens::AccessScope;
 use crate::accounts::tenants;
-use crate::billing::reports::ReportScope;
 use crate::jobs::labels::Label;
 use crate::jobs::service::{self, JobFilter};
 use async_graphql::{Context, Object};
@@ -19,7 +19,8 @@ impl JobQuery {
     /// One of the caller's jobs, by its `id` or by the `idempotencyKey` it was created
     /// with (exactly one of them, else `VALIDATION`); `NOT_FOUND` when the tenant has
     /// no such job. An admin reads any tenant's job by naming the tenant (`VALIDATION`
-    /// otherwise); a tenant naming another tenant is `FORBIDDEN`.
+    /// otherwise); a tenant naming another tenant is `FORBIDDEN`. An access token needs
+    /// `READ_JOBS` and reads only jobs within its reach (others are `NOT_FOUND`).
     async fn job(
         &self,
         context: &Context<'_>,
@@ -28,7 +29,8 @@ impl JobQuery {
         tenant_id: Option<Uuid>,
     ) -> async_graphql::Result<Job> {
         let db = &app(context).db;
-        let tenant_id = ReportScope::single_tenant(db, principal(context)?, tenant_id).await?;
+        let (tenant_id, reach) =
+            job_access(context, AccessScope::ReadJobs, tenant_id, true).await?;
         let job = match (id, idempotency_key) {
             (Some(id), None) => service::find_job(db, tenant_id, id).await?,
             (None, Some(key)) => service::find_job_by_key(db, tenant_id, &key).await?,
@@ -36,13 +38,15 @@ impl JobQuery {
                 return Err(ApiErrorCode::Validation.error("job takes either id or idempotencyKey"));
             }
         };
+        reach.require(db, tenant_id, job.id).await?;
         Ok(job.into())
     }
 
     /// The caller's jobs, newest first, `first` at a time (at most 100), optionally only
     /// those of one status or carrying one label. An admin reads any tenant's jobs by
     /// naming the tenant (`VALIDATION` otherwise); a tenant naming another tenant is
-    /// `FORBIDDEN`.
+    /// `FORBIDDEN`. An access token needs `READ_JOBS` and lists only jobs within its
+    /// reach.
     #[graphql(complexity = "super::cost::page_complexity(first, child_complexity)")]
     async fn jobs(
         &self,
@@ -54,9 +58,11 @@ impl JobQuery {
         tenant_id: Option<Uuid>,
     ) -> async_graphql::Result<JobConnection> {
         let db = &app(context).db;
-        let tenant_id = ReportScope::single_tenant(db, principal(context)?, tenant_id).await?;
+        let (tenant_id, reach) =
+            job_access(context, AccessScope::ReadJobs, tenant_id, true).await?;
         let (first, after) = super::types::page_arguments(first, after)?;
         let filter = JobFilter {
+            reach,
             status: status.map(Into::into),
             label: label
                 .map(|label| Label::parse(label.key, label.value))

@@ -27,6 +27,7 @@ impl Extension for OperationSpans {
     ) -> Response {
         let tenant = match ctx.data_opt::<Principal>() {
             Some(Principal::Tenant { tenant_id }) => tenant_id.to_string(),
+            Some(Principal::Token(grant)) => grant.tenant_id.to_string(),
             Some(Principal::Admin) => "admin".to_owned(),
             None => "anonymous".to_owned(),
         };

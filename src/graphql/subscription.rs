@@ -2,6 +2,7 @@
 
 use super::types::{BatchUpdate, JobEvent};
 use super::{ApiErrorCode, app, principal};
+use crate::accounts::access_tokens::AccessScope;
 use crate::error::ServiceError;
 use crate::jobs::bus::{MAX_SUBSCRIPTIONS_PER_TENANT, SubscriptionSlot};
 use crate::jobs::events::cursor::Cursor;
@@ -28,11 +29,13 @@ impl SubscriptionRoot {
         job_id: Uuid,
         after_seq: Option<i32>,
     ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<JobEvent>> + use<>> {
-        let tenant_id = principal(context)?.tenant_id()?;
+        let (tenant_id, reach) = principal(context)?.job_access(AccessScope::ReadJobs)?;
         let app = app(context);
         let slots = admit(context, tenant_id)?;
-        // Ownership is checked once, up front: events never change tenant.
+        // Ownership is checked once, up front: events never change tenant, nor a job
+        // its labels.
         service::find_job(&app.db, tenant_id, job_id).await?;
+        reach.require(&app.db, tenant_id, job_id).await?;
         let updates = events::job_updates(app.db.clone(), &app.bus, job_id, after_seq.unwrap_or(0));
         Ok(served(updates, slots))
     }

@@ -1,9 +1,12 @@
-//! Turning a presented API key into a principal.
+//! Turning a presented API key or access token into a principal.
 
 use crate::accounts::ApiKey;
+use crate::accounts::Principal;
+use crate::accounts::access_tokens::{self, AccessTokenSecret, TokenLookup};
 use crate::accounts::api_keys::{self, Identity};
 use crate::startup::App;
 use axum::http::HeaderValue;
+use entity::Timestamp;
 
 /// Why a presented credential was refused.
 #[derive(Debug, thiserror::Error)]
@@ -12,6 +15,10 @@ pub enum AuthError {
     Malformed,
     #[error("the API key is not valid")]
     UnknownKey,
+    /// A real access token whose time is up: refused like an unknown key, but not
+    /// counted as a guess against the address.
+    #[error("the access token has expired")]
+    Expired,
     #[error("could not check the API key")]
     Database(#[from] sea_orm::DbErr),
 }
@@ -35,9 +42,28 @@ pub async fn identify(app: &App, credential: Option<&str>) -> Result<Option<Iden
     if !scheme.eq_ignore_ascii_case("bearer") || key.trim().is_empty() {
         return Err(AuthError::Malformed);
     }
+    let admin = app.admin_token.matches(&ApiKey::from_presented(key.trim()));
+    if let Some(token) = AccessTokenSecret::from_presented(key.trim()).filter(|_| !admin) {
+        return match access_tokens::identify(&app.db, &token, Timestamp::now()).await? {
+            TokenLookup::Valid(grant) => Ok(Some(Identity {
+                key_id: None,
+                expires_at: Some(grant.expires_at),
+                principal: Principal::Token(grant),
+            })),
+            TokenLookup::Expired => Err(AuthError::Expired),
+            TokenLookup::Unknown => Err(AuthError::UnknownKey),
+        };
+    }
     let key = ApiKey::from_presented(key.trim());
     api_keys::identify(&app.db, &app.admin_token, &key)
         .await?
         .map(Some)
         .ok_or(AuthError::UnknownKey)
+}
+
+/// How long until `at`; zero once it has passed. A credential's expiry is a wall-clock
+/// instant, so the wait is measured against the wall clock once and then slept.
+pub fn time_until(at: Timestamp) -> std::time::Duration {
+    let micros = at.micros().saturating_sub(Timestamp::now().micros());
+    std::time::Duration::from_micros(micros.max(0) as u64)
 }

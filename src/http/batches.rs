@@ -29,7 +29,7 @@ pub async fn results(
     };
     let principal = match identity {
         Ok(Some(identity)) => identity.principal,
-        Ok(None) | Err(AuthError::Malformed | AuthError::UnknownKey) => {
+        Ok(None) | Err(AuthError::Malformed | AuthError::UnknownKey | AuthError::Expired) => {
             return (
                 StatusCode::UNAUTHORIZED,
                 [(header::WWW_AUTHENTICATE, "Bearer")],
@@ -48,6 +48,8 @@ pub async fn results(
     };
     let found = match principal {
         Principal::Tenant { tenant_id } => batches::find_batch(&app.db, tenant_id, id).await,
+        // A browser's token reads jobs, never a batch's results.
+        Principal::Token(_) => Err(ServiceError::NotFound),
         Principal::Admin => rows::Entity::find_by_id(id)
             .one(&app.db)
             .await

@@ -258,10 +258,10 @@ pub enum RequestOwner {
 
 impl RequestOwner {
     /// The owner of a request made by `principal` (none: anonymous) from `client`.
-    pub fn of(principal: Option<Principal>, client: ClientAddress) -> Self {
-        match principal {
-            Some(Principal::Admin) => Self::Admin,
-            Some(Principal::Tenant { tenant_id }) => Self::Tenant(tenant_id),
+    pub fn of(principal: Option<&Principal>, client: ClientAddress) -> Self {
+        match principal.map(Principal::counted_tenant) {
+            Some(None) => Self::Admin,
+            Some(Some(tenant_id)) => Self::Tenant(tenant_id),
             None => Self::Anonymous(client),
         }
     }

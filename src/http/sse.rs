@@ -14,6 +14,7 @@
 //! live connections of its tenant and of the process (see `live`).
 
 use super::HttpState;
+use super::auth::time_until;
 use super::graphql::admission::authenticate_client;
 use super::graphql::body::{BodyLimit, read_body, retry_after};
 use super::graphql::responses::{JSON, check_content_type};
@@ -32,6 +33,7 @@ use axum::extract::{ConnectInfo, Extension, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use entity::Timestamp;
 use futures_util::{Stream, StreamExt, stream};
 use serde_json::json;
 use std::convert::Infallible;
@@ -58,7 +60,7 @@ pub async fn post(
         Ok(identity) => identity,
         Err(refusal) => return refusal,
     };
-    let principal = identity.map(|identity| identity.principal);
+    let principal = identity.as_ref().map(|identity| &identity.principal);
     // A body still arriving holds one of its owner's request slots, as on /graphql:
     // otherwise one key could pin any number of 16 MiB bodies. The stream that
     // follows is bounded by the subscription caps instead.
@@ -127,12 +129,15 @@ fn respond(
     from_get: bool,
     live: Option<Extension<LiveStreams>>,
 ) -> Response {
+    let (key_id, expires_at) = identity.as_ref().map_or((None, None), |identity| {
+        (identity.key_id, identity.expires_at)
+    });
     let principal = identity.map(|identity| identity.principal);
     let Some(budget) = state.limits.live.open() else {
         return live::process_full();
     };
-    let tenant_place = match principal {
-        Some(Principal::Tenant { tenant_id }) => match state.limits.live.admit_tenant(tenant_id) {
+    let tenant_place = match principal.as_ref().and_then(Principal::counted_tenant) {
+        Some(tenant_id) => match state.limits.live.admit_tenant(tenant_id) {
             Some(place) => Some(place),
             None => {
                 return (
@@ -143,16 +148,19 @@ fn respond(
                     .into_response();
             }
         },
-        _ => None,
+        None => None,
     };
     // Held by the stream: the connection is not idle while a tenant's stream lasts.
-    let held = principal.and(live).map(|Extension(live)| live.hold());
+    let held = principal
+        .as_ref()
+        .and(live)
+        .map(|Extension(live)| live.hold());
     let places = (budget, tenant_place);
     let results = match request {
         Ok(mut request) => {
             // GET must not change anything. Its text is measured before it is parsed
             // here; the schema measures every request again before running it.
-            let budget = match principal {
+            let budget = match principal.as_ref() {
                 Some(_) => QueryBudget::AUTHENTICATED,
                 None => QueryBudget::ANONYMOUS,
             };
@@ -192,21 +200,22 @@ fn respond(
         })
         .boxed(),
     };
-    let key_id = identity.and_then(|identity| identity.key_id);
-    let results = until_revoked(state.app.clone(), key_id, results).map(move |result| {
-        let _held = (&held, &places);
-        result
-    });
+    let results =
+        until_refused(state.app.clone(), key_id, expires_at, results).map(move |result| {
+            let _held = (&held, &places);
+            result
+        });
     Sse::new(events(results))
         .keep_alive(KeepAlive::new().interval(KEEPALIVE))
         .into_response()
 }
 
-/// `results` until the key they were asked with is revoked; then one last result
-/// saying so.
-fn until_revoked(
+/// `results` until the key they were asked with is revoked, or the access token
+/// expires; then one last result saying so.
+fn until_refused(
     app: App,
     key_id: Option<Uuid>,
+    expires_at: Option<Timestamp>,
     mut results: impl Stream<Item = serde_json::Result<String>> + Send + Unpin + 'static,
 ) -> impl Stream<Item = serde_json::Result<String>> + Send + 'static {
     async_stream::stream! {
@@ -226,6 +235,13 @@ fn until_revoked(
             }
         };
         tokio::pin!(revoked);
+        let expired = async {
+            match expires_at {
+                Some(expires_at) => tokio::time::sleep(time_until(expires_at)).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(expired);
         loop {
             tokio::select! {
                 result = results.next() => match result {
@@ -235,6 +251,13 @@ fn until_revoked(
                 () = &mut revoked => {
                     yield serde_json::to_string(&json!({"errors": [{
                         "message": "the API key was revoked",
+                        "extensions": {"code": ApiErrorCode::Unauthenticated.as_str()},
+                    }]}));
+                    return;
+                }
+                () = &mut expired => {
+                    yield serde_json::to_string(&json!({"errors": [{
+                        "message": "the access token has expired",
                         "extensions": {"code": ApiErrorCode::Unauthenticated.as_str()},
                     }]}));
                     return;

@@ -98,6 +98,14 @@ impl Labels {
         self.0.is_empty()
     }
 
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Label> {
+        self.0.iter()
+    }
+
     /// The labels as they count in a request's fingerprint: `[[key, value], …]` by key.
     pub fn to_json(&self) -> Value {
         self.0

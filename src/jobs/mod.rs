@@ -11,6 +11,7 @@ pub mod labels;
 pub mod leases;
 pub mod observe;
 pub mod queue;
+pub mod reach;
 pub mod relay;
 pub mod rerun;
 pub mod retention;

@@ -5,8 +5,9 @@ use super::bus::{EventBus, EventNotice};
 use super::events;
 use super::input::NewJob;
 use super::labels::{self, Label};
+use super::reach::JobReach;
 use crate::billing::alerts;
-use crate::billing::{ledger, limits, prices};
+use crate::billing::{ledger, limits, prices, token_spend};
 use crate::db::begin_write;
 use crate::error::ServiceError;
 use crate::llm::ProviderRegistry;
@@ -15,7 +16,8 @@ use entity::{EventKind, JobStatus, JsonText, Timestamp, attempts, job_events, jo
 use sea_orm::sea_query::{Expr, ExprTrait, OnConflict};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait,
-    FromQueryResult, Iterable, JoinType, QueryFilter, QueryOrder, QuerySelect, RelationTrait,
+    FromQueryResult, Iterable, JoinType, QueryFilter, QueryOrder, QuerySelect, QueryTrait,
+    RelationTrait,
 };
 use uuid::Uuid;
 
@@ -52,6 +54,41 @@ pub async fn create_job_at(
     tenant_id: Uuid,
     new: NewJob,
     now: Timestamp,
+) -> Result<CreatedJob, ServiceError> {
+    create(db, bus, providers, tenant_id, new, now, None).await
+}
+
+/// [`create_job`] for an access token: its hold also counts against the token's
+/// `maxSpend`, in the same transaction, so the token's creates never hold more than
+/// it allows in all (`TokenSpendExceeded`). A replay counts nothing again.
+pub async fn create_job_for_token(
+    db: &DatabaseConnection,
+    bus: &EventBus,
+    providers: &ProviderRegistry,
+    tenant_id: Uuid,
+    token_id: Uuid,
+    new: NewJob,
+) -> Result<CreatedJob, ServiceError> {
+    create(
+        db,
+        bus,
+        providers,
+        tenant_id,
+        new,
+        Timestamp::now(),
+        Some(token_id),
+    )
+    .await
+}
+
+async fn create(
+    db: &DatabaseConnection,
+    bus: &EventBus,
+    providers: &ProviderRegistry,
+    tenant_id: Uuid,
+    new: NewJob,
+    now: Timestamp,
+    token_id: Option<Uuid>,
 ) -> Result<CreatedJob, ServiceError> {
     let fingerprint = new.fingerprint();
     if !providers.serves(&new.model) {
@@ -135,6 +172,11 @@ pub async fn create_job_at(
     // so it is held for one statement and the commit. A refusal rolls everything
     // back as the transaction drops.
     ledger::hold(&transaction, tenant_id, job.id, hold).await?;
+    // After the tenant's row: every create that counts against a token locks the
+    // two rows in this order.
+    if let Some(token_id) = token_id {
+        token_spend::count_hold(&transaction, token_id, hold).await?;
+    }
     let counted_at = match limits::admit_spend(&transaction, tenant_id, hold, now).await {
         Ok(counted_at) => counted_at,
         Err(refusal) => {
@@ -249,9 +291,10 @@ pub struct JobPage {
 /// Most jobs one page may hold.
 pub const MAX_PAGE_SIZE: u64 = 100;
 
-/// What a page of jobs is narrowed to.
+/// What a page of jobs is narrowed to: the caller's reach, and the client's filters.
 #[derive(Clone, Debug, Default)]
 pub struct JobFilter {
+    pub reach: JobReach,
     pub status: Option<JobStatus>,
     pub label: Option<Label>,
 }
@@ -269,8 +312,18 @@ pub async fn list_jobs(
         // Ids are version-7 UUIDs: ordering by id is ordering by creation.
         query = query.filter(jobs::Column::Id.lt(after));
     }
+    let Some(labels) = filter.reach.labels_with(filter.label) else {
+        return Ok(JobPage {
+            jobs: Vec::new(),
+            has_next_page: false,
+        });
+    };
+    if let JobReach::Listed(ids) = &filter.reach {
+        query = query.filter(jobs::Column::Id.is_in(ids.iter().copied()));
+    }
     let mut order = jobs::Column::Id.into_expr();
-    if let Some(label) = &filter.label {
+    let mut labels = labels.into_iter();
+    if let Some(label) = labels.next() {
         // Driven by the label index: its rows for (tenant, key, value) in order of job
         // id, each joined to its job by primary key, so the page is a range of the
         // index read backwards. The cursor bounds both sides: PostgreSQL does not carry
@@ -286,6 +339,21 @@ pub async fn list_jobs(
             query = query.filter(job_labels::Column::JobId.lt(after));
         }
         order = job_labels::Column::JobId.into_expr();
+    }
+    // Any further label (an access token's own, with the client's) is a lookup of
+    // the same index per job of the page's range.
+    for label in labels {
+        query = query.filter(
+            jobs::Column::Id.in_subquery(
+                job_labels::Entity::find()
+                    .select_only()
+                    .column(job_labels::Column::JobId)
+                    .filter(job_labels::Column::TenantId.eq(tenant_id))
+                    .filter(job_labels::Column::Key.eq(label.key()))
+                    .filter(job_labels::Column::Value.eq(label.value()))
+                    .into_query(),
+            ),
+        );
     }
     if let Some(status) = filter.status {
         query = query.filter(jobs::Column::Status.eq(status));

@@ -17,8 +17,6 @@ const NOT_YET_SERVED: &[&str] = &[
     "Models",
     // Job lifecycle: deadlines and each attempt's model.
     "JobLifecycle",
-    // A frontend calling directly: scoped tokens.
-    "CreateAccessToken",
 ];
 
 /// The text of one named operation of the contract, comments removed.

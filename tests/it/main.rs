@@ -6,6 +6,7 @@
 mod helpers;
 mod socket;
 
+mod access_tokens;
 mod accounts;
 mod admin_reads;
 mod any_text;

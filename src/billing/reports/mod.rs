@@ -58,7 +58,7 @@ impl ReportScope {
             (Principal::Tenant { tenant_id }, Some(requested)) if requested == tenant_id => {
                 Ok(Self::Tenant(tenant_id))
             }
-            (Principal::Tenant { .. }, Some(_)) => Err(ServiceError::Forbidden),
+            (Principal::Tenant { .. } | Principal::Token(_), _) => Err(ServiceError::Forbidden),
             (Principal::Admin, Some(requested)) => {
                 tenants::find_tenant(db, requested).await?;
                 Ok(Self::Tenant(requested))

@@ -1,6 +1,7 @@
 //! A job, its timeline and pages of jobs.
 
 use super::{Attempt, Charge, EventKind, JobCost, JobStatus, Reservation, time};
+use crate::accounts::Principal;
 use crate::error::ServiceError;
 use crate::graphql::loader;
 use crate::graphql::loaders::{
@@ -139,11 +140,23 @@ impl Job {
             .collect())
     }
 
-    /// The finished job this one reruns (`rerunJob`); null for a job created otherwise.
+    /// The finished job this one reruns (`rerunJob`); null for a job created otherwise,
+    /// and for an access token when that job is out of its reach.
     async fn rerun_of(&self, context: &Context<'_>) -> async_graphql::Result<Option<Job>> {
         let Some(job_id) = self.0.rerun_of else {
             return Ok(None);
         };
+        if let Some(Principal::Token(grant)) = context.data_opt::<Principal>() {
+            let db = &context.data_unchecked::<crate::startup::App>().db;
+            if !grant
+                .reach
+                .admits(db, self.0.tenant_id, job_id)
+                .await
+                .map_err(ServiceError::from)?
+            {
+                return Ok(None);
+            }
+        }
         let key = JobKey {
             tenant_id: self.0.tenant_id,
             job_id,

@@ -33,7 +33,7 @@ pub(super) async fn admit(
     let principal = authenticate_client(state, client, headers, media_type)
         .await?
         .map(|identity| identity.principal);
-    let owner = RequestOwner::of(principal, client);
+    let owner = RequestOwner::of(principal.as_ref(), client);
     let Some(slot) = state.limits.slots.acquire(owner, SLOT_WAIT).await else {
         return Err(too_many_requests(
             media_type,
@@ -84,8 +84,10 @@ pub(in crate::http) async fn authenticate_client(
             )),
         },
         Ok(principal) => Ok(principal),
-        Err(error @ (AuthError::Malformed | AuthError::UnknownKey)) => {
-            if let Some(attempt) = attempt {
+        Err(error @ (AuthError::Malformed | AuthError::UnknownKey | AuthError::Expired)) => {
+            if let Some(attempt) = attempt
+                && !matches!(error, AuthError::Expired)
+            {
                 attempt.failed();
             }
             let mut response = coded_error(

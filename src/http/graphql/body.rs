@@ -111,7 +111,7 @@ impl BodyLimit {
         values: 2_000,
     };
 
-    pub(in crate::http) fn of(principal: Option<Principal>) -> Self {
+    pub(in crate::http) fn of(principal: Option<&Principal>) -> Self {
         match principal {
             Some(_) => Self::AUTHENTICATED,
             None => Self::ANONYMOUS,

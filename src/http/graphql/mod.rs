@@ -81,7 +81,7 @@ pub async fn post(
     let (body, _reservation) = match read_body(
         &headers,
         body,
-        BodyLimit::of(admitted.principal),
+        BodyLimit::of(admitted.principal.as_ref()),
         large_bodies,
     )
     .await

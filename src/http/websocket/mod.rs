@@ -15,10 +15,10 @@ mod ledger;
 mod woken;
 
 use super::HttpState;
-use super::auth::{AuthError, identify};
+use super::auth::{AuthError, identify, time_until};
 use super::limits::{ClientAddress, MAX_SOCKETS_PER_ADDRESS, Place, SLOT_WAIT};
 use super::live;
-use crate::accounts::{Principal, api_keys};
+use crate::accounts::api_keys;
 use crate::graphql::ConnectionSubscriptions;
 use crate::graphql::cost::StreamingTransport;
 use async_graphql::Data;
@@ -27,6 +27,7 @@ use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use axum::extract::{ConnectInfo, State, WebSocketUpgrade};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use entity::Timestamp;
 use futures_util::{SinkExt, StreamExt};
 use ledger::SubscriptionLedger;
 use std::net::SocketAddr;
@@ -125,6 +126,8 @@ struct Handshake {
     /// The stored key the connection authenticated with, once it did (`None` inside:
     /// the admin token, which cannot be revoked).
     key: OnceLock<Option<Uuid>>,
+    /// When the access token the connection authenticated with expires.
+    expires_at: OnceLock<Timestamp>,
     /// The close code of a refused `connection_init`.
     refused: OnceLock<u16>,
     /// The connection's place among its tenant's live connections, once it holds one.
@@ -221,15 +224,18 @@ async fn serve(
             };
             match identify(&app, Some(credential)).await {
                 Ok(Some(identity)) => {
-                    if let Principal::Tenant { tenant_id } = identity.principal {
+                    if let Some(tenant_id) = identity.principal.counted_tenant() {
                         let Some(place) = limits.live.admit_tenant(tenant_id) else {
                             let _ = established.refused.set(CLOSE_TOO_MANY);
                             return Err(async_graphql::Error::new(live::tenant_full()));
                         };
                         let _ = established.tenant_place.set(place);
                     }
-                    data.insert(identity.principal);
                     let _ = established.key.set(identity.key_id);
+                    if let Some(expires_at) = identity.expires_at {
+                        let _ = established.expires_at.set(expires_at);
+                    }
+                    data.insert(identity.principal);
                 }
                 // Not reached: the credential is not blank.
                 Ok(None) => {
@@ -237,7 +243,7 @@ async fn serve(
                     return Err(async_graphql::Error::new("no key was presented"));
                 }
                 Err(error) => {
-                    if !matches!(error, AuthError::Database(_)) {
+                    if !matches!(error, AuthError::Database(_) | AuthError::Expired) {
                         attempt.failed();
                     }
                     let _ = established.refused.set(CLOSE_FORBIDDEN);
@@ -259,8 +265,18 @@ async fn serve(
         (unsubscribed_limit / 10).clamp(Duration::from_millis(100), PING_INTERVAL),
     );
     let mut sent_this_turn = 0;
+    // Armed once the handshake names a token's expiry; until then it never fires.
+    let expiry = tokio::time::sleep(Duration::MAX);
+    tokio::pin!(expiry);
+    let mut expiry_armed = false;
     let close = loop {
         let key = handshake.key.get().copied();
+        if !expiry_armed && let Some(&expires_at) = handshake.expires_at.get() {
+            expiry_armed = true;
+            expiry
+                .as_mut()
+                .reset(tokio::time::Instant::now() + time_until(expires_at));
+        }
         tokio::select! {
             message = graphql.next() => match message {
                 Some(WsMessage::Text(text)) => {
@@ -286,6 +302,9 @@ async fn serve(
                     .map(|&(code, reason)| (code, reason.to_owned()))
                     .or_else(|| handshake.refused.get().map(|&code| (code, "connection_init was refused".to_owned()))),
             },
+            () = &mut expiry, if expiry_armed => {
+                break Some((CLOSE_FORBIDDEN, "the access token has expired".to_owned()));
+            }
             _ = &mut init_deadline, if key.is_none() => {
                 break Some((CLOSE_INIT_TIMEOUT, "Connection initialisation timeout".to_owned()));
             }

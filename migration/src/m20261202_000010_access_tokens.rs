@@ -1,0 +1,80 @@
+//! Access tokens: short-lived credentials a tenant's backend mints for a browser.
+//!
+//! A token is stored as the SHA-256 hash of its secret, like an API key. Its row also
+//! carries what it may do (scopes, the labels or job ids it is limited to) and the
+//! running sum of the holds its creates took, which `max_spend_nanos` caps: the sum is
+//! raised by a conditional update in the transaction that creates the job, so creates
+//! made together cannot pass the cap.
+
+use sea_orm_migration::{prelude::*, schema::*};
+
+#[derive(DeriveMigrationName)]
+pub struct Migration;
+
+const EXPIRY_INDEX: &str = "ix_access_tokens_tenant_expires_at";
+
+#[async_trait::async_trait]
+impl MigrationTrait for Migration {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .create_table(
+                Table::create()
+                    .table(AccessTokens::Table)
+                    .col(uuid(AccessTokens::Id).primary_key())
+                    .col(uuid(AccessTokens::TenantId))
+                    .col(string_uniq(AccessTokens::TokenHash))
+                    .col(text(AccessTokens::Scopes))
+                    .col(text(AccessTokens::Labels))
+                    .col(text_null(AccessTokens::JobIds))
+                    .col(big_integer_null(AccessTokens::MaxSpendNanos))
+                    .col(big_integer(AccessTokens::SpentNanos).default(0))
+                    .col(big_integer(AccessTokens::CreatedAt))
+                    .col(big_integer(AccessTokens::ExpiresAt))
+                    .foreign_key(
+                        ForeignKey::create()
+                            .from(AccessTokens::Table, AccessTokens::TenantId)
+                            .to(Tenants::Table, Tenants::Id),
+                    )
+                    .to_owned(),
+            )
+            .await?;
+        // Each mint deletes its tenant's expired tokens: a range of this index.
+        manager
+            .create_index(
+                Index::create()
+                    .name(EXPIRY_INDEX)
+                    .table(AccessTokens::Table)
+                    .col(AccessTokens::TenantId)
+                    .col(AccessTokens::ExpiresAt)
+                    .to_owned(),
+            )
+            .await
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .drop_table(Table::drop().table(AccessTokens::Table).to_owned())
+            .await
+    }
+}
+
+#[derive(DeriveIden)]
+enum AccessTokens {
+    Table,
+    Id,
+    TenantId,
+    TokenHash,
+    Scopes,
+    Labels,
+    JobIds,
+    MaxSpendNanos,
+    SpentNanos,
+    CreatedAt,
+    ExpiresAt,
+}
+
+#[derive(DeriveIden)]
+enum Tenants {
+    Table,
+    Id,
+}
