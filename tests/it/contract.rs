@@ -122,6 +122,10 @@ fn variables(name: &str) -> Value {
         "Batches" => json!({"first": 5, "after": id}),
         "BatchJobs" => json!({"id": id, "first": 5, "after": id, "status": "SUCCEEDED"}),
         "BatchUpdates" => json!({"id": id}),
+        "CreateAccessToken" => json!({"input": {
+            "scopes": ["READ_JOBS", "CREATE_JOBS"], "labels": [{"key": "user", "value": "u1"}],
+            "jobIds": null, "ttlSeconds": 900, "maxSpend": "2.5", "tenantId": null
+        }}),
         "SetTenantLimits" => json!({"input": {
             "tenantId": id, "dailySpendLimit": "10", "monthlySpendLimit": null,
             "requestsPerMinute": 60, "tokensPerMinute": 100000, "lowBalanceThreshold": "2.5"
