@@ -1,6 +1,7 @@
 //! Connecting to the database and the transaction rules both backends share.
 
 pub mod bulk;
+pub mod json;
 mod values;
 
 pub use values::Values;

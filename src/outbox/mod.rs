@@ -4,10 +4,12 @@
 //! end) writes here; the webhooks dispatcher sends what is here.
 
 use crate::billing::Credits;
-use entity::{JobStatus, Timestamp, WebhookDeliveryStatus, jobs, webhook_deliveries, webhooks};
+use entity::{
+    JobStatus, Timestamp, WebhookDeliveryStatus, job_labels, jobs, webhook_deliveries, webhooks,
+};
 use sea_orm::{ActiveValue::Set, ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter};
-use serde_json::{Value, json};
-use std::collections::HashSet;
+use serde_json::{Map, Value, json};
+use std::collections::{HashMap, HashSet};
 use uuid::Uuid;
 
 /// What a webhook reports.
@@ -134,13 +136,42 @@ async fn enqueue_many(
 }
 
 /// Queues `job.succeeded`, `job.failed` or `job.cancelled` for each job that has just
-/// become terminal, with what its customer was charged. Each job is the row after its
+/// become terminal, with what its customer was charged and what the client gave it to
+/// recognise it by (idempotency key, labels, metadata). Each job is the row after its
 /// terminal update; call it in that update's transaction. Jobs in any other status
 /// queue nothing.
 pub async fn enqueue_jobs_finished(
     db: &impl ConnectionTrait,
     finished: &[(&jobs::Model, Credits)],
 ) -> Result<(), DbErr> {
+    if finished.is_empty() {
+        return Ok(());
+    }
+    // Labels and metadata take two reads: skipped unless some endpoint of these
+    // tenants listens, as for most finishes of most tenants.
+    let tenants: HashSet<Uuid> = finished.iter().map(|(job, _)| job.tenant_id).collect();
+    let listening = webhooks::Entity::find()
+        .filter(webhooks::Column::TenantId.is_in(tenants))
+        .filter(webhooks::Column::DeletedAt.is_null())
+        .one(db)
+        .await?
+        .is_some();
+    if !listening {
+        return Ok(());
+    }
+    let ids: Vec<Uuid> = finished.iter().map(|(job, _)| job.id).collect();
+    let mut metadata = crate::db::json::job_metadata(db, &ids).await?;
+    let mut labels: HashMap<Uuid, Map<String, Value>> = HashMap::new();
+    for label in job_labels::Entity::find()
+        .filter(job_labels::Column::JobId.is_in(ids.iter().copied()))
+        .all(db)
+        .await?
+    {
+        labels
+            .entry(label.job_id)
+            .or_default()
+            .insert(label.key, Value::String(label.value));
+    }
     let events = finished
         .iter()
         .filter_map(|(job, customer_charge)| {
@@ -156,6 +187,9 @@ pub async fn enqueue_jobs_finished(
                 "model": job.model,
                 "customerCharge": customer_charge.to_string(),
                 "errorCode": job.error_code,
+                "idempotencyKey": job.idempotency_key,
+                "labels": labels.remove(&job.id).unwrap_or_default(),
+                "metadata": metadata.remove(&job.id),
             });
             Some((job.tenant_id, event, data))
         })

@@ -187,9 +187,10 @@ async fn a_delivery_is_signed_retried_after_a_500_and_recorded(backend: Backend)
     assert_eq!(webhook["url"], receiver.url());
     assert_eq!(webhook["events"], json!(["JOB_SUCCEEDED", "JOB_CANCELLED"]));
 
-    let id = app
-        .create_job_ok(&tenant, job_input("hooked", "hello"))
-        .await;
+    let mut input = job_input("hooked", "hello");
+    input["labels"] = json!([{"key": "user", "value": "u-42"}, {"key": "doc", "value": "d-7"}]);
+    input["metadata"] = json!({"upload": "batch-3", "pages": [1, 2]});
+    let id = app.create_job_ok(&tenant, input).await;
     let job = app
         .wait_until_finished(&tenant, id, Duration::from_secs(30))
         .await;
@@ -222,6 +223,16 @@ async fn a_delivery_is_signed_retried_after_a_500_and_recorded(backend: Backend)
         assert_eq!(
             decimal(&body["data"]["customerCharge"]),
             decimal(&job["charge"]["amount"])
+        );
+        // What the client gave the job, so the receiver knows whose it is.
+        assert_eq!(body["data"]["idempotencyKey"], "hooked");
+        assert_eq!(
+            body["data"]["labels"],
+            json!({"doc": "d-7", "user": "u-42"})
+        );
+        assert_eq!(
+            body["data"]["metadata"],
+            json!({"upload": "batch-3", "pages": [1, 2]})
         );
     }
 
@@ -313,6 +324,10 @@ async fn pending_deliveries_resume_after_a_restart(backend: Backend) {
     assert_eq!(body["type"], "job.cancelled");
     assert_eq!(body["data"]["status"], "CANCELLED");
     assert_eq!(decimal(&body["data"]["customerCharge"]), 0.into());
+    // A job created without labels or metadata says so rather than leaving them out.
+    assert_eq!(body["data"]["labels"], json!({}));
+    assert!(body["data"]["metadata"].is_null(), "{body}");
+    assert!(body["data"]["idempotencyKey"].is_string(), "{body}");
     assert_eq!(recorded["attempts"], received.len());
 }
 

@@ -1,0 +1,48 @@
+//! Reading one member of a stored JSON document in the database, so that a small part
+//! of a large column (a job's metadata inside its input of up to megabytes) crosses
+//! the connection alone.
+
+use entity::jobs;
+use sea_orm::sea_query::{Expr, Query};
+use sea_orm::{ColumnTrait, ConnectionTrait, DbBackend, DbErr, FromQueryResult, StatementBuilder};
+use serde_json::Value;
+use std::collections::HashMap;
+use uuid::Uuid;
+
+/// The `metadata` a client gave each of `job_ids` (jobs without any are absent). The
+/// caller scopes the ids (to a tenant, a page); metadata is at most 64 KiB each.
+pub async fn job_metadata(
+    db: &impl ConnectionTrait,
+    job_ids: &[Uuid],
+) -> Result<HashMap<Uuid, Value>, DbErr> {
+    if job_ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    // Both give the member as JSON text, whatever its type: PostgreSQL's `->` of the
+    // column read as jsonb, SQLite's `->` (since 3.38) of the text itself.
+    let member = match db.get_database_backend() {
+        DbBackend::Postgres => "CAST(CAST(input AS jsonb) -> 'metadata' AS TEXT)",
+        _ => "input -> '$.metadata'",
+    };
+    let mut select = Query::select();
+    select
+        .column(jobs::Column::Id)
+        .expr_as(Expr::cust(member), "metadata")
+        .from(jobs::Entity)
+        .and_where(jobs::Column::Id.is_in(job_ids.iter().copied()));
+    #[derive(FromQueryResult)]
+    struct Row {
+        id: Uuid,
+        metadata: Option<String>,
+    }
+    let rows = Row::find_by_statement(StatementBuilder::build(&select, &db.get_database_backend()))
+        .all(db)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|row| {
+            let value = serde_json::from_str(&row.metadata?).ok()?;
+            Some((row.id, value))
+        })
+        .collect())
+}
