@@ -9,10 +9,12 @@ use serde_json::Value;
 use std::collections::HashMap;
 use uuid::Uuid;
 
-/// The `metadata` a client gave each of `job_ids` (jobs without any are absent). The
-/// caller scopes the ids (to a tenant, a page); metadata is at most 64 KiB each.
+/// The `metadata` a client gave each of `job_ids` (jobs without any are absent), of
+/// `tenant_id`'s jobs only when one is named (`None`: ids the caller read from rows it
+/// holds). Metadata is at most 64 KiB each.
 pub async fn job_metadata(
     db: &impl ConnectionTrait,
+    tenant_id: Option<Uuid>,
     job_ids: &[Uuid],
 ) -> Result<HashMap<Uuid, Value>, DbErr> {
     if job_ids.is_empty() {
@@ -30,6 +32,9 @@ pub async fn job_metadata(
         .expr_as(Expr::cust(member), "metadata")
         .from(jobs::Entity)
         .and_where(jobs::Column::Id.is_in(job_ids.iter().copied()));
+    if let Some(tenant_id) = tenant_id {
+        select.and_where(jobs::Column::TenantId.eq(tenant_id));
+    }
     #[derive(FromQueryResult)]
     struct Row {
         id: Uuid,

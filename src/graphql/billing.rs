@@ -1,12 +1,13 @@
 //! The billing dashboards: per-job costs, a summary over a time window and the credit
 //! ledger, for tenants (their own figures) and admins (any tenant's, or all).
 
+use super::loaders::{JobKey, JobOf, LabelsOf, MetadataOf};
 use super::scalars::Amount;
-use super::types::{JobStatus, PageInfo};
-use super::{app, principal};
+use super::types::{JobStatus, Label, PageInfo};
+use super::{app, loader, principal};
 use crate::billing::Credits;
 use crate::billing::reports::{self, PageRequest, ReportScope, Window};
-use async_graphql::{Context, Enum, Object, SimpleObject};
+use async_graphql::{ComplexObject, Context, Enum, Json, Object, SimpleObject};
 use chrono::{DateTime, Utc};
 use entity::{Timestamp, ledger_entries};
 use uuid::Uuid;
@@ -28,8 +29,10 @@ fn window(from: Option<DateTime<Utc>>, to: Option<DateTime<Utc>>) -> async_graph
 }
 
 /// One job's economics, as the cost dashboard lists it. The figures are those of the
-/// job's `cost` field.
+/// job's `cost` field; the idempotency key, labels and metadata attribute them to the
+/// client's own users, documents and uploads.
 #[derive(SimpleObject)]
+#[graphql(complex)]
 pub struct JobCostLine {
     pub job_id: Uuid,
     pub tenant_id: Uuid,
@@ -72,6 +75,47 @@ impl From<reports::JobCost> for JobCostLine {
             margin_at_worst: money(cost.margin_at_worst()),
             created_at: time(cost.created_at),
             model: cost.model,
+        }
+    }
+}
+
+#[ComplexObject]
+impl JobCostLine {
+    /// The client's key for the job.
+    async fn idempotency_key(&self, context: &Context<'_>) -> async_graphql::Result<String> {
+        let job = loader(context).load_one(JobOf(self.key())).await?.flatten();
+        Ok(job.map(|job| job.idempotency_key).unwrap_or_default())
+    }
+
+    /// The job's labels, in order of key.
+    async fn labels(&self, context: &Context<'_>) -> async_graphql::Result<Vec<Label>> {
+        let rows = loader(context).load_one(LabelsOf(self.key())).await?;
+        Ok(rows
+            .unwrap_or_default()
+            .into_iter()
+            .map(|row| Label {
+                key: row.key,
+                value: row.value,
+            })
+            .collect())
+    }
+
+    /// The metadata the job was created with; null without any, or once retention
+    /// pruned the job's payloads.
+    async fn metadata(
+        &self,
+        context: &Context<'_>,
+    ) -> async_graphql::Result<Option<Json<serde_json::Value>>> {
+        let metadata = loader(context).load_one(MetadataOf(self.key())).await?;
+        Ok(metadata.flatten().map(Json))
+    }
+}
+
+impl JobCostLine {
+    fn key(&self) -> JobKey {
+        JobKey {
+            tenant_id: self.tenant_id,
+            job_id: self.job_id,
         }
     }
 }

@@ -73,6 +73,10 @@ pub struct CostOf(pub JobKey);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LabelsOf(pub JobKey);
 
+/// The key of the metadata a client gave a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MetadataOf(pub JobKey);
+
 /// The key of a job read by its id, without its payloads (the job a rerun reruns).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct JobOf(pub JobKey);
@@ -289,6 +293,27 @@ impl Loader<LabelsOf> for JobRelations {
                     .entry(LabelsOf(JobKey { tenant_id, job_id }))
                     .or_default()
                     .push(row);
+            }
+        }
+        Ok(found)
+    }
+}
+
+impl Loader<MetadataOf> for JobRelations {
+    type Value = Option<serde_json::Value>;
+    type Error = async_graphql::Error;
+
+    async fn load(
+        &self,
+        keys: &[MetadataOf],
+    ) -> Result<HashMap<MetadataOf, Self::Value>, Self::Error> {
+        let mut found = empty_entries(keys);
+        for (tenant_id, job_ids) in by_tenant(keys.iter().map(|key| &key.0)) {
+            let metadata = crate::db::json::job_metadata(&self.db, Some(tenant_id), &job_ids)
+                .await
+                .map_err(internal)?;
+            for (job_id, value) in metadata {
+                found.insert(MetadataOf(JobKey { tenant_id, job_id }), Some(value));
             }
         }
         Ok(found)

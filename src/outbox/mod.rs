@@ -160,7 +160,8 @@ pub async fn enqueue_jobs_finished(
         return Ok(());
     }
     let ids: Vec<Uuid> = finished.iter().map(|(job, _)| job.id).collect();
-    let mut metadata = crate::db::json::job_metadata(db, &ids).await?;
+    // The rows of the terminal update: no tenant to scope them to.
+    let mut metadata = crate::db::json::job_metadata(db, None, &ids).await?;
     let mut labels: HashMap<Uuid, Map<String, Value>> = HashMap::new();
     for label in job_labels::Entity::find()
         .filter(job_labels::Column::JobId.is_in(ids.iter().copied()))

@@ -11,7 +11,7 @@ pub use account::{Account, CreditGrant, Tenant};
 pub use attempt::Attempt;
 pub use batch::{Batch, BatchConnection, BatchEdge, BatchMode, BatchUpdate, page_arguments};
 pub use costs::{Charge, JobCost, Reservation};
-pub use job::{Job, JobConnection, JobEdge, JobEvent, PageInfo, PayloadGate};
+pub use job::{Job, JobConnection, JobEdge, JobEvent, Label, PageInfo, PayloadGate};
 
 use super::scalars::Amount;
 use crate::billing::Credits;

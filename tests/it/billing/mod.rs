@@ -2,6 +2,7 @@
 //! computed here from the rows: figures, time windows, paging, tenant isolation and
 //! the admin variants.
 
+mod attribution;
 mod dashboards;
 mod figures;
 mod paging;
