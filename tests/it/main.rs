@@ -52,4 +52,5 @@ mod streaming;
 mod structured;
 mod subscriptions;
 mod traces;
+mod typescript_client;
 mod webhooks;
