@@ -152,6 +152,23 @@ test('followJob with afterSeq delivers only the later events', async () => {
   }
 });
 
+test('cancelJob stops a running job, and followJob ends with CANCELLED', async () => {
+  const jobledger = client();
+  const { job } = await jobledger.createJob(jobInput(30_000));
+  const events = [];
+  for await (const event of jobledger.followJob(job.id)) {
+    events.push(event);
+    if (event.kind === 'ATTEMPT_STARTED') {
+      const cancelled = await jobledger.cancelJob(job.id);
+      assert.equal(cancelled.cancelRequested, true);
+    }
+  }
+  assert.equal(events.at(-1).status, 'CANCELLED');
+  assert.deepEqual(shape(events), await storedEvents(jobledger, job.id));
+  // Settled for what the attempt may have cost, or released: nothing stays held.
+  assert.notEqual((await jobledger.jobCost(job.id)).reservation.status, 'HELD');
+});
+
 test('jobCost reads what a finished job cost: its charge settled from its hold', async () => {
   const jobledger = client();
   const { job } = await jobledger.createJob(jobInput(0));
