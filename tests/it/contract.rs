@@ -21,7 +21,12 @@ const NOT_YET_SERVED: &[&str] = &[
 
 /// The text of one named operation of the contract, comments removed.
 pub fn operation(name: &str) -> String {
-    let text: String = OPERATIONS
+    operation_in(OPERATIONS, name)
+}
+
+/// The text of one named operation of a GraphQL document, comments removed.
+pub fn operation_in(document: &str, name: &str) -> String {
+    let text: String = document
         .lines()
         .map(|line| line.split('#').next().unwrap_or_default())
         .collect::<Vec<_>>()
@@ -37,7 +42,7 @@ pub fn operation(name: &str) -> String {
                 })
                 .map(|(index, _)| index)
         })
-        .unwrap_or_else(|| panic!("operation {name} is not in the contract"));
+        .unwrap_or_else(|| panic!("operation {name} is not in the document"));
     let mut depth = 0;
     for (offset, character) in text[start..].char_indices() {
         match character {
@@ -56,7 +61,12 @@ pub fn operation(name: &str) -> String {
 
 /// Every operation name of the contract, in order.
 fn operation_names() -> Vec<String> {
-    OPERATIONS
+    operation_names_in(OPERATIONS)
+}
+
+/// Every operation name of a GraphQL document, in order.
+pub fn operation_names_in(document: &str) -> Vec<String> {
+    document
         .lines()
         .filter_map(|line| {
             let mut words = line.split_whitespace();

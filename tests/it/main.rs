@@ -53,4 +53,5 @@ mod streaming;
 mod structured;
 mod subscriptions;
 mod traces;
+mod typescript_client;
 mod webhooks;
