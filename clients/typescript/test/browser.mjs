@@ -26,10 +26,10 @@ async function graphql(credential, query, variables = {}) {
 }
 
 /**
- * The credential the page is handed: where a frontend's backend would mint one for
- * the browser session. Today a funded tenant's API key; the intended browser
- * credential is a short-lived `createAccessToken` token (scopes READ_JOBS and
- * CREATE_JOBS), minted here with the tenant key once that mutation is served.
+ * The credential the page is handed, minted as a frontend's backend would mint one for
+ * the browser session: a short-lived access token of a funded tenant, for its jobs of
+ * one session label only, with a cap on what its creates may hold. The tenant's key
+ * never reaches the page.
  */
 async function browserCredential() {
   const created = await graphql(
@@ -43,7 +43,20 @@ async function browserCredential() {
     { input: { tenantId: tenant.id, amount: '10', idempotencyKey: 'browser-test' } },
   );
   if (granted.errors) throw new Error(JSON.stringify(granted.errors));
-  return apiKey;
+  const minted = await graphql(
+    apiKey,
+    'mutation($input: CreateAccessTokenInput!) { createAccessToken(input: $input) { token } }',
+    {
+      input: {
+        scopes: ['READ_JOBS', 'CREATE_JOBS', 'CANCEL_JOBS'],
+        labels: [{ key: 'session', value: 'browser-test' }],
+        ttlSeconds: 600,
+        maxSpend: '5',
+      },
+    },
+  );
+  if (minted.errors) throw new Error(JSON.stringify(minted.errors));
+  return minted.data.createAccessToken.token;
 }
 
 const bundle = readFileSync(new URL('../dist/browser/jobledger-client.js', import.meta.url));
