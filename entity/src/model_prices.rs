@@ -21,6 +21,10 @@ pub struct Model {
     pub effective_from: Timestamp,
     /// Where the price came from (a pricing page and its date, or a config file).
     pub source: String,
+    /// Input and output tokens one call may hold together; `None`: unknown.
+    pub context_window: Option<i64>,
+    /// The most output tokens one call may ask for; `None`: unknown.
+    pub max_output_tokens: Option<i64>,
     pub created_at: Timestamp,
 }
 

@@ -4,6 +4,7 @@
 //! attempt stores the version it was priced with, so past rows never change.
 
 use super::Credits;
+use crate::error::ServiceError;
 use crate::llm::TokenUsage;
 use entity::{Timestamp, model_prices};
 use rust_decimal::Decimal;
@@ -55,6 +56,52 @@ impl Rates {
     }
 }
 
+/// What one call of a model may hold: known for the built-in models, unknown (no
+/// check) for a model whose price says nothing of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ModelLimits {
+    /// Input and output tokens together.
+    pub context_window: Option<u32>,
+    /// Output tokens one call may ask for.
+    pub max_output_tokens: Option<u32>,
+}
+
+impl ModelLimits {
+    /// `Validation` when a call asking for `max_output_tokens` cannot be made of the
+    /// model; checked before anything is held, since the provider would refuse every
+    /// attempt. The context window is not checked against the input: the input bound
+    /// counts UTF-8 bytes, several times a document's tokens, and would refuse
+    /// documents that fit.
+    pub fn check_output(&self, model: &str, max_output_tokens: u64) -> Result<(), ServiceError> {
+        let refused = |limit: u32| {
+            ServiceError::validation(format!(
+                "maxOutputTokens is {max_output_tokens}, above the {limit} tokens {model:?} can write in one call"
+            ))
+        };
+        if let Some(limit) = self.max_output_tokens
+            && max_output_tokens > u64::from(limit)
+        {
+            return Err(refused(limit));
+        }
+        // Output counts against the window too: a window smaller than the output limit
+        // (none of the built-ins) bounds the output alone.
+        if let Some(window) = self.context_window
+            && max_output_tokens >= u64::from(window)
+        {
+            return Err(refused(window));
+        }
+        Ok(())
+    }
+
+    fn from_columns(context_window: Option<i64>, max_output_tokens: Option<i64>) -> Self {
+        let tokens = |column: Option<i64>| column.and_then(|value| u32::try_from(value).ok());
+        Self {
+            context_window: tokens(context_window),
+            max_output_tokens: tokens(max_output_tokens),
+        }
+    }
+}
+
 /// One version of one model's price, as stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModelPrice {
@@ -63,6 +110,8 @@ pub struct ModelPrice {
     pub version: i32,
     pub provider: Rates,
     pub customer: Rates,
+    pub limits: ModelLimits,
+    pub source: String,
 }
 
 impl ModelPrice {
@@ -82,6 +131,8 @@ impl From<model_prices::Model> for ModelPrice {
         let rate = |nanos| PricePerMillion(Credits::from_nanos(nanos));
         Self {
             id: row.id,
+            limits: ModelLimits::from_columns(row.context_window, row.max_output_tokens),
+            source: row.source,
             model: row.model,
             version: row.version,
             provider: Rates {
@@ -104,49 +155,140 @@ pub struct ConfiguredPrice {
     pub model: String,
     pub provider: Rates,
     pub customer: Rates,
+    pub limits: ModelLimits,
     pub source: String,
 }
 
 /// The factor the customer pays over the provider's price when no price says otherwise.
 pub const DEFAULT_CUSTOMER_MARKUP: &str = "1.25";
 
-/// Provider list prices in USD (one credit = one US dollar) per million tokens:
-/// (model, input, cached input, output, source).
-const BUILT_IN_PRICES: &[(&str, &str, &str, &str, &str)] = &[
+/// Where the built-in OpenAI prices and limits come from.
+const OPENAI_SOURCE: &str =
+    "openai.com/api/pricing and the model pages, list prices as of 2026-12-02";
+/// Where the built-in Anthropic prices and limits come from.
+const ANTHROPIC_SOURCE: &str =
+    "anthropic.com/pricing (cache reads at 0.1x input) and the models overview, as of 2026-12-02";
+
+/// Provider list prices in USD (one credit = one US dollar) per million tokens, and
+/// limits in tokens: (model, input, cached input, output, context window, most output,
+/// source).
+const BUILT_IN_PRICES: &[(&str, &str, &str, &str, u32, u32, &str)] = &[
     (
         "gpt-4o-mini",
         "0.15",
         "0.075",
         "0.60",
-        "openai.com/api/pricing, read 2026-11-30",
+        128_000,
+        16_384,
+        OPENAI_SOURCE,
     ),
     (
         "gpt-4o",
         "2.50",
         "1.25",
         "10.00",
-        "openai.com/api/pricing, read 2026-11-30",
+        128_000,
+        16_384,
+        OPENAI_SOURCE,
+    ),
+    (
+        "gpt-4.1",
+        "2.00",
+        "0.50",
+        "8.00",
+        1_047_576,
+        32_768,
+        OPENAI_SOURCE,
     ),
     (
         "gpt-4.1-mini",
         "0.40",
         "0.10",
         "1.60",
-        "openai.com/api/pricing, read 2026-11-30",
+        1_047_576,
+        32_768,
+        OPENAI_SOURCE,
+    ),
+    (
+        "gpt-4.1-nano",
+        "0.10",
+        "0.025",
+        "0.40",
+        1_047_576,
+        32_768,
+        OPENAI_SOURCE,
+    ),
+    (
+        "o3",
+        "2.00",
+        "0.50",
+        "8.00",
+        200_000,
+        100_000,
+        OPENAI_SOURCE,
+    ),
+    (
+        "o3-mini",
+        "1.10",
+        "0.55",
+        "4.40",
+        200_000,
+        100_000,
+        OPENAI_SOURCE,
+    ),
+    (
+        "o4-mini",
+        "1.10",
+        "0.275",
+        "4.40",
+        200_000,
+        100_000,
+        OPENAI_SOURCE,
     ),
     (
         "claude-3-5-haiku-latest",
         "0.80",
         "0.08",
         "4.00",
-        "anthropic.com/pricing (cache reads at 0.1x input), read 2026-11-30",
+        200_000,
+        8_192,
+        ANTHROPIC_SOURCE,
+    ),
+    (
+        "claude-haiku-4-5",
+        "1.00",
+        "0.10",
+        "5.00",
+        200_000,
+        64_000,
+        ANTHROPIC_SOURCE,
+    ),
+    (
+        "claude-sonnet-4-0",
+        "3.00",
+        "0.30",
+        "15.00",
+        200_000,
+        64_000,
+        ANTHROPIC_SOURCE,
     ),
     (
         "claude-sonnet-4-5",
         "3.00",
         "0.30",
         "15.00",
-        "anthropic.com/pricing (cache reads at 0.1x input), read 2026-11-30",
+        200_000,
+        64_000,
+        ANTHROPIC_SOURCE,
+    ),
+    (
+        "claude-opus-4-1",
+        "15.00",
+        "1.50",
+        "75.00",
+        200_000,
+        32_000,
+        ANTHROPIC_SOURCE,
     ),
 ];
 
@@ -155,6 +297,7 @@ const BUILT_IN_PRICES: &[(&str, &str, &str, &str, &str)] = &[
 pub struct ListPrice {
     pub model: String,
     pub provider: Rates,
+    pub limits: ModelLimits,
     pub source: String,
 }
 
@@ -165,6 +308,7 @@ impl ListPrice {
             model: self.model.clone(),
             provider: self.provider,
             customer: marked_up(&self.provider, markup),
+            limits: self.limits,
             source: self.source.clone(),
         }
     }
@@ -174,21 +318,27 @@ impl ListPrice {
 pub fn built_in_list() -> Vec<ListPrice> {
     BUILT_IN_PRICES
         .iter()
-        .map(|(model, input, cached_input, output, source)| {
-            let rate = |text: &str| {
-                let value = Decimal::from_str(text).expect("built-in prices are decimals");
-                PricePerMillion(Credits::from_decimal(value).expect("built-in prices fit"))
-            };
-            ListPrice {
-                model: (*model).to_owned(),
-                provider: Rates {
-                    input: rate(input),
-                    cached_input: rate(cached_input),
-                    output: rate(output),
-                },
-                source: (*source).to_owned(),
-            }
-        })
+        .map(
+            |(model, input, cached_input, output, context_window, max_output, source)| {
+                let rate = |text: &str| {
+                    let value = Decimal::from_str(text).expect("built-in prices are decimals");
+                    PricePerMillion(Credits::from_decimal(value).expect("built-in prices fit"))
+                };
+                ListPrice {
+                    model: (*model).to_owned(),
+                    provider: Rates {
+                        input: rate(input),
+                        cached_input: rate(cached_input),
+                        output: rate(output),
+                    },
+                    limits: ModelLimits {
+                        context_window: Some(*context_window),
+                        max_output_tokens: Some(*max_output),
+                    },
+                    source: (*source).to_owned(),
+                }
+            },
+        )
         .collect()
 }
 
@@ -237,7 +387,10 @@ pub async fn sync_prices(
             .await?;
         if let Some(row) = &newest {
             let stored = ModelPrice::from(row.clone());
-            if stored.provider == price.provider && stored.customer == price.customer {
+            if stored.provider == price.provider
+                && stored.customer == price.customer
+                && stored.limits == price.limits
+            {
                 continue;
             }
         }
@@ -254,6 +407,8 @@ pub async fn sync_prices(
             customer_output_nanos_per_million: Set(price.customer.output.0.nanos()),
             effective_from: Set(now),
             source: Set(price.source.clone()),
+            context_window: Set(price.limits.context_window.map(i64::from)),
+            max_output_tokens: Set(price.limits.max_output_tokens.map(i64::from)),
             created_at: Set(now),
         };
         match model_prices::Entity::insert(row).exec(db).await {
@@ -278,6 +433,24 @@ pub async fn price_at(
         .one(db)
         .await?
         .map(ModelPrice::from))
+}
+
+/// The price in force at `at` of every model that has one, by model name. The table
+/// holds a few versions per model, so it is read whole.
+pub async fn prices_at(db: &impl ConnectionTrait, at: Timestamp) -> Result<Vec<ModelPrice>, DbErr> {
+    let rows = model_prices::Entity::find()
+        .filter(model_prices::Column::EffectiveFrom.lte(at))
+        .order_by_asc(model_prices::Column::Model)
+        .order_by_desc(model_prices::Column::Version)
+        .all(db)
+        .await?;
+    let mut newest: Vec<ModelPrice> = Vec::new();
+    for row in rows {
+        if newest.last().is_none_or(|price| price.model != row.model) {
+            newest.push(ModelPrice::from(row));
+        }
+    }
+    Ok(newest)
 }
 
 #[cfg(test)]

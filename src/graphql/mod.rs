@@ -11,6 +11,7 @@ pub mod fairness;
 mod keys;
 mod limits;
 mod loaders;
+mod models;
 mod mutation;
 mod query;
 mod scalars;
@@ -44,6 +45,7 @@ pub struct QueryRoot(
     admin::AdminQuery,
     limits::LimitsQuery,
     webhooks::WebhookQuery,
+    models::ModelQuery,
 );
 
 /// The root of every change: jobs, tenants and credits, and API keys.

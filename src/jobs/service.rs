@@ -106,6 +106,9 @@ async fn create(
             ))
         })?;
     let bound = new.input.call_bound();
+    price
+        .limits
+        .check_output(&new.model, bound.max_output_tokens)?;
     let hold = bound.job_hold(&price, new.max_attempts);
     let transaction = begin_write(db).await?;
     let row = jobs::ActiveModel {

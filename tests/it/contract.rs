@@ -13,8 +13,6 @@ const OPERATIONS: &str = include_str!("contract/operations.graphql");
 
 /// Operations that open issues deliver, each removed from here when its issue lands.
 const NOT_YET_SERVED: &[&str] = &[
-    // Request shape (models and the price map).
-    "Models",
     // Job lifecycle: deadlines and each attempt's model.
     "JobLifecycle",
 ];

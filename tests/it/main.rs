@@ -39,6 +39,7 @@ mod jobs;
 mod labels;
 mod limits;
 mod loaders;
+mod models;
 mod operations;
 mod processes;
 mod properties;

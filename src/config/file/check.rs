@@ -468,6 +468,7 @@ impl Checker<'_> {
             model: price.model.clone(),
             provider: price.provider,
             customer,
+            limits: price.limits,
             source: price.source.clone(),
         })
     }

@@ -163,9 +163,11 @@ impl ConfigFile {
             .collect();
         for (model, config) in &self.models {
             let price = match (&config.price, built_in.get(model.as_str())) {
-                (Some(rates), _) => ListPrice {
+                (Some(rates), built_in) => ListPrice {
                     model: model.clone(),
                     provider: *rates,
+                    // A new price of a built-in model keeps what the model can hold.
+                    limits: built_in.map(|price| price.limits).unwrap_or_default(),
                     source: config
                         .source
                         .clone()

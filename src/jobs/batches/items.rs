@@ -206,6 +206,16 @@ async fn write_chunk(
                 batch.model
             ))
         })?;
+    // Before anything is held: an item the model cannot run would fail every attempt.
+    for item in items {
+        let bound = item.job.input.call_bound();
+        price
+            .limits
+            .check_output(&batch.model, bound.max_output_tokens)
+            .map_err(|refusal| {
+                ServiceError::validation(format!("item {:?}: {refusal}", item.custom_id))
+            })?;
+    }
     let transaction = begin_write(db).await?;
     let custom_ids: Vec<&str> = items.iter().map(|item| item.custom_id.as_str()).collect();
     let existing = existing_items(&transaction, batch.id, &custom_ids).await?;

@@ -159,15 +159,15 @@ pub async fn create_batch(
         )));
     }
     let now = Timestamp::now();
-    if crate::billing::prices::price_at(db, &new.model, now)
-        .await?
-        .is_none()
-    {
+    let Some(price) = crate::billing::prices::price_at(db, &new.model, now).await? else {
         return Err(ServiceError::validation(format!(
             "model {:?} has no price and cannot be run",
             new.model
         )));
-    }
+    };
+    price
+        .limits
+        .check_output(&new.model, u64::from(new.settings.max_output_tokens))?;
     let fingerprint = new.fingerprint();
     let row = batches::ActiveModel {
         id: Set(Uuid::now_v7()),

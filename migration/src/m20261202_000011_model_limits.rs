@@ -1,0 +1,47 @@
+//! A model's limits beside its price: the context window (input and output tokens
+//! together) and the most output tokens one call may ask for. They are versioned with
+//! the price, since a provider changes both at once, and null where they are unknown.
+
+use sea_orm_migration::{prelude::*, schema::*};
+
+#[derive(DeriveMigrationName)]
+pub struct Migration;
+
+#[async_trait::async_trait]
+impl MigrationTrait for Migration {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        // One column per statement: SQLite alters a table one column at a time.
+        for column in [ModelPrices::ContextWindow, ModelPrices::MaxOutputTokens] {
+            manager
+                .alter_table(
+                    Table::alter()
+                        .table(ModelPrices::Table)
+                        .add_column(big_integer_null(column))
+                        .to_owned(),
+                )
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        for column in [ModelPrices::ContextWindow, ModelPrices::MaxOutputTokens] {
+            manager
+                .alter_table(
+                    Table::alter()
+                        .table(ModelPrices::Table)
+                        .drop_column(column)
+                        .to_owned(),
+                )
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(DeriveIden)]
+enum ModelPrices {
+    Table,
+    ContextWindow,
+    MaxOutputTokens,
+}
