@@ -77,6 +77,7 @@ pub fn job_saying(index: u64, content: &str) -> NewJob {
         priority: None,
         run_at: None,
         labels: Vec::new(),
+        parameters: Default::default(),
     })
     .expect("the benchmark's job is valid")
 }

@@ -207,6 +207,8 @@ mod tests {
             id: Uuid::nil(),
             model: "m".into(),
             version: 1,
+            limits: Default::default(),
+            source: String::new(),
             provider: Rates {
                 input: per_million(1),
                 cached_input: per_million(1),

@@ -11,6 +11,7 @@ use crate::billing::{Credits, CreditsError, ledger};
 use crate::db::begin_write;
 use crate::error::ServiceError;
 use crate::jobs::input::{IdempotencyKey, JobRequest, NewJob};
+use crate::jobs::parameters::ParameterRequest;
 use crate::jobs::{rerun, service};
 use crate::llm::TokenUsage;
 use async_graphql::{Context, InputObject, Json, Object, SimpleObject};
@@ -63,6 +64,19 @@ pub struct CreateJobInput {
     /// At most 16, one value per key (a key given twice is `VALIDATION`), for finding
     /// the job again with `jobs(label:)`.
     pub labels: Option<Vec<LabelInput>>,
+    /// Sampling temperature, 0 to 2; the provider's default when omitted.
+    pub temperature: Option<f64>,
+    /// Nucleus sampling, above 0 and at most 1.
+    pub top_p: Option<f64>,
+    /// Up to 4 sequences (1 to 256 characters) that end the reply.
+    pub stop: Option<Vec<String>>,
+    /// For providers that sample reproducibly (dropped for Anthropic).
+    pub seed: Option<i32>,
+    /// Other fields of the provider's request body, sent as given (at most 16 KiB). A
+    /// field that changes what a call may cost (`n`, `best_of`, `max_tokens`,
+    /// `logprobs`, `service_tier`, …) or that jobledger sets (`model`, `messages`,
+    /// `stream`, …) is `VALIDATION`, naming it.
+    pub provider_options: Option<Json<serde_json::Value>>,
 }
 
 /// The job, and whether an earlier request with the same key created it.
@@ -204,6 +218,13 @@ impl JobMutation {
             priority: input.priority,
             run_at: input.run_at.map(Timestamp::from),
             labels,
+            parameters: ParameterRequest {
+                temperature: input.temperature,
+                top_p: input.top_p,
+                stop: input.stop,
+                seed: input.seed.map(i64::from),
+                provider_options: input.provider_options.map(|json| json.0),
+            },
         })?;
         let app = app(context);
         let created = match &principal {

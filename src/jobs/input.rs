@@ -1,8 +1,10 @@
 //! What a client asks a job to do, parsed into types that cannot hold a bad request.
 
 use super::labels::Labels;
+use super::parameters::{ParameterRequest, parse_parameters};
 use crate::billing::CallBound;
 use crate::error::ServiceError;
+use crate::llm::Parameters;
 use crate::llm::{Message, Role};
 use entity::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -89,6 +91,10 @@ pub struct JobInput {
     /// Stream the reply, so subscribers see `OUTPUT_DELTA` events while it is written.
     #[serde(default)]
     pub stream_output: bool,
+    /// Sent with every call; absent from what is stored when none was given, so jobs
+    /// created before parameters existed keep their fingerprints.
+    #[serde(default, skip_serializing_if = "Parameters::is_empty")]
+    pub parameters: Parameters,
 }
 
 impl JobInput {
@@ -105,7 +111,14 @@ impl JobInput {
             .response_schema
             .as_ref()
             .map_or(0, |schema| schema.to_string().len() as u64);
-        content + schema
+        // Options and stop sequences travel in the request too; counting their bytes
+        // keeps the bound a bound whatever a provider makes of them.
+        let parameters = if self.parameters.is_empty() {
+            0
+        } else {
+            serde_json::to_string(&self.parameters).map_or(0, |text| text.len() as u64)
+        };
+        content + schema + parameters
     }
 
     /// The most one call for this input can use: what holds and cost bounds are
@@ -134,6 +147,7 @@ pub struct JobRequest {
     pub run_at: Option<Timestamp>,
     /// `(key, value)` pairs.
     pub labels: Vec<(String, String)>,
+    pub parameters: ParameterRequest,
 }
 
 /// A job request that passed every check.
@@ -195,6 +209,7 @@ impl NewJob {
             .priority
             .map_or(Ok(Priority::DEFAULT), Priority::parse)?;
         let labels = Labels::parse(request.labels)?;
+        let parameters = parse_parameters(request.parameters)?;
         if let Some(run_at) = request.run_at
             && run_at > Timestamp::now().plus(chrono::Duration::days(MAX_SCHEDULE_DAYS))
         {
@@ -211,6 +226,7 @@ impl NewJob {
                 response_schema: request.response_schema,
                 metadata: request.metadata,
                 stream_output: request.stream_output.unwrap_or(false),
+                parameters,
             },
             max_attempts,
             retry_unknown_outcome: request.retry_unknown_outcome.unwrap_or(true),
@@ -441,6 +457,7 @@ mod tests {
             priority: None,
             run_at: None,
             labels: Vec::new(),
+            parameters: Default::default(),
         }
     }
 

@@ -10,6 +10,7 @@ pub mod input;
 pub mod labels;
 pub mod leases;
 pub mod observe;
+pub mod parameters;
 pub mod queue;
 pub mod reach;
 pub mod relay;

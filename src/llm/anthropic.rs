@@ -82,6 +82,7 @@ impl AnthropicClient {
         if !system.is_empty() {
             body["system"] = json!(system.join("\n\n"));
         }
+        request.parameters.add_to_anthropic(&mut body);
         body
     }
 }
@@ -296,6 +297,7 @@ mod tests {
             messages,
             max_output_tokens: 100,
             response_schema,
+            parameters: Default::default(),
         }
     }
 

@@ -4,6 +4,7 @@
 pub mod anthropic;
 mod http;
 pub mod openai;
+mod parameters;
 pub mod routing;
 pub mod simulator;
 mod vocabulary;
@@ -11,6 +12,7 @@ mod vocabulary;
 use serde_json::Value;
 use std::time::Duration;
 
+pub use parameters::Parameters;
 pub use routing::ProviderRegistry;
 pub use vocabulary::{Message, Role, TokenUsage};
 
@@ -22,6 +24,7 @@ pub struct ChatRequest {
     pub max_output_tokens: u32,
     /// A JSON Schema the reply must satisfy, for providers that can enforce it.
     pub response_schema: Option<Value>,
+    pub parameters: Parameters,
 }
 
 /// A provider's successful answer.

@@ -65,6 +65,7 @@ impl OpenAiClient {
                 "json_schema": {"name": "response", "schema": schema},
             });
         }
+        request.parameters.add_to_openai(&mut body);
         body
     }
 }

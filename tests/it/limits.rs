@@ -297,6 +297,7 @@ fn new_job(key: &str) -> NewJob {
         priority: None,
         run_at: None,
         labels: Vec::new(),
+        parameters: Default::default(),
     })
     .expect("a valid request")
 }

@@ -41,6 +41,7 @@ mod limits;
 mod loaders;
 mod models;
 mod operations;
+mod parameters;
 mod processes;
 mod properties;
 mod protocol_model;

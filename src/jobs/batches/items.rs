@@ -158,6 +158,7 @@ fn parse_items(
                 response_schema: settings.response_schema.clone(),
                 metadata: request.metadata,
                 stream_output: false,
+                parameters: Default::default(),
             },
             max_attempts: settings.max_attempts,
             retry_unknown_outcome: true,

@@ -43,6 +43,7 @@ async fn concurrent_creates_never_admit_more_than_the_balance_holds(backend: Bac
         priority: None,
         run_at: None,
         labels: Vec::new(),
+        parameters: Default::default(),
     })
     .unwrap();
     let price = prices::price_at(&db, "gpt-4o-mini", Timestamp::now())

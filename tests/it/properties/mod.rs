@@ -134,6 +134,7 @@ impl Spec {
             priority: None,
             run_at: None,
             labels: Vec::new(),
+            parameters: Default::default(),
         })
         .expect("the generated request is valid")
     }

@@ -22,6 +22,7 @@ fn request(messages: &[(Role, &str)]) -> ChatRequest {
             .collect(),
         max_output_tokens: 256,
         response_schema: None,
+        parameters: Default::default(),
     }
 }
 

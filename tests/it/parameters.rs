@@ -1,0 +1,186 @@
+//! Job parameters (`temperature`, `topP`, `stop`, `seed`, `providerOptions`): they
+//! reach the provider as sent, in each provider's shape; options that would change
+//! what a call may cost are refused; and they are part of the request a key names.
+
+use crate::helpers::{AppOptions, Backend, error_code, job_input, spawn_app, spawn_app_with};
+use jobledger::llm::anthropic::AnthropicClient;
+use jobledger::llm::simulator::Simulator;
+use jobledger::llm::{ChatRequest, Message, Parameters, Provider, Role};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+on_both_backends!(
+    parameters_reach_the_provider_as_sent,
+    cost_changing_options_are_refused_before_anything_is_held,
+    parameters_are_part_of_the_request_a_key_names,
+);
+
+fn with_parameters(key: &str) -> Value {
+    let mut input = job_input(key, "Name three colours.");
+    input["temperature"] = json!(0.25);
+    input["topP"] = json!(0.5);
+    input["stop"] = json!(["END", "\n\n"]);
+    input["seed"] = json!(42);
+    input["providerOptions"] = json!({"user": "end-user-7", "logit_bias": {"50256": -100}});
+    input
+}
+
+async fn parameters_reach_the_provider_as_sent(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let id = app.create_job_ok(&tenant, with_parameters("colours")).await;
+    let job = app
+        .wait_until_finished(&tenant, id, Duration::from_secs(30))
+        .await;
+    assert_eq!(job["status"], "SUCCEEDED", "{job}");
+    let calls = app.simulator.calls();
+    assert_eq!(calls.len(), 1, "one call");
+    let sent = &calls[0].request;
+    assert_eq!(sent["temperature"], 0.25);
+    assert_eq!(sent["top_p"], 0.5);
+    assert_eq!(sent["stop"], json!(["END", "\n\n"]));
+    assert_eq!(sent["seed"], 42);
+    assert_eq!(sent["user"], "end-user-7");
+    assert_eq!(sent["logit_bias"], json!({"50256": -100}));
+    // What jobledger sets is its own.
+    assert_eq!(sent["messages"][0]["content"], "Name three colours.");
+    // A job without parameters sends none: the provider's defaults apply.
+    let plain = app
+        .create_job_ok(&tenant, job_input("plain", "Name a colour."))
+        .await;
+    app.wait_until_finished(&tenant, plain, Duration::from_secs(30))
+        .await;
+    let sent = &app.simulator.calls()[1].request;
+    for field in ["temperature", "top_p", "stop", "seed", "user"] {
+        assert!(sent.get(field).is_none(), "{field} sent: {sent}");
+    }
+}
+
+/// Anthropic's shape: `stop` is `stop_sequences`, and it takes no seed.
+#[tokio::test]
+async fn anthropic_calls_carry_the_parameters_in_its_shape() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let simulator = Simulator::new();
+    tokio::spawn(simulator.clone().serve(listener, std::future::pending()));
+    let client = AnthropicClient::new(
+        "anthropic",
+        &format!("http://{address}/v1"),
+        Some("k".into()),
+    );
+    let parameters = Parameters {
+        temperature: Some(0.25),
+        top_p: Some(0.5),
+        stop: vec!["END".into()],
+        seed: Some(42),
+        provider_options: json!({"metadata": {"user_id": "u-7"}})
+            .as_object()
+            .unwrap()
+            .clone(),
+    };
+    client
+        .complete(&ChatRequest {
+            model: "claude-sonnet-4-5".into(),
+            messages: vec![Message {
+                role: Role::User,
+                content: "hello".into(),
+            }],
+            max_output_tokens: 50,
+            response_schema: None,
+            parameters,
+        })
+        .await
+        .unwrap();
+    let sent = &simulator.calls()[0].request;
+    assert_eq!(sent["temperature"], 0.25);
+    assert_eq!(sent["top_p"], 0.5);
+    assert_eq!(sent["stop_sequences"], json!(["END"]));
+    assert!(sent.get("seed").is_none(), "{sent}");
+    assert!(sent.get("stop").is_none(), "{sent}");
+    assert_eq!(sent["metadata"], json!({"user_id": "u-7"}));
+    assert_eq!(sent["max_tokens"], 50);
+}
+
+async fn cost_changing_options_are_refused_before_anything_is_held(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let balance = app.balance(&tenant).await;
+    let cases = [
+        ("providerOptions", json!({"n": 4}), "\"n\""),
+        ("providerOptions", json!({"best_of": 3}), "\"best_of\""),
+        (
+            "providerOptions",
+            json!({"max_tokens": 100000}),
+            "\"max_tokens\"",
+        ),
+        (
+            "providerOptions",
+            json!({"max_completion_tokens": 9}),
+            "\"max_completion_tokens\"",
+        ),
+        (
+            "providerOptions",
+            json!({"logprobs": true, "top_logprobs": 5}),
+            "log",
+        ),
+        (
+            "providerOptions",
+            json!({"service_tier": "priority"}),
+            "\"service_tier\"",
+        ),
+        ("providerOptions", json!({"model": "gpt-4o"}), "\"model\""),
+        ("providerOptions", json!("n=4"), "JSON object"),
+        ("temperature", json!(2.5), "temperature"),
+        ("topP", json!(0), "topP"),
+        ("stop", json!(["a", "b", "c", "d", "e"]), "at most 4"),
+    ];
+    for (index, (field, value, reason)) in cases.into_iter().enumerate() {
+        let mut input = job_input(&format!("bad-{index}"), "hello");
+        input[field] = value.clone();
+        let response = app.create_job(&tenant, input).await;
+        assert_eq!(
+            error_code(&response),
+            "VALIDATION",
+            "{field}={value}: {response}"
+        );
+        let message = response["errors"][0]["message"].as_str().unwrap();
+        assert!(message.contains(reason), "{message:?} should say {reason}");
+    }
+    assert_eq!(app.balance(&tenant).await, balance, "nothing held");
+}
+
+async fn parameters_are_part_of_the_request_a_key_names(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    app.create_job_ok(&tenant, with_parameters("same-key"))
+        .await;
+    let replay = app.create_job(&tenant, with_parameters("same-key")).await;
+    assert_eq!(replay["data"]["createJob"]["replayed"], true, "{replay}");
+    for (field, value) in [
+        ("temperature", json!(0.3)),
+        ("seed", json!(43)),
+        ("stop", json!(["END"])),
+        ("providerOptions", json!({"user": "someone-else"})),
+    ] {
+        let mut changed = with_parameters("same-key");
+        changed[field] = value;
+        let response = app.create_job(&tenant, changed).await;
+        assert_eq!(
+            error_code(&response),
+            "IDEMPOTENCY_CONFLICT",
+            "{field}: {response}"
+        );
+    }
+    // The job shows what it was created with.
+    let input = app
+        .graphql(
+            Some(&tenant.key),
+            "query($key: String!) { job(idempotencyKey: $key) { input } }",
+            json!({"key": "same-key"}),
+        )
+        .await;
+    assert_eq!(
+        input["data"]["job"]["input"]["parameters"]["temperature"], 0.25,
+        "{input}"
+    );
+}
