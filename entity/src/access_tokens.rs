@@ -9,6 +9,8 @@ pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
     pub id: Uuid,
     pub tenant_id: Uuid,
+    /// The API key that minted it, which it does not outlive; `None`: the admin token.
+    pub api_key_id: Option<Uuid>,
     #[sea_orm(unique)]
     pub token_hash: String,
     /// What it may do, comma-separated (`READ_JOBS,CREATE_JOBS`).

@@ -4,7 +4,8 @@
 //! carries what it may do (scopes, the labels or job ids it is limited to) and the
 //! running sum of the holds its creates took, which `max_spend_nanos` caps: the sum is
 //! raised by a conditional update in the transaction that creates the job, so creates
-//! made together cannot pass the cap.
+//! made together cannot pass the cap. A token minted with an API key names it, and
+//! dies with it: revoking a leaked key must not leave a day of tokens it minted.
 
 use sea_orm_migration::{prelude::*, schema::*};
 
@@ -22,6 +23,7 @@ impl MigrationTrait for Migration {
                     .table(AccessTokens::Table)
                     .col(uuid(AccessTokens::Id).primary_key())
                     .col(uuid(AccessTokens::TenantId))
+                    .col(uuid_null(AccessTokens::ApiKeyId))
                     .col(string_uniq(AccessTokens::TokenHash))
                     .col(text(AccessTokens::Scopes))
                     .col(text(AccessTokens::Labels))
@@ -63,6 +65,7 @@ enum AccessTokens {
     Table,
     Id,
     TenantId,
+    ApiKeyId,
     TokenHash,
     Scopes,
     Labels,

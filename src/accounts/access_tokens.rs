@@ -100,6 +100,8 @@ impl fmt::Debug for AccessTokenSecret {
 pub struct AccessGrant {
     pub token_id: Uuid,
     pub tenant_id: Uuid,
+    /// The API key that minted it: its revocation ends the token too.
+    pub minted_with: Option<Uuid>,
     scopes: Vec<AccessScope>,
     pub reach: JobReach,
     pub expires_at: Timestamp,
@@ -139,11 +141,13 @@ impl MintedToken {
     }
 }
 
-/// Stores a new token of `tenant_id` as `request` describes; `Validation` for the
-/// first broken rule, `NotFound` when there is no such tenant.
+/// Stores a new token of `tenant_id` as `request` describes, minted with the API key
+/// `minted_with` (`None`: the admin token); `Validation` for the first broken rule,
+/// `NotFound` when there is no such tenant.
 pub async fn mint(
     db: &impl ConnectionTrait,
     tenant_id: Uuid,
+    minted_with: Option<Uuid>,
     request: TokenRequest,
     now: Timestamp,
 ) -> Result<MintedToken, ServiceError> {
@@ -213,6 +217,7 @@ pub async fn mint(
     let row = access_tokens::ActiveModel {
         id: Set(Uuid::now_v7()),
         tenant_id: Set(tenant_id),
+        api_key_id: Set(minted_with),
         token_hash: Set(secret.hash()),
         scopes: Set(scopes
             .iter()
@@ -257,6 +262,11 @@ pub async fn identify(
     if row.expires_at <= now {
         return Ok(TokenLookup::Expired);
     }
+    if let Some(key_id) = row.api_key_id
+        && !super::api_keys::is_active(db, key_id).await?
+    {
+        return Ok(TokenLookup::Unknown);
+    }
     let reach = match &row.job_ids {
         Some(ids) => JobReach::Listed(
             serde_json::from_value(ids.0.clone())
@@ -277,6 +287,7 @@ pub async fn identify(
     Ok(TokenLookup::Valid(Arc::new(AccessGrant {
         token_id: row.id,
         tenant_id: row.tenant_id,
+        minted_with: row.api_key_id,
         scopes: parse_scopes(&row.scopes),
         reach,
         expires_at: row.expires_at,

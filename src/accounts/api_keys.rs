@@ -101,6 +101,11 @@ pub struct Identity {
     pub expires_at: Option<Timestamp>,
 }
 
+/// The stored key a request presented, in the request's data beside its principal:
+/// what an access token it mints depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallerKey(pub Uuid);
+
 /// Stores a new key of `tenant_id` named `name` and returns it with its secret, which
 /// is shown this once; only its hash is kept.
 pub async fn create_tenant_key(

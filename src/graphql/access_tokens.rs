@@ -6,6 +6,7 @@ use super::mutation::LabelInput;
 use super::scalars::Amount;
 use super::{ApiErrorCode, app, principal};
 use crate::accounts::access_tokens::{self, TokenRequest};
+use crate::accounts::api_keys::CallerKey;
 use crate::billing::Credits;
 use async_graphql::{Context, Enum, InputObject, Object, SimpleObject};
 use chrono::{DateTime, Utc};
@@ -90,8 +91,15 @@ impl AccessTokenMutation {
             ttl_seconds: input.ttl_seconds.map(i64::from),
             max_spend,
         };
-        let minted =
-            access_tokens::mint(&app(context).db, tenant_id, request, Timestamp::now()).await?;
+        let minted_with = context.data_opt::<CallerKey>().map(|key| key.0);
+        let minted = access_tokens::mint(
+            &app(context).db,
+            tenant_id,
+            minted_with,
+            request,
+            Timestamp::now(),
+        )
+        .await?;
         Ok(CreateAccessTokenPayload {
             scopes: minted.scopes().into_iter().map(Into::into).collect(),
             token: minted.secret.expose().to_owned(),

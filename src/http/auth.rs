@@ -45,8 +45,9 @@ pub async fn identify(app: &App, credential: Option<&str>) -> Result<Option<Iden
     let admin = app.admin_token.matches(&ApiKey::from_presented(key.trim()));
     if let Some(token) = AccessTokenSecret::from_presented(key.trim()).filter(|_| !admin) {
         return match access_tokens::identify(&app.db, &token, Timestamp::now()).await? {
+            // The minting key's id: its revocation closes the token's connections.
             TokenLookup::Valid(grant) => Ok(Some(Identity {
-                key_id: None,
+                key_id: grant.minted_with,
                 expires_at: Some(grant.expires_at),
                 principal: Principal::Token(grant),
             })),

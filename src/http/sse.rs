@@ -23,7 +23,7 @@ use super::limits::{ClientAddress, RequestOwner, SLOT_WAIT};
 use super::live;
 use super::serve::LiveStreams;
 use crate::accounts::Principal;
-use crate::accounts::api_keys::{self, Identity};
+use crate::accounts::api_keys::{self, CallerKey, Identity};
 use crate::graphql::ApiErrorCode;
 use crate::graphql::cost::{self, QueryBudget, StreamingTransport};
 use crate::startup::App;
@@ -181,6 +181,10 @@ fn respond(
                     return response;
                 }
             }
+            let request = match key_id {
+                Some(key_id) => request.data(CallerKey(key_id)),
+                None => request,
+            };
             let request = match principal {
                 Some(principal) => request.data(principal),
                 None => request,

@@ -23,6 +23,8 @@ on_both_backends!(
     bad_token_requests_are_refused,
     concurrent_creates_never_hold_more_than_max_spend,
     an_expired_token_is_refused_and_its_streams_end,
+    a_token_that_may_not_read_learns_nothing_from_what_it_does,
+    a_token_dies_with_the_key_that_minted_it,
 );
 
 /// Mints a token with `input` (scopes, labels, …) for `minter`; returns it as a
@@ -643,4 +645,113 @@ async fn an_expired_token_is_refused_and_its_streams_end(backend: Backend) {
         }
         other => panic!("an expired token must be refused: {other:?}"),
     }
+}
+
+/// A token that may create or cancel but not read gets back what it did (the job's id,
+/// status, hold) and nothing of the job's contents: not through `cancelJob`'s answer,
+/// nor through a replayed `createJob`.
+async fn a_token_that_may_not_read_learns_nothing_from_what_it_does(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let mut input = labelled("secret", user("u1"));
+    input["metadata"] = json!({"secret": "s3cr3t"});
+    let job = app.create_job_ok(&tenant, input.clone()).await;
+    app.wait_until_finished(&tenant, job, Duration::from_secs(30))
+        .await;
+    let canceller = mint(
+        &app,
+        &tenant.key,
+        &tenant,
+        json!({"scopes": ["CANCEL_JOBS"], "labels": user("u1")}),
+    )
+    .await;
+    let answer = app
+        .graphql(
+            Some(&canceller.key),
+            "mutation($id: UUID!) { cancelJob(id: $id) { id status result input } }",
+            json!({"id": job}),
+        )
+        .await;
+    assert_eq!(error_code(&answer), "FORBIDDEN", "{answer}");
+    assert!(!answer.to_string().contains("s3cr3t"), "{answer}");
+    assert!(!answer.to_string().contains("Summ"), "{answer}");
+    let plain = app
+        .operation(Some(&canceller.key), "CancelJob", json!({"id": job}))
+        .await;
+    assert!(plain["errors"].is_null(), "{plain}");
+    assert_eq!(plain["data"]["cancelJob"]["status"], "SUCCEEDED");
+
+    let creator = mint(
+        &app,
+        &tenant.key,
+        &tenant,
+        json!({"scopes": ["CREATE_JOBS"], "labels": user("u1")}),
+    )
+    .await;
+    let replayed = app
+        .graphql(
+            Some(&creator.key),
+            "mutation($input: CreateJobInput!) { createJob(input: $input) { replayed job { id status input result events { kind } } } }",
+            json!({"input": input}),
+        )
+        .await;
+    assert_eq!(error_code(&replayed), "FORBIDDEN", "{replayed}");
+    assert!(!replayed.to_string().contains("s3cr3t"), "{replayed}");
+    // The contract's own createJob answer (id, status, key, model, hold) is its own.
+    let contract = app.create_job(&creator, labelled("made", user("u1"))).await;
+    assert!(contract["errors"].is_null(), "{contract}");
+}
+
+/// Revoking the key that minted a token ends the token: over HTTP at once, and on its
+/// open sockets as for the key itself.
+async fn a_token_dies_with_the_key_that_minted_it(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let created = app
+        .operation(
+            Some(&tenant.key),
+            "CreateApiKey",
+            json!({"name": "backend"}),
+        )
+        .await;
+    let backend_key = created["data"]["createApiKey"]["apiKey"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let key_id = created["data"]["createApiKey"]["key"]["id"].clone();
+    let job = app
+        .create_job_ok(&tenant, job_input("queued", "hello"))
+        .await;
+    let token = mint(
+        &app,
+        &backend_key,
+        &tenant,
+        json!({"scopes": ["READ_JOBS"]}),
+    )
+    .await;
+    let admin_minted = mint(
+        &app,
+        crate::helpers::ADMIN_TOKEN,
+        &tenant,
+        json!({"scopes": ["READ_JOBS"], "tenantId": tenant.id}),
+    )
+    .await;
+    let mut socket = GraphqlSocket::connect(app.address).await;
+    socket.init_ok(&token.key).await;
+    socket
+        .subscribe("1", &operation("JobUpdates"), json!({"jobId": job}))
+        .await;
+    assert!(job_as(&app, &token, job).await["errors"].is_null());
+
+    let revoked = app
+        .operation(Some(&tenant.key), "RevokeApiKey", json!({"id": key_id}))
+        .await;
+    assert!(revoked["errors"].is_null(), "{revoked}");
+    assert_eq!(socket.closed_code(Duration::from_secs(5)).await, 4403);
+    assert_eq!(
+        error_code(&job_as(&app, &token, job).await),
+        "UNAUTHENTICATED"
+    );
+    // Tokens of other keys, and the admin's, live on.
+    assert!(job_as(&app, &admin_minted, job).await["errors"].is_null());
 }

@@ -2,12 +2,13 @@
 
 use super::{Attempt, Charge, EventKind, JobCost, JobStatus, Reservation, time};
 use crate::accounts::Principal;
+use crate::accounts::access_tokens::AccessScope;
 use crate::error::ServiceError;
 use crate::graphql::loader;
 use crate::graphql::loaders::{
     AttemptsOf, ChargeOf, CostOf, EventsOf, JobKey, JobOf, LabelsOf, ReservationOf, prefetch,
 };
-use async_graphql::{Context, Json, Lookahead, Object, SimpleObject};
+use async_graphql::{Context, Guard, Json, Lookahead, Object, SimpleObject};
 use chrono::{DateTime, Utc};
 use entity::{job_events, jobs};
 use std::sync::Arc;
@@ -94,6 +95,21 @@ pub struct JobError {
     pub message: String,
 }
 
+/// Lets an access token read a job's contents only with `READ_JOBS`: the job
+/// `createJob` and `cancelJob` answer with would otherwise hand a token that may only
+/// create or cancel the input, result and history of any job within its reach. Its
+/// id, status and hold stay readable, so the answer still says what was done.
+struct ReadsJobs;
+
+impl Guard for ReadsJobs {
+    async fn check(&self, context: &Context<'_>) -> async_graphql::Result<()> {
+        match context.data_opt::<Principal>() {
+            Some(Principal::Token(grant)) => Ok(grant.require(AccessScope::ReadJobs)?),
+            _ => Ok(()),
+        }
+    }
+}
+
 #[Object]
 impl Job {
     async fn id(&self) -> Uuid {
@@ -114,11 +130,13 @@ impl Job {
     }
 
     /// The batch the job is an item of, if any.
+    #[graphql(guard = "ReadsJobs")]
     async fn batch_id(&self) -> Option<Uuid> {
         self.0.batch_id
     }
 
     /// The item's name within its batch.
+    #[graphql(guard = "ReadsJobs")]
     async fn custom_id(&self) -> Option<&str> {
         self.0.custom_id.as_deref()
     }
@@ -128,6 +146,7 @@ impl Job {
     }
 
     /// The labels the job was created with, in order of key.
+    #[graphql(guard = "ReadsJobs")]
     async fn labels(&self, context: &Context<'_>) -> async_graphql::Result<Vec<Label>> {
         let rows = loader(context).load_one(LabelsOf(self.key())).await?;
         Ok(rows
@@ -142,6 +161,7 @@ impl Job {
 
     /// The finished job this one reruns (`rerunJob`); null for a job created otherwise,
     /// and for an access token when that job is out of its reach.
+    #[graphql(guard = "ReadsJobs")]
     async fn rerun_of(&self, context: &Context<'_>) -> async_graphql::Result<Option<Job>> {
         let Some(job_id) = self.0.rerun_of else {
             return Ok(None);
@@ -167,14 +187,20 @@ impl Job {
 
     /// The messages, limits, response schema and metadata the job was created with;
     /// `{}` once retention pruned it (see `payloadsPrunedAt`).
-    #[graphql(complexity = "crate::graphql::cost::DOCUMENT_FIELD_COMPLEXITY")]
+    #[graphql(
+        guard = "ReadsJobs",
+        complexity = "crate::graphql::cost::DOCUMENT_FIELD_COMPLEXITY"
+    )]
     async fn input(&self, context: &Context<'_>) -> async_graphql::Result<Json<serde_json::Value>> {
         Ok(Json(self.payloads(context).await?.0.0))
     }
 
     /// The accepted reply: parsed JSON when the job has a response schema, else text;
     /// null once retention pruned it (see `payloadsPrunedAt`).
-    #[graphql(complexity = "crate::graphql::cost::DOCUMENT_FIELD_COMPLEXITY")]
+    #[graphql(
+        guard = "ReadsJobs",
+        complexity = "crate::graphql::cost::DOCUMENT_FIELD_COMPLEXITY"
+    )]
     async fn result(
         &self,
         context: &Context<'_>,
@@ -182,6 +208,7 @@ impl Job {
         Ok(self.payloads(context).await?.1.map(|result| Json(result.0)))
     }
 
+    #[graphql(guard = "ReadsJobs")]
     async fn error(&self) -> async_graphql::Result<Option<JobError>> {
         let Some(code) = self.0.error_code.as_deref() else {
             return Ok(None);
@@ -236,6 +263,7 @@ impl Job {
 
     /// Every attempt, oldest first, failures included.
     #[graphql(
+        guard = "ReadsJobs",
         complexity = "child_complexity.saturating_mul(crate::graphql::cost::LISTED_ATTEMPTS) + 1"
     )]
     async fn attempts(&self, context: &Context<'_>) -> async_graphql::Result<Vec<Attempt>> {
@@ -256,12 +284,14 @@ impl Job {
     }
 
     /// What the customer paid, once the job succeeded.
+    #[graphql(guard = "ReadsJobs")]
     async fn charge(&self, context: &Context<'_>) -> async_graphql::Result<Option<Charge>> {
         let charge = loader(context).load_one(ChargeOf(self.key())).await?;
         Ok(charge.flatten().map(Charge))
     }
 
     /// Provider cost over all attempts against what the customer paid.
+    #[graphql(guard = "ReadsJobs")]
     async fn cost(&self, context: &Context<'_>) -> async_graphql::Result<JobCost> {
         // The same per-job query as the `jobCosts` dashboard, so the two always agree.
         let cost = loader(context).load_one(CostOf(self.key())).await?;
@@ -270,6 +300,7 @@ impl Job {
 
     /// The job's timeline, oldest first.
     #[graphql(
+        guard = "ReadsJobs",
         complexity = "child_complexity.saturating_mul(crate::graphql::cost::LISTED_EVENTS) + 1"
     )]
     async fn events(&self, context: &Context<'_>) -> async_graphql::Result<Vec<JobEvent>> {

@@ -13,10 +13,13 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
+use uuid::Uuid;
 
 /// A request that passed authentication and holds one of its principal's slots.
 pub(super) struct Admitted {
     pub(super) principal: Option<Principal>,
+    /// The stored key presented, if one was.
+    pub(super) key_id: Option<Uuid>,
     /// Held until the response is sent (or the client goes away).
     pub(super) slot: RequestSlot,
 }
@@ -30,9 +33,9 @@ pub(super) async fn admit(
     media_type: &'static str,
 ) -> Result<Admitted, Response> {
     let client = ClientAddress::from(peer.ip());
-    let principal = authenticate_client(state, client, headers, media_type)
-        .await?
-        .map(|identity| identity.principal);
+    let identity = authenticate_client(state, client, headers, media_type).await?;
+    let key_id = identity.as_ref().and_then(|identity| identity.key_id);
+    let principal = identity.map(|identity| identity.principal);
     let owner = RequestOwner::of(principal.as_ref(), client);
     let Some(slot) = state.limits.slots.acquire(owner, SLOT_WAIT).await else {
         return Err(too_many_requests(
@@ -41,7 +44,11 @@ pub(super) async fn admit(
             "too many requests in flight for this client",
         ));
     };
-    Ok(Admitted { principal, slot })
+    Ok(Admitted {
+        principal,
+        key_id,
+        slot,
+    })
 }
 
 /// Who the request's `Authorization` stands for (`None`: no key), unless the address

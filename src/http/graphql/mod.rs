@@ -16,6 +16,7 @@ pub(super) mod responses;
 
 use super::HttpState;
 use super::limits::RequestSlot;
+use crate::accounts::api_keys::CallerKey;
 use crate::graphql::ApiErrorCode;
 use crate::graphql::cost::{self, MAX_RESPONSE_BYTES, QueryBudget, ResponseMeter};
 use admission::{Admitted, admit};
@@ -225,6 +226,9 @@ async fn execute(
     }
     if let Some(principal) = admitted.principal {
         request = request.data(principal);
+    }
+    if let Some(key_id) = admitted.key_id {
+        request = request.data(CallerKey(key_id));
     }
     let meter = ResponseMeter::new(MAX_RESPONSE_BYTES);
     let response = state.schema.execute(request.data(meter.clone())).await;

@@ -235,6 +235,9 @@ async fn serve(
                     if let Some(expires_at) = identity.expires_at {
                         let _ = established.expires_at.set(expires_at);
                     }
+                    if let Some(key_id) = identity.key_id {
+                        data.insert(api_keys::CallerKey(key_id));
+                    }
                     data.insert(identity.principal);
                 }
                 // Not reached: the credential is not blank.
