@@ -61,6 +61,10 @@ pub struct CreateJobInput {
     /// At most 16, one value per key (a key given twice is `VALIDATION`), for finding
     /// the job again with `jobs(label:)`.
     pub labels: Option<Vec<LabelInput>>,
+    /// The job fails with `DEADLINE_EXCEEDED` if it has not finished by then (a
+    /// running attempt is cancelled). Must be in the future and after `runAt`.
+    /// Default: the operator's (24 hours unless configured) from when the job may start.
+    pub deadline: Option<DateTime<Utc>>,
 }
 
 /// The job, and whether an earlier request with the same key created it.
@@ -190,6 +194,8 @@ impl JobMutation {
             stream_output: input.stream_output,
             priority: input.priority,
             run_at: input.run_at.map(Timestamp::from),
+            deadline: input.deadline.map(Timestamp::from),
+            default_deadline: app(context).default_deadline,
             labels: input
                 .labels
                 .unwrap_or_default()

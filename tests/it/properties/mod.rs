@@ -133,6 +133,8 @@ impl Spec {
             stream_output: None,
             priority: None,
             run_at: None,
+            deadline: None,
+            default_deadline: jobledger::jobs::input::DEFAULT_DEADLINE,
             labels: Vec::new(),
         })
         .expect("the generated request is valid")
