@@ -19,6 +19,7 @@ on_both_backends!(
     a_deadline_cancels_a_running_call_within_a_second,
     a_deadline_must_be_in_the_future_and_after_run_at,
     a_queued_job_fails_when_its_deadline_passes_before_a_worker_takes_it,
+    the_config_file_sets_the_default_deadline,
 );
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -274,4 +275,32 @@ async fn a_queued_job_fails_when_its_deadline_passes_before_a_worker_takes_it(ba
     assert_eq!(event_kinds(&job), ["CREATED", "FAILED"]);
     assert!(mock_calls(&api).await.is_empty());
     assert_released_whole(&api, &tenant, &job, 5).await;
+}
+
+/// `default_deadline_seconds` in the config file is the deadline of a job that names
+/// none, counted from when it may start.
+async fn the_config_file_sets_the_default_deadline(backend: Backend) {
+    let folder = tempfile::tempdir().unwrap();
+    let path = folder.path().join("jobledger.toml");
+    std::fs::write(&path, "default_deadline_seconds = 600\n").unwrap();
+    let options = AppOptions {
+        config_file: Some(path),
+        ..AppOptions::no_workers()
+    };
+    let app = spawn_app_with(backend, options).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let id = app.create_job_ok(&tenant, job_input("soon", "hi")).await;
+    let span = deadline_of(&app, &tenant, id).await - Utc::now();
+    assert!(
+        span > chrono::Duration::seconds(590) && span <= chrono::Duration::seconds(600),
+        "{span}"
+    );
+    let mut later = job_input("later", "hi");
+    let run_at = in_millis(3_600_000);
+    later["runAt"] = json!(run_at);
+    let id = app.create_job_ok(&tenant, later).await;
+    assert_eq!(
+        deadline_of(&app, &tenant, id).await - instant(&json!(run_at)),
+        chrono::Duration::seconds(600)
+    );
 }
