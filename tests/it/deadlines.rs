@@ -153,8 +153,12 @@ async fn a_job_that_is_always_rate_limited_ends_at_its_deadline_without_a_charge
     );
     assert_eq!(job["status"], "FAILED", "{job}");
     assert_eq!(job["error"]["code"], "DEADLINE_EXCEEDED", "{job}");
-    // More refusals than its one attempt: the waits spent none of it.
-    let outcomes = outcomes(&job);
+    // More refusals than its one attempt: the waits spent none of it. A wait that came
+    // due just before the deadline may be claimed just after it: then nothing is sent.
+    let mut outcomes = outcomes(&job);
+    if outcomes.last().is_some_and(|last| last == "CANCELLED") {
+        outcomes.pop();
+    }
     assert!(
         outcomes.len() >= 2 && outcomes.iter().all(|outcome| outcome == "RETRYABLE_ERROR"),
         "more than one refusal, each recorded: {job}"
@@ -199,7 +203,8 @@ async fn a_deadline_cancels_a_running_call_within_a_second(backend: Backend) {
 }
 
 async fn a_deadline_must_be_in_the_future_and_after_run_at(backend: Backend) {
-    let app = spawn_app(backend).await;
+    // No workers: nothing settles while the audit below reads the ledger.
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
     let tenant = app.funded_tenant("acme", "5").await;
     let with = |key: &str, run_at: Option<String>, deadline: String| {
         let mut input = job_input(key, "hi");

@@ -258,6 +258,9 @@ pub struct AttemptReport {
     pub ended_at: Timestamp,
     /// The provider answered 429: the model is paused for every worker until then.
     pub model_paused_until: Option<Timestamp>,
+    /// The provider refused the call without doing any work (a wait): the attempt
+    /// does not count against `maxAttempts`, whatever becomes of the job.
+    pub wait: bool,
 }
 
 /// A machine-readable code and a human message.

@@ -143,6 +143,7 @@ impl CallFacts<'_> {
             latency: self.latency,
             ended_at: self.ended_at,
             model_paused_until: None,
+            wait: false,
         }
     }
 
@@ -379,10 +380,9 @@ impl CallFacts<'_> {
         match error {
             ProviderError::NotSent { message } => {
                 let error = JobError::new(JobErrorCode::ProviderUnavailable, message);
-                (
-                    failed(AttemptOutcome::RetryableError, error, None),
-                    self.wait(None),
-                )
+                let mut report = failed(AttemptOutcome::RetryableError, error, None);
+                report.wait = true;
+                (report, self.wait(None))
             }
             ProviderError::Transient {
                 status,
@@ -401,6 +401,7 @@ impl CallFacts<'_> {
                 if flow::pauses_model(status, retry_after) {
                     report.model_paused_until =
                         Some(flow::paused_until(self.ended_at, retry_after));
+                    report.wait = true;
                     (report, self.wait(retry_after))
                 } else {
                     (report, self.retry_or_fail(error, retry_after))

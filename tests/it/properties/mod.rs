@@ -266,6 +266,7 @@ fn plan(
             latency: Duration::from_millis(3),
             ended_at: Timestamp::now(),
             model_paused_until: None,
+            wait: false,
         };
     let cost = |outcome, usage: Option<TokenUsage>, not_billed: bool| AttemptCost {
         outcome,
