@@ -162,6 +162,12 @@ struct ServeArgs {
     #[arg(long = "cors-origin", env = "JOBLEDGER_CORS_ORIGINS", value_name = "ORIGIN",
           value_delimiter = ',', value_parser = crate::config::cors_origin)]
     cors_origins: Vec<String>,
+    /// How long a job whose createJob names no deadline has to finish, counted from
+    /// when it may start; past it the job fails DEADLINE_EXCEEDED. Unset: the config
+    /// file's `default_deadline_seconds`, else 86400 (24 hours).
+    #[arg(long, env = "JOBLEDGER_DEFAULT_DEADLINE_SECONDS", value_name = "S",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    default_deadline_seconds: Option<u64>,
     #[command(flatten)]
     worker: WorkerArgs,
 }
@@ -230,6 +236,7 @@ impl WorkerArgs {
                 },
             },
             allow_private_webhooks: self.allow_private_webhooks,
+            default_deadline: None,
         })
     }
 }
@@ -239,10 +246,12 @@ impl Cli {
     pub async fn run(self) -> Result<(), Box<dyn std::error::Error>> {
         match self.command {
             Command::Serve(args) => {
-                let application = Application::build(
-                    args.worker
-                        .into_settings(Some(args.listen), args.cors_origins)?,
-                )
+                let application = Application::build(Settings {
+                    default_deadline: args.default_deadline_seconds.map(Duration::from_secs),
+                    ..args
+                        .worker
+                        .into_settings(Some(args.listen), args.cors_origins)?
+                })
                 .await?;
                 let (token, generated) = application.admin_token();
                 if generated {

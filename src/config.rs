@@ -45,6 +45,9 @@ pub struct Settings {
     /// The origins whose pages may call the API from a browser (`--cors-origin`), each
     /// as [`cors_origin`] accepts it; empty: none but the API's own.
     pub cors_origins: Vec<String>,
+    /// The deadline of a job whose client names none, from when it may start
+    /// (`--default-deadline-seconds`); `None`: the config file's, else 24 hours.
+    pub default_deadline: Option<std::time::Duration>,
 }
 
 /// `text` when it is an origin exactly as a browser sends it in `Origin`: an http(s)

@@ -42,6 +42,9 @@ pub struct App {
     pub background_db: Option<DatabaseConnection>,
     /// Whether webhooks may reach loopback and private addresses.
     pub allow_private_webhooks: bool,
+    /// The deadline of a job whose client names none, from when it may start: the
+    /// flag's, else the config file's, else [`crate::jobs::input::DEFAULT_DEADLINE`].
+    pub default_deadline: std::time::Duration,
 }
 
 /// Why the application could not start.
@@ -138,6 +141,10 @@ impl Application {
             worker_db: own_worker_db,
             background_db: own_background_db,
             allow_private_webhooks: settings.allow_private_webhooks,
+            default_deadline: settings
+                .default_deadline
+                .or(config.as_ref().and_then(|config| config.default_deadline))
+                .unwrap_or(crate::jobs::input::DEFAULT_DEADLINE),
         };
         let worker = settings.worker.clone().map(|mut worker_settings| {
             if let Some(config) = &config {

@@ -54,6 +54,9 @@ pub struct Model {
     pub custom_id: Option<String>,
     /// The finished job this one reruns (`rerunJob`), if any.
     pub rerun_of: Option<Uuid>,
+    /// The job fails `DEADLINE_EXCEEDED` if it has not finished by then. Every job
+    /// created since deadlines exist has one.
+    pub deadline: Option<Timestamp>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -23,6 +23,7 @@ mod m20261201_000002_hold_backings;
 mod m20261201_000003_absorbed_exposure;
 mod m20261201_000004_batches;
 mod m20261201_000005_job_labels_and_reruns;
+mod m20261202_000001_job_deadlines;
 mod m20261202_000010_access_tokens;
 mod m20261202_000011_model_limits;
 
@@ -51,6 +52,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000003_absorbed_exposure::Migration),
             Box::new(m20261201_000004_batches::Migration),
             Box::new(m20261201_000005_job_labels_and_reruns::Migration),
+            Box::new(m20261202_000001_job_deadlines::Migration),
             Box::new(m20261202_000010_access_tokens::Migration),
             Box::new(m20261202_000011_model_limits::Migration),
         ]

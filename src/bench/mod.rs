@@ -368,6 +368,7 @@ fn in_process_settings(
         operations: Default::default(),
         allow_private_webhooks: false,
         cors_origins: Vec::new(),
+        default_deadline: None,
     }
 }
 

@@ -76,6 +76,8 @@ pub fn job_saying(index: u64, content: &str) -> NewJob {
         stream_output: None,
         priority: None,
         run_at: None,
+        deadline: None,
+        default_deadline: crate::jobs::input::DEFAULT_DEADLINE,
         labels: Vec::new(),
         parameters: Default::default(),
     })
@@ -119,11 +121,12 @@ pub async fn queued_jobs(
             INSERT INTO jobs (id, tenant_id, idempotency_key, request_hash, status, cancel_requested,
                 model, input, retry_unknown_outcome, result, error_code, error_message, attempt_count,
                 max_attempts, run_token, lease_until, next_run_at, priority, run_at, simulated,
-                last_event_seq, created_at, updated_at, started_at, finished_at)
+                last_event_seq, created_at, updated_at, started_at, finished_at, deadline)
             SELECT {new_id}, t.tenant_id, 'seed-{batch}-' || series.n, t.request_hash,
                 'queued', t.cancel_requested, t.model, t.input, t.retry_unknown_outcome, NULL, NULL,
                 NULL, 0, t.max_attempts, NULL, NULL, t.next_run_at + series.n, t.priority, NULL,
-                t.simulated, 1, t.created_at + series.n, t.updated_at + series.n, NULL, NULL
+                t.simulated, 1, t.created_at + series.n, t.updated_at + series.n, NULL, NULL,
+                t.deadline
             FROM jobs AS t, series WHERE t.id = {template_row}"
         ),
         format!(

@@ -77,6 +77,10 @@ pub struct CreateJobInput {
     /// `logprobs`, `service_tier`, …) or that jobledger sets (`model`, `messages`,
     /// `stream`, …) is `VALIDATION`, naming it.
     pub provider_options: Option<Json<serde_json::Value>>,
+    /// The job fails with `DEADLINE_EXCEEDED` if it has not finished by then (a
+    /// running attempt is cancelled). Must be in the future and after `runAt`.
+    /// Default: the operator's (24 hours unless configured) from when the job may start.
+    pub deadline: Option<DateTime<Utc>>,
 }
 
 /// The job, and whether an earlier request with the same key created it.
@@ -217,6 +221,8 @@ impl JobMutation {
             stream_output: input.stream_output,
             priority: input.priority,
             run_at: input.run_at.map(Timestamp::from),
+            deadline: input.deadline.map(Timestamp::from),
+            default_deadline: app(context).default_deadline,
             labels,
             parameters: ParameterRequest {
                 temperature: input.temperature,

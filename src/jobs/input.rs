@@ -10,6 +10,7 @@ use entity::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use std::time::Duration;
 use uuid::Uuid;
 
 /// Longest idempotency key accepted, in characters.
@@ -26,6 +27,10 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
 pub const MAX_ATTEMPTS_CAP: u32 = 10;
 /// Furthest ahead a job may be scheduled; its hold is taken at creation.
 const MAX_SCHEDULE_DAYS: i64 = 366;
+/// How long after it may first start a job has to finish when neither the client nor
+/// the operator says (`--default-deadline-seconds`, the config file's
+/// `default_deadline_seconds`).
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(24 * 60 * 60);
 /// Largest serialized metadata or response schema, in bytes.
 const MAX_JSON_BYTES: usize = 64 * 1024;
 /// Deepest nesting of arrays and objects accepted in metadata or a response schema. A
@@ -145,6 +150,10 @@ pub struct JobRequest {
     pub stream_output: Option<bool>,
     pub priority: Option<i32>,
     pub run_at: Option<Timestamp>,
+    /// The instant the client wants the job finished by.
+    pub deadline: Option<Timestamp>,
+    /// The deadline of a job whose client names none, counted from when it may start.
+    pub default_deadline: Duration,
     /// `(key, value)` pairs.
     pub labels: Vec<(String, String)>,
     pub parameters: ParameterRequest,
@@ -161,9 +170,33 @@ pub struct NewJob {
     pub priority: Priority,
     /// Not claimed before this instant.
     pub run_at: Option<Timestamp>,
+    /// By when the job must have finished.
+    pub deadline: Deadline,
     pub labels: Labels,
     /// The finished job this one reruns.
     pub rerun_of: Option<Uuid>,
+}
+
+/// By when a job must have finished, or it fails `DEADLINE_EXCEEDED`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deadline {
+    /// The instant the client named: part of the request, so of its fingerprint.
+    At(Timestamp),
+    /// A span from when the job may first start (the configured default): not part
+    /// of the request, so a replay is the same request whatever the operator changed.
+    After(Duration),
+}
+
+impl Deadline {
+    /// The instant, for a job that may first start at `start`.
+    pub fn instant(self, start: Timestamp) -> Timestamp {
+        match self {
+            Self::At(at) => at,
+            Self::After(span) => {
+                start.plus(chrono::Duration::from_std(span).unwrap_or(chrono::Duration::MAX))
+            }
+        }
+    }
 }
 
 /// How soon a job runs among its tenant's due jobs: 0 to 9, higher first.
@@ -217,6 +250,13 @@ impl NewJob {
                 "runAt must be at most {MAX_SCHEDULE_DAYS} days ahead: the hold is taken now"
             )));
         }
+        let deadline = match request.deadline {
+            Some(at) => {
+                parse_deadline(at, request.run_at)?;
+                Deadline::At(at)
+            }
+            None => Deadline::After(request.default_deadline),
+        };
         Ok(Self {
             idempotency_key,
             model,
@@ -232,6 +272,7 @@ impl NewJob {
             retry_unknown_outcome: request.retry_unknown_outcome.unwrap_or(true),
             priority,
             run_at: request.run_at,
+            deadline,
             labels,
             rerun_of: None,
         })
@@ -253,6 +294,9 @@ impl NewJob {
         }
         if let Some(run_at) = self.run_at {
             request["run_at"] = run_at.micros().into();
+        }
+        if let Deadline::At(deadline) = self.deadline {
+            request["deadline"] = deadline.micros().into();
         }
         if !self.labels.is_empty() {
             request["labels"] = self.labels.to_json();
@@ -332,6 +376,17 @@ pub fn parse_max_output_tokens(tokens: i32) -> Result<u32, ServiceError> {
 }
 
 /// `maxAttempts`: 1 to [`MAX_ATTEMPTS_CAP`], [`DEFAULT_MAX_ATTEMPTS`] when not given.
+/// A deadline the job can meet: after now, and after its `runAt`.
+fn parse_deadline(deadline: Timestamp, run_at: Option<Timestamp>) -> Result<(), ServiceError> {
+    if deadline <= Timestamp::now() {
+        return Err(ServiceError::validation("deadline must be in the future"));
+    }
+    if run_at.is_some_and(|run_at| deadline <= run_at) {
+        return Err(ServiceError::validation("deadline must be after runAt"));
+    }
+    Ok(())
+}
+
 pub fn parse_max_attempts(attempts: Option<i32>) -> Result<u32, ServiceError> {
     match attempts {
         None => Ok(DEFAULT_MAX_ATTEMPTS),
@@ -456,9 +511,22 @@ mod tests {
             stream_output: None,
             priority: None,
             run_at: None,
+            deadline: None,
+            default_deadline: DEFAULT_DEADLINE,
             labels: Vec::new(),
             parameters: Default::default(),
         }
+    }
+
+    #[test]
+    fn a_named_deadline_is_part_of_the_fingerprint_and_the_default_is_not() {
+        let first = NewJob::parse(request()).unwrap().fingerprint();
+        let mut shorter_default = request();
+        shorter_default.default_deadline = Duration::from_secs(60);
+        assert_eq!(first, NewJob::parse(shorter_default).unwrap().fingerprint());
+        let mut named = request();
+        named.deadline = Some(Timestamp::now().plus(chrono::Duration::hours(1)));
+        assert_ne!(first, NewJob::parse(named).unwrap().fingerprint());
     }
 
     #[test]
@@ -550,6 +618,18 @@ mod tests {
             (|r| r.priority = Some(-1), "priority"),
             (
                 |r| r.run_at = Some(Timestamp::now().plus(chrono::Duration::days(400))),
+                "runAt",
+            ),
+            (
+                |r| r.deadline = Some(Timestamp::now().plus(chrono::Duration::seconds(-1))),
+                "deadline",
+            ),
+            (
+                |r| {
+                    let at = Timestamp::now().plus(chrono::Duration::hours(1));
+                    r.run_at = Some(at);
+                    r.deadline = Some(at);
+                },
                 "runAt",
             ),
             (|r| r.response_schema = Some(json!([1])), "responseSchema"),

@@ -31,11 +31,23 @@
  *     the shutdown abort after the grace period (hand-back), or the worker process
  *     dying. A finish the database refuses for good falls back to ending the job
  *     FAILED (RESULT_NOT_STORED) under the same fence.
- *   - The sweeper stands for queue::expire_leases, which every worker process runs.
+ *   - The sweeper stands for queue::expire_leases and queue::fail_past_deadlines,
+ *     which every worker process runs.
+ *   - Waits: a call the provider refused without doing any work (a 429, a 503 or 529
+ *     with Retry-After, a connection refused before the request was sent) is not
+ *     billed and queues the job again without spending an attempt (JobOutcome::Wait,
+ *     Worker::judge), any number of times. What bounds them is the job's deadline:
+ *     the judge fails a wait (or a retry) that would come after it, a claim past it
+ *     sends nothing, a call running at it is cancelled, and the sweep fails the job
+ *     queued past it (DEADLINE_EXCEEDED).
  *
  * WHAT IS ABSTRACTED AWAY
- *   - Time. Leases, deadlines, backoff and next_run_at are gone: a lease may lapse at
- *     any moment the sweeper looks. A live worker (slow, frozen, cut off from the
+ *   - Time. Leases, backoff and next_run_at are gone: a lease may lapse at any moment
+ *     the sweeper looks. The deadline is two facts: it may pass at any moment (the
+ *     clock), and each wait's backoff uses up time, of which WAITS waits' worth is
+ *     left before the deadline (a wait's backoff is at least a second, so a finite
+ *     deadline leaves room for finitely many); a wait judged with no time left would
+ *     come after the deadline. A live worker (slow, frozen, cut off from the
  *     database) loses its lease at most `slow_lapses` times per run; the lease of a
  *     worker that died always lapses in the end. A retry is due at once. Which
  *     clock: one. The code writes and judges leases by the PostgreSQL server's clock
@@ -93,6 +105,10 @@
  *      is unrunnable it is eventually terminal, whoever crashes. P3 alone would not
  *      see a job handed back uncounted for ever: it is queued again and again. The
  *      first claim is P3, which pan checks by default; P6 needs `-N unrunnable_ends`.
+ *   P7 Waits end at the deadline: `waits <= WAITS` as each wait is recorded. A wait
+ *      spends no attempt and no paid call, so nothing but the deadline bounds them;
+ *      P3 would not see a job that waits for ever (it is queued again after every
+ *      wait), and the model's bounds (rows, tokens) would only fail later.
  *
  * MUTANTS (-D defines; tests/it/protocol_model.rs checks each is caught, and by what)
  *   NO_FINISH_FENCE        finish_attempt fenced on status only, not run_token -> P1
@@ -112,23 +128,27 @@
  *                          that claims an unrunnable job just stops, and lease
  *                          expiry hands the claim back uncounted, for ever; the
  *                          hold stays held                                      -> P6
+ *   NO_DEADLINE            the deadline is never checked (not by the judge, not
+ *                          before or during the call, not by the sweep): waits,
+ *                          which spend no attempt, go on past it                -> P7
  *
  * HOW TO RUN (in a scratch directory holding a copy; add e.g. -DNO_FINISH_FENCE to
  * `spin -a` for a mutant)
  *   spin -a protocol.pml && gcc -O0 -w -o pan pan.c && ./pan -a
- *       P1-P5: "errors: 0" expected (about 1.8 million states, a few seconds).
+ *       P1-P5, P7: "errors: 0" expected (about 10 million states, 20 s, 1 GB).
  *   ./pan -a -N unrunnable_ends     (the same pan)
- *       P6, and P1, P2, P4, P5 again: "errors: 0" expected (about 1 million states).
+ *       P6, and P1, P2, P4, P5 again: "errors: 0" expected.
  *   spin -a protocol.pml && gcc -O0 -w -DSAFETY -DNOCLAIM -o pan pan.c && ./pan
  *       No process is left blocked outside an `end` label.
  *   spin -a protocol.pml && gcc -O0 -w -DNP -o pan pan.c && ./pan -l
- *       No cycle at all (no progress labels exist, so any cycle would be reported).
+ *       No cycle at all (no progress labels exist, so any cycle would be reported):
+ *       waits use up the time before the deadline.
  *   spin -t -p protocol.pml   (with the same -D defines)
  *       Replays the counterexample pan left in protocol.pml.trail.
  *   Wider bounds, by hand: MAX_ATTEMPTS 3, MAX_ROWS 6 and two of each mishap
- *   (CRASHES, SHUTDOWNS, SLOW_LAPSES) also hold: with `gcc -O2 -DCOLLAPSE` and
- *   `./pan -a -w26`, about 97 million states, 5.7 GB and some seven to nine minutes;
- *   with `-N unrunnable_ends` too, about 62 million states, 3.9 GB, five minutes.
+ *   (CRASHES, SHUTDOWNS, SLOW_LAPSES) held before waits were modelled (with `gcc -O2
+ *   -DCOLLAPSE` and `./pan -a -w26`, about 97 million states, 5.7 GB and some seven
+ *   to nine minutes); with waits they take several times that and were not run.
  */
 
 #define MAX_ATTEMPTS 2
@@ -137,17 +157,19 @@
 /* Calls aborted at shutdown that count apart from the paid calls
  * (jobs::budget::FREE_HAND_BACKS, three in the code; one here, fewer than SHUTDOWNS). */
 #define FREE_HAND_BACKS 1
-/* Room for the attempt rows: MAX_ATTEMPTS counted ones, the free hand-back, and one
- * more so that a mutant over the ceiling still fits. */
-#define MAX_ROWS 5
+/* Room for the attempt rows: MAX_ATTEMPTS counted ones, the free hand-back, the
+ * waits, and one more so that a mutant over the ceiling still fits. */
+#define MAX_ROWS 6
+/* Waits whose backoff fits before the deadline (see "Time" above). */
+#define WAITS 1
 /* The environment's supply of mishaps (see below). */
 #define CRASHES 1
 #define SHUTDOWNS 2
 #define SLOW_LAPSES 1
-/* The most claims a run makes: the counted ones, and one more for each mishap (a
- * hand-back, or a claim given back uncounted after a crash or a lapse before its
- * attempt row). Run tokens are drawn modulo this. */
-#define TOKENS (MAX_ATTEMPTS + CRASHES + SHUTDOWNS + SLOW_LAPSES)
+/* The most claims a run makes: the counted ones, the waits, and one more for each
+ * mishap (a hand-back, or a claim given back uncounted after a crash or a lapse
+ * before its attempt row). Run tokens are drawn modulo this. */
+#define TOKENS (MAX_ATTEMPTS + WAITS + CRASHES + SHUTDOWNS + SLOW_LAPSES)
 
 mtype:job_status = { QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED };
 mtype:reservation = { HELD, SETTLED, RELEASED };
@@ -156,7 +178,7 @@ mtype:attempt = {
     INVALID_OUTPUT, UNKNOWN, ATTEMPT_CANCELLED, LEASE_EXPIRED
 };
 /* queue::JobOutcome, as Worker::judge asks for it. */
-mtype:job_outcome = { SUCCEED, RETRY, HAND_BACK, FAIL, CANCEL };
+mtype:job_outcome = { SUCCEED, RETRY, HAND_BACK, WAIT, FAIL, CANCEL };
 
 /* ---- the job row -------------------------------------------------------------- */
 mtype:job_status status = QUEUED;
@@ -182,6 +204,11 @@ byte running_attempts;          /* rows with outcome ATTEMPT_RUNNING */
 /* ---- the last run token handed out (queue::claim draws fresh ones) ----------------- */
 byte last_token;
 
+/* ---- time: whether the job's deadline passed, and how many waits' backoff still fit
+ * before it ---------------------------------------------------------------------------- */
+bool past_deadline;
+byte waits_left = WAITS;
+
 /* ---- the environment's supply of mishaps ------------------------------------------ */
 byte crashes = CRASHES;         /* worker processes that die (a new one takes the place) */
 byte shutdowns = SHUTDOWNS;     /* grace periods that run out during a call */
@@ -190,6 +217,7 @@ byte orphaned;          /* the run token no live worker holds: its lease will la
 
 /* ---- ghosts, for the properties ---------------------------------------------------- */
 byte billable;          /* P5: requests sent that may have been billed */
+byte waits;             /* P7: waits recorded */
 byte hold_resolutions;  /* P2: resolutions that took effect */
 byte job_endings;       /* P2: writes that gave the job a terminal status */
 
@@ -204,6 +232,14 @@ byte job_endings;       /* P2: writes that gave the job a terminal status */
 #define AT_PAID_CEILING false
 #else
 #define AT_PAID_CEILING (paid_calls >= CEILING)
+#endif
+
+/* The deadline is checked (Worker::judge, Worker::try_run_attempt,
+ * queue::fail_past_deadlines). */
+#ifdef NO_DEADLINE
+#define PAST_DEADLINE false
+#else
+#define PAST_DEADLINE past_deadline
 #endif
 
 #ifdef NO_FINISH_FENCE
@@ -347,7 +383,10 @@ end_idle:
     :: cancel_seen ->
         /* CallEnd::CancelledBeforeSending: no call is made */
         ended = ATTEMPT_CANCELLED; not_billed = true; wanted = CANCEL
-    :: else ->
+    :: !cancel_seen && PAST_DEADLINE ->
+        /* CallEnd::PastDeadlineBeforeSending: no call is made */
+        ended = ATTEMPT_CANCELLED; not_billed = true; wanted = FAIL
+    :: !cancel_seen && !PAST_DEADLINE ->
         maybe_crash();  /* dies with a row and no request sent */
         /* the provider call: from here the request may be billed */
         billable++;
@@ -358,8 +397,16 @@ waiting:
            ended = ATTEMPT_SUCCEEDED; wanted = SUCCEED
         :: /* CallEnd::Answered(Ok), off-schema */
            ended = INVALID_OUTPUT; wanted = RETRY
-        :: /* ProviderError::Transient (or NotSent) */
+        :: /* ProviderError::Transient that is not a refusal without work */
            ended = RETRYABLE_ERROR; not_billed = true; wanted = RETRY
+        :: /* a refusal without work (429, 503/529 with Retry-After, NotSent): a wait */
+           ended = RETRYABLE_ERROR; not_billed = true; wanted = WAIT
+#ifndef NO_DEADLINE
+        :: /* CallEnd::PastDeadline: the deadline comes during the call, which is
+            * dropped as a cancel drops it */
+           past_deadline = true;
+           ended = ATTEMPT_CANCELLED; wanted = FAIL
+#endif
         :: /* ProviderError::Permanent */
            ended = PERMANENT_ERROR; not_billed = true; wanted = FAIL
         :: /* ProviderError::OutcomeUnknown, CallEnd::TimedOut */
@@ -415,9 +462,21 @@ waiting:
 #endif
             :: else
             fi;
+            /* Worker::judge (before_deadline), decided here as "attempts left" is: a
+             * wait or a retry due after the deadline fails the job instead
+             * (DEADLINE_EXCEEDED); each wait's backoff uses up time. */
+#ifndef NO_DEADLINE
+            if
+            :: wanted == WAIT && (past_deadline || waits_left == 0) ->
+               past_deadline = true; wanted = FAIL
+            :: wanted == WAIT && !past_deadline && waits_left > 0 -> waits_left--
+            :: wanted == RETRY && past_deadline -> wanted = FAIL
+            :: else
+            fi;
+#endif
             /* overrides, decided on the locked row */
             if
-            :: wanted == RETRY || wanted == HAND_BACK ->
+            :: wanted == RETRY || wanted == HAND_BACK || wanted == WAIT ->
                 if
                 :: cancel_requested -> wanted = CANCEL
                 :: else ->
@@ -438,6 +497,10 @@ waiting:
             :: wanted == SUCCEED -> end_job(SUCCEEDED)          /* ledger::settle */
             :: wanted == RETRY -> requeue()
             :: wanted == HAND_BACK -> requeue(); attempt_count--
+            :: wanted == WAIT ->
+               requeue(); attempt_count--;
+               waits++;
+               assert(waits <= WAITS)                          /* P7 */
             :: wanted == FAIL -> end_job(FAILED)                /* ledger::release */
             :: wanted == CANCEL -> end_job(CANCELLED)           /* ledger::release */
             fi;
@@ -460,6 +523,10 @@ active proctype sweeper()
 
 end_sweep:
     do
+#ifndef NO_DEADLINE
+    :: /* queue::fail_past_deadlines: one transaction on the queued rows */
+       atomic { status == QUEUED && past_deadline -> end_job(FAILED); check_hold() }
+#endif
     :: /* queue::expire_leases: the scan, outside any transaction */
        atomic { status == RUNNING && MAY_LAPSE(run_token) -> seen = run_token };
        /* queue::expire_lease: one transaction, fenced on the token the scan read and

@@ -5,13 +5,15 @@
 //! model, messages, limits, response schema, metadata, attempts, priority and labels.
 //! A job's money never reopens once it is terminal; a rerun is how a client tries again.
 
-use super::input::{IdempotencyKey, JobInput, NewJob, Priority};
+use super::input::{DEFAULT_DEADLINE, Deadline, IdempotencyKey, JobInput, NewJob, Priority};
 use super::labels::{self, Labels};
 use super::service::{self, CreatedJob};
 use crate::error::ServiceError;
 use crate::jobs::bus::EventBus;
 use crate::llm::ProviderRegistry;
+use entity::jobs;
 use sea_orm::DatabaseConnection;
+use std::time::Duration;
 use uuid::Uuid;
 
 /// Creates a rerun of the tenant's finished job `job_id` under `idempotency_key`.
@@ -64,10 +66,24 @@ pub async fn rerun_job(
         priority: Priority::parse(original.priority)?,
         // The original's start has passed: a rerun runs as soon as it can.
         run_at: None,
+        // As long from its start as the original had: a fail-fast job stays one.
+        deadline: Deadline::After(deadline_span(&original)),
         labels,
         rerun_of: Some(original.id),
     };
     // A race with the same key ends in the service's own replay, by fingerprint, which
     // names the original.
     service::create_job(db, bus, providers, tenant_id, new).await
+}
+
+/// How long the original had from its start to its deadline; the default when it kept
+/// none (it finished before deadlines were recorded).
+fn deadline_span(original: &jobs::Model) -> Duration {
+    let start = original.run_at.map_or(original.created_at, |run_at| {
+        Ord::max(run_at, original.created_at)
+    });
+    original
+        .deadline
+        .and_then(|deadline| u64::try_from(deadline.micros() - start.micros()).ok())
+        .map_or(DEFAULT_DEADLINE, Duration::from_micros)
 }

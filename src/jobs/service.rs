@@ -111,6 +111,7 @@ async fn create(
         .check_output(&new.model, bound.max_output_tokens)?;
     let hold = bound.job_hold(&price, new.max_attempts);
     let transaction = begin_write(db).await?;
+    let starts_at = new.run_at.map_or(now, |run_at| Ord::max(run_at, now));
     let row = jobs::ActiveModel {
         id: Set(Uuid::now_v7()),
         tenant_id: Set(tenant_id),
@@ -130,7 +131,7 @@ async fn create(
         max_attempts: Set(new.max_attempts as i32),
         run_token: Set(None),
         lease_until: Set(None),
-        next_run_at: Set(new.run_at.map_or(now, |run_at| Ord::max(run_at, now))),
+        next_run_at: Set(starts_at),
         priority: Set(new.priority.value()),
         run_at: Set(new.run_at),
         simulated: Set(providers.simulates(&new.model)),
@@ -144,6 +145,7 @@ async fn create(
         batch_id: Set(None),
         custom_id: Set(None),
         rerun_of: Set(new.rerun_of),
+        deadline: Set(Some(new.deadline.instant(starts_at))),
     };
     // A key used before inserts nothing; on PostgreSQL an insert racing with another
     // one of the same key waits for it to commit, so the job it made is there to read.

@@ -70,6 +70,7 @@ pub fn success_report(price: &ModelPrice) -> AttemptReport {
         latency: Duration::from_millis(5),
         ended_at: Timestamp::now(),
         model_paused_until: None,
+        wait: false,
     }
 }
 
@@ -315,6 +316,7 @@ async fn a_cancel_the_worker_missed_wins_over_a_retry(backend: Backend) {
                     latency: Duration::from_millis(5),
                     ended_at: Timestamp::now(),
                     model_paused_until: None,
+                    wait: false,
                 };
                 let finished =
                     queue::finish_attempt(db, &claim, &attempt, &start.price, report, outcome)

@@ -65,6 +65,7 @@ fn settings(folder: &std::path::Path, config: std::path::PathBuf) -> Settings {
         operations: OperationsSettings::default(),
         allow_private_webhooks: false,
         cors_origins: Vec::new(),
+        default_deadline: None,
     }
 }
 

@@ -733,6 +733,8 @@ async fn a_held_bucket_does_not_delay_recording_a_rate_limited_attempt() {
             "hello [mock:status=429][mock:retry_after=1][mock:fail_first=1000]",
         );
         input["maxAttempts"] = json!(1);
+        // A 429 is a wait, not an attempt: the deadline is what ends the job.
+        input["deadline"] = json!((chrono::Utc::now() + chrono::Duration::seconds(3)).to_rfc3339());
         limited.push(app.create_job_ok(&tenant, input).await);
     }
     let mut other = job_input("other-model-while-held", "hello");
@@ -746,6 +748,11 @@ async fn a_held_bucket_does_not_delay_recording_a_rate_limited_attempt() {
             .await;
         let expected = if *id == other { "SUCCEEDED" } else { "FAILED" };
         assert_eq!(job["status"], expected, "{job}");
+        if *id != other {
+            // The 429 was recorded before the deadline ended the job.
+            assert_eq!(job["attempts"][0]["outcome"], "RETRYABLE_ERROR", "{job}");
+            assert_eq!(job["error"]["code"], "DEADLINE_EXCEEDED", "{job}");
+        }
     }
     stalled.rollback().await.unwrap();
     assert_billing_invariants(db).await;

@@ -296,6 +296,8 @@ fn new_job(key: &str) -> NewJob {
         stream_output: None,
         priority: None,
         run_at: None,
+        deadline: None,
+        default_deadline: jobledger::jobs::input::DEFAULT_DEADLINE,
         labels: Vec::new(),
         parameters: Default::default(),
     })

@@ -24,6 +24,7 @@ mod console;
 mod contract;
 mod cors;
 mod crash;
+mod deadlines;
 mod deploy;
 mod dispatch;
 mod engine;

@@ -49,6 +49,7 @@ impl WorkerProcess {
             },
             allow_private_webhooks: false,
             cors_origins: Vec::new(),
+            default_deadline: None,
         };
         let application = Application::build(settings)
             .await

@@ -40,6 +40,8 @@ const P4_ONE_RUNNING_ATTEMPT: Violation = Violation::Assertion("(running_attempt
 const P5_PAID_CALL_CEILING: Violation = Violation::Assertion("(billable<=");
 /// P6: a run in which a job that cannot run never ends.
 const P6_UNRUNNABLE_ENDS: Violation = Violation::Cycle(Claim::UnrunnableEnds);
+/// P7: the job waited past its deadline.
+const P7_WAITS_END_AT_THE_DEADLINE: Violation = Violation::Assertion("(waits<=");
 
 impl Violation {
     /// The claim to search with: the property's own, or for an assertion any, since
@@ -72,7 +74,7 @@ enum Claim {
 /// Which search pan runs.
 #[derive(Clone, Copy)]
 enum Search {
-    /// The assertions (P1, P2, P4, P5) and one LTL claim (P3 or P6): a search for
+    /// The assertions (P1, P2, P4, P5, P7) and one LTL claim (P3 or P6): a search for
     /// acceptance cycles, which checks the assertions on the way.
     Properties(Claim),
     /// No process is left blocked anywhere but at an `end` label. A search with an
@@ -184,7 +186,7 @@ fn assert_caught(defines: &[&str], violation: Violation) {
     );
 }
 
-/// The assertions (P1, P2, P4, P5) and P3.
+/// The assertions (P1, P2, P4, P5, P7) and P3.
 #[test]
 fn the_model_holds() {
     assert_holds(Search::Properties(Claim::NeverLost));
@@ -259,4 +261,12 @@ fn counting_every_hand_back_as_free_lets_a_job_pay_for_too_many_calls() {
 #[test]
 fn without_the_abandon_step_a_job_that_cannot_run_comes_back_for_ever() {
     assert_caught(&["NO_ABANDON"], P6_UNRUNNABLE_ENDS);
+}
+
+/// P7: a wait spends neither an attempt nor a paid call, so without the deadline's
+/// checks — the judge's, the worker's before and during the call, the sweep's — a
+/// provider that keeps refusing keeps the job waiting past its deadline.
+#[test]
+fn without_the_deadline_a_job_waits_past_it() {
+    assert_caught(&["NO_DEADLINE"], P7_WAITS_END_AT_THE_DEADLINE);
 }

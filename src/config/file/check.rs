@@ -175,6 +175,22 @@ impl Checker<'_> {
             )?,
         };
 
+        let default_deadline = raw
+            .default_deadline_seconds
+            .map(|seconds| {
+                u64::try_from(seconds)
+                    .ok()
+                    .filter(|seconds| *seconds > 0)
+                    .map(std::time::Duration::from_secs)
+                    .ok_or_else(|| {
+                        self.invalid(
+                            "default_deadline_seconds",
+                            format!("must be a whole number of seconds above 0, not {seconds}"),
+                        )
+                    })
+            })
+            .transpose()?;
+
         Ok(ConfigFile {
             path: self.path.to_owned(),
             customer_markup,
@@ -182,6 +198,7 @@ impl Checker<'_> {
             routes: routes.into_iter().collect(),
             models,
             charging,
+            default_deadline,
         })
     }
 

@@ -55,6 +55,9 @@ pub struct ConfigFile {
     pub models: BTreeMap<String, ModelConfig>,
     /// What the customer pays for calls that did not simply succeed (`[charging]`).
     pub charging: ChargingPolicy,
+    /// The deadline of a job whose client names none, from when it may start
+    /// (`default_deadline_seconds`); `None`: the flag's, else the built-in 24 hours.
+    pub default_deadline: Option<std::time::Duration>,
 }
 
 /// What speaks to a named provider.

@@ -10,6 +10,7 @@ use std::fmt;
 #[serde(deny_unknown_fields)]
 pub(super) struct RawFile {
     pub(super) customer_markup: Option<RawNumber>,
+    pub(super) default_deadline_seconds: Option<i64>,
     #[serde(default)]
     pub(super) providers: BTreeMap<String, RawProvider>,
     #[serde(default)]

@@ -237,6 +237,13 @@ impl Job {
         self.0.run_at.map(time)
     }
 
+    /// By when the job must have finished: the one createJob named, else the default
+    /// from when it could start. Unfinished by then, it fails `DEADLINE_EXCEEDED`.
+    /// Null only for jobs that finished before deadlines were recorded.
+    async fn deadline(&self) -> Option<DateTime<Utc>> {
+        self.0.deadline.map(time)
+    }
+
     /// Whether an attempt whose outcome is unknown may be retried (and paid twice).
     async fn retry_unknown_outcome(&self) -> bool {
         self.0.retry_unknown_outcome

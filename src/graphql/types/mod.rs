@@ -115,6 +115,9 @@ pub enum JobErrorCode {
     /// The job cannot be run at all (unreadable input, a model without a price); no
     /// call was made.
     NotRunnable,
+    /// The job had not finished by its `deadline`: a queued job fails there, a running
+    /// attempt is cancelled (outcome `CANCELLED`).
+    DeadlineExceeded,
 }
 
 impl JobErrorCode {

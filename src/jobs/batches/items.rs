@@ -17,7 +17,8 @@ use crate::error::ServiceError;
 use crate::jobs::bus::EventBus;
 use crate::jobs::events;
 use crate::jobs::input::{
-    IdempotencyKey, JobInput, NewJob, Priority, check_json, parse_max_output_tokens, parse_messages,
+    DEFAULT_DEADLINE, Deadline, IdempotencyKey, JobInput, NewJob, Priority, check_json,
+    parse_max_output_tokens, parse_messages,
 };
 use crate::jobs::labels::Labels;
 use crate::llm::ProviderRegistry;
@@ -164,6 +165,7 @@ fn parse_items(
             retry_unknown_outcome: true,
             priority,
             run_at: None,
+            deadline: Deadline::After(DEFAULT_DEADLINE),
             // Items take no labels (the contract's item input has none).
             labels: Labels::default(),
             rerun_of: None,
@@ -479,5 +481,6 @@ fn job_row(
         batch_id: Some(batch.id),
         custom_id: Some(item.custom_id.clone()),
         rerun_of: None,
+        deadline: Some(item.job.deadline.instant(now)),
     }
 }

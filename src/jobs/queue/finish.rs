@@ -156,7 +156,7 @@ struct JobChange {
     error: Option<JobError>,
     next_run_at: Option<Timestamp>,
     /// A hand-back or a wait gives its attempt back: it does not count against
-    /// `maxAttempts`.
+    /// `maxAttempts` (a wait not even when the job then ends).
     hand_back: bool,
     /// The event's data.
     data: serde_json::Value,
@@ -217,7 +217,7 @@ fn decide(end: &AttemptEnd, current: &jobs::Model, spent: &Spent, now: Timestamp
             JobOutcome::HandBack => Some(now),
             _ => None,
         },
-        hand_back: matches!(outcome, JobOutcome::HandBack | JobOutcome::Wait { .. }),
+        hand_back: report.wait || matches!(outcome, JobOutcome::HandBack),
         error: match &outcome {
             JobOutcome::Failed(error) => Some(error.clone()),
             _ => None,

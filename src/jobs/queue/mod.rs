@@ -19,11 +19,13 @@ use std::time::Duration;
 use uuid::Uuid;
 
 mod claim;
+mod deadlines;
 mod finish;
 mod rescue;
 mod start;
 
 pub use claim::{Claim, ClaimRequest, Claimed, TenantCursor, claim, claim_in_turn};
+pub use deadlines::fail_past_deadlines;
 pub use finish::{AttemptEnd, abandon_claim, finish_attempt, finish_attempts};
 pub use rescue::expire_leases;
 pub use start::{start_attempt, start_attempts};
@@ -256,6 +258,9 @@ pub struct AttemptReport {
     pub ended_at: Timestamp,
     /// The provider answered 429: the model is paused for every worker until then.
     pub model_paused_until: Option<Timestamp>,
+    /// The provider refused the call without doing any work (a wait): the attempt
+    /// does not count against `maxAttempts`, whatever becomes of the job.
+    pub wait: bool,
 }
 
 /// A machine-readable code and a human message.
@@ -316,11 +321,14 @@ pub enum JobErrorCode {
     /// The job cannot be run at all (its stored input is unreadable, its model has no
     /// price); no call was made.
     NotRunnable,
+    /// The job had not finished by its deadline: queued, it failed there; running,
+    /// its attempt was cancelled.
+    DeadlineExceeded,
 }
 
 impl JobErrorCode {
     /// Every code, in the order of the declaration.
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 12] = [
         Self::ProviderRejected,
         Self::ProviderUnavailable,
         Self::OutcomeUnknown,
@@ -332,6 +340,7 @@ impl JobErrorCode {
         Self::ModelNotServed,
         Self::ResultNotStored,
         Self::NotRunnable,
+        Self::DeadlineExceeded,
     ];
 
     /// The code whose text is `text`, as a job or attempt row stores it.
@@ -353,6 +362,7 @@ impl JobErrorCode {
             Self::ModelNotServed => "MODEL_NOT_SERVED",
             Self::ResultNotStored => "RESULT_NOT_STORED",
             Self::NotRunnable => "NOT_RUNNABLE",
+            Self::DeadlineExceeded => "DEADLINE_EXCEEDED",
         }
     }
 }
@@ -372,9 +382,10 @@ pub enum JobOutcome {
     /// Given back at once because the worker is shutting down: queued again, and the
     /// attempt does not count against `maxAttempts`.
     HandBack,
-    /// Queued again at `at` after a call the provider never received (its connection
-    /// was refused: an outage). Nothing was billed, so like a hand-back the attempt
-    /// does not count against `maxAttempts`; the worker bounds how long a job waits.
+    /// Queued again at `at` after a call the provider refused without doing any work
+    /// (a rate limit, an overload with `Retry-After`, a connection refused before the
+    /// request was sent). Nothing was billed, so like a hand-back the attempt does not
+    /// count against `maxAttempts`; the job's deadline bounds how long it waits.
     Wait { at: Timestamp },
 }
 

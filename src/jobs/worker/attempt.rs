@@ -1,9 +1,9 @@
-//! One attempt's run: the provider call raced against its deadline, lease, cancels and
-//! shutdown; the judgement of how it ended; and the recording of that end, batched
-//! with others or alone with retries.
+//! One attempt's run: the provider call raced against its timeout, the job's deadline,
+//! its lease, cancels and shutdown; the judgement of how it ended; and the recording of
+//! that end, batched with others or alone with retries.
 
 use super::finisher::Finished;
-use super::judge::{CallContext, CallEnd};
+use super::judge::{CallContext, CallEnd, deadline_of};
 use super::{Prepared, Ready, Worker, deltas};
 use crate::jobs::bus::{EventNotice, Wake};
 use crate::jobs::leases::LeaseHold;
@@ -80,11 +80,19 @@ impl Worker {
         // stream, the deadline or a cancel; and until the end is recorded, so that a
         // database refusing writes for a while does not cost the answer.
         let mut lease = inner.leases.hold(&claim);
+        // The job's deadline, as this process's clock counts down to it.
+        let until_deadline = Duration::from_micros(
+            u64::try_from(deadline_of(&claim.job).micros() - Timestamp::now().micros())
+                .unwrap_or(0),
+        );
         // A cancel that landed after the claim but before the attempt was recorded is
         // in the row start_attempts locked; one landing later reaches `notices`, to
         // which this attempt subscribed before starting.
         let end = if cancel_requested {
             CallEnd::CancelledBeforeSending
+        } else if until_deadline.is_zero() {
+            // Claimed before the sweep failed it: too late to start.
+            CallEnd::PastDeadlineBeforeSending
         } else if budget_spent {
             CallEnd::BudgetSpent
         } else if inner.abort.is_cancelled() {
@@ -104,8 +112,10 @@ impl Worker {
             }
             .instrument(call_span.clone());
             tokio::pin!(call);
-            let deadline = tokio::time::sleep(inner.settings.attempt_timeout);
-            tokio::pin!(deadline);
+            let timeout = tokio::time::sleep(inner.settings.attempt_timeout);
+            tokio::pin!(timeout);
+            let past_deadline = tokio::time::sleep(until_deadline);
+            tokio::pin!(past_deadline);
             let _in_flight = inner.metrics.provider_call();
             loop {
                 tokio::select! {
@@ -133,7 +143,9 @@ impl Worker {
                         // Missed notices may have held a cancel: ask the row now.
                         Wake::Missed => lease.renew_now(),
                     },
-                    _ = &mut deadline => break CallEnd::TimedOut,
+                    _ = &mut timeout => break CallEnd::TimedOut,
+                    // Stopped as a cancel stops it: the call is dropped at once.
+                    _ = &mut past_deadline => break CallEnd::PastDeadline,
                     _ = inner.abort.cancelled() => break CallEnd::Aborted,
                 }
             }

@@ -3,11 +3,11 @@
 
 use crate::billing::{AttemptEnding, CallBound, ChargingPolicy, ModelPrice};
 use crate::jobs::flow;
-use crate::jobs::input::JobInput;
+use crate::jobs::input::{DEFAULT_DEADLINE, Deadline, JobInput};
 use crate::jobs::queue::{AttemptReport, Claim, JobError, JobErrorCode, JobOutcome};
 use crate::llm::TokenUsage;
 use crate::llm::{Completion, ProviderError};
-use entity::{AttemptOutcome, Timestamp, attempts};
+use entity::{AttemptOutcome, Timestamp, attempts, jobs};
 use rand::Rng;
 use std::time::Duration;
 
@@ -17,12 +17,6 @@ const BACKOFF_BASE: Duration = Duration::from_secs(2);
 const BACKOFF_CAP: Duration = Duration::from_secs(60);
 /// Longest `Retry-After` honoured; a provider asking for more is treated as this.
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(600);
-/// How long after its creation a job waits out a provider it cannot reach (connection
-/// refused: nothing sent, nothing billed) before it fails `PROVIDER_UNAVAILABLE`. Such
-/// waits spend no attempt, so a short outage fails nothing; past this the provider is
-/// taken to be down or misconfigured rather than restarting.
-const OUTAGE_PATIENCE: Duration = Duration::from_secs(15 * 60);
-
 /// How the wait for the provider ended.
 #[derive(Debug)]
 pub(super) enum CallEnd {
@@ -36,6 +30,10 @@ pub(super) enum CallEnd {
     /// No provider of this process serves the model; the call was not made.
     NotServed,
     LeaseLost,
+    /// The job's deadline came while the call ran; it was abandoned.
+    PastDeadline,
+    /// The job's deadline had passed before the call was made; it never was.
+    PastDeadlineBeforeSending,
     /// The worker is shutting down and the grace period is over.
     Aborted,
     /// The grace period was over before the call was made; it never was.
@@ -51,10 +49,12 @@ impl CallEnd {
             | Self::CancelledBeforeSending
             | Self::BudgetSpent
             | Self::NotServed
+            | Self::PastDeadlineBeforeSending
             | Self::AbortedBeforeSending => false,
             Self::Answered(_)
             | Self::TimedOut
             | Self::Cancelled
+            | Self::PastDeadline
             | Self::LeaseLost
             | Self::Aborted => true,
         }
@@ -143,41 +143,48 @@ impl CallFacts<'_> {
             latency: self.latency,
             ended_at: self.ended_at,
             model_paused_until: None,
+            wait: false,
         }
     }
 
-    /// Queued again after a backoff while attempts are left; failed otherwise.
+    /// Queued again after a backoff while attempts are left and the retry comes before
+    /// the deadline; failed otherwise.
     fn retry_or_fail(&self, error: JobError, retry_after: Option<Duration>) -> JobOutcome {
         let job = &self.claim.job;
         if job.attempt_count < job.max_attempts {
-            JobOutcome::Retry {
-                at: self.ended_at.plus(
-                    chrono::Duration::from_std(retry_delay(self.attempt.number, retry_after))
-                        .unwrap_or(chrono::Duration::MAX),
-                ),
-            }
+            self.before_deadline(retry_after, |at| JobOutcome::Retry { at })
         } else {
             JobOutcome::Failed(error)
         }
     }
 
-    /// After a call the provider never received (an outage): a wait with backoff that
-    /// spends no attempt, for [`OUTAGE_PATIENCE`] from the job's creation; failed after.
-    fn wait_or_fail(&self, error: JobError) -> JobOutcome {
-        let job = &self.claim.job;
-        let now = self.ended_at;
-        let waited = Duration::from_micros(
-            now.micros().saturating_sub(job.created_at.micros()).max(0) as u64,
+    /// After a call the provider refused without doing any work (a 429, a 503 or 529
+    /// with `Retry-After`, a connection refused before the request was sent): a wait
+    /// with backoff that spends neither an attempt nor a paid call, bounded by the
+    /// job's deadline alone.
+    fn wait(&self, retry_after: Option<Duration>) -> JobOutcome {
+        self.before_deadline(retry_after, |at| JobOutcome::Wait { at })
+    }
+
+    /// `next` at the end of the backoff (or the longer `Retry-After`); failed
+    /// `DEADLINE_EXCEEDED` at once when that is not before the deadline, since the job
+    /// could not run again in time and its hold would only sit until then.
+    fn before_deadline(
+        &self,
+        retry_after: Option<Duration>,
+        next: impl FnOnce(Timestamp) -> JobOutcome,
+    ) -> JobOutcome {
+        let at = self.ended_at.plus(
+            chrono::Duration::from_std(retry_delay(self.attempt.number, retry_after))
+                .unwrap_or(chrono::Duration::MAX),
         );
-        if waited < OUTAGE_PATIENCE {
-            JobOutcome::Wait {
-                at: now.plus(
-                    chrono::Duration::from_std(retry_delay(self.attempt.number, None))
-                        .unwrap_or(chrono::Duration::MAX),
-                ),
-            }
+        if at < deadline_of(&self.claim.job) {
+            next(at)
         } else {
-            JobOutcome::Failed(error)
+            JobOutcome::Failed(JobError::new(
+                JobErrorCode::DeadlineExceeded,
+                "the provider could not take the call before the job's deadline",
+            ))
         }
     }
 
@@ -233,6 +240,38 @@ impl CallFacts<'_> {
                         None,
                     ),
                     JobOutcome::Cancelled,
+                )
+            }
+            CallEnd::PastDeadline => {
+                let error = JobError::new(
+                    JobErrorCode::DeadlineExceeded,
+                    "the job's deadline passed while the provider call was running",
+                );
+                (
+                    self.report(
+                        AttemptOutcome::Cancelled,
+                        None,
+                        AttemptEnding::CancelledDuringCall,
+                        Some(error.clone()),
+                        None,
+                    ),
+                    JobOutcome::Failed(error),
+                )
+            }
+            CallEnd::PastDeadlineBeforeSending => {
+                let error = JobError::new(
+                    JobErrorCode::DeadlineExceeded,
+                    "the job's deadline passed before the provider was called",
+                );
+                (
+                    self.report(
+                        AttemptOutcome::Cancelled,
+                        None,
+                        AttemptEnding::NotBilled,
+                        Some(error.clone()),
+                        None,
+                    ),
+                    JobOutcome::Failed(error),
                 )
             }
             CallEnd::BudgetSpent => not_sent(
@@ -341,10 +380,9 @@ impl CallFacts<'_> {
         match error {
             ProviderError::NotSent { message } => {
                 let error = JobError::new(JobErrorCode::ProviderUnavailable, message);
-                (
-                    failed(AttemptOutcome::RetryableError, error.clone(), None),
-                    self.wait_or_fail(error),
-                )
+                let mut report = failed(AttemptOutcome::RetryableError, error, None);
+                report.wait = true;
+                (report, self.wait(None))
             }
             ProviderError::Transient {
                 status,
@@ -358,12 +396,16 @@ impl CallFacts<'_> {
                 );
                 let mut report = failed(AttemptOutcome::RetryableError, error.clone(), request_id);
                 // A rate limit is the provider's, not this job's: every worker holds
-                // off the model, not only this job's retry.
+                // off the model, not only this job's retry. The provider did no work
+                // and billed nothing, so the job waits instead of spending an attempt.
                 if flow::pauses_model(status, retry_after) {
                     report.model_paused_until =
                         Some(flow::paused_until(self.ended_at, retry_after));
+                    report.wait = true;
+                    (report, self.wait(retry_after))
+                } else {
+                    (report, self.retry_or_fail(error, retry_after))
                 }
-                (report, self.retry_or_fail(error, retry_after))
             }
             ProviderError::Permanent {
                 status, message, ..
@@ -430,6 +472,14 @@ impl CallFacts<'_> {
         );
         (report, JobOutcome::Failed(error))
     }
+}
+
+/// The instant by which `job` must have finished. A job without one finished before
+/// deadlines were recorded, or was written by a path that sets none: it gets the
+/// built-in default from its creation, so that its waits stay bounded.
+pub(super) fn deadline_of(job: &jobs::Model) -> Timestamp {
+    job.deadline
+        .unwrap_or_else(|| Deadline::After(DEFAULT_DEADLINE).instant(job.created_at))
 }
 
 /// What a tenant may read of a provider's refusal. Authentication and configuration

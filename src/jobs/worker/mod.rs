@@ -180,6 +180,9 @@ impl Worker {
                     }
                     tracing::error!(error = %error, "sweeping expired leases failed");
                 }
+                if let Err(error) = self.fail_past_deadlines().await {
+                    tracing::error!(error = %error, "failing queued jobs past their deadline failed");
+                }
             }
             let free = permits.available_permits().min(CLAIM_BATCH);
             let request = ClaimRequest {
@@ -254,6 +257,13 @@ impl Worker {
         let held_here = self.inner.leases.held_jobs();
         let notices = queue::expire_leases(&self.inner.db, &held_here).await?;
         observe::leases_expired(&self.inner.metrics, &notices);
+        self.inner.bus.publish(notices);
+        Ok(())
+    }
+
+    async fn fail_past_deadlines(&self) -> Result<(), DbErr> {
+        let notices = queue::fail_past_deadlines(&self.inner.db).await?;
+        observe::job_ended(&self.inner.metrics, &notices);
         self.inner.bus.publish(notices);
         Ok(())
     }

@@ -87,6 +87,7 @@ fn settings_without_database() -> Settings {
         operations: Default::default(),
         allow_private_webhooks: false,
         cors_origins: Vec::new(),
+        default_deadline: None,
     }
 }
 

@@ -433,3 +433,22 @@ fn the_file_routes_what_it_names_and_the_environment_the_rest() {
         served("simulator")
     );
 }
+
+#[test]
+fn the_default_deadline_is_a_whole_positive_number_of_seconds() {
+    let text = std::fs::read_to_string(example_path()).unwrap();
+    let config = ConfigFile::parse(&text, &example_path(), |_| Some("sk-test".to_owned()))
+        .unwrap_or_else(|error| panic!("{error}"));
+    assert_eq!(
+        config.default_deadline,
+        Some(std::time::Duration::from_secs(86_400))
+    );
+    assert_eq!(parse("").unwrap().default_deadline, None);
+    for bad in ["0", "-5"] {
+        assert_refused(
+            &format!("default_deadline_seconds = {bad}"),
+            "default_deadline_seconds",
+            "above 0",
+        );
+    }
+}

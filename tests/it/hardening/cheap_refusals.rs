@@ -213,6 +213,7 @@ async fn metrics_move_off_the_api_port() {
         },
         allow_private_webhooks: false,
         cors_origins: Vec::new(),
+        default_deadline: None,
     };
     let application = jobledger::startup::Application::build(settings)
         .await

@@ -193,6 +193,7 @@ async fn spawn_app_at(
         operations: options.operations,
         allow_private_webhooks: options.allow_private_webhooks,
         cors_origins: options.cors_origins,
+        default_deadline: None,
     };
     let application = Application::build(settings).await.expect("the app builds");
     let address = application.address().unwrap();

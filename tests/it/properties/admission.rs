@@ -42,6 +42,8 @@ async fn concurrent_creates_never_admit_more_than_the_balance_holds(backend: Bac
         stream_output: None,
         priority: None,
         run_at: None,
+        deadline: None,
+        default_deadline: jobledger::jobs::input::DEFAULT_DEADLINE,
         labels: Vec::new(),
         parameters: Default::default(),
     })

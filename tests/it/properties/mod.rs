@@ -133,6 +133,8 @@ impl Spec {
             stream_output: None,
             priority: None,
             run_at: None,
+            deadline: None,
+            default_deadline: jobledger::jobs::input::DEFAULT_DEADLINE,
             labels: Vec::new(),
             parameters: Default::default(),
         })
@@ -265,6 +267,7 @@ fn plan(
             latency: Duration::from_millis(3),
             ended_at: Timestamp::now(),
             model_paused_until: None,
+            wait: false,
         };
     let cost = |outcome, usage: Option<TokenUsage>, not_billed: bool| AttemptCost {
         outcome,

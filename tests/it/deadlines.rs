@@ -1,0 +1,311 @@
+//! Deadlines and waits: a provider refusal that did no work is a wait that spends
+//! neither an attempt nor a paid call, and the job's deadline is what bounds waiting —
+//! queued, between waits, or during a running call.
+
+use crate::helpers::{
+    AppOptions, Backend, TestApp, TestTenant, decimal, error_code, event_kinds, job_input,
+    spawn_app, spawn_app_with,
+};
+use crate::invariants::assert_billing_invariants;
+use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+on_both_backends!(
+    a_one_attempt_job_waits_out_rate_limits_and_succeeds,
+    a_job_that_is_always_rate_limited_ends_at_its_deadline_without_a_charge,
+    a_deadline_cancels_a_running_call_within_a_second,
+    a_deadline_must_be_in_the_future_and_after_run_at,
+    a_queued_job_fails_when_its_deadline_passes_before_a_worker_takes_it,
+    the_config_file_sets_the_default_deadline,
+);
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// `now` moved by `millis`, as a GraphQL `DateTime`.
+fn in_millis(millis: i64) -> String {
+    // Milliseconds: the service keeps microseconds, so it reads back as sent.
+    (Utc::now() + chrono::Duration::milliseconds(millis))
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+fn instant(value: &Value) -> DateTime<Utc> {
+    value
+        .as_str()
+        .unwrap_or_else(|| panic!("not a DateTime: {value}"))
+        .parse()
+        .unwrap()
+}
+
+fn outcomes(job: &Value) -> Vec<String> {
+    job["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|attempt| attempt["outcome"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The job's `deadline` (the contract's `JobLifecycle` field).
+async fn deadline_of(app: &TestApp, tenant: &TestTenant, id: Uuid) -> DateTime<Utc> {
+    let response = app
+        .graphql(
+            Some(&tenant.key),
+            "query($id: UUID!) { job(id: $id) { deadline } }",
+            json!({"id": id}),
+        )
+        .await;
+    instant(&response["data"]["job"]["deadline"])
+}
+
+/// The simulator's log of the calls it received, over its HTTP API.
+async fn mock_calls(app: &TestApp) -> Vec<Value> {
+    let base = app.simulator_url();
+    let base = base.trim_end_matches("/v1");
+    reqwest::get(format!("{base}/_mock/calls"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Nothing was charged: the hold went back whole and the balance is what was granted.
+async fn assert_released_whole(app: &TestApp, tenant: &TestTenant, job: &Value, granted: u32) {
+    assert_eq!(job["reservation"]["status"], "RELEASED", "{job}");
+    assert_eq!(
+        job["reservation"]["releasedAmount"], job["reservation"]["amount"],
+        "{job}"
+    );
+    assert!(job["charge"].is_null(), "{job}");
+    assert_eq!(
+        decimal(&job["cost"]["providerCost"]),
+        Decimal::ZERO,
+        "{job}"
+    );
+    assert_eq!(
+        decimal(&app.balance(tenant).await["available"]),
+        Decimal::from(granted)
+    );
+    assert_billing_invariants(&app.app.db).await;
+}
+
+/// Three 429s are three waits: the one attempt the job may spend is still there for the
+/// call that answers, and none of the refusals counts as a paid call.
+async fn a_one_attempt_job_waits_out_rate_limits_and_succeeds(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let mut input = job_input(
+        "patient",
+        "hi [mock:status=429][mock:retry_after=1][mock:fail_first=3]",
+    );
+    input["maxAttempts"] = json!(1);
+    let id = app.create_job_ok(&tenant, input).await;
+    let job = app.wait_until_finished(&tenant, id, LIMIT).await;
+    assert_eq!(job["status"], "SUCCEEDED", "{job}");
+    assert_eq!(
+        outcomes(&job),
+        [
+            "RETRYABLE_ERROR",
+            "RETRYABLE_ERROR",
+            "RETRYABLE_ERROR",
+            "SUCCEEDED"
+        ],
+        "{job}"
+    );
+    assert_eq!(
+        job["attemptCount"], 1,
+        "only the answered call counts: {job}"
+    );
+    for refused in &job["attempts"].as_array().unwrap()[..3] {
+        assert_eq!(decimal(&refused["providerCost"]), Decimal::ZERO, "{job}");
+    }
+    assert_eq!(job["reservation"]["status"], "SETTLED", "{job}");
+    let calls = mock_calls(&app).await;
+    assert_eq!(calls.len(), 4, "{calls:?}");
+    assert_eq!(
+        calls.iter().filter(|call| call["billed"] == true).count(),
+        1,
+        "only the answer was billed: {calls:?}"
+    );
+    assert_billing_invariants(&app.app.db).await;
+}
+
+/// A provider that never stops refusing holds the job only until its deadline: it then
+/// fails DEADLINE_EXCEEDED, having spent no attempt, and its hold goes back whole.
+async fn a_job_that_is_always_rate_limited_ends_at_its_deadline_without_a_charge(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let mut input = job_input("hopeless", "hi [mock:status=429][mock:retry_after=1]");
+    input["maxAttempts"] = json!(1);
+    input["deadline"] = json!(in_millis(4_000));
+    let created = Instant::now();
+    let id = app.create_job_ok(&tenant, input).await;
+    let job = app
+        .wait_until_finished(&tenant, id, Duration::from_secs(10))
+        .await;
+    assert!(
+        created.elapsed() < Duration::from_secs(6),
+        "the job outlived its deadline by {:?}",
+        created.elapsed()
+    );
+    assert_eq!(job["status"], "FAILED", "{job}");
+    assert_eq!(job["error"]["code"], "DEADLINE_EXCEEDED", "{job}");
+    // More refusals than its one attempt: the waits spent none of it. A wait that came
+    // due just before the deadline may be claimed just after it: then nothing is sent.
+    let mut outcomes = outcomes(&job);
+    if outcomes.last().is_some_and(|last| last == "CANCELLED") {
+        outcomes.pop();
+    }
+    assert!(
+        outcomes.len() >= 2 && outcomes.iter().all(|outcome| outcome == "RETRYABLE_ERROR"),
+        "more than one refusal, each recorded: {job}"
+    );
+    assert_eq!(mock_calls(&app).await.len(), outcomes.len());
+    assert_released_whole(&app, &tenant, &job, 5).await;
+}
+
+/// A call still running at the deadline is cancelled as a tenant's cancel would be:
+/// at once, recorded as CANCELLED with its cost bound, the job FAILED
+/// DEADLINE_EXCEEDED, and the simulator saw exactly the call the attempt records.
+async fn a_deadline_cancels_a_running_call_within_a_second(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let mut input = job_input("slow", "hi [mock:delay_ms=20000]");
+    input["deadline"] = json!(in_millis(2_000));
+    let id = app.create_job_ok(&tenant, input).await;
+    let job = app
+        .wait_until_finished(&tenant, id, Duration::from_secs(6))
+        .await;
+    assert_eq!(job["status"], "FAILED", "{job}");
+    assert_eq!(job["error"]["code"], "DEADLINE_EXCEEDED", "{job}");
+    assert_eq!(outcomes(&job), ["CANCELLED"], "{job}");
+    let attempt = &job["attempts"][0];
+    assert_eq!(attempt["errorCode"], "DEADLINE_EXCEEDED", "{job}");
+    assert!(
+        attempt["providerCostUpperBound"].is_string(),
+        "a call cancelled after it was sent may be billed: {job}"
+    );
+    let deadline = deadline_of(&app, &tenant, id).await;
+    let late = instant(&attempt["finishedAt"]) - deadline;
+    assert!(
+        late >= chrono::Duration::zero() && late < chrono::Duration::milliseconds(1_000),
+        "the call was cancelled {late} after the deadline"
+    );
+    let calls = mock_calls(&app).await;
+    assert_eq!(calls.len(), 1, "one attempt, one call: {calls:?}");
+    // The default policy charges the prompt of a call cancelled after it was sent.
+    assert_eq!(job["reservation"]["status"], "SETTLED", "{job}");
+    assert!(decimal(&job["charge"]["amount"]) > Decimal::ZERO, "{job}");
+    assert_billing_invariants(&app.app.db).await;
+}
+
+async fn a_deadline_must_be_in_the_future_and_after_run_at(backend: Backend) {
+    // No workers: nothing settles while the audit below reads the ledger.
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let with = |key: &str, run_at: Option<String>, deadline: String| {
+        let mut input = job_input(key, "hi");
+        if let Some(run_at) = run_at {
+            input["runAt"] = json!(run_at);
+        }
+        input["deadline"] = json!(deadline);
+        input
+    };
+    let run_at = in_millis(60_000);
+    for (key, input) in [
+        ("past", with("past", None, in_millis(-1_000))),
+        (
+            "before-run-at",
+            with("before-run-at", Some(run_at.clone()), in_millis(30_000)),
+        ),
+        (
+            "at-run-at",
+            with("at-run-at", Some(run_at.clone()), run_at.clone()),
+        ),
+    ] {
+        let response = app.create_job(&tenant, input).await;
+        assert_eq!(error_code(&response), "VALIDATION", "{key}: {response}");
+    }
+    // A deadline is shown as asked, and is part of the request: the same deadline is a
+    // replay, another one a conflict.
+    let deadline = in_millis(3_600_000);
+    let fine = with("fine", Some(run_at.clone()), deadline.clone());
+    let id = app.create_job_ok(&tenant, fine.clone()).await;
+    assert_eq!(
+        deadline_of(&app, &tenant, id).await,
+        instant(&json!(deadline))
+    );
+    let replay = app.create_job(&tenant, fine).await;
+    assert_eq!(replay["data"]["createJob"]["replayed"], true, "{replay}");
+    let other = with("fine", Some(run_at), in_millis(7_200_000));
+    assert_eq!(
+        error_code(&app.create_job(&tenant, other).await),
+        "IDEMPOTENCY_CONFLICT"
+    );
+    // Without one, the job gets the default, 24 hours from when it may start, and a
+    // replay later is still the same request.
+    let id = app.create_job_ok(&tenant, job_input("default", "hi")).await;
+    let span = deadline_of(&app, &tenant, id).await - Utc::now();
+    assert!(
+        span > chrono::Duration::hours(23) && span <= chrono::Duration::hours(24),
+        "{span}"
+    );
+    let replay = app.create_job(&tenant, job_input("default", "hi")).await;
+    assert_eq!(replay["data"]["createJob"]["replayed"], true, "{replay}");
+    assert_billing_invariants(&app.app.db).await;
+}
+
+/// A queued job whose deadline passes before a worker takes it — due at its `runAt`,
+/// with no worker running until after the deadline — is failed by the sweep the first
+/// worker runs before it claims anything: no attempt, no call, the hold released.
+async fn a_queued_job_fails_when_its_deadline_passes_before_a_worker_takes_it(backend: Backend) {
+    let api = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = api.funded_tenant("acme", "5").await;
+    let mut input = job_input("too-late", "hi");
+    input["runAt"] = json!(in_millis(500));
+    input["deadline"] = json!(in_millis(1_500));
+    let id = api.create_job_ok(&tenant, input).await;
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    assert_eq!(api.job(&tenant, id).await["status"], "QUEUED");
+    let _workers = api.another_process(AppOptions::default()).await;
+    let job = api
+        .wait_until_finished(&tenant, id, Duration::from_secs(5))
+        .await;
+    assert_eq!(job["status"], "FAILED", "{job}");
+    assert_eq!(job["error"]["code"], "DEADLINE_EXCEEDED", "{job}");
+    assert!(job["attempts"].as_array().unwrap().is_empty(), "{job}");
+    assert_eq!(event_kinds(&job), ["CREATED", "FAILED"]);
+    assert!(mock_calls(&api).await.is_empty());
+    assert_released_whole(&api, &tenant, &job, 5).await;
+}
+
+/// `default_deadline_seconds` in the config file is the deadline of a job that names
+/// none, counted from when it may start.
+async fn the_config_file_sets_the_default_deadline(backend: Backend) {
+    let folder = tempfile::tempdir().unwrap();
+    let path = folder.path().join("jobledger.toml");
+    std::fs::write(&path, "default_deadline_seconds = 600\n").unwrap();
+    let options = AppOptions {
+        config_file: Some(path),
+        ..AppOptions::no_workers()
+    };
+    let app = spawn_app_with(backend, options).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let id = app.create_job_ok(&tenant, job_input("soon", "hi")).await;
+    let span = deadline_of(&app, &tenant, id).await - Utc::now();
+    assert!(
+        span > chrono::Duration::seconds(590) && span <= chrono::Duration::seconds(600),
+        "{span}"
+    );
+    let mut later = job_input("later", "hi");
+    let run_at = in_millis(3_600_000);
+    later["runAt"] = json!(run_at);
+    let id = app.create_job_ok(&tenant, later).await;
+    assert_eq!(
+        deadline_of(&app, &tenant, id).await - instant(&json!(run_at)),
+        chrono::Duration::seconds(600)
+    );
+}
