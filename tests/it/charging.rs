@@ -151,13 +151,14 @@ async fn a_job_that_keeps_timing_out_stops_paying_at_its_ceiling(backend: Backen
             "idempotencyKey": key,
             "model": "gpt-4o-mini",
             "messages": [{"role": "user", "content": "never on time [mock:delay_ms=5000]"}],
-            "maxOutputTokens": 100_000,
+            "maxOutputTokens": 16_384,
             "maxAttempts": 3,
         })
     };
-    // One call's bound is about 0.075 credits at the customer price; the hold covers
-    // three, so a balance for two is refused outright.
-    let poor = app.funded_tenant("poor", "0.15").await;
+    // One call's bound is about 0.0123 credits at the customer price (16,384 output
+    // tokens, gpt-4o-mini's most); the hold covers three, so a balance for two is
+    // refused outright.
+    let poor = app.funded_tenant("poor", "0.025").await;
     let refused = app.create_job(&poor, input("too-many-calls")).await;
     assert_eq!(error_code(&refused), "INSUFFICIENT_CREDITS", "{refused}");
 

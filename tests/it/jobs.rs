@@ -176,8 +176,8 @@ async fn concurrent_creates_with_one_key_make_one_job_and_one_hold(backend: Back
 
 async fn insufficient_credits_refuse_and_write_nothing(backend: Backend) {
     let app = spawn_app_with(backend, AppOptions::no_workers()).await;
-    // gpt-4o at 12.5 credits per million output tokens for the customer: 100,000 output
-    // tokens need a hold of 1.25 credits, more than this tenant has.
+    // o3 at 10 credits per million output tokens for the customer: 100,000 output
+    // tokens need a hold of 1 credit a call, 3 for three, more than this tenant has.
     let tenant = app.funded_tenant("acme", "1").await;
     let before = app.balance(&tenant).await;
     let ledger_before = ledger_entries::Entity::find()
@@ -185,7 +185,7 @@ async fn insufficient_credits_refuse_and_write_nothing(backend: Backend) {
         .await
         .unwrap();
     let mut input = job_input("too-big", "hello");
-    input["model"] = json!("gpt-4o");
+    input["model"] = json!("o3");
     input["maxOutputTokens"] = json!(100_000);
     let response = app.create_job(&tenant, input).await;
     assert_eq!(error_code(&response), "INSUFFICIENT_CREDITS");

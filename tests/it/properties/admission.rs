@@ -25,16 +25,16 @@ async fn concurrent_creates_never_admit_more_than_the_balance_holds(backend: Bac
     let input = |key: &str| {
         json!({
             "idempotencyKey": key,
-            "model": "gpt-4o-mini",
+            "model": "o4-mini",
             "messages": [{"role": "user", "content": "x"}],
-            "maxOutputTokens": 150_001,
+            "maxOutputTokens": 50_001,
         })
     };
     let new = NewJob::parse(JobRequest {
         idempotency_key: "sizing".into(),
-        model: "gpt-4o-mini".into(),
+        model: "o4-mini".into(),
         messages: vec![("user".into(), "x".into())],
-        max_output_tokens: 150_001,
+        max_output_tokens: 50_001,
         response_schema: None,
         max_attempts: None,
         retry_unknown_outcome: None,
@@ -48,7 +48,7 @@ async fn concurrent_creates_never_admit_more_than_the_balance_holds(backend: Bac
         parameters: Default::default(),
     })
     .unwrap();
-    let price = prices::price_at(&db, "gpt-4o-mini", Timestamp::now())
+    let price = prices::price_at(&db, "o4-mini", Timestamp::now())
         .await
         .unwrap()
         .unwrap();

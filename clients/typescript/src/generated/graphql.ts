@@ -17,6 +17,12 @@ export type AttemptOutcome =
 
 /** A job to run. */
 export type CreateJobInput = {
+  /**
+   * The job fails with `DEADLINE_EXCEEDED` if it has not finished by then (a
+   * running attempt is cancelled). Must be in the future and after `runAt`.
+   * Default: the operator's (24 hours unless configured) from when the job may start.
+   */
+  deadline?: string | null | undefined;
   /** The client's unique name for this request: repeating it returns the same job. */
   idempotencyKey: string;
   /**
@@ -36,6 +42,13 @@ export type CreateJobInput = {
    * then the oldest. Fairness across tenants is unchanged.
    */
   priority?: number | null | undefined;
+  /**
+   * Other fields of the provider's request body, sent as given (at most 16 KiB). A
+   * field that changes what a call may cost (`n`, `best_of`, `max_tokens`,
+   * `logprobs`, `service_tier`, …) or that jobledger sets (`model`, `messages`,
+   * `stream`, …) is `VALIDATION`, naming it.
+   */
+  providerOptions?: unknown;
   /** A JSON Schema the reply must satisfy; the result is then the parsed JSON. */
   responseSchema?: unknown;
   /**
@@ -48,11 +61,19 @@ export type CreateJobInput = {
    * is taken now.
    */
   runAt?: string | null | undefined;
+  /** For providers that sample reproducibly (dropped for Anthropic). */
+  seed?: number | null | undefined;
+  /** Up to 4 sequences (1 to 256 characters) that end the reply. */
+  stop?: Array<string> | null | undefined;
   /**
    * Stream the reply: `jobUpdates` subscribers then see `OUTPUT_DELTA` events with
    * the text as it is written (default false).
    */
   streamOutput?: boolean | null | undefined;
+  /** Sampling temperature, 0 to 2; the provider's default when omitted. */
+  temperature?: number | null | undefined;
+  /** Nucleus sampling, above 0 and at most 1. */
+  topP?: number | null | undefined;
 };
 
 /** What happened to a job. */
@@ -74,6 +95,11 @@ export type EventKind =
 export type JobErrorCode =
   /** The tenant cancelled the job. */
   | 'CANCELLED'
+  /**
+   * The job had not finished by its `deadline`: a queued job fails there, a running
+   * attempt is cancelled (outcome `CANCELLED`).
+   */
+  | 'DEADLINE_EXCEEDED'
   /** The reply did not satisfy the job's response schema (or was not JSON). */
   | 'INVALID_OUTPUT'
   /**
