@@ -237,6 +237,10 @@ impl AuthThrottle {
 /// GraphQL requests of one tenant (or the admin) that may be in flight at once.
 pub const TENANT_CONCURRENT_REQUESTS: usize = 8;
 
+/// GraphQL requests of one access token that may be in flight at once: its own, not
+/// its tenant's, so that one browser cannot take the slots its tenant's backend needs.
+pub const TOKEN_CONCURRENT_REQUESTS: usize = 2;
+
 /// GraphQL requests without a key that one client address may have in flight at once.
 pub const ANONYMOUS_CONCURRENT_REQUESTS: usize = 4;
 
@@ -253,15 +257,18 @@ pub const SLOT_WAIT: Duration = Duration::from_secs(5);
 pub enum RequestOwner {
     Admin,
     Tenant(Uuid),
+    /// An access token, by its id.
+    Token(Uuid),
     Anonymous(ClientAddress),
 }
 
 impl RequestOwner {
     /// The owner of a request made by `principal` (none: anonymous) from `client`.
     pub fn of(principal: Option<&Principal>, client: ClientAddress) -> Self {
-        match principal.map(Principal::counted_tenant) {
-            Some(None) => Self::Admin,
-            Some(Some(tenant_id)) => Self::Tenant(tenant_id),
+        match principal {
+            Some(Principal::Admin) => Self::Admin,
+            Some(Principal::Tenant { tenant_id }) => Self::Tenant(*tenant_id),
+            Some(Principal::Token(grant)) => Self::Token(grant.token_id),
             None => Self::Anonymous(client),
         }
     }
@@ -269,6 +276,7 @@ impl RequestOwner {
     fn slots(self) -> usize {
         match self {
             Self::Admin | Self::Tenant(_) => TENANT_CONCURRENT_REQUESTS,
+            Self::Token(_) => TOKEN_CONCURRENT_REQUESTS,
             Self::Anonymous(_) => ANONYMOUS_CONCURRENT_REQUESTS,
         }
     }

@@ -22,7 +22,6 @@ use super::graphql::selected_operation;
 use super::limits::{ClientAddress, RequestOwner, SLOT_WAIT};
 use super::live;
 use super::serve::LiveStreams;
-use crate::accounts::Principal;
 use crate::accounts::api_keys::{self, CallerKey, Identity};
 use crate::graphql::ApiErrorCode;
 use crate::graphql::cost::{self, QueryBudget, StreamingTransport};
@@ -136,18 +135,19 @@ fn respond(
     let Some(budget) = state.limits.live.open() else {
         return live::process_full();
     };
-    let tenant_place = match principal.as_ref().and_then(Principal::counted_tenant) {
-        Some(tenant_id) => match state.limits.live.admit_tenant(tenant_id) {
-            Some(place) => Some(place),
-            None => {
-                return (
-                    StatusCode::TOO_MANY_REQUESTS,
-                    [(header::RETRY_AFTER, "5")],
-                    live::tenant_full(),
-                )
-                    .into_response();
-            }
-        },
+    let live_places = match principal
+        .as_ref()
+        .map(|principal| state.limits.live.admit(principal))
+    {
+        Some(Ok(places)) => Some(places),
+        Some(Err(refusal)) => {
+            return (
+                StatusCode::TOO_MANY_REQUESTS,
+                [(header::RETRY_AFTER, "5")],
+                refusal,
+            )
+                .into_response();
+        }
         None => None,
     };
     // Held by the stream: the connection is not idle while a tenant's stream lasts.
@@ -155,7 +155,7 @@ fn respond(
         .as_ref()
         .and(live)
         .map(|Extension(live)| live.hold());
-    let places = (budget, tenant_place);
+    let places = (budget, live_places);
     let results = match request {
         Ok(mut request) => {
             // GET must not change anything. Its text is measured before it is parsed

@@ -25,6 +25,7 @@ on_both_backends!(
     an_expired_token_is_refused_and_its_streams_end,
     a_token_that_may_not_read_learns_nothing_from_what_it_does,
     a_token_dies_with_the_key_that_minted_it,
+    a_token_cannot_take_its_tenants_live_connections,
 );
 
 /// Mints a token with `input` (scopes, labels, …) for `minter`; returns it as a
@@ -754,4 +755,37 @@ async fn a_token_dies_with_the_key_that_minted_it(backend: Backend) {
     );
     // Tokens of other keys, and the admin's, live on.
     assert!(job_as(&app, &admin_minted, job).await["errors"].is_null());
+}
+
+/// A browser's token holds at most 16 live connections of its own, so that it cannot
+/// fill its tenant's 256 and shut out the tenant's backend and other users.
+async fn a_token_cannot_take_its_tenants_live_connections(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let token = mint(&app, &tenant.key, &tenant, json!({"scopes": ["READ_JOBS"]})).await;
+    let mut held = Vec::new();
+    for _ in 0..16 {
+        let mut socket = GraphqlSocket::connect(app.address).await;
+        socket.init_ok(&token.key).await;
+        held.push(socket);
+    }
+    let mut refused = GraphqlSocket::connect(app.address).await;
+    match refused.init(&token.key).await {
+        Received::Closed(code, reason) => {
+            assert_eq!(code, 4429);
+            assert!(reason.contains("access token"), "{reason}");
+        }
+        other => panic!("a 17th connection of one token must be refused: {other:?}"),
+    }
+    // The tenant's own key, and another token of it, still connect.
+    let mut backend_socket = GraphqlSocket::connect(app.address).await;
+    backend_socket.init_ok(&tenant.key).await;
+    let other = mint(&app, &tenant.key, &tenant, json!({"scopes": ["READ_JOBS"]})).await;
+    let mut other_socket = GraphqlSocket::connect(app.address).await;
+    other_socket.init_ok(&other.key).await;
+    // A place is given back when its connection closes.
+    drop(held.pop());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut again = GraphqlSocket::connect(app.address).await;
+    again.init_ok(&token.key).await;
 }

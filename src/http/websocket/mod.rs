@@ -16,8 +16,9 @@ mod woken;
 
 use super::HttpState;
 use super::auth::{AuthError, identify, time_until};
-use super::limits::{ClientAddress, MAX_SOCKETS_PER_ADDRESS, Place, SLOT_WAIT};
+use super::limits::{ClientAddress, MAX_SOCKETS_PER_ADDRESS, SLOT_WAIT};
 use super::live;
+use super::live::LivePlaces;
 use crate::accounts::api_keys;
 use crate::graphql::ConnectionSubscriptions;
 use crate::graphql::cost::StreamingTransport;
@@ -131,7 +132,7 @@ struct Handshake {
     /// The close code of a refused `connection_init`.
     refused: OnceLock<u16>,
     /// The connection's place among its tenant's live connections, once it holds one.
-    tenant_place: OnceLock<Place<Uuid>>,
+    live_places: OnceLock<LivePlaces>,
     /// Why the server stopped reading the socket, once it did: the close code and
     /// reason.
     read_error: OnceLock<(u16, &'static str)>,
@@ -224,12 +225,14 @@ async fn serve(
             };
             match identify(&app, Some(credential)).await {
                 Ok(Some(identity)) => {
-                    if let Some(tenant_id) = identity.principal.counted_tenant() {
-                        let Some(place) = limits.live.admit_tenant(tenant_id) else {
+                    match limits.live.admit(&identity.principal) {
+                        Ok(places) => {
+                            let _ = established.live_places.set(places);
+                        }
+                        Err(refusal) => {
                             let _ = established.refused.set(CLOSE_TOO_MANY);
-                            return Err(async_graphql::Error::new(live::tenant_full()));
-                        };
-                        let _ = established.tenant_place.set(place);
+                            return Err(async_graphql::Error::new(refusal));
+                        }
                     }
                     let _ = established.key.set(identity.key_id);
                     if let Some(expires_at) = identity.expires_at {
