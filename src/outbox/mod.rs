@@ -82,16 +82,34 @@ async fn enqueue_many(
     db: &impl ConnectionTrait,
     events: Vec<(Uuid, EventType, Value)>,
 ) -> Result<(), DbErr> {
-    if events.is_empty() {
-        return Ok(());
+    let endpoints = live_endpoints(db, events.iter().map(|(tenant_id, ..)| *tenant_id)).await?;
+    insert_deliveries(db, &endpoints, events).await
+}
+
+/// The live endpoints of `tenants`, in one read.
+async fn live_endpoints(
+    db: &impl ConnectionTrait,
+    tenants: impl Iterator<Item = Uuid>,
+) -> Result<Vec<webhooks::Model>, DbErr> {
+    let tenants: HashSet<Uuid> = tenants.collect();
+    if tenants.is_empty() {
+        return Ok(Vec::new());
     }
-    let tenants: HashSet<Uuid> = events.iter().map(|(tenant_id, ..)| *tenant_id).collect();
-    let endpoints = webhooks::Entity::find()
+    webhooks::Entity::find()
         .filter(webhooks::Column::TenantId.is_in(tenants))
         .filter(webhooks::Column::DeletedAt.is_null())
         .all(db)
-        .await?;
-    if endpoints.is_empty() {
+        .await
+}
+
+/// One delivery of each event to each of `endpoints` of its tenant that subscribed to
+/// it, in one insert per chunk.
+async fn insert_deliveries(
+    db: &impl ConnectionTrait,
+    endpoints: &[webhooks::Model],
+    events: Vec<(Uuid, EventType, Value)>,
+) -> Result<(), DbErr> {
+    if endpoints.is_empty() || events.is_empty() {
         return Ok(());
     }
     let now = Timestamp::now();
@@ -144,19 +162,11 @@ pub async fn enqueue_jobs_finished(
     db: &impl ConnectionTrait,
     finished: &[(&jobs::Model, Credits)],
 ) -> Result<(), DbErr> {
-    if finished.is_empty() {
-        return Ok(());
-    }
-    // Labels and metadata take two reads: skipped unless some endpoint of these
-    // tenants listens, as for most finishes of most tenants.
-    let tenants: HashSet<Uuid> = finished.iter().map(|(job, _)| job.tenant_id).collect();
-    let listening = webhooks::Entity::find()
-        .filter(webhooks::Column::TenantId.is_in(tenants))
-        .filter(webhooks::Column::DeletedAt.is_null())
-        .one(db)
-        .await?
-        .is_some();
-    if !listening {
+    // One read of the endpoints serves the deliveries too. Labels and metadata take
+    // two more: skipped unless some endpoint of these tenants listens, as for most
+    // finishes of most tenants.
+    let endpoints = live_endpoints(db, finished.iter().map(|(job, _)| job.tenant_id)).await?;
+    if endpoints.is_empty() {
         return Ok(());
     }
     let ids: Vec<Uuid> = finished.iter().map(|(job, _)| job.id).collect();
@@ -195,7 +205,7 @@ pub async fn enqueue_jobs_finished(
             Some((job.tenant_id, event, data))
         })
         .collect();
-    enqueue_many(db, events).await
+    insert_deliveries(db, &endpoints, events).await
 }
 
 /// Queues `batch.finished` for a batch that has just finished, with its counts and
