@@ -28,6 +28,8 @@ pub(super) struct Directives {
     pub drop: bool,
     pub reply: Option<String>,
     pub invalid_json: bool,
+    /// The faults hit only calls of this model; other models answer normally.
+    pub fail_model: Option<String>,
 }
 
 impl Directives {
@@ -80,6 +82,7 @@ impl Directives {
             // Kept verbatim: the text may be JSON whose whitespace matters to the test.
             ("reply", Some(text)) => self.reply = Some(text.to_owned()),
             ("invalid_json", _) => self.invalid_json = true,
+            ("fail_model", Some(model)) => self.fail_model = Some(model.trim().to_owned()),
             _ => tracing::debug!(directive = body, "ignoring unknown mock directive"),
         }
     }
@@ -196,6 +199,9 @@ mod tests {
         assert_eq!(found.fail_first, Some(2));
         assert!(found.hang);
         assert!(!found.drop);
+        assert_eq!(found.fail_model, None);
+        let aimed = Directives::parse(["[mock:status=500][mock:fail_model= gpt-4o ]"]);
+        assert_eq!(aimed.fail_model.as_deref(), Some("gpt-4o"));
     }
 
     #[test]

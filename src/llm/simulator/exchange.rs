@@ -235,6 +235,13 @@ pub(super) fn with_request_id<D: Dialect>(mut response: Response, request_id: &s
 }
 
 fn choose_fault(sim: &Simulator, directives: &Directives, prompt: &Prompt) -> Option<Fault> {
+    if directives
+        .fail_model
+        .as_ref()
+        .is_some_and(|model| *model != prompt.model)
+    {
+        return None;
+    }
     let fault = if directives.hang {
         Fault::Hang
     } else if directives.drop {

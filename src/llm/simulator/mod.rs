@@ -59,6 +59,9 @@
 //!   nested brackets and JSON strings are skipped, so TEXT may be JSON.
 //! * `invalid_json`: answer `this is not JSON {` (takes precedence over
 //!   `reply`).
+//! * `fail_model=NAME`: the faults above (`status`, `fail_first`, `hang`,
+//!   `drop`) hit only calls for model NAME; other models answer normally, so
+//!   a job's fallback models can be tried.
 //!
 //! # Call log and billing
 //!
