@@ -14,6 +14,7 @@ pub struct Model {
     pub request_hash: String,
     pub status: JobStatus,
     pub cancel_requested: bool,
+    /// The model the job runs on now: its own model, until a fallback takes over.
     pub model: String,
     /// Messages, max output tokens, response schema and metadata, as submitted.
     pub input: JsonText,
@@ -57,9 +58,23 @@ pub struct Model {
     /// The job fails `DEADLINE_EXCEEDED` if it has not finished by then. Every job
     /// created since deadlines exist has one.
     pub deadline: Option<Timestamp>,
+    /// The job's models in the order they are tried, its own first, as a JSON array;
+    /// `None` for a job without fallback models (its `model` never changes).
+    pub model_chain: Option<JsonText>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
 pub enum Relation {}
 
 impl ActiveModelBehavior for ActiveModel {}
+
+impl Model {
+    /// The model the job was created for: the first of its chain, or `model` when it
+    /// has no fallbacks.
+    pub fn own_model(&self) -> &str {
+        self.model_chain
+            .as_ref()
+            .and_then(|chain| chain.0.get(0)?.as_str())
+            .unwrap_or(&self.model)
+    }
+}

@@ -81,6 +81,10 @@ pub struct CreateJobInput {
     /// running attempt is cancelled). Must be in the future and after `runAt`.
     /// Default: the operator's (24 hours unless configured) from when the job may start.
     pub deadline: Option<DateTime<Utc>>,
+    /// Models tried in order after `model` when it is rate limited, paused or failing
+    /// transiently, at most 4, each served and priced, none repeated: the hold covers
+    /// the dearest model of the chain, and each attempt records the model it called.
+    pub fallback_models: Option<Vec<String>>,
 }
 
 /// The job, and whether an earlier request with the same key created it.
@@ -224,6 +228,7 @@ impl JobMutation {
             deadline: input.deadline.map(Timestamp::from),
             default_deadline: app(context).default_deadline,
             labels,
+            fallback_models: input.fallback_models.unwrap_or_default(),
             parameters: ParameterRequest {
                 temperature: input.temperature,
                 top_p: input.top_p,

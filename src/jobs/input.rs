@@ -1,5 +1,6 @@
 //! What a client asks a job to do, parsed into types that cannot hold a bad request.
 
+use super::fallbacks::parse_fallback_models;
 use super::labels::Labels;
 use super::parameters::{ParameterRequest, parse_parameters};
 use crate::billing::CallBound;
@@ -157,6 +158,8 @@ pub struct JobRequest {
     /// `(key, value)` pairs.
     pub labels: Vec<(String, String)>,
     pub parameters: ParameterRequest,
+    /// Models tried in order after `model` (`fallbackModels`).
+    pub fallback_models: Vec<String>,
 }
 
 /// A job request that passed every check.
@@ -175,6 +178,9 @@ pub struct NewJob {
     pub labels: Labels,
     /// The finished job this one reruns.
     pub rerun_of: Option<Uuid>,
+    /// Models tried in order after `model` when it is rate limited, paused or failing
+    /// (see `jobs::fallbacks`).
+    pub fallback_models: Vec<String>,
 }
 
 /// By when a job must have finished, or it fails `DEADLINE_EXCEEDED`.
@@ -229,6 +235,7 @@ impl NewJob {
     pub fn parse(request: JobRequest) -> Result<Self, ServiceError> {
         let idempotency_key = IdempotencyKey::parse(request.idempotency_key)?;
         let model = parse_model(request.model)?;
+        let fallback_models = parse_fallback_models(&model, request.fallback_models)?;
         let messages = parse_messages(request.messages)?;
         let max_output_tokens = parse_max_output_tokens(request.max_output_tokens)?;
         let max_attempts = parse_max_attempts(request.max_attempts)?;
@@ -275,6 +282,7 @@ impl NewJob {
             deadline,
             labels,
             rerun_of: None,
+            fallback_models,
         })
     }
 
@@ -300,6 +308,10 @@ impl NewJob {
         }
         if !self.labels.is_empty() {
             request["labels"] = self.labels.to_json();
+        }
+        // In order: the chain is tried in it.
+        if !self.fallback_models.is_empty() {
+            request["fallback_models"] = self.fallback_models.clone().into();
         }
         // A rerun's key used again for another job's rerun, or for a createJob, is a
         // conflict even when the inputs are alike.
@@ -515,6 +527,7 @@ mod tests {
             default_deadline: DEFAULT_DEADLINE,
             labels: Vec::new(),
             parameters: Default::default(),
+            fallback_models: Vec::new(),
         }
     }
 
@@ -527,6 +540,19 @@ mod tests {
         let mut named = request();
         named.deadline = Some(Timestamp::now().plus(chrono::Duration::hours(1)));
         assert_ne!(first, NewJob::parse(named).unwrap().fingerprint());
+    }
+
+    #[test]
+    fn fallback_models_and_their_order_are_part_of_the_fingerprint() {
+        let none = NewJob::parse(request()).unwrap().fingerprint();
+        let mut one = request();
+        one.fallback_models = vec!["gpt-4o".into(), "gpt-4.1".into()];
+        let one = NewJob::parse(one).unwrap().fingerprint();
+        let mut swapped = request();
+        swapped.fallback_models = vec!["gpt-4.1".into(), "gpt-4o".into()];
+        let swapped = NewJob::parse(swapped).unwrap().fingerprint();
+        assert_ne!(none, one);
+        assert_ne!(one, swapped);
     }
 
     #[test]

@@ -5,6 +5,7 @@ pub mod batches;
 pub mod budget;
 pub mod bus;
 pub mod events;
+pub mod fallbacks;
 pub mod flow;
 pub mod input;
 pub mod labels;

@@ -2,9 +2,11 @@
 //!
 //! A rerun is created exactly as `createJob` creates a job — the same service call, so
 //! its own hold, attempts and charge — from the stored input of the job it reruns:
-//! model, messages, limits, response schema, metadata, attempts, priority and labels.
+//! model and fallback models, messages, limits, response schema, metadata, attempts,
+//! priority and labels.
 //! A job's money never reopens once it is terminal; a rerun is how a client tries again.
 
+use super::fallbacks::ModelChain;
 use super::input::{DEFAULT_DEADLINE, Deadline, IdempotencyKey, JobInput, NewJob, Priority};
 use super::labels::{self, Labels};
 use super::service::{self, CreatedJob};
@@ -56,9 +58,12 @@ pub async fn rerun_job(
     let input: JobInput = serde_json::from_value(original.input.0.clone())
         .map_err(|error| sea_orm::DbErr::Custom(format!("job input: {error}")))?;
     let labels = Labels::of_rows(labels::labels_of_jobs(db, tenant_id, &[original.id]).await?);
+    // The original's own model and fallbacks, whichever model it ended on.
+    let chain = ModelChain::of_job(&original);
     let new = NewJob {
         idempotency_key,
-        model: original.model.clone(),
+        model: chain.own().to_owned(),
+        fallback_models: chain.fallbacks().to_vec(),
         input,
         max_attempts: u32::try_from(original.max_attempts)
             .map_err(|_| sea_orm::DbErr::Custom("negative max_attempts".into()))?,

@@ -3,10 +3,11 @@
 use super::budget::{self, Spent};
 use super::bus::{EventBus, EventNotice};
 use super::events;
+use super::fallbacks::ModelChain;
 use super::input::NewJob;
 use super::labels::{self, Label};
 use super::reach::JobReach;
-use crate::billing::alerts;
+use crate::billing::{Credits, alerts};
 use crate::billing::{ledger, limits, prices, token_spend};
 use crate::db::begin_write;
 use crate::error::ServiceError;
@@ -91,25 +92,32 @@ async fn create(
     token_id: Option<Uuid>,
 ) -> Result<CreatedJob, ServiceError> {
     let fingerprint = new.fingerprint();
-    if !providers.serves(&new.model) {
-        return Err(ServiceError::validation(format!(
-            "model {:?} is not served: no configured provider routes it",
-            new.model
-        )));
-    }
-    let price = prices::price_at(db, &new.model, now)
-        .await?
-        .ok_or_else(|| {
-            ServiceError::validation(format!(
-                "model {:?} has no price and cannot be run",
-                new.model
-            ))
-        })?;
+    let chain = ModelChain::new(new.model.clone(), new.fallback_models.clone());
     let bound = new.input.call_bound();
-    price
-        .limits
-        .check_output(&new.model, bound.max_output_tokens)?;
-    let hold = bound.job_hold(&price, new.max_attempts);
+    let simulated = providers.simulates(&new.model);
+    // Any model of the chain may make any of the paid calls: the hold is sized for
+    // the dearest, and every model must be able to take the call at all.
+    let mut hold = Credits::ZERO;
+    for model in chain.models() {
+        if !providers.serves(model) {
+            return Err(ServiceError::validation(format!(
+                "model {model:?} is not served: no configured provider routes it"
+            )));
+        }
+        // A worker simulates a job only if the API admitted it for the simulator:
+        // a chain that mixed the two would fail its real or its simulated models.
+        if providers.simulates(model) != simulated {
+            return Err(ServiceError::validation(format!(
+                "fallback model {model:?} is served by the simulator and {:?} is not, or the reverse",
+                new.model
+            )));
+        }
+        let price = prices::price_at(db, model, now).await?.ok_or_else(|| {
+            ServiceError::validation(format!("model {model:?} has no price and cannot be run"))
+        })?;
+        price.limits.check_output(model, bound.max_output_tokens)?;
+        hold = hold.max(bound.job_hold(&price, new.max_attempts));
+    }
     let transaction = begin_write(db).await?;
     let starts_at = new.run_at.map_or(now, |run_at| Ord::max(run_at, now));
     let row = jobs::ActiveModel {
@@ -134,7 +142,7 @@ async fn create(
         next_run_at: Set(starts_at),
         priority: Set(new.priority.value()),
         run_at: Set(new.run_at),
-        simulated: Set(providers.simulates(&new.model)),
+        simulated: Set(simulated),
         token_bound: Set(Some(bound.tokens())),
         last_event_seq: Set(1),
         created_at: Set(now),
@@ -146,6 +154,7 @@ async fn create(
         custom_id: Set(None),
         rerun_of: Set(new.rerun_of),
         deadline: Set(Some(new.deadline.instant(starts_at))),
+        model_chain: Set(chain.to_column()),
     };
     // A key used before inserts nothing; on PostgreSQL an insert racing with another
     // one of the same key waits for it to commit, so the job it made is there to read.

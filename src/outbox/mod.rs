@@ -195,7 +195,7 @@ pub async fn enqueue_jobs_finished(
             let data = json!({
                 "jobId": job.id,
                 "status": status,
-                "model": job.model,
+                "model": job.own_model(),
                 "customerCharge": customer_charge.to_string(),
                 "errorCode": job.error_code,
                 "idempotencyKey": job.idempotency_key,

@@ -104,6 +104,7 @@ async fn a_batch_starts_and_finishes_in_statements_that_do_not_grow_per_job(back
                 },
                 1 => JobOutcome::Retry {
                     at: Timestamp::now(),
+                    model: None,
                 },
                 _ => JobOutcome::Failed(JobError::new(JobErrorCode::ProviderRejected, "no")),
             };
@@ -197,6 +198,7 @@ async fn a_group_finishes_each_job_by_its_own_claim(backend: Backend) {
             &started[1].1,
             JobOutcome::Retry {
                 at: Timestamp::now(),
+                model: None,
             },
         ),
         end(
@@ -213,6 +215,7 @@ async fn a_group_finishes_each_job_by_its_own_claim(backend: Backend) {
             &started[3].1,
             JobOutcome::Retry {
                 at: Timestamp::now(),
+                model: None,
             },
         ),
         end(

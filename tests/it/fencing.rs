@@ -166,6 +166,7 @@ async fn a_stale_run_token_cannot_renew_start_or_finish(backend: Backend) {
         JobOutcome::Cancelled,
         JobOutcome::Retry {
             at: Timestamp::now(),
+            model: None,
         },
     ];
     for outcome in outcomes {
@@ -281,6 +282,7 @@ async fn a_cancel_the_worker_missed_wins_over_a_retry(backend: Backend) {
             "retry",
             Some(JobOutcome::Retry {
                 at: Timestamp::now(),
+                model: None,
             }),
         ),
         ("hand-back", Some(JobOutcome::HandBack)),

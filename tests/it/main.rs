@@ -30,6 +30,7 @@ mod dispatch;
 mod engine;
 mod error_codes;
 mod expiry;
+mod fallbacks;
 mod faults;
 mod fencing;
 mod flags;

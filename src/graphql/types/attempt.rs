@@ -41,6 +41,11 @@ impl Attempt {
         &self.0.provider
     }
 
+    /// The model the attempt called: the job's own, or one of its fallback models.
+    async fn model(&self) -> &str {
+        &self.0.model
+    }
+
     async fn provider_request_id(&self) -> Option<&str> {
         self.0.provider_request_id.as_deref()
     }

@@ -8,6 +8,7 @@ use crate::graphql::loader;
 use crate::graphql::loaders::{
     AttemptsOf, ChargeOf, CostOf, EventsOf, JobKey, JobOf, LabelsOf, ReservationOf, prefetch,
 };
+use crate::jobs::fallbacks::ModelChain;
 use async_graphql::{Context, Guard, Json, Lookahead, Object, SimpleObject};
 use chrono::{DateTime, Utc};
 use entity::{job_events, jobs};
@@ -141,8 +142,16 @@ impl Job {
         self.0.custom_id.as_deref()
     }
 
+    /// The model the job was created for. With `fallbackModels` an attempt may call
+    /// another: `Attempt.model` is the model each attempt called.
     async fn model(&self) -> &str {
-        &self.0.model
+        self.0.own_model()
+    }
+
+    /// The models tried in order after `model` when it is rate limited, paused or
+    /// failing transiently; empty when the job named none.
+    async fn fallback_models(&self) -> Vec<String> {
+        ModelChain::of_job(&self.0).fallbacks().to_vec()
     }
 
     /// The labels the job was created with, in order of key.

@@ -169,6 +169,8 @@ fn parse_items(
             // Items take no labels (the contract's item input has none).
             labels: Labels::default(),
             rerun_of: None,
+            // Items take no fallbacks: a batch is one model.
+            fallback_models: Vec::new(),
         };
         let fingerprint = job.fingerprint();
         match seen.get(&request.custom_id) {
@@ -482,5 +484,6 @@ fn job_row(
         custom_id: Some(item.custom_id.clone()),
         rerun_of: None,
         deadline: Some(item.job.deadline.instant(now)),
+        model_chain: None,
     }
 }

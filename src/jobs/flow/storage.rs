@@ -4,7 +4,7 @@
 use super::{Bucket, BucketKey, BucketScope};
 use crate::db::{Parameters, Values};
 use entity::{Timestamp, rate_limit_buckets};
-use sea_orm::{ConnectionTrait, DbBackend, DbErr, EntityTrait};
+use sea_orm::{ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, QueryFilter};
 
 /// Creates the buckets of `keys` that do not exist yet, full, each insert committed
 /// at once (call it outside the claim's transaction, PostgreSQL only). An insert waits
@@ -176,4 +176,21 @@ pub async fn pause_model(
     );
     db.execute_raw(parameters.statement(sql)).await?;
     Ok(())
+}
+
+/// The pauses in force at `now` on any of `models`: each paused model with until when.
+pub async fn paused_models(
+    db: &impl ConnectionTrait,
+    models: &[String],
+    now: Timestamp,
+) -> Result<Vec<(String, Timestamp)>, DbErr> {
+    Ok(rate_limit_buckets::Entity::find()
+        .filter(rate_limit_buckets::Column::Scope.eq(BucketScope::Model.as_str()))
+        .filter(rate_limit_buckets::Column::Key.is_in(models.iter().cloned()))
+        .filter(rate_limit_buckets::Column::PausedUntil.gt(now))
+        .all(db)
+        .await?
+        .into_iter()
+        .filter_map(|bucket| Some((bucket.key, bucket.paused_until?)))
+        .collect())
 }

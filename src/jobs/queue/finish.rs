@@ -155,6 +155,8 @@ struct JobChange {
     result: Option<serde_json::Value>,
     error: Option<JobError>,
     next_run_at: Option<Timestamp>,
+    /// The fallback model the job runs on from now, when it changes.
+    model: Option<String>,
     /// A hand-back or a wait gives its attempt back: it does not count against
     /// `maxAttempts` (a wait not even when the job then ends).
     hand_back: bool,
@@ -213,8 +215,12 @@ fn decide(end: &AttemptEnd, current: &jobs::Model, spent: &Spent, now: Timestamp
         status,
         kind,
         next_run_at: match &outcome {
-            JobOutcome::Retry { at } | JobOutcome::Wait { at } => Some(*at),
+            JobOutcome::Retry { at, .. } | JobOutcome::Wait { at, .. } => Some(*at),
             JobOutcome::HandBack => Some(now),
+            _ => None,
+        },
+        model: match &outcome {
+            JobOutcome::Retry { model, .. } | JobOutcome::Wait { model, .. } => model.clone(),
             _ => None,
         },
         hand_back: report.wait || matches!(outcome, JobOutcome::HandBack),
@@ -250,6 +256,7 @@ async fn write_jobs(
             "error_code",
             "error_message",
             "next_run_at",
+            "model",
             "finished_at",
             "hand_back",
         ],
@@ -269,6 +276,7 @@ async fn write_jobs(
                 .map(|error| error.message.clone())
                 .into(),
             change.next_run_at.into(),
+            change.model.clone().into(),
             change.status.is_terminal().then_some(now).into(),
             i32::from(change.hand_back).into(),
         ]);
@@ -287,6 +295,7 @@ async fn write_jobs(
             error_code = COALESCE(v.error_code, jobs.error_code),
             error_message = COALESCE(v.error_message, jobs.error_message),
             next_run_at = COALESCE(v.next_run_at, jobs.next_run_at),
+            model = COALESCE(v.model, jobs.model),
             finished_at = COALESCE(v.finished_at, jobs.finished_at),
             attempt_count = jobs.attempt_count - v.hand_back,
             last_event_seq = jobs.last_event_seq + 1,

@@ -372,8 +372,12 @@ impl JobErrorCode {
 pub enum JobOutcome {
     /// The result is accepted; the customer is charged what the attempts carry.
     Succeeded { result: Value },
-    /// Queued again, to be claimed at `at`.
-    Retry { at: Timestamp },
+    /// Queued again, to be claimed at `at`; on `model` when it is a fallback other
+    /// than the model just called.
+    Retry {
+        at: Timestamp,
+        model: Option<String>,
+    },
     /// Failed for good; the hold is settled for what the attempts charged, if
     /// anything, and released otherwise.
     Failed(JobError),
@@ -385,8 +389,12 @@ pub enum JobOutcome {
     /// Queued again at `at` after a call the provider refused without doing any work
     /// (a rate limit, an overload with `Retry-After`, a connection refused before the
     /// request was sent). Nothing was billed, so like a hand-back the attempt does not
-    /// count against `maxAttempts`; the job's deadline bounds how long it waits.
-    Wait { at: Timestamp },
+    /// count against `maxAttempts`; the job's deadline bounds how long it waits. On
+    /// `model` as for `Retry`.
+    Wait {
+        at: Timestamp,
+        model: Option<String>,
+    },
 }
 
 /// Replies that may fail a job's response schema before it fails for good: the first

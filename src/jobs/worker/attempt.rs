@@ -6,6 +6,8 @@ use super::finisher::Finished;
 use super::judge::{CallContext, CallEnd, deadline_of};
 use super::{Prepared, Ready, Worker, deltas};
 use crate::jobs::bus::{EventNotice, Wake};
+use crate::jobs::fallbacks::ModelChain;
+use crate::jobs::flow;
 use crate::jobs::leases::LeaseHold;
 use crate::jobs::observe;
 use crate::jobs::queue::{self, AttemptEnd, Renewal, StartedAttempt};
@@ -166,8 +168,18 @@ impl Worker {
             tracing::warn!(job.id = %claim.job.id, attempt = attempt.number, "lease lost: the attempt writes nothing more");
             return Ok(());
         }
+        // Where a job with fallbacks goes next depends on which of its models are
+        // paused now; a job that succeeded goes nowhere.
+        let chain = ModelChain::of_job(&claim.job);
+        let pauses = if chain.fallbacks().is_empty() || matches!(end, CallEnd::Answered(Ok(_))) {
+            Vec::new()
+        } else {
+            self.pauses_of(&chain, ended_at).await
+        };
         let context = CallContext {
             input: &input,
+            chain: &chain,
+            pauses: &pauses,
             charging: inner.settings.charging,
             latency,
             ended_at,
@@ -237,6 +249,19 @@ impl Worker {
             }
         }
         Ok(())
+    }
+}
+
+impl Worker {
+    /// The pauses in force on `chain`'s models at `now`. A database that cannot say
+    /// counts none: the next model then may be paused, and the claim waits for it.
+    async fn pauses_of(&self, chain: &ModelChain, now: Timestamp) -> Vec<(String, Timestamp)> {
+        flow::storage::paused_models(&self.inner.db, chain.models(), now)
+            .await
+            .unwrap_or_else(|error| {
+                tracing::warn!(error = %error, "reading the pauses of a job's models failed");
+                Vec::new()
+            })
     }
 }
 

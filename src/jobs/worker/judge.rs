@@ -2,6 +2,7 @@
 //! charged by the charging policy, and what becomes of the job.
 
 use crate::billing::{AttemptEnding, CallBound, ChargingPolicy, ModelPrice};
+use crate::jobs::fallbacks::ModelChain;
 use crate::jobs::flow;
 use crate::jobs::input::{DEFAULT_DEADLINE, Deadline, JobInput};
 use crate::jobs::queue::{AttemptReport, Claim, JobError, JobErrorCode, JobOutcome};
@@ -64,6 +65,10 @@ impl CallEnd {
 /// What an attempt's end is judged with besides the attempt itself.
 pub(super) struct CallContext<'a> {
     pub(super) input: &'a JobInput,
+    /// The job's models, its own first.
+    pub(super) chain: &'a ModelChain,
+    /// The pauses in force on the chain's models when the call ended (model, until).
+    pub(super) pauses: &'a [(String, Timestamp)],
     pub(super) charging: ChargingPolicy,
     pub(super) latency: Duration,
     pub(super) ended_at: Timestamp,
@@ -87,6 +92,8 @@ impl<'a> CallContext<'a> {
             attempt,
             price,
             input: self.input,
+            chain: self.chain,
+            pauses: self.pauses,
             bound: self.input.call_bound(),
             charging: self.charging,
             latency: self.latency,
@@ -102,6 +109,8 @@ pub(super) struct CallFacts<'a> {
     attempt: &'a attempts::Model,
     price: &'a ModelPrice,
     input: &'a JobInput,
+    chain: &'a ModelChain,
+    pauses: &'a [(String, Timestamp)],
     bound: CallBound,
     charging: ChargingPolicy,
     latency: Duration,
@@ -147,12 +156,15 @@ impl CallFacts<'_> {
         }
     }
 
-    /// Queued again after a backoff while attempts are left and the retry comes before
-    /// the deadline; failed otherwise.
+    /// Queued again (see [`Self::again`]) while attempts are left and the retry comes
+    /// before the deadline; failed otherwise.
     fn retry_or_fail(&self, error: JobError, retry_after: Option<Duration>) -> JobOutcome {
         let job = &self.claim.job;
         if job.attempt_count < job.max_attempts {
-            self.before_deadline(retry_after, |at| JobOutcome::Retry { at })
+            self.again(retry_after, None, |at, model| JobOutcome::Retry {
+                at,
+                model,
+            })
         } else {
             JobOutcome::Failed(error)
         }
@@ -160,26 +172,44 @@ impl CallFacts<'_> {
 
     /// After a call the provider refused without doing any work (a 429, a 503 or 529
     /// with `Retry-After`, a connection refused before the request was sent): a wait
-    /// with backoff that spends neither an attempt nor a paid call, bounded by the
-    /// job's deadline alone.
-    fn wait(&self, retry_after: Option<Duration>) -> JobOutcome {
-        self.before_deadline(retry_after, |at| JobOutcome::Wait { at })
+    /// that spends neither an attempt nor a paid call, bounded by the job's deadline
+    /// alone. `paused_until`: the pause the refusal put on the model.
+    fn wait(&self, retry_after: Option<Duration>, paused_until: Option<Timestamp>) -> JobOutcome {
+        self.again(retry_after, paused_until, |at, model| JobOutcome::Wait {
+            at,
+            model,
+        })
     }
 
-    /// `next` at the end of the backoff (or the longer `Retry-After`); failed
-    /// `DEADLINE_EXCEEDED` at once when that is not before the deadline, since the job
-    /// could not run again in time and its hold would only sit until then.
-    fn before_deadline(
+    /// `next` on the chain's next model ([`ModelChain::next`]) at once, or when its
+    /// pause ends if every model is paused; on the same model at the end of the backoff
+    /// (or the longer `Retry-After`). Failed `DEADLINE_EXCEEDED` at once when that is
+    /// not before the deadline, since the job could not run again in time and its hold
+    /// would only sit until then.
+    fn again(
         &self,
         retry_after: Option<Duration>,
-        next: impl FnOnce(Timestamp) -> JobOutcome,
+        paused_until: Option<Timestamp>,
+        next: impl FnOnce(Timestamp, Option<String>) -> JobOutcome,
     ) -> JobOutcome {
-        let at = self.ended_at.plus(
-            chrono::Duration::from_std(retry_delay(self.attempt.number, retry_after))
-                .unwrap_or(chrono::Duration::MAX),
-        );
+        let current = &self.claim.job.model;
+        let mut paused = self.pauses.to_vec();
+        paused.extend(paused_until.map(|until| (current.clone(), until)));
+        let (at, model) = match self.chain.next(current, &paused, self.ended_at) {
+            Some(other) => (
+                other.paused_until.unwrap_or(self.ended_at),
+                Some(other.model),
+            ),
+            None => (
+                self.ended_at.plus(
+                    chrono::Duration::from_std(retry_delay(self.attempt.number, retry_after))
+                        .unwrap_or(chrono::Duration::MAX),
+                ),
+                None,
+            ),
+        };
         if at < deadline_of(&self.claim.job) {
-            next(at)
+            next(at, model)
         } else {
             JobOutcome::Failed(JobError::new(
                 JobErrorCode::DeadlineExceeded,
@@ -382,7 +412,7 @@ impl CallFacts<'_> {
                 let error = JobError::new(JobErrorCode::ProviderUnavailable, message);
                 let mut report = failed(AttemptOutcome::RetryableError, error, None);
                 report.wait = true;
-                (report, self.wait(None))
+                (report, self.wait(None, None))
             }
             ProviderError::Transient {
                 status,
@@ -399,10 +429,10 @@ impl CallFacts<'_> {
                 // off the model, not only this job's retry. The provider did no work
                 // and billed nothing, so the job waits instead of spending an attempt.
                 if flow::pauses_model(status, retry_after) {
-                    report.model_paused_until =
-                        Some(flow::paused_until(self.ended_at, retry_after));
+                    let until = flow::paused_until(self.ended_at, retry_after);
+                    report.model_paused_until = Some(until);
                     report.wait = true;
-                    (report, self.wait(retry_after))
+                    (report, self.wait(retry_after, Some(until)))
                 } else {
                     (report, self.retry_or_fail(error, retry_after))
                 }

@@ -137,6 +137,7 @@ impl Spec {
             default_deadline: jobledger::jobs::input::DEFAULT_DEADLINE,
             labels: Vec::new(),
             parameters: Default::default(),
+            fallback_models: Vec::new(),
         })
         .expect("the generated request is valid")
     }
@@ -358,6 +359,7 @@ fn plan(
                     report,
                     JobOutcome::Retry {
                         at: Timestamp::now(),
+                        model: None,
                     },
                     Effect::Requeue { hand_back: false },
                     cost,

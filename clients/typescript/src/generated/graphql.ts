@@ -23,6 +23,12 @@ export type CreateJobInput = {
    * Default: the operator's (24 hours unless configured) from when the job may start.
    */
   deadline?: string | null | undefined;
+  /**
+   * Models tried in order after `model` when it is rate limited, paused or failing
+   * transiently, at most 4, each served and priced, none repeated: the hold covers
+   * the dearest model of the chain, and each attempt records the model it called.
+   */
+  fallbackModels?: Array<string> | null | undefined;
   /** The client's unique name for this request: repeating it returns the same job. */
   idempotencyKey: string;
   /**
