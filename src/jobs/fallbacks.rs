@@ -44,11 +44,15 @@ impl ModelChain {
     /// The chain stored with `job`. A job without one (no fallbacks, or written before
     /// fallbacks existed) has its model alone.
     pub fn of_job(job: &jobs::Model) -> Self {
-        job.model_chain
-            .as_ref()
+        Self::stored(job.model.clone(), job.model_chain.as_ref())
+    }
+
+    /// The chain of a job row whose `model` and `model_chain` columns hold these.
+    pub fn stored(model: String, chain: Option<&JsonText>) -> Self {
+        chain
             .and_then(|chain| serde_json::from_value::<Vec<String>>(chain.0.clone()).ok())
             .filter(|models| !models.is_empty())
-            .map_or_else(|| Self(vec![job.model.clone()]), Self)
+            .map_or_else(|| Self(vec![model]), Self)
     }
 
     /// The job's own model, the one its `createJob` named.

@@ -4,6 +4,7 @@ use super::budget::{self, Spent};
 use super::bus::{EventBus, EventNotice};
 use super::events;
 use super::fallbacks::ModelChain;
+use super::flow;
 use super::input::NewJob;
 use super::labels::{self, Label};
 use super::reach::JobReach;
@@ -118,6 +119,7 @@ async fn create(
         price.limits.check_output(model, bound.max_output_tokens)?;
         hold = hold.max(bound.job_hold(&price, new.max_attempts));
     }
+    let first_model = first_free_model(db, &chain, now).await?;
     let transaction = begin_write(db).await?;
     let starts_at = new.run_at.map_or(now, |run_at| Ord::max(run_at, now));
     let row = jobs::ActiveModel {
@@ -127,7 +129,7 @@ async fn create(
         request_hash: Set(fingerprint.clone()),
         status: Set(JobStatus::Queued),
         cancel_requested: Set(false),
-        model: Set(new.model.clone()),
+        model: Set(first_model),
         input: Set(JsonText(
             serde_json::to_value(&new.input).expect("job input serializes"),
         )),
@@ -220,6 +222,28 @@ async fn create(
         job,
         replayed: false,
     })
+}
+
+/// The model a new job starts on: its own, unless the provider paused it and a
+/// fallback is free, as for a job already queued when the pause came
+/// (`queue::move_off_paused_model`).
+async fn first_free_model(
+    db: &DatabaseConnection,
+    chain: &ModelChain,
+    now: Timestamp,
+) -> Result<String, ServiceError> {
+    let own = chain.own();
+    if chain.fallbacks().is_empty() {
+        return Ok(own.to_owned());
+    }
+    let paused = flow::storage::paused_models(db, chain.models(), now).await?;
+    if !paused.iter().any(|(model, _)| model == own) {
+        return Ok(own.to_owned());
+    }
+    Ok(chain
+        .next(own, &paused, now)
+        .filter(|next| next.paused_until.is_none())
+        .map_or_else(|| own.to_owned(), |next| next.model))
 }
 
 /// Queues `spend_limit.reached` for a create a cap refused (once per period), in a

@@ -19,6 +19,7 @@ use uuid::Uuid;
 on_both_backends!(
     a_fallback_takes_over_from_a_failing_model_priced_as_the_model_that_answered,
     a_fallback_takes_over_from_a_paused_model_without_waiting_for_the_pause,
+    jobs_queued_on_a_model_its_provider_pauses_take_their_fallback,
     the_hold_covers_the_dearest_model_of_the_chain,
     fallbacks_that_cannot_take_the_call_are_refused_before_any_hold,
     a_rerun_keeps_the_chain_and_the_chain_is_part_of_the_fingerprint,
@@ -184,6 +185,55 @@ async fn a_fallback_takes_over_from_a_paused_model_without_waiting_for_the_pause
         "{lifecycle}"
     );
     assert_eq!(decimal(&job["attempts"][0]["providerCost"]), Decimal::ZERO);
+    assert_billing_invariants(&app.app.db).await;
+}
+
+/// Another job's 429 pauses gpt-4o-mini for ten minutes: a job queued on it then (it
+/// waits for its `runAt`) and a job created during the pause run on their fallback at
+/// once instead of waiting for the pause; the job that got the 429 and has no fallback
+/// fails at its deadline.
+async fn jobs_queued_on_a_model_its_provider_pauses_take_their_fallback(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let mut waiting = job_input("waiting", "Summarise the quarter.");
+    waiting["fallbackModels"] = json!(["gpt-4o"]);
+    waiting["runAt"] = json!(
+        (chrono::Utc::now() + chrono::Duration::seconds(3))
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    );
+    let waiting = app.create_job_ok(&tenant, waiting).await;
+    let mut limited = job_input(
+        "limited",
+        "hi [mock:status=429][mock:retry_after=600][mock:fail_model=gpt-4o-mini]",
+    );
+    limited["deadline"] = json!(
+        (chrono::Utc::now() + chrono::Duration::seconds(20))
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    );
+    let created = Instant::now();
+    let limited = app.create_job_ok(&tenant, limited).await;
+    let limited = app.wait_until_finished(&tenant, limited, LIMIT).await;
+    assert_eq!(limited["error"]["code"], "DEADLINE_EXCEEDED", "{limited}");
+
+    let mut later = job_input("later", "Summarise the year.");
+    later["fallbackModels"] = json!(["gpt-4o"]);
+    let later = app.create_job_ok(&tenant, later).await;
+    for id in [waiting, later] {
+        let job = app.wait_until_finished(&tenant, id, LIMIT).await;
+        assert_eq!(job["status"], "SUCCEEDED", "{job}");
+        let lifecycle = lifecycle(&app, &tenant, id).await;
+        assert_eq!(
+            attempt_models(&lifecycle),
+            [("gpt-4o".to_owned(), "SUCCEEDED".to_owned())],
+            "no call of the paused model: {lifecycle}"
+        );
+    }
+    assert!(
+        created.elapsed() < Duration::from_secs(20),
+        "the jobs waited {:?} for a pause of 600 s",
+        created.elapsed()
+    );
+    assert_eq!(called_models(&app), ["gpt-4o-mini", "gpt-4o", "gpt-4o"]);
     assert_billing_invariants(&app.app.db).await;
 }
 

@@ -21,12 +21,14 @@ use uuid::Uuid;
 mod claim;
 mod deadlines;
 mod finish;
+mod moves;
 mod rescue;
 mod start;
 
 pub use claim::{Claim, ClaimRequest, Claimed, TenantCursor, claim, claim_in_turn};
 pub use deadlines::fail_past_deadlines;
 pub use finish::{AttemptEnd, abandon_claim, finish_attempt, finish_attempts};
+pub use moves::move_off_paused_model;
 pub use rescue::expire_leases;
 pub use start::{start_attempt, start_attempts};
 

@@ -5,7 +5,7 @@
 
 use super::Worker;
 use crate::jobs::flow::{self, BucketKey, CallUse};
-use crate::jobs::queue::{AttemptReport, Claim};
+use crate::jobs::queue::{self, AttemptReport, Claim};
 use entity::Timestamp;
 use sea_orm::DatabaseConnection;
 use std::collections::HashMap;
@@ -106,6 +106,18 @@ impl PauseWrites {
                 Ok(()) => {
                     for waiting in pause.written {
                         let _ = waiting.send(());
+                    }
+                    // After the pause is on record: a job that moves is not claimed
+                    // back onto the model by a claim that had not seen the pause.
+                    match queue::move_off_paused_model(db, &model, Timestamp::now()).await {
+                        Ok(0) => {}
+                        Ok(moved) => {
+                            tracing::info!(model = %model, moved, "queued jobs moved to their fallback models")
+                        }
+                        // They wait for the pause, as jobs without fallbacks do.
+                        Err(error) => {
+                            tracing::warn!(model = %model, error = %error, "moving queued jobs off the paused model failed")
+                        }
                     }
                 }
                 // The jobs' own retries still wait for the Retry-After.
