@@ -204,12 +204,12 @@ export function renderJobList(root, { tenantId = null, state = listState } = {})
 
 const JOB = `query Job($id: UUID!, $tenantId: UUID) {
   job(id: $id, tenantId: $tenantId) {
-    id status cancelRequested model idempotencyKey result batchId customId
+    id status cancelRequested model fallbackModels deadline idempotencyKey result batchId customId
     labels { key value } rerunOf { id }
     error { code message }
     attemptCount maxAttempts createdAt startedAt finishedAt
     attempts {
-      number outcome errorCode errorMessage provider providerRequestId
+      number model outcome errorCode errorMessage provider providerRequestId
       inputTokens cachedInputTokens outputTokens
       providerCost providerCostUpperBound customerCharge latencyMs startedAt finishedAt
     }
@@ -361,6 +361,10 @@ function jobDetails(job, action, tenantId) {
       definitionList([
         ['Status', [statusBadge(job.status), job.cancelRequested ? ' (cancel requested)' : '']],
         ['Model', job.model],
+        ['Fallback models', job.fallbackModels.length === 0 ? 'none'
+          : h('ol', { class: 'labels', 'data-testid': 'job-fallback-models' },
+            job.fallbackModels.map((model) => h('li', { class: 'mono' }, model)))],
+        ['Deadline', h('span', { 'data-testid': 'job-deadline' }, time(job.deadline))],
         ['Idempotency key', h('span', { class: 'mono' }, job.idempotencyKey)],
         ...batch,
         ...rerunOf,
@@ -392,10 +396,11 @@ function jobDetails(job, action, tenantId) {
       h('h2', { id: 'attempts-title' }, 'Attempts'),
       job.attempts.length === 0 ? notice('No attempt yet.') :
         table('Every attempt, failures included', [
-          '#', 'Outcome', 'Error', 'Tokens in / cached / out', 'Provider request id',
+          '#', 'Model', 'Outcome', 'Error', 'Tokens in / cached / out', 'Provider request id',
           'Provider cost', 'Customer charge', 'Latency',
         ], job.attempts.map((attempt) => [
           String(attempt.number),
+          h('span', { class: 'mono' }, attempt.model),
           statusBadge(attempt.outcome),
           attempt.errorCode ? `${attempt.errorCode}${attempt.errorMessage ? `: ${attempt.errorMessage}` : ''}` : '—',
           `${attempt.inputTokens ?? '—'} / ${attempt.cachedInputTokens ?? '—'} / ${attempt.outputTokens ?? '—'}`,

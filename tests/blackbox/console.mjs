@@ -506,6 +506,24 @@ await check('a finished job shows its labels and reruns from its page; the list 
   await page.locator('#label-filter').press('Enter');
   await page.getByRole('row').filter({ hasText: fastJob }).waitFor();
 });
+await check('a job with fallback models shows its chain, its deadline and the model of each attempt', async () => {
+  const fallback = await createJob(tenantKey, 'console-fallback', 'Summarise [mock:status=500][mock:fail_model=gpt-4o-mini]', {
+    fallbackModels: ['gpt-4o'],
+  });
+  await until('the fallback job to finish', async () => (await api(tenantKey, JOB, { id: fallback })).job.status === 'SUCCEEDED');
+  await page.goto(`${base}/#/jobs/${fallback}`);
+  const chain = page.getByTestId('job-fallback-models');
+  await chain.waitFor();
+  assert((await chain.innerText()).trim() === 'gpt-4o', `fallback models: ${await chain.innerText()}`);
+  const deadline = await page.getByTestId('job-deadline').innerText();
+  assert(deadline.endsWith('UTC'), `the deadline is shown: ${deadline}`);
+  const rows = page.getByTestId('attempts-table').locator('tbody tr');
+  assert(await rows.count() === 2, 'one row per attempt');
+  const [failed, answered] = [await rows.nth(0).innerText(), await rows.nth(1).innerText()];
+  assert(failed.includes('gpt-4o-mini') && failed.includes('RETRYABLE_ERROR'), `first attempt: ${failed}`);
+  assert(answered.includes('gpt-4o') && !answered.includes('gpt-4o-mini') && answered.includes('SUCCEEDED'), `second attempt: ${answered}`);
+  await shot('job-fallback');
+});
 
 // ---- batches ----------------------------------------------------------------------------
 const CREATE_BATCH = `mutation CreateBatch($input: CreateBatchInput!) {

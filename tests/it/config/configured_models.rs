@@ -3,7 +3,8 @@
 //! versions that never rewrite past attempts.
 
 use super::{LocalServer, TestConfig, attempts_of, llama_job, price_versions, run_llama_job};
-use crate::helpers::{Backend, error_code, spawn_app_with};
+use crate::helpers::{Backend, decimal, error_code, spawn_app_with};
+use crate::invariants::assert_billing_invariants;
 use serde_json::json;
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ on_both_backends!(
     a_configured_model_runs_on_its_provider_at_its_price,
     a_model_without_a_price_is_refused_with_validation,
     an_unrouted_model_is_refused_once_a_provider_is_configured,
+    a_fallback_model_no_provider_serves_or_prices_is_refused,
     a_changed_price_is_a_new_version_and_the_past_keeps_its_cost,
 );
 
@@ -90,6 +92,38 @@ async fn an_unrouted_model_is_refused_once_a_provider_is_configured(backend: Bac
         app.simulator.calls().is_empty(),
         "nothing reached the simulator"
     );
+}
+
+/// Every model of a job's chain must be routed and priced, as its own model must: a
+/// fallback that is not is VALIDATION, and nothing is held.
+async fn a_fallback_model_no_provider_serves_or_prices_is_refused(backend: Backend) {
+    let local = LocalServer::start().await;
+    let config = TestConfig::new(&local);
+    let app = spawn_app_with(backend, config.with_input_price("0.5")).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    for (fallback, says) in [
+        ("gpt-4o-mini", "is not served"),
+        ("unpriced-model", "has no price"),
+    ] {
+        let mut input = llama_job(fallback);
+        input["fallbackModels"] = json!([fallback]);
+        let response = app.create_job(&tenant, input).await;
+        assert_eq!(
+            error_code(&response),
+            "VALIDATION",
+            "{fallback}: {response}"
+        );
+        let message = response["errors"][0]["message"].as_str().unwrap();
+        assert!(
+            message.contains(says) && message.contains(fallback),
+            "{fallback}: {message:?} should say {says}"
+        );
+    }
+    assert_eq!(
+        decimal(&app.balance(&tenant).await["available"]),
+        decimal(&json!("5"))
+    );
+    assert_billing_invariants(&app.app.db).await;
 }
 
 async fn a_changed_price_is_a_new_version_and_the_past_keeps_its_cost(backend: Backend) {
