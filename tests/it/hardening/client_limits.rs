@@ -13,6 +13,7 @@ use tokio::net::TcpStream;
 on_both_backends!(
     failed_authentications_are_throttled_per_address,
     each_tenant_has_a_few_requests_in_flight,
+    a_token_cannot_take_its_tenants_request_slots,
     keyless_requests_are_bounded_in_rate_per_address,
     large_bodies_are_read_within_one_budget_of_the_process,
 );
@@ -128,6 +129,54 @@ async fn each_tenant_has_a_few_requests_in_flight(backend: Backend) {
     drop(held);
     let (status, body) = app
         .post_strict(Some(&greedy.key), "{ account { id } }")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
+/// A page that keeps requests open (bodies that never finish arriving) holds its token's
+/// few slots, not its tenant's: the tenant's backend is served while the token is
+/// refused.
+async fn a_token_cannot_take_its_tenants_request_slots(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let minted = app
+        .operation(
+            Some(&tenant.key),
+            "CreateAccessToken",
+            json!({"input": {"scopes": ["READ_JOBS"], "labels": [{"key": "user", "value": "u1"}]}}),
+        )
+        .await;
+    let token = minted["data"]["createAccessToken"]["token"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{minted}"))
+        .to_owned();
+    // As many dripping requests as the tenant has slots.
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        let mut socket = TcpStream::connect(app.address).await.unwrap();
+        let head = format!(
+            "POST /graphql HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\nauthorization: Bearer {}\r\ncontent-length: 100\r\n\r\n{{\"query\":",
+            token
+        );
+        socket.write_all(head.as_bytes()).await.unwrap();
+        held.push(socket);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    let (status, body) = app
+        .post_strict(Some(&tenant.key), "{ account { id } }")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let (status, body) = app
+        .post_strict(Some(&token), "{ jobs(first: 1) { edges { cursor } } }")
+        .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(error_code(&body), "TOO_MANY_REQUESTS");
+
+    drop(held);
+    let (status, body) = app
+        .post_strict(Some(&token), "{ jobs(first: 1) { edges { cursor } } }")
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
 }
