@@ -257,7 +257,7 @@ impl Cli {
                 if generated {
                     // Printed, not logged: the one time an operator can copy it.
                     println!(
-                        "admin token (shown once; set JOBLEDGER_ADMIN_TOKEN to choose your own): {token}"
+                        "admin token (shown once, and a new one at every start; set JOBLEDGER_ADMIN_TOKEN to keep one): {token}"
                     );
                 }
                 if let Some(address) = application.address() {

@@ -107,14 +107,16 @@ impl Application {
         };
         let bus = EventBus::default();
         let relay = NotificationRelay::listen(&db).await?;
+        // A process that calls real providers only has no simulator listening beside it.
         let (simulator_url, simulator) = match &settings.providers.simulator_url {
-            Some(url) => (url.clone(), None),
-            None => {
+            Some(url) => (Some(url.clone()), None),
+            None if simulator_needed(&settings, config.as_ref()) => {
                 let (address, simulator) = BuiltInSimulator::start().await?;
-                (format!("http://{address}/v1"), Some(simulator))
+                (Some(format!("http://{address}/v1")), Some(simulator))
             }
+            None => (None, None),
         };
-        let providers = provider_registry(&settings, config.as_ref(), &simulator_url);
+        let providers = provider_registry(&settings, config.as_ref(), simulator_url.as_deref());
         // Workers get a pool of their own when the API shares the process: no burst of
         // API requests can then delay a lease renewal or an attempt's settlement.
         let own_worker_db = match (&settings.worker, &settings.listen) {
@@ -358,16 +360,42 @@ fn flow_limits(config: &ConfigFile, routes: &ProviderRegistry) -> FlowLimits {
     )
 }
 
+/// Whether a real provider is configured (flags, environment or config file): then the
+/// simulator serves only models the config file routes to it by name.
+fn real_provider_configured(settings: &Settings, config: Option<&ConfigFile>) -> bool {
+    settings.providers.openai.is_some()
+        || settings.providers.anthropic.is_some()
+        || config.is_some_and(|config| {
+            config
+                .providers
+                .values()
+                .any(|provider| provider.kind != ProviderKind::Simulator)
+        })
+}
+
+/// Whether any model may be answered by the simulator: every model when no real
+/// provider is configured, else those the config file routes to a simulator provider.
+fn simulator_needed(settings: &Settings, config: Option<&ConfigFile>) -> bool {
+    !real_provider_configured(settings, config)
+        || config.is_some_and(|config| {
+            config
+                .providers
+                .values()
+                .any(|provider| provider.kind == ProviderKind::Simulator)
+        })
+}
+
 /// Routes each model, first match wins: an exact name from the config file, then the
 /// longest prefix pattern from the config file, then `gpt-*`/`o*` to the
 /// OpenAI-compatible provider and `claude-*` to Anthropic when the environment
 /// configures them. Everything else goes to the simulator (at `simulator_url`, which
-/// `kind = "simulator"` providers of the file reach as well) while no real provider
-/// is configured, and is served by nobody once one is.
+/// `kind = "simulator"` providers of the file reach as well; started only when
+/// [`simulator_needed`]) while no real provider is configured, and is served by
+/// nobody once one is.
 pub fn provider_registry(
     settings: &Settings,
     config: Option<&ConfigFile>,
-    simulator_url: &str,
+    simulator_url: Option<&str>,
 ) -> ProviderRegistry {
     let timeouts = settings.providers.timeouts;
     let openai = |name: &str, base_url: &str, key: Option<String>| -> Arc<dyn Provider> {
@@ -376,22 +404,18 @@ pub fn provider_registry(
     let anthropic = |name: &str, base_url: &str, key: Option<String>| -> Arc<dyn Provider> {
         Arc::new(AnthropicClient::new(name, base_url, key).with_timeouts(timeouts))
     };
-    let real_provider_configured = settings.providers.openai.is_some()
-        || settings.providers.anthropic.is_some()
-        || config.is_some_and(|config| {
-            config
-                .providers
-                .values()
-                .any(|provider| provider.kind != ProviderKind::Simulator)
-        });
-    let fallback = if real_provider_configured {
+    let fallback = if real_provider_configured(settings, config) {
         tracing::info!(
             "a real provider is configured: models no route names are refused, not simulated"
         );
         None
     } else {
-        tracing::info!("no provider is configured: the simulator serves every model");
-        Some(openai("simulator", simulator_url, None))
+        // Loud: a production process that lost its provider settings would otherwise
+        // answer every job with simulated text, and charge for it.
+        tracing::warn!(
+            "no provider is configured: the built-in simulator answers every model (set OPENAI_API_KEY or ANTHROPIC_API_KEY, or a config file, for real answers)"
+        );
+        simulator_url.map(|url| openai("simulator", url, None))
     };
     let mut registry = ProviderRegistry::new(fallback);
     if let Some(ProviderEndpoint { base_url, api_key }) = &settings.providers.openai {
@@ -412,15 +436,16 @@ pub fn provider_registry(
     let named: std::collections::BTreeMap<&str, Arc<dyn Provider>> = config
         .providers
         .iter()
-        .map(|(name, provider)| {
+        .filter_map(|(name, provider)| {
             let key = provider.api_key().map(str::to_owned);
-            let base_url = provider.base_url.as_deref().unwrap_or(simulator_url);
+            // Checked when the file was read: every real provider has its base URL.
+            let base_url = provider.base_url.as_deref().unwrap_or_default();
             let client = match provider.kind {
                 ProviderKind::OpenAi => openai(name, base_url, key),
                 ProviderKind::Anthropic => anthropic(name, base_url, key),
-                ProviderKind::Simulator => openai(name, simulator_url, None),
+                ProviderKind::Simulator => openai(name, simulator_url?, None),
             };
-            (name.as_str(), client)
+            Some((name.as_str(), client))
         })
         .collect();
     for (pattern, provider) in &config.routes {

@@ -52,6 +52,7 @@ mod retention;
 mod scheduling;
 mod schema;
 mod simulator;
+mod start_messages;
 mod streaming;
 mod structured;
 mod subscriptions;

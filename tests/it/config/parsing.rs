@@ -396,7 +396,7 @@ fn the_file_routes_what_it_names_and_the_environment_the_rest() {
     settings.providers.openai = Some(endpoint("https://api.openai.com/v1"));
     settings.providers.anthropic = Some(endpoint("https://api.anthropic.com"));
 
-    let registry = provider_registry(&settings, Some(&config), "http://127.0.0.1:9/v1");
+    let registry = provider_registry(&settings, Some(&config), Some("http://127.0.0.1:9/v1"));
     let served_by = |model| {
         registry
             .provider_for(model)
@@ -414,7 +414,7 @@ fn the_file_routes_what_it_names_and_the_environment_the_rest() {
     assert_eq!(served_by("mistral"), None);
 
     // Without a file, exactly the environment's routing.
-    let registry = provider_registry(&settings, None, "http://127.0.0.1:9/v1");
+    let registry = provider_registry(&settings, None, Some("http://127.0.0.1:9/v1"));
     let served_by = |model| {
         registry
             .provider_for(model)
@@ -425,7 +425,11 @@ fn the_file_routes_what_it_names_and_the_environment_the_rest() {
     assert_eq!(served_by("llama3-local"), None);
 
     // With no real provider at all, the simulator serves every model.
-    let registry = provider_registry(&settings_without_database(), None, "http://127.0.0.1:9/v1");
+    let registry = provider_registry(
+        &settings_without_database(),
+        None,
+        Some("http://127.0.0.1:9/v1"),
+    );
     assert_eq!(
         registry
             .provider_for("llama3-local")
