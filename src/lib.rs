@@ -6,6 +6,7 @@
 //! invariants.
 
 pub mod accounts;
+pub mod app;
 pub mod bench;
 pub mod billing;
 pub mod cli;

@@ -22,10 +22,10 @@ mod webhooks;
 
 use crate::accounts::Principal;
 use crate::accounts::access_tokens::AccessScope;
+use crate::app::App;
 use crate::billing::reports::ReportScope;
 use crate::error::ServiceError;
 use crate::jobs::reach::JobReach;
-use crate::startup::App;
 use async_graphql::{Context, MergedObject, Schema, SchemaBuilder};
 use uuid::Uuid;
 

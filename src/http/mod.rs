@@ -14,9 +14,9 @@ mod serve;
 mod sse;
 mod websocket;
 
+use crate::app::App;
 use crate::config::LiveConnectionSettings;
 use crate::graphql::AppSchema;
-use crate::startup::App;
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, FromRef};
 use axum::http::{HeaderValue, header};

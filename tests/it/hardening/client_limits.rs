@@ -233,8 +233,8 @@ async fn keyless_requests_are_bounded_in_rate_per_address(backend: Backend) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_tenant_runs_a_few_top_level_fields_at_once() {
     use jobledger::accounts::Principal;
+    use jobledger::app::App;
     use jobledger::graphql::build_schema;
-    use jobledger::startup::App;
     use std::sync::{Arc, Mutex};
 
     let app = spawn_app_with(Backend::Sqlite, AppOptions::no_workers()).await;
