@@ -1,7 +1,7 @@
 //! What every request handler and service call shares: the application state.
 
 use crate::accounts::AdminToken;
-use crate::jobs::EventBus;
+use crate::bus::EventBus;
 use crate::llm::ProviderRegistry;
 use crate::metrics::Metrics;
 use sea_orm::DatabaseConnection;

@@ -9,6 +9,7 @@ pub mod accounts;
 pub mod app;
 pub mod bench;
 pub mod billing;
+pub mod bus;
 pub mod cli;
 pub mod config;
 pub mod db;

@@ -4,14 +4,14 @@
 use crate::accounts::AdminToken;
 use crate::app::App;
 use crate::billing::prices;
+use crate::bus::EventBus;
+use crate::bus::relay::NotificationRelay;
 use crate::config::Settings;
 use crate::config::file::{ConfigError, ConfigFile};
 use crate::config::providers;
 use crate::graphql;
 use crate::http::{self, HttpState};
-use crate::jobs::EventBus;
 use crate::jobs::flow::FlowLimits;
-use crate::jobs::relay::NotificationRelay;
 use crate::jobs::worker::Worker;
 use crate::llm::simulator::Simulator;
 use crate::metrics::Metrics;

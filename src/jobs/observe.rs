@@ -2,10 +2,10 @@
 //! caller already knows at that point (a claim, a recorded attempt, the notices of
 //! committed events), so that recording costs the hot path no query.
 
-use super::bus::{EventBus, EventNotice};
 use super::flow::Deferral;
 use super::queue::{AttemptEnd, Claim, JobErrorCode};
 use crate::billing::Credits;
+use crate::bus::{EventBus, EventNotice};
 use crate::metrics::{AttemptFinished, LiveState, Metrics, StoredState};
 use entity::{AttemptOutcome, EventKind, JobStatus, Timestamp, jobs, tenants};
 use sea_orm::sea_query::{Expr, ExprTrait};

@@ -8,8 +8,8 @@
 use super::input::{DEFAULT_DEADLINE, Deadline, IdempotencyKey, JobInput, NewJob, Priority};
 use super::labels::{self, Labels};
 use super::service::{self, CreatedJob};
+use crate::bus::EventBus;
 use crate::error::ServiceError;
-use crate::jobs::bus::EventBus;
 use crate::llm::ProviderRegistry;
 use entity::jobs;
 use sea_orm::DatabaseConnection;

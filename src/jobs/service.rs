@@ -1,13 +1,13 @@
 //! Creating, reading, listing and cancelling jobs on behalf of a tenant.
 
 use super::budget::{self, Spent};
-use super::bus::{EventBus, EventNotice};
 use super::events;
 use super::input::NewJob;
 use super::labels::{self, Label};
 use super::reach::JobReach;
 use crate::billing::alerts;
 use crate::billing::{ledger, limits, prices, token_spend};
+use crate::bus::{EventBus, EventNotice};
 use crate::db::begin_write;
 use crate::error::ServiceError;
 use crate::llm::ProviderRegistry;
