@@ -15,11 +15,11 @@
 
 use super::HttpState;
 use super::auth::time_until;
-use super::graphql::admission::authenticate_client;
+use super::client_limits::{ClientAddress, RequestOwner, SLOT_WAIT};
 use super::graphql::body::{BodyLimit, read_body, retry_after};
+use super::graphql::gates::authenticate_client;
 use super::graphql::responses::{JSON, check_content_type};
 use super::graphql::selected_operation;
-use super::limits::{ClientAddress, RequestOwner, SLOT_WAIT};
 use super::live;
 use super::serve::LiveStreams;
 use crate::accounts::api_keys::{self, CallerKey, Identity};
