@@ -284,6 +284,75 @@ async fn one_tenant_runs_a_few_top_level_fields_at_once() {
     );
 }
 
+/// Pages with access tokens (one per page load) cannot take the top-level fields of
+/// their tenant's backend: every token's fields wait their turn among the tenant's
+/// tokens, apart from the tenant's own. Without that, the backend's one field waited
+/// behind every aliased field the pages had sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_tokens_cannot_take_its_backends_fields() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let app = Arc::new(spawn_app_with(Backend::Sqlite, AppOptions::no_workers()).await);
+    let tenant = app.funded_tenant("acme", "50").await;
+    for index in 0..100 {
+        let mut input = job_input(&format!("doc-{index}"), "Summarise.");
+        input["labels"] = json!([{"key": "user", "value": "u1"}]);
+        app.create_job_ok(&tenant, input).await;
+    }
+    let mut tokens = Vec::new();
+    for _ in 0..8 {
+        let minted = app
+            .operation(
+                Some(&tenant.key),
+                "CreateAccessToken",
+                json!({"input": {"scopes": ["READ_JOBS"], "labels": [{"key": "user", "value": "u1"}]}}),
+            )
+            .await;
+        tokens.push(
+            minted["data"]["createAccessToken"]["token"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{minted}"))
+                .to_owned(),
+        );
+    }
+    let mut heavy = String::from("{");
+    for index in 0..40 {
+        heavy.push_str(&format!(
+            " a{index}: jobs(first: 100) {{ edges {{ node {{ id status }} }} }}"
+        ));
+    }
+    heavy.push('}');
+    let finished = Arc::new(AtomicUsize::new(0));
+    let mut pages = Vec::new();
+    for token in &tokens {
+        for _ in 0..2 {
+            let (app, token, heavy, finished) =
+                (app.clone(), token.clone(), heavy.clone(), finished.clone());
+            pages.push(tokio::spawn(async move {
+                let (status, body) = app.post_strict(Some(&token), &heavy).await;
+                finished.fetch_add(1, Ordering::SeqCst);
+                (status, body)
+            }));
+        }
+    }
+    // Once the pages' fields are queued, the backend asks for one field.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, body) = app
+        .post_strict(Some(&tenant.key), "{ account { id } }")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let done_before = finished.load(Ordering::SeqCst);
+    for page in pages {
+        let (status, body) = page.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    assert!(
+        done_before <= 4,
+        "the backend was answered only after {done_before} of the pages' 16 requests"
+    );
+}
+
 /// A response stays counted against its owner until the client has read it: a
 /// tenant that asks for large responses and never reads them cannot pin more than its
 /// slots' worth of memory — its next request waits, then is refused.
