@@ -13,6 +13,7 @@ mod any_text;
 mod api_keys;
 mod audit;
 mod audit_grants;
+mod batch_prices;
 mod batches;
 mod batching;
 mod bench;

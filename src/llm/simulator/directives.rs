@@ -28,6 +28,8 @@ pub(super) struct Directives {
     pub drop: bool,
     pub reply: Option<String>,
     pub invalid_json: bool,
+    /// In a batch: expire the first time this content is in one.
+    pub batch_expire: bool,
 }
 
 impl Directives {
@@ -80,6 +82,7 @@ impl Directives {
             // Kept verbatim: the text may be JSON whose whitespace matters to the test.
             ("reply", Some(text)) => self.reply = Some(text.to_owned()),
             ("invalid_json", _) => self.invalid_json = true,
+            ("batch_expire", _) => self.batch_expire = true,
             _ => tracing::debug!(directive = body, "ignoring unknown mock directive"),
         }
     }
@@ -196,6 +199,8 @@ mod tests {
         assert_eq!(found.fail_first, Some(2));
         assert!(found.hang);
         assert!(!found.drop);
+        assert!(!found.batch_expire);
+        assert!(Directives::parse(["x [mock:batch_expire]"]).batch_expire);
     }
 
     #[test]
