@@ -177,6 +177,10 @@ struct MockLlmArgs {
     /// Address of the simulator.
     #[arg(long, env = "JOBLEDGER_LISTEN", default_value = "127.0.0.1:8090")]
     listen: SocketAddr,
+    /// How long a batch takes: it ends this many milliseconds after its creation.
+    #[arg(long, value_name = "N",
+          default_value_t = crate::llm::simulator::DEFAULT_BATCH_DELAY.as_millis() as u64)]
+    batch_delay_ms: u64,
 }
 
 /// How often an idle worker looks for due jobs without being told.
@@ -257,7 +261,7 @@ impl Cli {
                 if generated {
                     // Printed, not logged: the one time an operator can copy it.
                     println!(
-                        "admin token (shown once; set JOBLEDGER_ADMIN_TOKEN to choose your own): {token}"
+                        "admin token (shown once, and a new one at every start; set JOBLEDGER_ADMIN_TOKEN to keep one): {token}"
                     );
                 }
                 if let Some(address) = application.address() {
@@ -291,6 +295,7 @@ impl Cli {
                 tracing::info!(address = %listener.local_addr()?, "LLM simulator listening");
                 let shutdown = shutdown_on_signal();
                 Simulator::new()
+                    .with_batch_delay(Duration::from_millis(args.batch_delay_ms))
                     .serve(listener, shutdown.cancelled_owned())
                     .await?;
             }

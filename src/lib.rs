@@ -6,8 +6,10 @@
 //! invariants.
 
 pub mod accounts;
+pub mod app;
 pub mod bench;
 pub mod billing;
+pub mod bus;
 pub mod cli;
 pub mod config;
 pub mod db;

@@ -7,8 +7,7 @@ async fn main() -> std::process::ExitCode {
     let code = match Cli::parse().run().await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
-            tracing::error!(error = %error, "jobledger stopped with an error");
-            eprintln!("error: {error}");
+            jobledger::telemetry::report_fatal(&error);
             std::process::ExitCode::FAILURE
         }
     };

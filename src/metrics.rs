@@ -54,8 +54,13 @@ pub const END_TO_END: &str = "jobledger_job_end_to_end_seconds";
 pub const CREATE_JOB_LATENCY: &str = "jobledger_create_job_latency_seconds";
 /// One claim query of a worker loop.
 pub const CLAIM_LATENCY: &str = "jobledger_claim_latency_seconds";
-/// Jobs queued in the database (the same figure from every process: use `max`).
+/// Jobs queued in the database and due to start now (the same figure from every
+/// process: use `max`).
 pub const JOBS_QUEUED: &str = "jobledger_jobs_queued";
+/// Jobs queued in the database for later: a `runAt` or a retry's wait ahead (the same
+/// figure from every process: use `max`). Apart from [`JOBS_QUEUED`], so that an alert
+/// on jobs that wait for a worker does not fire for jobs that wait for their time.
+pub const JOBS_SCHEDULED: &str = "jobledger_jobs_scheduled";
 /// Jobs running in the database (the same figure from every process: use `max`).
 pub const JOBS_RUNNING: &str = "jobledger_jobs_running";
 /// Provider calls this process is waiting on.
@@ -88,6 +93,7 @@ pub const ALL: &[&str] = &[
     CREATE_JOB_LATENCY,
     CLAIM_LATENCY,
     JOBS_QUEUED,
+    JOBS_SCHEDULED,
     JOBS_RUNNING,
     PROVIDER_CALLS_IN_FLIGHT,
     OPEN_SUBSCRIPTIONS,
@@ -222,7 +228,11 @@ impl Metrics {
             );
         }
         for (name, help) in [
-            (JOBS_QUEUED, "Jobs queued in the database"),
+            (JOBS_QUEUED, "Jobs queued in the database and due to start"),
+            (
+                JOBS_SCHEDULED,
+                "Jobs queued in the database to start later (runAt or a retry's wait)",
+            ),
             (JOBS_RUNNING, "Jobs running in the database"),
             (
                 PROVIDER_CALLS_IN_FLIGHT,
@@ -379,6 +389,7 @@ impl Metrics {
     /// Sets the gauges read from the database (by the background refresher).
     pub fn set_stored_state(&self, state: &StoredState) {
         self.gauge(JOBS_QUEUED, &[]).set(state.queued as f64);
+        self.gauge(JOBS_SCHEDULED, &[]).set(state.scheduled as f64);
         self.gauge(JOBS_RUNNING, &[]).set(state.running as f64);
         self.gauge(TENANTS_LOW_CREDIT, &[])
             .set(state.tenants_low_credit as f64);
@@ -441,7 +452,10 @@ fn escape(value: &str) -> String {
 /// The gauges read from the database, every few seconds rather than per scrape.
 #[derive(Clone, Debug, Default)]
 pub struct StoredState {
+    /// Queued and due.
     pub queued: u64,
+    /// Queued for later.
+    pub scheduled: u64,
     pub running: u64,
     pub tenants_low_credit: u64,
 }

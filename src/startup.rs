@@ -1,51 +1,26 @@
-//! Building and running the application: database, workers, providers and the API.
+//! Composing the application from its settings: database, providers, workers, the API and
+//! the background tasks, and running them with one shutdown order.
 
 use crate::accounts::AdminToken;
+use crate::app::App;
 use crate::billing::prices;
-use crate::config::file::{ConfigError, ConfigFile, ProviderKind};
-use crate::config::{ProviderEndpoint, Settings};
+use crate::bus::EventBus;
+use crate::bus::relay::NotificationRelay;
+use crate::config::Settings;
+use crate::config::file::{ConfigError, ConfigFile};
+use crate::config::providers;
 use crate::graphql;
 use crate::http::{self, HttpState};
-use crate::jobs::EventBus;
 use crate::jobs::flow::FlowLimits;
-use crate::jobs::relay::NotificationRelay;
 use crate::jobs::worker::Worker;
-use crate::llm::Provider;
-use crate::llm::ProviderRegistry;
-use crate::llm::anthropic::AnthropicClient;
-use crate::llm::openai::OpenAiClient;
-use crate::llm::routing::ModelFamily;
 use crate::llm::simulator::Simulator;
 use crate::metrics::Metrics;
 use crate::webhooks::dispatch::Dispatcher;
-use sea_orm::{DatabaseConnection, DbErr};
+use sea_orm::DbErr;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-
-/// What request handlers share: the database, the event bus, the admin token and
-/// which models this deployment can serve.
-#[derive(Clone, Debug)]
-pub struct App {
-    pub db: DatabaseConnection,
-    pub bus: EventBus,
-    pub admin_token: AdminToken,
-    pub providers: ProviderRegistry,
-    /// This process's metrics, served on `/metrics`.
-    pub metrics: Metrics,
-    /// The workers' own pool, when they have one, for the pool gauge.
-    pub worker_db: Option<DatabaseConnection>,
-    /// The background tasks' own pool, when they have one (`serve`), for the pool
-    /// gauge.
-    pub background_db: Option<DatabaseConnection>,
-    /// Whether webhooks may reach loopback and private addresses.
-    pub allow_private_webhooks: bool,
-    /// The deadline of a job whose client names none, from when it may start: the
-    /// flag's, else the config file's, else [`crate::jobs::input::DEFAULT_DEADLINE`].
-    pub default_deadline: std::time::Duration,
-}
 
 /// Why the application could not start.
 #[derive(Debug, thiserror::Error)]
@@ -107,14 +82,17 @@ impl Application {
         };
         let bus = EventBus::default();
         let relay = NotificationRelay::listen(&db).await?;
+        // A process that calls real providers only has no simulator listening beside it.
         let (simulator_url, simulator) = match &settings.providers.simulator_url {
-            Some(url) => (url.clone(), None),
-            None => {
+            Some(url) => (Some(url.clone()), None),
+            None if providers::simulator_needed(&settings, config.as_ref()) => {
                 let (address, simulator) = BuiltInSimulator::start().await?;
-                (format!("http://{address}/v1"), Some(simulator))
+                (Some(format!("http://{address}/v1")), Some(simulator))
             }
+            None => (None, None),
         };
-        let providers = provider_registry(&settings, config.as_ref(), &simulator_url);
+        let providers =
+            providers::provider_registry(&settings, config.as_ref(), simulator_url.as_deref());
         // Workers get a pool of their own when the API shares the process: no burst of
         // API requests can then delay a lease renewal or an attempt's settlement.
         let own_worker_db = match (&settings.worker, &settings.listen) {
@@ -149,7 +127,7 @@ impl Application {
         let worker = settings.worker.clone().map(|mut worker_settings| {
             if let Some(config) = &config {
                 worker_settings.charging = config.charging;
-                worker_settings.flow = flow_limits(config, &providers);
+                worker_settings.flow = FlowLimits::from_config(config, &providers);
             }
             let id = format!(
                 "{}-{}",
@@ -223,41 +201,40 @@ impl Application {
             self.app.bus.clone(),
             relay_stop.clone(),
         ));
-        let worker = self
-            .worker
-            .map(|worker| tokio::spawn(worker.run(shutdown.child_token())));
         let background_db = self
             .app
             .background_db
             .clone()
             .unwrap_or_else(|| self.app.db.clone());
-        let gauges = tokio::spawn(crate::jobs::observe::refresh_gauges(
-            background_db.clone(),
-            self.app.metrics.clone(),
-            shutdown.child_token(),
-        ));
-        let retention = self.retention.map(|retention| {
-            tokio::spawn(crate::jobs::retention::run(
-                background_db.clone(),
-                retention,
-                shutdown.child_token(),
-            ))
-        });
+        // Stopped by `shutdown`, and awaited in this order once the API has stopped:
+        // the workers first (their attempts finish within the grace period), then the
+        // sweeps and the dispatcher, which have nothing left to lose.
+        let mut tasks = Tasks::default();
+        if let Some(worker) = self.worker {
+            tasks.spawn("the workers", worker.run(shutdown.child_token()));
+        }
+        if let Some(retention) = self.retention {
+            tasks.spawn(
+                "the retention sweep",
+                crate::jobs::retention::run(
+                    background_db.clone(),
+                    retention,
+                    shutdown.child_token(),
+                ),
+            );
+        }
         let metrics_elsewhere = self.metrics_listener.is_some();
-        let operations = match self.metrics_listener {
-            Some(listener) => {
-                let address = listener.local_addr()?;
-                tracing::info!(address = %address, "serving http://{address}/metrics, /healthz and /readyz");
-                let router = http::operations_router(self.app.clone());
-                Some(tokio::spawn(http::serve(
-                    listener,
-                    router,
-                    shutdown.clone(),
-                )))
-            }
-            None => None,
-        };
-        let dispatcher = tokio::spawn(
+        if let Some(listener) = self.metrics_listener {
+            let address = listener.local_addr()?;
+            tracing::info!(address = %address, "serving http://{address}/metrics, /healthz and /readyz");
+            let router = http::operations_router(self.app.clone());
+            tasks.spawn_fallible(
+                "the metrics listener",
+                http::serve(listener, router, shutdown.clone()),
+            );
+        }
+        tasks.spawn(
+            "the webhook dispatcher",
             Dispatcher::new(
                 background_db.clone(),
                 self.app.allow_private_webhooks,
@@ -265,16 +242,27 @@ impl Application {
             )
             .run(shutdown.child_token()),
         );
-        let batch_cancels = tokio::spawn(crate::jobs::batches::cancel::run(
-            background_db.clone(),
-            self.app.bus.clone(),
-            self.app.metrics.clone(),
-            shutdown.child_token(),
-        ));
-        let expiry = tokio::spawn(crate::billing::grant_expiry::run(
-            background_db,
-            shutdown.child_token(),
-        ));
+        tasks.spawn(
+            "the batch cancel sweep",
+            crate::jobs::batches::cancel::run(
+                background_db.clone(),
+                self.app.bus.clone(),
+                self.app.metrics.clone(),
+                shutdown.child_token(),
+            ),
+        );
+        tasks.spawn(
+            "the credit expiry sweep",
+            crate::billing::grant_expiry::run(background_db.clone(), shutdown.child_token()),
+        );
+        tasks.spawn(
+            "the gauge refresher",
+            crate::jobs::observe::refresh_gauges(
+                background_db,
+                self.app.metrics.clone(),
+                shutdown.child_token(),
+            ),
+        );
         if let Some(listener) = self.listener {
             let address = listener.local_addr()?;
             let schema = graphql::build_schema(self.app.clone());
@@ -292,40 +280,54 @@ impl Application {
         } else {
             shutdown.cancelled().await;
         }
-        if let Some(worker) = worker
-            && let Err(error) = worker.await
-        {
-            tracing::error!(error = %error, "the worker task ended abnormally");
-        }
-        if let Some(retention) = retention
-            && let Err(error) = retention.await
-        {
-            tracing::error!(error = %error, "the retention sweep ended abnormally");
-        }
-        if let Some(operations) = operations {
-            operations.await.map_err(std::io::Error::other)??;
-        }
-        if let Err(error) = dispatcher.await {
-            tracing::error!(error = %error, "the webhook dispatcher ended abnormally");
-        }
-        if let Err(error) = batch_cancels.await {
-            tracing::error!(error = %error, "the batch cancel sweep ended abnormally");
-        }
-        if let Err(error) = expiry.await {
-            tracing::error!(error = %error, "the credit expiry sweep ended abnormally");
-        }
-        if let Err(error) = gauges.await {
-            tracing::error!(error = %error, "the gauge refresher ended abnormally");
-        }
+        let stopped = tasks.join().await;
         relay_stop.cancel();
         if let Err(error) = relay.await {
             tracing::error!(error = %error, "the notification relay ended abnormally");
         }
+        // Last: running attempts may have been talking to it until now.
         if let Some(simulator) = self.simulator {
             simulator.stop.cancel();
             simulator.task.await.map_err(std::io::Error::other)??;
         }
-        Ok(())
+        stopped
+    }
+}
+
+/// A process's tasks that stop on the shutdown signal, by name, so that they are
+/// awaited in the order they were started and one that ended abnormally is named.
+#[derive(Default)]
+struct Tasks(Vec<(&'static str, JoinHandle<std::io::Result<()>>)>);
+
+impl Tasks {
+    fn spawn(&mut self, name: &'static str, task: impl Future<Output = ()> + Send + 'static) {
+        self.spawn_fallible(name, async move {
+            task.await;
+            Ok(())
+        });
+    }
+
+    fn spawn_fallible(
+        &mut self,
+        name: &'static str,
+        task: impl Future<Output = std::io::Result<()>> + Send + 'static,
+    ) {
+        self.0.push((name, tokio::spawn(task)));
+    }
+
+    /// Awaits every task in order; the first error, once all have ended.
+    async fn join(self) -> std::io::Result<()> {
+        let mut first_error = None;
+        for (name, task) in self.0 {
+            let error = match task.await {
+                Ok(Ok(())) => continue,
+                Ok(Err(error)) => error,
+                Err(error) => std::io::Error::other(error),
+            };
+            tracing::error!(task = name, error = %error, "a task ended abnormally");
+            first_error.get_or_insert(error);
+        }
+        first_error.map_or(Ok(()), Err)
     }
 }
 
@@ -338,112 +340,4 @@ impl BuiltInSimulator {
         tracing::info!(address = %address, "built-in LLM simulator started");
         Ok((address, Self { stop, task }))
     }
-}
-
-/// The config file's per-minute limits of providers and models; `routes` tells which
-/// provider serves a model.
-fn flow_limits(config: &ConfigFile, routes: &ProviderRegistry) -> FlowLimits {
-    FlowLimits::new(
-        config
-            .models
-            .iter()
-            .map(|(model, entry)| (model.clone(), entry.rate_limit))
-            .collect(),
-        config
-            .providers
-            .iter()
-            .map(|(name, provider)| (name.clone(), provider.rate_limit))
-            .collect(),
-        routes.clone(),
-    )
-}
-
-/// Routes each model, first match wins: an exact name from the config file, then the
-/// longest prefix pattern from the config file, then `gpt-*`/`o*` to the
-/// OpenAI-compatible provider and `claude-*` to Anthropic when the environment
-/// configures them. Everything else goes to the simulator (at `simulator_url`, which
-/// `kind = "simulator"` providers of the file reach as well) while no real provider
-/// is configured, and is served by nobody once one is.
-pub fn provider_registry(
-    settings: &Settings,
-    config: Option<&ConfigFile>,
-    simulator_url: &str,
-) -> ProviderRegistry {
-    let timeouts = settings.providers.timeouts;
-    let openai = |name: &str, base_url: &str, key: Option<String>| -> Arc<dyn Provider> {
-        Arc::new(OpenAiClient::new(name, base_url, key).with_timeouts(timeouts))
-    };
-    let anthropic = |name: &str, base_url: &str, key: Option<String>| -> Arc<dyn Provider> {
-        Arc::new(AnthropicClient::new(name, base_url, key).with_timeouts(timeouts))
-    };
-    let real_provider_configured = settings.providers.openai.is_some()
-        || settings.providers.anthropic.is_some()
-        || config.is_some_and(|config| {
-            config
-                .providers
-                .values()
-                .any(|provider| provider.kind != ProviderKind::Simulator)
-        });
-    let fallback = if real_provider_configured {
-        tracing::info!(
-            "a real provider is configured: models no route names are refused, not simulated"
-        );
-        None
-    } else {
-        tracing::info!("no provider is configured: the simulator serves every model");
-        Some(openai("simulator", simulator_url, None))
-    };
-    let mut registry = ProviderRegistry::new(fallback);
-    if let Some(ProviderEndpoint { base_url, api_key }) = &settings.providers.openai {
-        registry = registry.route(
-            ModelFamily::OpenAi,
-            openai("openai", base_url, api_key.clone()),
-        );
-    }
-    if let Some(ProviderEndpoint { base_url, api_key }) = &settings.providers.anthropic {
-        registry = registry.route(
-            ModelFamily::Anthropic,
-            anthropic("anthropic", base_url, api_key.clone()),
-        );
-    }
-    let Some(config) = config else {
-        return registry;
-    };
-    let named: std::collections::BTreeMap<&str, Arc<dyn Provider>> = config
-        .providers
-        .iter()
-        .map(|(name, provider)| {
-            let key = provider.api_key().map(str::to_owned);
-            let base_url = provider.base_url.as_deref().unwrap_or(simulator_url);
-            let client = match provider.kind {
-                ProviderKind::OpenAi => openai(name, base_url, key),
-                ProviderKind::Anthropic => anthropic(name, base_url, key),
-                ProviderKind::Simulator => openai(name, simulator_url, None),
-            };
-            (name.as_str(), client)
-        })
-        .collect();
-    for (pattern, provider) in &config.routes {
-        // Validated when the file was read: every route names a defined provider.
-        if let Some(client) = named.get(provider.as_str()) {
-            tracing::info!(model = %pattern, provider = %provider, "model route from the config file");
-            registry = registry.route_pattern(pattern, client.clone());
-        }
-    }
-    for (model, entry) in &config.models {
-        if entry.price.is_some() && registry.is_unrouted(model) {
-            if registry.serves(model) {
-                tracing::warn!(
-                    model = %model,
-                    "the config file prices this model but routes it to no provider: the built-in simulator serves it"
-                );
-            } else {
-                tracing::warn!(
-                    model = %model,
-                    "the config file prices this model but routes it to no provider: createJob refuses it"
-                );
-            }
-        }
-    }
-    registry
 }

@@ -8,6 +8,7 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
+use std::io::IsTerminal;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -20,9 +21,11 @@ pub const OTLP_ENDPOINT_VARIABLE: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 /// tracer provider when traces are exported: shut it down at exit to send the last.
 pub fn init() -> Option<SdkTracerProvider> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter());
-    let json = std::env::var("JOBLEDGER_LOG_FORMAT").is_ok_and(|format| format == "json");
-    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-    let logs = if json {
+    // Colours only for a terminal: a log file or pipeline would get escape codes.
+    let logs = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    let logs = if json_logs() {
         logs.json().boxed()
     } else {
         logs.boxed()
@@ -43,6 +46,22 @@ pub fn init() -> Option<SdkTracerProvider> {
         .with(filter)
         .init();
     provider
+}
+
+/// Whether logs are JSON lines (`JOBLEDGER_LOG_FORMAT=json`) rather than text.
+pub fn json_logs() -> bool {
+    std::env::var("JOBLEDGER_LOG_FORMAT").is_ok_and(|format| format == "json")
+}
+
+/// Reports the error that stopped the process, once: as a log line when logs go to a
+/// pipeline, else as one plain line for the operator at the terminal (a log line
+/// beside it said the same thing twice).
+pub fn report_fatal(error: &dyn std::fmt::Display) {
+    if json_logs() {
+        tracing::error!(error = %error, "jobledger stopped with an error");
+    } else {
+        eprintln!("error: {error}");
+    }
 }
 
 /// What is logged and traced without `RUST_LOG`: `info` and up, but only warnings

@@ -25,6 +25,13 @@ pub struct Model {
     pub context_window: Option<i64>,
     /// The most output tokens one call may ask for; `None`: unknown.
     pub max_output_tokens: Option<i64>,
+    /// The provider's batch API price (all four batch columns set, or none: the
+    /// model has no batch price and refuses PROVIDER_BATCH).
+    pub provider_batch_input_nanos_per_million: Option<i64>,
+    pub provider_batch_output_nanos_per_million: Option<i64>,
+    /// What the customer pays for a PROVIDER_BATCH item.
+    pub customer_batch_input_nanos_per_million: Option<i64>,
+    pub customer_batch_output_nanos_per_million: Option<i64>,
     pub created_at: Timestamp,
 }
 

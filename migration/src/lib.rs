@@ -26,6 +26,7 @@ mod m20261201_000005_job_labels_and_reruns;
 mod m20261202_000001_job_deadlines;
 mod m20261202_000010_access_tokens;
 mod m20261202_000011_model_limits;
+mod m20261202_000012_batch_prices;
 mod m20261202_000020_fallback_models;
 
 /// Applies jobledger's migrations in order.
@@ -56,6 +57,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261202_000001_job_deadlines::Migration),
             Box::new(m20261202_000010_access_tokens::Migration),
             Box::new(m20261202_000011_model_limits::Migration),
+            Box::new(m20261202_000012_batch_prices::Migration),
             Box::new(m20261202_000020_fallback_models::Migration),
         ]
     }

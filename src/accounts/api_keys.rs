@@ -1,8 +1,8 @@
 //! API keys: random secrets shown once, stored as SHA-256 hashes.
 
 use super::Principal;
+use crate::bus::EventBus;
 use crate::error::ServiceError;
-use crate::jobs::EventBus;
 use entity::{ApiKeyRole, Timestamp, api_keys, tenants};
 use rand::RngCore;
 use sea_orm::sea_query::Expr;
@@ -232,7 +232,7 @@ pub async fn revoke_key(
         .filter(api_keys::Column::RevokedAt.is_null())
         .exec(&transaction)
         .await?;
-    crate::jobs::relay::notify_revoked_key(&transaction, key_id).await?;
+    crate::bus::relay::notify_revoked_key(&transaction, key_id).await?;
     transaction.commit().await?;
     bus.announce_revoked_key(key_id);
     tracing::info!(key.id = %key_id, "API key revoked");

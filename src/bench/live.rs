@@ -29,7 +29,7 @@ const MESSAGE_WAIT: Duration = Duration::from_secs(30);
 /// Subscriptions per WebSocket connection in the idle scenario: the server's cap.
 const SUBSCRIPTIONS_PER_CONNECTION: usize = crate::graphql::MAX_SUBSCRIPTIONS_PER_CONNECTION;
 /// Subscriptions per tenant in the idle scenario: the server's cap.
-const SUBSCRIPTIONS_PER_TENANT: usize = crate::jobs::bus::MAX_SUBSCRIPTIONS_PER_TENANT;
+const SUBSCRIPTIONS_PER_TENANT: usize = crate::bus::MAX_SUBSCRIPTIONS_PER_TENANT;
 
 /// How much each live scenario does.
 #[derive(Clone, Copy, Debug)]

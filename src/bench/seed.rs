@@ -10,9 +10,9 @@
 
 use crate::billing::ledger::{self, NewGrant};
 use crate::billing::prices;
+use crate::bus::EventBus;
 use crate::db::begin_write;
 use crate::error::ServiceError;
-use crate::jobs::EventBus;
 use crate::jobs::input::{JobRequest, NewJob};
 use crate::jobs::service;
 use crate::llm::ProviderRegistry;

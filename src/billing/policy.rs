@@ -207,6 +207,7 @@ mod tests {
             id: Uuid::nil(),
             model: "m".into(),
             version: 1,
+            batch: None,
             limits: Default::default(),
             source: String::new(),
             provider: Rates {

@@ -56,6 +56,89 @@ impl Rates {
     }
 }
 
+/// The two rates a provider batch is billed by (per million input and output tokens).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchRates {
+    pub input: PricePerMillion,
+    pub output: PricePerMillion,
+}
+
+impl BatchRates {
+    /// `rates` at the batch discount `factor` (0.5: half price), rounded up; `None`
+    /// when a rate does not fit.
+    fn discounted(rates: &Rates, factor: Decimal) -> Option<Self> {
+        Some(Self {
+            input: rates.input.scaled(factor)?,
+            output: rates.output.scaled(factor)?,
+        })
+    }
+
+    /// These rates at `markup` times (saturating at the largest amount).
+    pub fn marked_up(&self, markup: Decimal) -> Self {
+        let max = PricePerMillion(Credits::from_nanos(i64::MAX));
+        Self {
+            input: self.input.scaled(markup).unwrap_or(max),
+            output: self.output.scaled(markup).unwrap_or(max),
+        }
+    }
+
+    /// These rates at `markup` times, or `None` when one does not fit.
+    pub fn checked_marked_up(&self, markup: Decimal) -> Option<Self> {
+        Some(Self {
+            input: self.input.scaled(markup)?,
+            output: self.output.scaled(markup)?,
+        })
+    }
+
+    /// Explicit customer `rates` carried over to a batch: each at the discount the
+    /// provider's batch rate gives on its list rate (`list` → `self`), rounded up, so
+    /// the customer keeps the margin the explicit price gives. A list rate of zero
+    /// gives no discount to carry: the customer's rate stays as it is.
+    pub fn carried_over(&self, list: &Rates, customer: &Rates) -> Option<Self> {
+        let carry = |batch: PricePerMillion, list: PricePerMillion, customer: PricePerMillion| {
+            if list.0.nanos() == 0 {
+                return Some(customer);
+            }
+            let factor =
+                Decimal::from(batch.0.nanos()).checked_div(Decimal::from(list.0.nanos()))?;
+            customer.scaled(factor)
+        };
+        Some(Self {
+            input: carry(self.input, list.input, customer.input)?,
+            output: carry(self.output, list.output, customer.output)?,
+        })
+    }
+}
+
+/// A model's batch price: what the provider's batch API bills us, and what the
+/// customer pays for a PROVIDER_BATCH item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchPrice {
+    pub provider: BatchRates,
+    pub customer: BatchRates,
+}
+
+impl BatchPrice {
+    fn from_columns(
+        provider_input: Option<i64>,
+        provider_output: Option<i64>,
+        customer_input: Option<i64>,
+        customer_output: Option<i64>,
+    ) -> Option<Self> {
+        let rate = |nanos| PricePerMillion(Credits::from_nanos(nanos));
+        Some(Self {
+            provider: BatchRates {
+                input: rate(provider_input?),
+                output: rate(provider_output?),
+            },
+            customer: BatchRates {
+                input: rate(customer_input?),
+                output: rate(customer_output?),
+            },
+        })
+    }
+}
+
 /// What one call of a model may hold: known for the built-in models, unknown (no
 /// check) for a model whose price says nothing of them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -110,6 +193,8 @@ pub struct ModelPrice {
     pub version: i32,
     pub provider: Rates,
     pub customer: Rates,
+    /// `None`: the model has no batch price and refuses PROVIDER_BATCH.
+    pub batch: Option<BatchPrice>,
     pub limits: ModelLimits,
     pub source: String,
 }
@@ -132,6 +217,12 @@ impl From<model_prices::Model> for ModelPrice {
         Self {
             id: row.id,
             limits: ModelLimits::from_columns(row.context_window, row.max_output_tokens),
+            batch: BatchPrice::from_columns(
+                row.provider_batch_input_nanos_per_million,
+                row.provider_batch_output_nanos_per_million,
+                row.customer_batch_input_nanos_per_million,
+                row.customer_batch_output_nanos_per_million,
+            ),
             source: row.source,
             model: row.model,
             version: row.version,
@@ -155,6 +246,7 @@ pub struct ConfiguredPrice {
     pub model: String,
     pub provider: Rates,
     pub customer: Rates,
+    pub batch: Option<BatchPrice>,
     pub limits: ModelLimits,
     pub source: String,
 }
@@ -168,6 +260,11 @@ const OPENAI_SOURCE: &str =
 /// Where the built-in Anthropic prices and limits come from.
 const ANTHROPIC_SOURCE: &str =
     "anthropic.com/pricing (cache reads at 0.1x input) and the models overview, as of 2026-12-02";
+
+/// What a built-in model's batch price is of its list price: OpenAI's Batch API and
+/// Anthropic's Message Batches both bill half the list price for input and output,
+/// and every built-in model is one of theirs.
+pub const BUILT_IN_BATCH_DISCOUNT: &str = "0.5";
 
 /// Provider list prices in USD (one credit = one US dollar) per million tokens, and
 /// limits in tokens: (model, input, cached input, output, context window, most output,
@@ -297,21 +394,34 @@ const BUILT_IN_PRICES: &[(&str, &str, &str, &str, u32, u32, &str)] = &[
 pub struct ListPrice {
     pub model: String,
     pub provider: Rates,
+    /// What the provider's batch API bills; `None`: it has none for this model.
+    pub batch: Option<BatchRates>,
     pub limits: ModelLimits,
     pub source: String,
 }
 
 impl ListPrice {
-    /// The price with customer rates at `markup` times the provider's.
+    /// The price with customer rates (batch rates too) at `markup` times the
+    /// provider's.
     pub fn marked_up(&self, markup: Decimal) -> ConfiguredPrice {
         ConfiguredPrice {
             model: self.model.clone(),
             provider: self.provider,
             customer: marked_up(&self.provider, markup),
+            batch: self.batch.map(|batch| BatchPrice {
+                provider: batch,
+                customer: batch.marked_up(markup),
+            }),
             limits: self.limits,
             source: self.source.clone(),
         }
     }
+}
+
+/// The batch rates of a built-in model at `rates`, its list rates.
+pub fn built_in_batch(rates: &Rates) -> BatchRates {
+    let factor = Decimal::from_str(BUILT_IN_BATCH_DISCOUNT).expect("the discount is a decimal");
+    BatchRates::discounted(rates, factor).expect("half a price fits")
 }
 
 /// The built-in provider list prices.
@@ -324,13 +434,15 @@ pub fn built_in_list() -> Vec<ListPrice> {
                     let value = Decimal::from_str(text).expect("built-in prices are decimals");
                     PricePerMillion(Credits::from_decimal(value).expect("built-in prices fit"))
                 };
+                let provider = Rates {
+                    input: rate(input),
+                    cached_input: rate(cached_input),
+                    output: rate(output),
+                };
                 ListPrice {
                     model: (*model).to_owned(),
-                    provider: Rates {
-                        input: rate(input),
-                        cached_input: rate(cached_input),
-                        output: rate(output),
-                    },
+                    provider,
+                    batch: Some(built_in_batch(&provider)),
                     limits: ModelLimits {
                         context_window: Some(*context_window),
                         max_output_tokens: Some(*max_output),
@@ -389,12 +501,16 @@ pub async fn sync_prices(
             let stored = ModelPrice::from(row.clone());
             if stored.provider == price.provider
                 && stored.customer == price.customer
+                && stored.batch == price.batch
                 && stored.limits == price.limits
             {
                 continue;
             }
         }
         let version = newest.map_or(1, |row| row.version + 1);
+        let batch_nanos = |rate: fn(&BatchPrice) -> PricePerMillion| {
+            price.batch.as_ref().map(|batch| rate(batch).0.nanos())
+        };
         let row = model_prices::ActiveModel {
             id: Set(Uuid::now_v7()),
             model: Set(price.model.clone()),
@@ -409,6 +525,10 @@ pub async fn sync_prices(
             source: Set(price.source.clone()),
             context_window: Set(price.limits.context_window.map(i64::from)),
             max_output_tokens: Set(price.limits.max_output_tokens.map(i64::from)),
+            provider_batch_input_nanos_per_million: Set(batch_nanos(|b| b.provider.input)),
+            provider_batch_output_nanos_per_million: Set(batch_nanos(|b| b.provider.output)),
+            customer_batch_input_nanos_per_million: Set(batch_nanos(|b| b.customer.input)),
+            customer_batch_output_nanos_per_million: Set(batch_nanos(|b| b.customer.output)),
             created_at: Set(now),
         };
         match model_prices::Entity::insert(row).exec(db).await {

@@ -9,23 +9,23 @@ pub mod cost;
 mod error;
 pub mod fairness;
 mod keys;
-mod limits;
 mod loaders;
 mod models;
 mod mutation;
 mod query;
 mod scalars;
 mod spans;
+mod spend_limits;
 mod subscription;
 mod types;
 mod webhooks;
 
 use crate::accounts::Principal;
 use crate::accounts::access_tokens::AccessScope;
+use crate::app::App;
 use crate::billing::reports::ReportScope;
 use crate::error::ServiceError;
 use crate::jobs::reach::JobReach;
-use crate::startup::App;
 use async_graphql::{Context, MergedObject, Schema, SchemaBuilder};
 use uuid::Uuid;
 
@@ -43,7 +43,7 @@ pub struct QueryRoot(
     billing::BillingQuery,
     keys::KeyQuery,
     admin::AdminQuery,
-    limits::LimitsQuery,
+    spend_limits::LimitsQuery,
     webhooks::WebhookQuery,
     models::ModelQuery,
 );
@@ -55,7 +55,7 @@ pub struct MutationRoot(
     batches::BatchMutation,
     keys::KeyMutation,
     access_tokens::AccessTokenMutation,
-    limits::LimitsMutation,
+    spend_limits::LimitsMutation,
     webhooks::WebhookMutation,
 );
 

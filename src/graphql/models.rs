@@ -4,6 +4,7 @@
 use super::scalars::Amount;
 use super::{app, principal};
 use crate::accounts::Principal;
+use crate::billing::prices::BatchRates as BatchPriceRates;
 use crate::billing::prices::{self, Rates};
 use crate::error::ServiceError;
 use async_graphql::{Context, Object, SimpleObject};
@@ -35,6 +36,15 @@ pub struct BatchRates {
     pub output_per_million: Amount,
 }
 
+impl From<BatchPriceRates> for BatchRates {
+    fn from(rates: BatchPriceRates) -> Self {
+        Self {
+            input_per_million: rates.input.0.into(),
+            output_per_million: rates.output.0.into(),
+        }
+    }
+}
+
 /// A model the caller can run.
 #[derive(SimpleObject)]
 pub struct ModelInfo {
@@ -48,11 +58,15 @@ pub struct ModelInfo {
     pub max_output_tokens: Option<i32>,
     /// The caller's price: what a tenant pays; for the admin, what the provider bills.
     pub price: ModelRates,
-    /// What a provider batch of it costs the caller; null while batch prices are not
-    /// in the price map.
+    /// The caller's price of an item of a PROVIDER_BATCH batch (the provider's batch
+    /// API): what a tenant pays; for the admin, what the provider bills. Null when
+    /// the model has no batch price (PROVIDER_BATCH is refused for it).
     pub batch_price: Option<BatchRates>,
     /// The admin only: what tenants pay for it.
     pub customer_price: Option<ModelRates>,
+    /// The admin only: what tenants pay for a PROVIDER_BATCH item of it; null also
+    /// when it has no batch price.
+    pub customer_batch_price: Option<BatchRates>,
     /// Where its price and limits come from.
     pub source: String,
 }
@@ -91,8 +105,19 @@ impl ModelQuery {
                         price.customer
                     }
                     .into(),
-                    batch_price: None,
+                    batch_price: price.batch.map(|batch| {
+                        if admin {
+                            batch.provider
+                        } else {
+                            batch.customer
+                        }
+                        .into()
+                    }),
                     customer_price: admin.then(|| price.customer.into()),
+                    customer_batch_price: price
+                        .batch
+                        .filter(|_| admin)
+                        .map(|batch| batch.customer.into()),
                     source: price.source,
                     name: price.model,
                 })

@@ -209,8 +209,8 @@ impl JobMutation {
                 .map(|label| (label.key, label.value))
                 .collect(),
         )?;
-        let new = NewJob::parse(JobRequest {
-            idempotency_key: input.idempotency_key,
+        let mut new = NewJob::parse(JobRequest {
+            idempotency_key: reach.sent_key(input.idempotency_key),
             model: input.model,
             messages: input
                 .messages
@@ -237,6 +237,7 @@ impl JobMutation {
                 provider_options: input.provider_options.map(|json| json.0),
             },
         })?;
+        new.idempotency_key = reach.own_key(new.idempotency_key);
         let app = app(context);
         let created = match &principal {
             Principal::Token(grant) => {

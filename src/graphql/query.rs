@@ -33,7 +33,7 @@ impl JobQuery {
             job_access(context, AccessScope::ReadJobs, tenant_id, true).await?;
         let job = match (id, idempotency_key) {
             (Some(id), None) => service::find_job(db, tenant_id, id).await?,
-            (None, Some(key)) => service::find_job_by_key(db, tenant_id, &key).await?,
+            (None, Some(key)) => service::find_job_by_key(db, tenant_id, &reach, key).await?,
             _ => {
                 return Err(ApiErrorCode::Validation.error("job takes either id or idempotencyKey"));
             }

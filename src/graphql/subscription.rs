@@ -3,8 +3,8 @@
 use super::types::{BatchUpdate, JobEvent};
 use super::{ApiErrorCode, app, principal};
 use crate::accounts::access_tokens::AccessScope;
+use crate::bus::{MAX_SUBSCRIPTIONS_PER_TENANT, SubscriptionSlot};
 use crate::error::ServiceError;
-use crate::jobs::bus::{MAX_SUBSCRIPTIONS_PER_TENANT, SubscriptionSlot};
 use crate::jobs::events::cursor::Cursor;
 use crate::jobs::{batches, events, service};
 use async_graphql::{Context, Subscription};

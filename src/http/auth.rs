@@ -4,7 +4,7 @@ use crate::accounts::ApiKey;
 use crate::accounts::Principal;
 use crate::accounts::access_tokens::{self, AccessTokenSecret, TokenLookup};
 use crate::accounts::api_keys::{self, Identity};
-use crate::startup::App;
+use crate::app::App;
 use axum::http::HeaderValue;
 use entity::Timestamp;
 

@@ -2,10 +2,10 @@
 //! time, for the batch's tenant or the admin.
 
 use crate::accounts::Principal;
+use crate::app::App;
 use crate::error::ServiceError;
 use crate::http::auth::{AuthError, credential, identify};
 use crate::jobs::batches::{self, results};
-use crate::startup::App;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};

@@ -1,7 +1,7 @@
 //! Liveness and readiness probes, and the Prometheus scrape.
 
+use crate::app::App;
 use crate::jobs::observe;
-use crate::startup::App;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;

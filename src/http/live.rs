@@ -4,7 +4,7 @@
 //! together, could hold any number of them, each with its memory, its descriptor and
 //! its share of every event of its tenant, until the process ran out of them.
 
-use super::limits::{OpenCounts, Place};
+use super::client_limits::{OpenCounts, Place};
 use crate::accounts::Principal;
 use crate::config::LiveConnectionSettings;
 use axum::http::{StatusCode, header};

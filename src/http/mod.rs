@@ -3,32 +3,32 @@
 
 mod auth;
 mod batches;
+mod client_limits;
 mod console;
 mod cors;
 mod graphql;
 mod health;
-mod limits;
 mod live;
 mod rate;
 mod serve;
 mod sse;
 mod websocket;
 
+use crate::app::App;
 use crate::config::LiveConnectionSettings;
 use crate::graphql::AppSchema;
-use crate::startup::App;
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, FromRef};
 use axum::http::{HeaderValue, header};
 use axum::routing::get;
-use limits::{AuthThrottle, RequestSlots};
+use client_limits::{AuthThrottle, RequestSlots};
 use std::sync::Arc;
 use std::time::Duration;
 use tower_http::set_header::SetResponseHeaderLayer;
 use tower_http::trace::TraceLayer;
 
+pub use client_limits::{MAX_CONNECTIONS_PER_ADDRESS, MAX_SOCKETS_PER_ADDRESS};
 pub use cors::BrowserOrigins;
-pub use limits::{MAX_CONNECTIONS_PER_ADDRESS, MAX_SOCKETS_PER_ADDRESS};
 pub use live::MAX_LIVE_CONNECTIONS_PER_TENANT;
 pub use rate::ANONYMOUS_REQUEST_BURST;
 pub use serve::serve;
@@ -51,7 +51,7 @@ struct ClientLimits {
     auth_failures: AuthThrottle,
     slots: RequestSlots,
     anonymous_rate: rate::AnonymousRate,
-    sockets: limits::AddressCounts,
+    sockets: client_limits::AddressCounts,
     live: live::LiveConnections,
     large_bodies: graphql::body::LargeBodies,
 }
@@ -62,7 +62,7 @@ impl ClientLimits {
             auth_failures: AuthThrottle::default(),
             slots: RequestSlots::default(),
             anonymous_rate: rate::AnonymousRate::default(),
-            sockets: limits::AddressCounts::new(MAX_SOCKETS_PER_ADDRESS),
+            sockets: client_limits::AddressCounts::new(MAX_SOCKETS_PER_ADDRESS),
             live: live::LiveConnections::new(live),
             large_bodies: graphql::body::LargeBodies::default(),
         }

@@ -1,10 +1,10 @@
 //! The rate of keyless requests per client address. Their concurrency is bounded (see
-//! `limits::RequestSlots`), but a client that waits for each answer before sending
+//! `client_limits::RequestSlots`), but a client that waits for each answer before sending
 //! the next stays within those slots forever and keeps them busy for everyone else
 //! without a key; each address gets a bucket of requests that refills slowly instead.
 //! Per process; an address whose bucket is full again takes no memory.
 
-use super::limits::ClientAddress;
+use super::client_limits::ClientAddress;
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};

@@ -5,7 +5,7 @@
 //! [`MAX_CONNECTIONS_PER_ADDRESS`] connections; a live stream (SSE) of an
 //! authenticated caller is never shed as idle (see [`LiveStreams`]).
 
-use super::limits::{AddressCounts, ClientAddress, MAX_CONNECTIONS_PER_ADDRESS};
+use super::client_limits::{AddressCounts, ClientAddress, MAX_CONNECTIONS_PER_ADDRESS};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;

@@ -15,17 +15,17 @@
 
 use super::HttpState;
 use super::auth::time_until;
-use super::graphql::admission::authenticate_client;
+use super::client_limits::{ClientAddress, RequestOwner, SLOT_WAIT};
 use super::graphql::body::{BodyLimit, read_body, retry_after};
+use super::graphql::gates::authenticate_client;
 use super::graphql::responses::{JSON, check_content_type};
 use super::graphql::selected_operation;
-use super::limits::{ClientAddress, RequestOwner, SLOT_WAIT};
 use super::live;
 use super::serve::LiveStreams;
 use crate::accounts::api_keys::{self, CallerKey, Identity};
+use crate::app::App;
 use crate::graphql::ApiErrorCode;
 use crate::graphql::cost::{self, QueryBudget, StreamingTransport};
-use crate::startup::App;
 use async_graphql::parser::types::OperationType;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Extension, RawQuery, State};

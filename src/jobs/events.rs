@@ -4,12 +4,11 @@
 //! The table is the truth; a notice on the bus is a hint to re-read it, or carries
 //! the next event itself (then nothing is read). A receiver that may have missed
 //! notices is told so and re-reads, so a stream loses nothing and never polls; the
-//! account streams of one tenant share their re-reads (see [`reread`]).
+//! account streams of one tenant share their re-reads (see [`crate::bus::rereads`]).
 
 pub mod cursor;
-pub(crate) mod reread;
 
-use super::bus::{EventBus, EventNotice, StoredEvent, Wake};
+use crate::bus::{EventBus, EventNotice, StoredEvent, Wake};
 use cursor::{Cursor, SeenJob};
 use entity::{EventKind, JsonText, Timestamp, job_events, jobs};
 use futures_util::Stream;
@@ -75,7 +74,7 @@ pub async fn append_many<'a>(
     }
     if db.get_database_backend() == sea_orm::DbBackend::Postgres {
         let insert = job_events::Entity::insert_many(rows).into_query();
-        super::relay::store_and_notify(db, insert, &notices).await?;
+        crate::bus::relay::store_and_notify(db, insert, &notices).await?;
     } else {
         // SQLite binds a long statement's parameters in quadratic time (see
         // `db::bulk`): a batch's chunk of 1,000 events goes in statements of ~1,000.

@@ -46,6 +46,10 @@ const MESSAGE_OVERHEAD_TOKENS: u64 = 16;
 /// How the keys of batch items begin. A client's own key may not: a `createJob` could
 /// otherwise take an item's key before the item arrives, or answer with the item.
 const ITEM_KEY_PREFIX: &str = "batch/";
+/// How the keys of jobs created by a labelled access token begin: `reach/`, a digest
+/// of the token's labels, `/`, the client's key. End users of one tenant (one label
+/// value each) then cannot see or take each other's keys, nor the backend's.
+const REACH_KEY_PREFIX: &str = "reach/";
 
 /// A client's unique name for one job request, so retries of the request are safe.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,7 +74,19 @@ impl IdempotencyKey {
                 "idempotencyKey must not begin with \"{ITEM_KEY_PREFIX}\": such keys name batch items"
             )));
         }
+        if text.starts_with(REACH_KEY_PREFIX) {
+            return Err(ServiceError::validation(format!(
+                "idempotencyKey must not begin with \"{REACH_KEY_PREFIX}\": such keys name jobs of access tokens"
+            )));
+        }
         Ok(Self(text))
+    }
+
+    /// The key as stored for a caller whose reach is `labels`: within a namespace of
+    /// its own, named by a digest of the labels, so that it is the same for every
+    /// token minted with them (a page's retry with a fresh token replays).
+    pub fn within(self, labels: &Labels) -> Self {
+        Self(scoped_key(labels, &self.0))
     }
 
     /// The key of a batch's item: its batch and `customId`, which the caller has
@@ -83,6 +99,37 @@ impl IdempotencyKey {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// The stored form of the key `key` of a caller reaching the jobs with `labels`.
+pub fn scoped_key(labels: &Labels, key: &str) -> String {
+    format!("{}{key}", scope_prefix(labels))
+}
+
+/// `key` without the namespace of `labels` when it carries it: the stored form of a
+/// key, which answers show, names the same job as the client's own form.
+pub fn unscoped_key(labels: &Labels, key: String) -> String {
+    match key.strip_prefix(&scope_prefix(labels)) {
+        Some(own) => own.to_owned(),
+        None => key,
+    }
+}
+
+fn scope_prefix(labels: &Labels) -> String {
+    let mut digest = Sha256::new();
+    for label in labels.iter() {
+        // Lengths first, so that no two label sets give the same bytes.
+        for part in [label.key(), label.value()] {
+            digest.update((part.len() as u64).to_be_bytes());
+            digest.update(part.as_bytes());
+        }
+    }
+    let digest = digest.finalize();
+    let scope: String = digest[..8]
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    format!("{REACH_KEY_PREFIX}{scope}/")
 }
 
 /// The part of a job that is sent to the model, as stored in `jobs.input`.

@@ -3,7 +3,6 @@
 
 pub mod batches;
 pub mod budget;
-pub mod bus;
 pub mod events;
 pub mod fallbacks;
 pub mod flow;
@@ -14,10 +13,7 @@ pub mod observe;
 pub mod parameters;
 pub mod queue;
 pub mod reach;
-pub mod relay;
 pub mod rerun;
 pub mod retention;
 pub mod service;
 pub mod worker;
-
-pub use bus::{EventBus, EventNotice};

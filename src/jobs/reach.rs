@@ -4,6 +4,7 @@
 //! A job out of reach is `NotFound`, never `Forbidden`: a browser must not learn
 //! which of its tenant's ids exist.
 
+use super::input::{IdempotencyKey, scoped_key, unscoped_key};
 use super::labels::{Label, Labels};
 use crate::error::ServiceError;
 use entity::job_labels;
@@ -91,6 +92,39 @@ impl JobReach {
             }
         }
         Ok(requested)
+    }
+
+    /// The key a client of this reach sent, in the form it is parsed in: a labelled
+    /// token may send back the stored form that answers show it.
+    pub fn sent_key(&self, key: String) -> String {
+        match self {
+            Self::Labelled(labels) => unscoped_key(labels, key),
+            Self::All | Self::Listed(_) => key,
+        }
+    }
+
+    /// The stored form of a key the caller created a job with. A labelled token's keys
+    /// live in a namespace of its labels: sharing the tenant's one, a token could
+    /// learn which keys of other users exist (a conflict answers) and take a key
+    /// another user's page is about to send.
+    pub fn own_key(&self, key: IdempotencyKey) -> IdempotencyKey {
+        match self {
+            Self::Labelled(labels) => key.within(labels),
+            Self::All | Self::Listed(_) => key,
+        }
+    }
+
+    /// The stored keys a lookup by `key` tries, in order: a labelled token's own
+    /// namespace first, then the tenant's (a job its backend created with the token's
+    /// labels is within reach as well).
+    pub fn lookup_keys(&self, key: String) -> Vec<String> {
+        match self {
+            Self::Labelled(labels) => {
+                let key = unscoped_key(labels, key);
+                vec![scoped_key(labels, &key), key]
+            }
+            Self::All | Self::Listed(_) => vec![key],
+        }
     }
 
     /// The labels a listing within this reach must match besides `also` (the

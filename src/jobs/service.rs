@@ -1,7 +1,6 @@
 //! Creating, reading, listing and cancelling jobs on behalf of a tenant.
 
 use super::budget::{self, Spent};
-use super::bus::{EventBus, EventNotice};
 use super::events;
 use super::fallbacks::ModelChain;
 use super::flow;
@@ -10,6 +9,7 @@ use super::labels::{self, Label};
 use super::reach::JobReach;
 use crate::billing::{Credits, alerts};
 use crate::billing::{ledger, limits, prices, token_spend};
+use crate::bus::{EventBus, EventNotice};
 use crate::db::begin_write;
 use crate::error::ServiceError;
 use crate::llm::ProviderRegistry;
@@ -308,15 +308,20 @@ pub async fn find_job(
 
 /// The tenant's job created with this idempotency key; another tenant's key finds
 /// nothing (`NotFound`), as [`find_job`] does for its ids. A batch item's key
-/// (`batch/…`) finds the item.
+/// (`batch/…`) finds the item. A labelled token finds a job of its own namespace by
+/// the key it sent, else the tenant's job of that key when it is within reach.
 pub async fn find_job_by_key(
     db: &impl ConnectionTrait,
     tenant_id: Uuid,
-    idempotency_key: &str,
+    reach: &JobReach,
+    idempotency_key: String,
 ) -> Result<jobs::Model, ServiceError> {
-    find_by_key(db, tenant_id, idempotency_key)
-        .await?
-        .ok_or(ServiceError::NotFound)
+    for key in reach.lookup_keys(idempotency_key) {
+        if let Some(job) = find_by_key(db, tenant_id, &key).await? {
+            return Ok(job);
+        }
+    }
+    Err(ServiceError::NotFound)
 }
 
 /// One page of a tenant's jobs, newest first.

@@ -83,6 +83,13 @@ pub trait Provider: Send + Sync + std::fmt::Debug {
     /// The provider's name as recorded on attempts (`openai`, `anthropic`, `simulator`).
     fn name(&self) -> &str;
 
+    /// Whether jobledger sends this provider's PROVIDER_BATCH items through its batch
+    /// API. None does yet: the submitter that uploads provider batches is still to
+    /// come, so createBatch refuses PROVIDER_BATCH for every provider until it does.
+    fn submits_batches(&self) -> bool {
+        false
+    }
+
     /// Runs one completion. Dropping the future aborts the call.
     async fn complete(&self, request: &ChatRequest) -> Result<Completion, ProviderError>;
 

@@ -26,6 +26,7 @@ on_both_backends!(
     a_token_that_may_not_read_learns_nothing_from_what_it_does,
     a_token_dies_with_the_key_that_minted_it,
     a_token_cannot_take_its_tenants_live_connections,
+    the_keys_of_a_tokens_jobs_are_its_labels_own,
 );
 
 /// Mints a token with `input` (scopes, labels, …) for `minter`; returns it as a
@@ -788,4 +789,91 @@ async fn a_token_cannot_take_its_tenants_live_connections(backend: Backend) {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut again = GraphqlSocket::connect(app.address).await;
     again.init_ok(&token.key).await;
+}
+
+/// Idempotency keys of labelled tokens live in a namespace of their labels: one user's
+/// page can neither learn that another user's key exists nor take it before them, and a
+/// page's retry with a fresh token of the same labels still replays.
+async fn the_keys_of_a_tokens_jobs_are_its_labels_own(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let scopes = json!(["READ_JOBS", "CREATE_JOBS"]);
+    let alice = mint(
+        &app,
+        &tenant.key,
+        &tenant,
+        json!({"scopes": scopes, "labels": user("alice")}),
+    )
+    .await;
+    let bob = mint(
+        &app,
+        &tenant.key,
+        &tenant,
+        json!({"scopes": scopes, "labels": user("bob")}),
+    )
+    .await;
+    let document = |text: &str| job_input("upload-42", text);
+
+    // Bob takes the key first, with another request: Alice's create is her own job,
+    // not a conflict that tells her the key is used.
+    let squatted = app
+        .create_job_ok(&bob, document("Bob's version of the request."))
+        .await;
+    let hers = app.create_job(&alice, document("Summarise it.")).await;
+    assert!(hers["errors"].is_null(), "{hers}");
+    assert_eq!(hers["data"]["createJob"]["replayed"], false, "{hers}");
+    let hers: Uuid = hers["data"]["createJob"]["job"]["id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_ne!(hers, squatted);
+    // The backend's own key of that name is a third job.
+    let backend_job = app
+        .create_job_ok(&tenant, document("The backend's request."))
+        .await;
+    assert!(![hers, squatted].contains(&backend_job));
+
+    // A fresh token of Alice's labels replays her job, by create and by lookup.
+    let alice_again = mint(
+        &app,
+        &tenant.key,
+        &tenant,
+        json!({"scopes": scopes, "labels": user("alice")}),
+    )
+    .await;
+    let replay = app
+        .create_job(&alice_again, document("Summarise it."))
+        .await;
+    assert_eq!(replay["data"]["createJob"]["replayed"], true, "{replay}");
+    assert_eq!(
+        replay["data"]["createJob"]["job"]["id"],
+        json!(hers.to_string())
+    );
+    let by_key = |credential: &TestTenant| {
+        let key = credential.key.clone();
+        let app = &app;
+        async move {
+            app.operation(Some(&key), "JobByKey", json!({"key": "upload-42"}))
+                .await
+        }
+    };
+    assert_eq!(
+        by_key(&alice_again).await["data"]["job"]["id"],
+        json!(hers.to_string())
+    );
+    assert_eq!(
+        by_key(&bob).await["data"]["job"]["id"],
+        json!(squatted.to_string())
+    );
+    assert_eq!(
+        by_key(&tenant).await["data"]["job"]["id"],
+        json!(backend_job.to_string())
+    );
+    // Nobody names a token's namespace by hand.
+    let forged = app
+        .create_job(&tenant, job_input("reach/0123456789abcdef/upload-42", "x"))
+        .await;
+    assert_eq!(error_code(&forged), "VALIDATION", "{forged}");
+    assert_billing_invariants(&app.app.db).await;
 }

@@ -3,9 +3,9 @@
 
 use futures_util::StreamExt;
 use jobledger::accounts::AdminToken;
+use jobledger::app::App;
+use jobledger::bus::EventBus;
 use jobledger::graphql::build_schema;
-use jobledger::jobs::EventBus;
-use jobledger::startup::App;
 use serde_json::{Value, json};
 
 /// The contract as the frontend and dashboards send it.

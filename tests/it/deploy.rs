@@ -106,7 +106,16 @@ fn the_dashboard_is_grafana_json_with_the_panels_operators_need() {
         .filter(|panel| panel["type"] == "row")
         .map(|panel| panel["title"].as_str().unwrap())
         .collect();
-    assert_eq!(titles, ["Queue", "Latency", "Cost and margin", "Health"]);
+    assert_eq!(
+        titles,
+        [
+            "Queue",
+            "Latency",
+            "Cost and margin",
+            "Health",
+            "Flow control"
+        ]
+    );
     for panel in dashboard["panels"].as_array().unwrap() {
         if panel["type"] != "row" {
             assert!(!panel["targets"].as_array().unwrap().is_empty(), "{panel}");
@@ -144,7 +153,16 @@ async fn every_metric_the_dashboard_and_alerts_query_is_exported() {
     for file in ["prometheus/alerts.yml", "grafana/jobledger.json"] {
         let queried = metric_names(&std::fs::read_to_string(deployed(file)).unwrap());
         assert!(!queried.is_empty());
-        let missing: Vec<_> = queried.difference(&exported).collect();
+        // Labelled by what happened (a model, a deferral's reason): their series
+        // exist once it has, which a plain run does not cause.
+        let occasional = [
+            jobledger::metrics::FLOW_DEFERRALS,
+            jobledger::metrics::MODEL_PAUSES,
+        ];
+        let missing: Vec<_> = queried
+            .difference(&exported)
+            .filter(|name| !occasional.contains(&name.as_str()))
+            .collect();
         assert!(
             missing.is_empty(),
             "{file} queries unknown metrics {missing:?}"

@@ -4,8 +4,8 @@
 use crate::helpers::{Backend, TestApp, TestTenant, job_input, spawn_app};
 use async_graphql::Request;
 use jobledger::accounts::Principal;
+use jobledger::app::App;
 use jobledger::graphql::{AppSchema, build_schema};
-use jobledger::startup::App;
 use serde_json::{Value, json};
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -271,14 +271,16 @@ async fn metrics_count_exactly_what_jobs_did(backend: Backend) {
         0.into()
     );
 
-    // A queued job shows in every process's gauge.
+    // A job queued for later shows in every process's gauge, as scheduled, not as
+    // waiting for a worker (which the queue-stuck alert pages on).
     let mut later = job_input("later", "later");
     later["runAt"] = json!((chrono::Utc::now() + chrono::Duration::days(30)).to_rfc3339());
     let held = api.create_job_ok(&tenant, later.clone()).await;
     scrape_settled(
         worker.metrics,
         &[
-            ("jobledger_jobs_queued", 1),
+            ("jobledger_jobs_queued", 0),
+            ("jobledger_jobs_scheduled", 1),
             ("jobledger_tenants_low_credit", 0),
         ],
     )
@@ -290,7 +292,8 @@ async fn metrics_count_exactly_what_jobs_did(backend: Backend) {
     scrape_settled(
         api.address,
         &[
-            ("jobledger_jobs_queued", 2),
+            ("jobledger_jobs_queued", 0),
+            ("jobledger_jobs_scheduled", 2),
             ("jobledger_tenants_low_credit", 1),
         ],
     )

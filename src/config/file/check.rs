@@ -2,9 +2,11 @@
 //! routes, models, prices, customer price policies, rate limits and charging, each
 //! error naming the key it is about.
 
-use super::raw::{RawFile, RawNumber, RawProvider, RawRates};
+use super::raw::{RawBatchRates, RawFile, RawNumber, RawProvider, RawRates};
 use super::{ConfigError, ConfigFile, CustomerPolicy, ModelConfig, ProviderConfig, ProviderKind};
-use crate::billing::prices::{self, ConfiguredPrice, ListPrice, PricePerMillion, Rates};
+use crate::billing::prices::{
+    self, BatchPrice, BatchRates, ConfiguredPrice, ListPrice, PricePerMillion, Rates,
+};
 use crate::billing::{ChargingPolicy, Credits, UnfinishedCall};
 use crate::jobs::flow::{RateLimit, TokenCounting};
 use crate::llm::routing::ModelPattern;
@@ -132,6 +134,31 @@ impl Checker<'_> {
                      built-in price, so set `price = { input = \"…\", output = \"…\" }`",
                 ));
             }
+            let batch_price = model
+                .batch_price
+                .as_ref()
+                .map(|rates| self.batch_rates(&format!("{key}.batch_price"), rates))
+                .transpose()?;
+            let customer_batch_price = model
+                .customer_batch_price
+                .as_ref()
+                .map(|rates| self.batch_rates(&format!("{key}.customer_batch_price"), rates))
+                .transpose()?;
+            if batch_price.is_some() && price.is_none() && !built_in.contains(&name) {
+                return Err(self.invalid(
+                    format!("{key}.batch_price"),
+                    "a batch price needs a provider price: this model has no built-in price, \
+                     so set `price` too",
+                ));
+            }
+            if customer_batch_price.is_some() && batch_price.is_none() && !built_in.contains(&name)
+            {
+                return Err(self.invalid(
+                    format!("{key}.customer_batch_price"),
+                    "sells a batch price this model does not have: set `batch_price` (what the \
+                     provider's batch API bills) too",
+                ));
+            }
             if price.is_none() && model.source.is_some() {
                 return Err(self.invalid(
                     format!("{key}.source"),
@@ -155,6 +182,8 @@ impl Checker<'_> {
                 ModelConfig {
                     price,
                     customer,
+                    batch_price,
+                    customer_batch_price,
                     source: model.source,
                     rate_limit,
                 },
@@ -393,6 +422,13 @@ impl Checker<'_> {
         })
     }
 
+    fn batch_rates(&self, key: &str, raw: &RawBatchRates) -> Result<BatchRates, ConfigError> {
+        Ok(BatchRates {
+            input: self.price(&format!("{key}.input"), &raw.input)?,
+            output: self.price(&format!("{key}.output"), &raw.output)?,
+        })
+    }
+
     /// Credits per million tokens: not negative, at most 9 decimals.
     fn price(&self, key: &str, raw: &RawNumber) -> Result<PricePerMillion, ConfigError> {
         let value = self.decimal(key, raw)?;
@@ -446,10 +482,13 @@ impl Checker<'_> {
         }
     }
 
+    /// The price with its customer rates under `policy`; the batch price's customer
+    /// rates are `customer_batch` when given, else `policy` applied to the batch price.
     pub(super) fn customer_price(
         &self,
         price: &ListPrice,
         policy: &CustomerPolicy,
+        customer_batch: Option<BatchRates>,
         global: Decimal,
     ) -> Result<ConfiguredPrice, ConfigError> {
         let model_key = format!("models.{}", key_segment(&price.model));
@@ -481,10 +520,38 @@ impl Checker<'_> {
                 "the customer price is below the provider price: every job loses money"
             );
         }
+        let batch = match price.batch {
+            None => None,
+            Some(provider) => {
+                let customer = match (customer_batch, policy) {
+                    (Some(rates), _) => Some(rates),
+                    (None, CustomerPolicy::Price(rates)) => {
+                        provider.carried_over(&price.provider, rates)
+                    }
+                    (None, CustomerPolicy::Markup(markup)) => provider.checked_marked_up(*markup),
+                    (None, CustomerPolicy::GlobalMarkup) => provider.checked_marked_up(global),
+                };
+                let customer = customer.ok_or_else(|| {
+                    self.invalid(
+                        format!("{model_key}.customer_batch_price"),
+                        "the customer price policy makes the batch price too large",
+                    )
+                })?;
+                if customer.input.0 < provider.input.0 || customer.output.0 < provider.output.0 {
+                    tracing::warn!(
+                        model = %price.model,
+                        file = %self.path.display(),
+                        "the customer batch price is below the provider's: every batch item loses money"
+                    );
+                }
+                Some(BatchPrice { provider, customer })
+            }
+        };
         Ok(ConfiguredPrice {
             model: price.model.clone(),
             provider: price.provider,
             customer,
+            batch,
             limits: price.limits,
             source: price.source.clone(),
         })

@@ -11,7 +11,7 @@ mod check;
 mod raw;
 
 use crate::billing::ChargingPolicy;
-use crate::billing::prices::{self, ConfiguredPrice, ListPrice, Rates};
+use crate::billing::prices::{self, BatchRates, ConfiguredPrice, ListPrice, Rates};
 use crate::jobs::flow::RateLimit;
 use crate::llm::routing::ModelPattern;
 use check::Checker;
@@ -107,6 +107,12 @@ pub struct ModelConfig {
     /// The provider's price; `None` keeps the built-in one, if any.
     pub price: Option<Rates>,
     pub customer: CustomerPolicy,
+    /// The provider's batch API price (`batch_price`); `None` keeps the built-in
+    /// model's (half its list price), and a model without either has none.
+    pub batch_price: Option<BatchRates>,
+    /// Explicit customer batch rates (`customer_batch_price`); `None`: the customer
+    /// price policy applied to the batch price.
+    pub customer_batch_price: Option<BatchRates>,
     pub source: Option<String>,
     /// What the provider allows per minute for this model.
     pub rate_limit: RateLimit,
@@ -157,7 +163,12 @@ impl ConfigFile {
         let mut list = Vec::new();
         for price in &built_in_list {
             if !self.models.contains_key(&price.model) {
-                list.push(checker.customer_price(price, &CustomerPolicy::GlobalMarkup, global)?);
+                list.push(checker.customer_price(
+                    price,
+                    &CustomerPolicy::GlobalMarkup,
+                    None,
+                    global,
+                )?);
             }
         }
         let built_in: BTreeMap<&str, &ListPrice> = built_in_list
@@ -169,6 +180,11 @@ impl ConfigFile {
                 (Some(rates), built_in) => ListPrice {
                     model: model.clone(),
                     provider: *rates,
+                    // A built-in model's provider still bills its batches at the
+                    // built-in discount of whatever the list price now is.
+                    batch: config
+                        .batch_price
+                        .or_else(|| built_in.map(|_| prices::built_in_batch(rates))),
                     // A new price of a built-in model keeps what the model can hold.
                     limits: built_in.map(|price| price.limits).unwrap_or_default(),
                     source: config
@@ -176,11 +192,19 @@ impl ConfigFile {
                         .clone()
                         .unwrap_or_else(|| format!("config file {}", self.path.display())),
                 },
-                (None, Some(built_in)) => (*built_in).clone(),
+                (None, Some(built_in)) => ListPrice {
+                    batch: config.batch_price.or(built_in.batch),
+                    ..(*built_in).clone()
+                },
                 // Routed only; refused at createJob unless a price exists in the database.
                 (None, None) => continue,
             };
-            list.push(checker.customer_price(&price, &config.customer, global)?);
+            list.push(checker.customer_price(
+                &price,
+                &config.customer,
+                config.customer_batch_price,
+                global,
+            )?);
         }
         Ok(list)
     }

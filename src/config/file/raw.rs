@@ -48,6 +48,8 @@ pub(super) struct RawModel {
     pub(super) price: Option<RawRates>,
     pub(super) customer_price: Option<RawRates>,
     pub(super) customer_markup: Option<RawNumber>,
+    pub(super) batch_price: Option<RawBatchRates>,
+    pub(super) customer_batch_price: Option<RawBatchRates>,
     pub(super) source: Option<String>,
     pub(super) requests_per_minute: Option<i64>,
     pub(super) tokens_per_minute: Option<i64>,
@@ -60,6 +62,13 @@ pub(super) struct RawRates {
     pub(super) input: RawNumber,
     /// Defaults to `input`: no discount for cached tokens.
     pub(super) cached_input: Option<RawNumber>,
+    pub(super) output: RawNumber,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBatchRates {
+    pub(super) input: RawNumber,
     pub(super) output: RawNumber,
 }
 

@@ -29,15 +29,17 @@ impl Account {
     async fn limits(
         &self,
         context: &Context<'_>,
-    ) -> async_graphql::Result<crate::graphql::limits::TenantLimits> {
+    ) -> async_graphql::Result<crate::graphql::spend_limits::TenantLimits> {
         let limits = crate::billing::limits::limits_of(&crate::graphql::app(context).db, self.id)
             .await
             .map_err(ServiceError::from)?;
-        Ok(crate::graphql::limits::TenantLimits::new(self.id, limits))
+        Ok(crate::graphql::spend_limits::TenantLimits::new(
+            self.id, limits,
+        ))
     }
 
     /// What this account spent in the current UTC day and month.
-    async fn spend(&self) -> crate::graphql::limits::AccountSpend {
+    async fn spend(&self) -> crate::graphql::spend_limits::AccountSpend {
         crate::billing::limits::Spend::of(&self.tenant, Timestamp::now()).into()
     }
 }

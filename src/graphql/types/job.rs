@@ -74,7 +74,7 @@ impl Job {
             .get_or_try_init(|| async {
                 let gate = context.data_unchecked::<PayloadGate>().of(self.0.tenant_id);
                 let _permit = gate.acquire().await.expect("the gate is never closed");
-                let db = &context.data_unchecked::<crate::startup::App>().db;
+                let db = &context.data_unchecked::<crate::app::App>().db;
                 crate::jobs::service::job_payloads(db, self.0.tenant_id, self.0.id).await
             })
             .await?;
@@ -176,7 +176,7 @@ impl Job {
             return Ok(None);
         };
         if let Some(Principal::Token(grant)) = context.data_opt::<Principal>() {
-            let db = &context.data_unchecked::<crate::startup::App>().db;
+            let db = &context.data_unchecked::<crate::app::App>().db;
             if !grant
                 .reach
                 .admits(db, self.0.tenant_id, job_id)

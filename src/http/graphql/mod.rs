@@ -10,16 +10,15 @@
 //! again, for every transport; see `graphql::cost`). Its response is metered while it
 //! resolves and refused past `MAX_RESPONSE_BYTES`.
 
-pub(super) mod admission;
 pub(super) mod body;
+pub(super) mod gates;
 pub(super) mod responses;
 
 use super::HttpState;
-use super::limits::RequestSlot;
+use super::client_limits::RequestSlot;
 use crate::accounts::api_keys::CallerKey;
 use crate::graphql::ApiErrorCode;
 use crate::graphql::cost::{self, MAX_RESPONSE_BYTES, QueryBudget, ResponseMeter};
-use admission::{Admitted, admit};
 use async_graphql::Variables;
 use async_graphql::parser::types::{DocumentOperations, ExecutableDocument, OperationType};
 use axum::body::{Body, Bytes};
@@ -27,6 +26,7 @@ use axum::extract::{ConnectInfo, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use body::{BodyLimit, read_body};
+use gates::{Admitted, admit};
 use responses::{
     accepts, check_content_type, graphql_response, not_executed, request_error,
     response_media_type, too_complex, too_large,

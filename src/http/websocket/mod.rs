@@ -16,7 +16,7 @@ mod woken;
 
 use super::HttpState;
 use super::auth::{AuthError, identify, time_until};
-use super::limits::{ClientAddress, MAX_SOCKETS_PER_ADDRESS, SLOT_WAIT};
+use super::client_limits::{ClientAddress, MAX_SOCKETS_PER_ADDRESS, SLOT_WAIT};
 use super::live;
 use super::live::LivePlaces;
 use crate::accounts::api_keys;

@@ -6,10 +6,10 @@
 
 use super::{close, find_batch};
 use crate::billing::batch_totals::BatchTotals;
+use crate::bus::{EventBus, EventNotice};
 use crate::db::begin_write;
 use crate::error::ServiceError;
 use crate::jobs::budget::{self, Spent};
-use crate::jobs::bus::{EventBus, EventNotice};
 use crate::jobs::{events, observe};
 use crate::metrics::Metrics;
 use entity::{EventKind, JobStatus, Timestamp, batches, jobs};

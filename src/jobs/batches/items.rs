@@ -11,10 +11,10 @@ use super::BatchSettings;
 use crate::billing::alerts;
 use crate::billing::batch_totals::BatchTotals;
 use crate::billing::{ledger, limits, prices};
+use crate::bus::EventBus;
 use crate::db::bulk::{self, OnConflict};
 use crate::db::{WriteTransaction, begin_write};
 use crate::error::ServiceError;
-use crate::jobs::bus::EventBus;
 use crate::jobs::events;
 use crate::jobs::input::{
     DEFAULT_DEADLINE, Deadline, IdempotencyKey, JobInput, NewJob, Priority, check_json,

@@ -104,11 +104,6 @@ impl NewBatch {
                 "deadline is not supported yet: jobs have no deadlines",
             ));
         }
-        if request.mode == BatchMode::ProviderBatch {
-            return Err(ServiceError::validation(format!(
-                "model {model:?}: no configured provider offers a batch API for PROVIDER_BATCH"
-            )));
-        }
         Ok(Self {
             idempotency_key,
             name: request.name,
@@ -168,6 +163,9 @@ pub async fn create_batch(
     price
         .limits
         .check_output(&new.model, u64::from(new.settings.max_output_tokens))?;
+    if new.mode == BatchMode::ProviderBatch {
+        check_provider_batch(providers, &new.model, &price)?;
+    }
     let fingerprint = new.fingerprint();
     let row = batches::ActiveModel {
         id: Set(Uuid::now_v7()),
@@ -231,6 +229,29 @@ pub async fn create_batch(
             }
         }
         Err(error) => Err(error.into()),
+    }
+}
+
+/// `Validation` unless `model` can go through its provider's batch API: it needs a
+/// batch price in the price map, and a provider whose batch API jobledger submits to.
+fn check_provider_batch(
+    providers: &ProviderRegistry,
+    model: &str,
+    price: &crate::billing::ModelPrice,
+) -> Result<(), ServiceError> {
+    if price.batch.is_none() {
+        return Err(ServiceError::validation(format!(
+            "model {model:?} has no batch price: PROVIDER_BATCH is for models priced for \
+             their provider's batch API (REALTIME runs it)"
+        )));
+    }
+    match providers.provider_for(model) {
+        Some(provider) if provider.submits_batches() => Ok(()),
+        provider => Err(ServiceError::validation(format!(
+            "model {model:?}: provider {:?} has no batch API jobledger submits to, so \
+             PROVIDER_BATCH cannot run it (REALTIME can)",
+            provider.as_ref().map_or("none", |provider| provider.name())
+        ))),
     }
 }
 

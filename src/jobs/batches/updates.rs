@@ -10,8 +10,8 @@
 //! it: a read every [`QUIET_REREAD`] while nothing else wakes the stream covers that.
 
 use super::{BatchView, read};
+use crate::bus::EventBus;
 use crate::error::ServiceError;
-use crate::jobs::bus::EventBus;
 use entity::BatchStatus;
 use futures_util::Stream;
 use sea_orm::DatabaseConnection;

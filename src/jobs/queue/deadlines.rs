@@ -4,9 +4,9 @@
 //! from a lost lease is queued again and found here.
 
 use super::{JobError, JobErrorCode, with_error};
+use crate::bus::EventNotice;
 use crate::db::begin_write;
 use crate::jobs::budget::{self, Spent};
-use crate::jobs::bus::EventNotice;
 use crate::jobs::events;
 use entity::{EventKind, JobStatus, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait};

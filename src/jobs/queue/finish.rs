@@ -11,9 +11,9 @@ use super::{
 };
 use crate::billing::batch_totals::BatchTotals;
 use crate::billing::{Credits, ModelPrice};
+use crate::bus::EventNotice;
 use crate::db::{Values, begin_write};
 use crate::jobs::budget::{self, Spent};
-use crate::jobs::bus::EventNotice;
 use crate::jobs::events;
 use entity::{AttemptOutcome, EventKind, JobStatus, JsonText, Timestamp, attempts, jobs};
 use sea_orm::sea_query::Expr;

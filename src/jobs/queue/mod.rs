@@ -7,8 +7,8 @@
 //! then writes nothing further.
 
 use super::budget::Spent;
-use super::bus::EventNotice;
 use crate::billing::{Credits, ModelPrice};
+use crate::bus::EventNotice;
 use crate::llm::TokenUsage;
 use entity::{AttemptOutcome, JobStatus, Timestamp, attempts, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait, LockBehavior, LockType, Query};

@@ -4,9 +4,9 @@ use super::{
     Claim, JobError, JobErrorCode, attempt_event_data, lock_claimed, paid_call_limit,
     releasing_update, with_error,
 };
+use crate::bus::EventNotice;
 use crate::db::begin_write;
 use crate::jobs::budget::{self, Spent};
-use crate::jobs::bus::EventNotice;
 use crate::jobs::events;
 use entity::{AttemptOutcome, EventKind, JobStatus, Timestamp, attempts, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait};

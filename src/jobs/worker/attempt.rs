@@ -5,7 +5,7 @@
 use super::finisher::Finished;
 use super::judge::{CallContext, CallEnd, deadline_of};
 use super::{Prepared, Ready, Worker, deltas};
-use crate::jobs::bus::{EventNotice, Wake};
+use crate::bus::{EventNotice, Wake};
 use crate::jobs::fallbacks::ModelChain;
 use crate::jobs::flow;
 use crate::jobs::leases::LeaseHold;

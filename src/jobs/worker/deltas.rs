@@ -1,8 +1,8 @@
 //! Streamed output: the text of a streaming attempt batched into `OUTPUT_DELTA`
 //! notices small enough for a NOTIFY payload.
 
-use crate::jobs::bus::{EventBus, EventNotice};
-use crate::jobs::relay;
+use crate::bus::relay;
+use crate::bus::{EventBus, EventNotice};
 use entity::EventKind;
 use sea_orm::DatabaseConnection;
 use std::time::Duration;

@@ -9,7 +9,7 @@
 //! aside before the group is written: its attempts go to a lane of their own that
 //! waits for the row, so one held row delays only its own tenant's finishes.
 
-use crate::jobs::bus::EventNotice;
+use crate::bus::EventNotice;
 use crate::jobs::queue::{self, AttemptEnd};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement};
 use std::collections::{HashMap, HashSet};

@@ -11,7 +11,6 @@ mod finisher;
 mod judge;
 mod pacing;
 
-use super::bus::{EventBus, TopicReceiver};
 use super::flow::FlowLimits;
 use super::input::JobInput;
 use super::leases::LeaseKeeper;
@@ -21,6 +20,7 @@ use super::queue::{
     TenantCursor,
 };
 use crate::billing::{AttemptEnding, ChargingPolicy, ModelPrice, prices};
+use crate::bus::{EventBus, TopicReceiver};
 use crate::llm::{Provider, ProviderRegistry};
 use crate::metrics::Metrics;
 use entity::Timestamp;

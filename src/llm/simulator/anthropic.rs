@@ -18,7 +18,7 @@ use super::exchange::{
     with_request_id,
 };
 
-struct Anthropic;
+pub(super) struct Anthropic;
 
 impl Dialect for Anthropic {
     const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("request-id");
@@ -58,6 +58,11 @@ struct MessagesRequest {
 struct Message {
     role: String,
     content: Content,
+}
+
+/// The prompt of a request body, as a single call would read it.
+pub(super) fn prompt_of(body: &[u8]) -> Result<Prompt, serde_json::Error> {
+    serde_json::from_slice::<MessagesRequest>(body).map(MessagesRequest::into_prompt)
 }
 
 impl MessagesRequest {
@@ -118,7 +123,7 @@ fn stop_reason(completion: &Completion) -> &'static str {
     }
 }
 
-fn whole(completion: &Completion) -> Value {
+pub(super) fn whole(completion: &Completion) -> Value {
     json!({
         "id": completion.request_id,
         "type": "message",

@@ -30,6 +30,8 @@ pub(super) struct Directives {
     pub invalid_json: bool,
     /// The faults hit only calls of this model; other models answer normally.
     pub fail_model: Option<String>,
+    /// In a batch: expire the first time this content is in one.
+    pub batch_expire: bool,
 }
 
 impl Directives {
@@ -83,6 +85,7 @@ impl Directives {
             ("reply", Some(text)) => self.reply = Some(text.to_owned()),
             ("invalid_json", _) => self.invalid_json = true,
             ("fail_model", Some(model)) => self.fail_model = Some(model.trim().to_owned()),
+            ("batch_expire", _) => self.batch_expire = true,
             _ => tracing::debug!(directive = body, "ignoring unknown mock directive"),
         }
     }
@@ -202,6 +205,8 @@ mod tests {
         assert_eq!(found.fail_model, None);
         let aimed = Directives::parse(["[mock:status=500][mock:fail_model= gpt-4o ]"]);
         assert_eq!(aimed.fail_model.as_deref(), Some("gpt-4o"));
+        assert!(!found.batch_expire);
+        assert!(Directives::parse(["x [mock:batch_expire]"]).batch_expire);
     }
 
     #[test]

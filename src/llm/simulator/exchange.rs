@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::conn::ConnHandle;
 use super::directives::{self, Directives, NOT_JSON};
-use super::{Charge, Simulator};
+use super::{Charge, Simulator, logged_request};
 
 /// How many characters of the last user message the default reply echoes.
 const GIST_CHARS: usize = 60;
@@ -107,10 +107,43 @@ pub(super) trait Dialect {
     fn error_body(status: StatusCode, message: &str, request_id: &str) -> Value;
 }
 
-enum Fault {
+pub(super) enum Fault {
     Status(StatusCode),
     Drop,
     Hang,
+}
+
+/// What the simulator makes of one request before anything is played out: the
+/// answer it would give, and the fault its directives ask for instead. Shared by
+/// single calls and batch requests, so both count usage alike.
+pub(super) struct Plan {
+    pub directives: Directives,
+    pub completion: Completion,
+    pub fault: Option<Fault>,
+}
+
+/// Works out the reply, its usage and the fault of `prompt`; counts a `fail_first`
+/// call.
+pub(super) fn plan(sim: &Simulator, request_id: String, prompt: Prompt) -> Plan {
+    let directives = Directives::parse(prompt.texts.iter().map(String::as_str));
+    let input_tokens = tokens(prompt.texts.iter().map(String::len).sum());
+    let (text, truncated) = cap(reply_text(&directives, &prompt), prompt.max_tokens);
+    let output_tokens = tokens(text.len());
+    let fault = choose_fault(sim, &directives, &prompt);
+    let chunk_delay = Duration::from_millis(directives.chunk_delay_ms.unwrap_or(0));
+    Plan {
+        directives,
+        completion: Completion {
+            request_id,
+            model: prompt.model,
+            text,
+            truncated,
+            input_tokens,
+            output_tokens,
+            chunk_delay,
+        },
+        fault,
+    }
 }
 
 /// Logs the call and plays out its directives.
@@ -124,19 +157,28 @@ pub(super) async fn admit<D: Dialect>(
     prompt: Prompt,
     body: &[u8],
 ) -> Result<Completion, Response> {
-    let directives = Directives::parse(prompt.texts.iter().map(String::as_str));
-    let input_tokens = tokens(prompt.texts.iter().map(String::len).sum());
-    let (text, truncated) = cap(reply_text(&directives, &prompt), prompt.max_tokens);
-    let output_tokens = tokens(text.len());
-    let fault = choose_fault(sim, &directives, &prompt);
+    let Plan {
+        directives,
+        completion,
+        fault,
+    } = plan(sim, request_id, prompt);
+    let request_id = completion.request_id.clone();
+    let output_tokens = completion.output_tokens;
     // Refusals are free; anything else is work started, billed even if
     // nobody stays around for the answer.
     let if_abandoned = match fault {
         Some(Fault::Status(_)) => Charge::FREE,
         _ => Charge::billed(output_tokens),
     };
-    let slot = sim.open_call(&request_id, &prompt.model, input_tokens, body, if_abandoned);
-    tracing::debug!(%request_id, model = %prompt.model, ?directives, "mock provider: call");
+    let slot = sim.open_call(
+        &request_id,
+        &completion.model,
+        completion.input_tokens,
+        logged_request(body),
+        None,
+        if_abandoned,
+    );
+    tracing::debug!(%request_id, model = %completion.model, ?directives, "mock provider: call");
 
     if let Some(ms) = directives.delay_ms {
         tokio::time::sleep(Duration::from_millis(ms)).await;
@@ -144,24 +186,13 @@ pub(super) async fn admit<D: Dialect>(
     match fault {
         None => {
             slot.settle(200, Charge::billed(output_tokens));
-            Ok(Completion {
-                request_id,
-                model: prompt.model,
-                text,
-                truncated,
-                input_tokens,
-                output_tokens,
-                chunk_delay: std::time::Duration::from_millis(
-                    directives.chunk_delay_ms.unwrap_or(0),
-                ),
-            })
+            Ok(completion)
         }
         Some(Fault::Status(status)) => {
             slot.settle(status.as_u16(), Charge::FREE);
-            let message = format!("simulated {status} (mock directive)");
             Err(error_response::<D>(
                 status,
-                &message,
+                &fault_message(status),
                 &request_id,
                 directives.retry_after.as_deref(),
             ))
@@ -194,6 +225,22 @@ pub(super) async fn admit<D: Dialect>(
     }
 }
 
+/// Whether `prompt` asks to expire in the first batch that holds it.
+pub(super) fn expires_in_batch(prompt: &Prompt) -> bool {
+    Directives::parse(prompt.texts.iter().map(String::as_str)).batch_expire
+}
+
+/// The error message of a `status=` fault.
+pub(super) fn fault_message(status: StatusCode) -> String {
+    format!("simulated {status} (mock directive)")
+}
+
+/// The key under which a prompt's content is remembered (`fail_first`, `batch_expire`).
+pub(super) fn content_key(prompt_model: &str, texts: &[String]) -> String {
+    // The separator keeps ["ab", "c"] and ["a", "bc"] apart.
+    format!("{prompt_model}\u{1f}{}", texts.join("\u{1f}"))
+}
+
 /// Logs an unreadable request and answers 400.
 pub(super) fn reject<D: Dialect>(
     sim: &Simulator,
@@ -207,13 +254,20 @@ pub(super) fn reject<D: Dialect>(
         .ok()
         .and_then(|value| value.get("model")?.as_str().map(str::to_owned))
         .unwrap_or_default();
-    sim.open_call(request_id, &model, 0, body, Charge::FREE)
-        .settle(400, Charge::FREE);
+    sim.open_call(
+        request_id,
+        &model,
+        0,
+        logged_request(body),
+        None,
+        Charge::FREE,
+    )
+    .settle(400, Charge::FREE);
     let message = format!("invalid request body: {err}");
     error_response::<D>(StatusCode::BAD_REQUEST, &message, request_id, None)
 }
 
-fn error_response<D: Dialect>(
+pub(super) fn error_response<D: Dialect>(
     status: StatusCode,
     message: &str,
     request_id: &str,
@@ -254,9 +308,8 @@ fn choose_fault(sim: &Simulator, directives: &Directives, prompt: &Prompt) -> Op
         return None;
     };
     match directives.fail_first {
-        // The separator keeps ["ab", "c"] and ["a", "bc"] apart.
         Some(limit) => {
-            let key = format!("{}\u{1f}{}", prompt.model, prompt.texts.join("\u{1f}"));
+            let key = content_key(&prompt.model, &prompt.texts);
             (sim.next_attempt(&key) <= limit).then_some(fault)
         }
         None => Some(fault),

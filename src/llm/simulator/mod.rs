@@ -8,8 +8,18 @@
 //!   `chatcmpl-…` id, also sent as `x-request-id`.
 //! * `POST /v1/messages`: Anthropic messages, plain or streamed. The request
 //!   id is the `msg_…` id, also sent as `request-id`.
-//! * `GET /_mock/calls`: the call log ([`CallRecord`]s in arrival order).
-//! * `DELETE /_mock/calls`: clears the log and the `fail_first` counters, 204.
+//! * The providers' batch APIs, OpenAI's (`/v1/files`, `/v1/batches`) and
+//!   Anthropic's (`/v1/messages/batches`): see the `batches` module for their
+//!   life, directives (`batch_expire`) and bounds. A batch ends
+//!   [`Simulator::with_batch_delay`] after its creation (default
+//!   [`DEFAULT_BATCH_DELAY`]).
+//! * `GET /_mock/calls`: the call log ([`CallRecord`]s in arrival order; a
+//!   batch's requests carry its `batch_id`).
+//! * `DELETE /_mock/calls`: clears the log, the `fail_first` counters and the
+//!   content `batch_expire` already expired, 204.
+//! * `GET /_mock/batches`: every batch created, oldest first (`id`, `provider`,
+//!   `requests`, `status` as its provider reports it, `created_at`,
+//!   `metadata`); `DELETE /_mock/batches` drops batches and files, 204.
 //!
 //! Every answer, errors included, carries a fresh request id, and that id is
 //! the `request_id` of its [`CallRecord`]. Errors use the endpoint's own
@@ -75,6 +85,7 @@
 //! output tokens, unbilled ones zero; `input_tokens` is always the request's.
 
 mod anthropic;
+mod batches;
 mod conn;
 mod directives;
 mod exchange;
@@ -83,6 +94,7 @@ mod openai;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use axum::Json;
 use axum::Router;
@@ -96,13 +108,29 @@ use tokio::sync::watch;
 
 use conn::{ConnHandle, SimListener};
 
-/// Shared state: the log of calls and the fail_first counters.
+/// How long a batch takes unless told otherwise (`mock-llm --batch-delay-ms`).
+pub const DEFAULT_BATCH_DELAY: Duration = Duration::from_millis(1000);
+
+/// Shared state: the log of calls, the fail_first counters and the batches.
 ///
 /// Clones share the same state, so a test can keep one to inspect the log
 /// while another serves.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Simulator {
     ledger: Arc<Mutex<Ledger>>,
+    batches: Arc<Mutex<batches::Store>>,
+    /// From a batch's creation to its end.
+    batch_delay: Duration,
+}
+
+impl Default for Simulator {
+    fn default() -> Self {
+        Self {
+            ledger: Arc::default(),
+            batches: Arc::default(),
+            batch_delay: DEFAULT_BATCH_DELAY,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -136,6 +164,9 @@ pub struct CallRecord {
     /// tools, parts); `null` when it was not JSON. A body over [`LOGGED_BODY_BYTES`]
     /// is logged as `{"omittedBytes": n}`: the log lives as long as the process.
     pub request: serde_json::Value,
+    /// The simulator's id of the batch this request came in; `None` for a single call.
+    #[serde(default)]
+    pub batch_id: Option<String>,
 }
 
 /// The largest request body the call log keeps whole.
@@ -155,12 +186,19 @@ impl Simulator {
         Self::default()
     }
 
+    /// The same simulator whose batches end `delay` after they were created.
+    pub fn with_batch_delay(mut self, delay: Duration) -> Self {
+        self.batch_delay = delay;
+        self
+    }
+
     /// The axum router serving every endpoint below.
     pub fn router(&self) -> Router {
         Router::new()
             .route("/v1/chat/completions", post(openai::chat_completions))
             .route("/v1/messages", post(anthropic::messages))
             .route("/_mock/calls", get(list_calls).delete(clear_calls))
+            .merge(batches::router())
             // axum's 2 MB default would turn long prompts into a bare 413
             // that no real provider sends; 32 MB is Anthropic's own limit.
             .layer(DefaultBodyLimit::max(32 * 1024 * 1024))
@@ -189,6 +227,8 @@ impl Simulator {
 
     /// Snapshot of the call log (same objects as GET /_mock/calls).
     pub fn calls(&self) -> Vec<CallRecord> {
+        // A batch past its end shows its requests, whether or not anyone polled it.
+        self.advance_batches();
         self.ledger().calls.clone()
     }
 
@@ -215,7 +255,8 @@ impl Simulator {
         request_id: &str,
         model: &str,
         input_tokens: u64,
-        body: &[u8],
+        request: serde_json::Value,
+        batch_id: Option<&str>,
         if_abandoned: Charge,
     ) -> CallSlot {
         let mut ledger = self.ledger();
@@ -227,7 +268,8 @@ impl Simulator {
             billed: false,
             input_tokens,
             output_tokens: 0,
-            request: logged_request(body),
+            request,
+            batch_id: batch_id.map(str::to_owned),
         });
         CallSlot {
             sim: self.clone(),
@@ -303,9 +345,13 @@ async fn list_calls(State(sim): State<Simulator>) -> Json<Vec<CallRecord>> {
 }
 
 async fn clear_calls(State(sim): State<Simulator>) -> StatusCode {
-    let mut ledger = sim.ledger();
-    ledger.calls.clear();
-    ledger.attempts.clear();
-    ledger.epoch += 1;
+    {
+        let mut ledger = sim.ledger();
+        ledger.calls.clear();
+        ledger.attempts.clear();
+        ledger.epoch += 1;
+    }
+    // `batch_expire` remembers content as `fail_first` does: cleared alike.
+    sim.forget_expired_content();
     StatusCode::NO_CONTENT
 }

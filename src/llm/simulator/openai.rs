@@ -18,7 +18,7 @@ use super::exchange::{
     with_request_id,
 };
 
-struct OpenAi;
+pub(super) struct OpenAi;
 
 impl Dialect for OpenAi {
     const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
@@ -78,6 +78,11 @@ enum ResponseFormat {
 struct JsonSchemaFormat {
     #[serde(default)]
     schema: Value,
+}
+
+/// The prompt of a request body, as a single call would read it.
+pub(super) fn prompt_of(body: &[u8]) -> Result<Prompt, serde_json::Error> {
+    serde_json::from_slice::<ChatRequest>(body).map(ChatRequest::into_prompt)
 }
 
 impl ChatRequest {
@@ -167,7 +172,7 @@ fn usage(completion: &Completion) -> Value {
     })
 }
 
-fn whole(completion: &Completion) -> Value {
+pub(super) fn whole(completion: &Completion) -> Value {
     json!({
         "id": completion.request_id,
         "object": "chat.completion",

@@ -2,15 +2,16 @@
 //! routing composed with the environment.
 
 use super::{
-    PATH, assert_refused, error, example_path, parse, price_of, rates, settings_without_database,
+    PATH, assert_refused, error, example_path, parse, per_million, price_of, rates,
+    settings_without_database,
 };
-use jobledger::billing::prices::Rates;
+use jobledger::billing::prices::{BatchRates, Rates};
 use jobledger::billing::{ChargingPolicy, UnfinishedCall};
 use jobledger::config::ProviderEndpoint;
 use jobledger::config::file::{ConfigFile, CustomerPolicy, ProviderKind};
+use jobledger::config::providers::provider_registry;
 use jobledger::llm::TokenUsage;
 use jobledger::llm::routing::ModelPattern;
-use jobledger::startup::provider_registry;
 use rust_decimal::Decimal;
 use std::path::Path;
 use std::str::FromStr;
@@ -68,6 +69,24 @@ fn the_example_config_parses() {
     // Other built-in models follow the file's global markup (1.3), not the default.
     let sonnet = price_of(&prices, "claude-sonnet-4-5");
     assert_eq!(sonnet.customer, rates("3.9", "0.39", "19.5"));
+
+    // Batch prices: a custom model without one has none; one set in the file, sold
+    // at explicit rates; a built-in at half its list price, its explicit customer
+    // rates at the same discount; another built-in at the global markup of half.
+    let batch = |input: &str, output: &str| BatchRates {
+        input: per_million(input),
+        output: per_million(output),
+    };
+    assert_eq!(llama.batch, None);
+    let custom = price_of(&prices, "claude-custom").batch.unwrap();
+    assert_eq!(custom.provider, batch("1", "5"));
+    assert_eq!(custom.customer, batch("1.2", "6"));
+    let mini = mini.batch.unwrap();
+    assert_eq!(mini.provider, batch("0.075", "0.30"));
+    assert_eq!(mini.customer, batch("0.10", "0.40"));
+    let sonnet = sonnet.batch.unwrap();
+    assert_eq!(sonnet.provider, batch("1.5", "7.5"));
+    assert_eq!(sonnet.customer, batch("1.95", "9.75"));
 }
 
 #[test]
@@ -215,6 +234,28 @@ fn each_invalid_config_is_refused_naming_its_key() {
         "[providers.sim]\nkind = \"simulator\"\nbase_url = \"http://x/v1\"\n",
         "providers.sim.base_url",
         "the simulator is built in",
+    );
+    // Batch prices: one needs a list price, a sold one needs a batch price, rates as
+    // any price's.
+    assert_refused(
+        &with_provider(
+            "[models.m]\nprovider = \"local\"\nbatch_price = { input = \"1\", output = \"2\" }\n",
+        ),
+        "models.m.batch_price",
+        "a batch price needs a provider price",
+    );
+    assert_refused(
+        &with_provider(
+            "[models.m]\nprovider = \"local\"\nprice = { input = \"1\", output = \"2\" }\n\
+             customer_batch_price = { input = \"1\", output = \"2\" }\n",
+        ),
+        "models.m.customer_batch_price",
+        "set `batch_price`",
+    );
+    assert_refused(
+        "[models.gpt-4o-mini]\nbatch_price = { input = \"-1\", output = \"2\" }\n",
+        "models.gpt-4o-mini.batch_price.input",
+        "is negative",
     );
 }
 
@@ -396,7 +437,7 @@ fn the_file_routes_what_it_names_and_the_environment_the_rest() {
     settings.providers.openai = Some(endpoint("https://api.openai.com/v1"));
     settings.providers.anthropic = Some(endpoint("https://api.anthropic.com"));
 
-    let registry = provider_registry(&settings, Some(&config), "http://127.0.0.1:9/v1");
+    let registry = provider_registry(&settings, Some(&config), Some("http://127.0.0.1:9/v1"));
     let served_by = |model| {
         registry
             .provider_for(model)
@@ -414,7 +455,7 @@ fn the_file_routes_what_it_names_and_the_environment_the_rest() {
     assert_eq!(served_by("mistral"), None);
 
     // Without a file, exactly the environment's routing.
-    let registry = provider_registry(&settings, None, "http://127.0.0.1:9/v1");
+    let registry = provider_registry(&settings, None, Some("http://127.0.0.1:9/v1"));
     let served_by = |model| {
         registry
             .provider_for(model)
@@ -425,7 +466,11 @@ fn the_file_routes_what_it_names_and_the_environment_the_rest() {
     assert_eq!(served_by("llama3-local"), None);
 
     // With no real provider at all, the simulator serves every model.
-    let registry = provider_registry(&settings_without_database(), None, "http://127.0.0.1:9/v1");
+    let registry = provider_registry(
+        &settings_without_database(),
+        None,
+        Some("http://127.0.0.1:9/v1"),
+    );
     assert_eq!(
         registry
             .provider_for("llama3-local")

@@ -13,6 +13,7 @@ use tokio::net::TcpStream;
 on_both_backends!(
     failed_authentications_are_throttled_per_address,
     each_tenant_has_a_few_requests_in_flight,
+    a_token_cannot_take_its_tenants_request_slots,
     keyless_requests_are_bounded_in_rate_per_address,
     large_bodies_are_read_within_one_budget_of_the_process,
 );
@@ -132,6 +133,54 @@ async fn each_tenant_has_a_few_requests_in_flight(backend: Backend) {
     assert_eq!(status, StatusCode::OK, "{body}");
 }
 
+/// A page that keeps requests open (bodies that never finish arriving) holds its token's
+/// few slots, not its tenant's: the tenant's backend is served while the token is
+/// refused.
+async fn a_token_cannot_take_its_tenants_request_slots(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let minted = app
+        .operation(
+            Some(&tenant.key),
+            "CreateAccessToken",
+            json!({"input": {"scopes": ["READ_JOBS"], "labels": [{"key": "user", "value": "u1"}]}}),
+        )
+        .await;
+    let token = minted["data"]["createAccessToken"]["token"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{minted}"))
+        .to_owned();
+    // As many dripping requests as the tenant has slots.
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        let mut socket = TcpStream::connect(app.address).await.unwrap();
+        let head = format!(
+            "POST /graphql HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\nauthorization: Bearer {}\r\ncontent-length: 100\r\n\r\n{{\"query\":",
+            token
+        );
+        socket.write_all(head.as_bytes()).await.unwrap();
+        held.push(socket);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    let (status, body) = app
+        .post_strict(Some(&tenant.key), "{ account { id } }")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let (status, body) = app
+        .post_strict(Some(&token), "{ jobs(first: 1) { edges { cursor } } }")
+        .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(error_code(&body), "TOO_MANY_REQUESTS");
+
+    drop(held);
+    let (status, body) = app
+        .post_strict(Some(&token), "{ jobs(first: 1) { edges { cursor } } }")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
 /// A keyless client that waits for each answer stays within its slots, but not within
 /// its rate: past its burst it is refused with a `Retry-After`, while another address
 /// and a key from the same address are served.
@@ -184,8 +233,8 @@ async fn keyless_requests_are_bounded_in_rate_per_address(backend: Backend) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_tenant_runs_a_few_top_level_fields_at_once() {
     use jobledger::accounts::Principal;
+    use jobledger::app::App;
     use jobledger::graphql::build_schema;
-    use jobledger::startup::App;
     use std::sync::{Arc, Mutex};
 
     let app = spawn_app_with(Backend::Sqlite, AppOptions::no_workers()).await;
@@ -232,6 +281,75 @@ async fn one_tenant_runs_a_few_top_level_fields_at_once() {
     assert!(
         most_at_once <= jobledger::graphql::fairness::QUERY_FIELDS_PER_TENANT,
         "{most_at_once} statements of one tenant ran at once"
+    );
+}
+
+/// Pages with access tokens (one per page load) cannot take the top-level fields of
+/// their tenant's backend: every token's fields wait their turn among the tenant's
+/// tokens, apart from the tenant's own. Without that, the backend's one field waited
+/// behind every aliased field the pages had sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_tokens_cannot_take_its_backends_fields() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let app = Arc::new(spawn_app_with(Backend::Sqlite, AppOptions::no_workers()).await);
+    let tenant = app.funded_tenant("acme", "50").await;
+    for index in 0..100 {
+        let mut input = job_input(&format!("doc-{index}"), "Summarise.");
+        input["labels"] = json!([{"key": "user", "value": "u1"}]);
+        app.create_job_ok(&tenant, input).await;
+    }
+    let mut tokens = Vec::new();
+    for _ in 0..8 {
+        let minted = app
+            .operation(
+                Some(&tenant.key),
+                "CreateAccessToken",
+                json!({"input": {"scopes": ["READ_JOBS"], "labels": [{"key": "user", "value": "u1"}]}}),
+            )
+            .await;
+        tokens.push(
+            minted["data"]["createAccessToken"]["token"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{minted}"))
+                .to_owned(),
+        );
+    }
+    let mut heavy = String::from("{");
+    for index in 0..40 {
+        heavy.push_str(&format!(
+            " a{index}: jobs(first: 100) {{ edges {{ node {{ id status }} }} }}"
+        ));
+    }
+    heavy.push('}');
+    let finished = Arc::new(AtomicUsize::new(0));
+    let mut pages = Vec::new();
+    for token in &tokens {
+        for _ in 0..2 {
+            let (app, token, heavy, finished) =
+                (app.clone(), token.clone(), heavy.clone(), finished.clone());
+            pages.push(tokio::spawn(async move {
+                let (status, body) = app.post_strict(Some(&token), &heavy).await;
+                finished.fetch_add(1, Ordering::SeqCst);
+                (status, body)
+            }));
+        }
+    }
+    // Once the pages' fields are queued, the backend asks for one field.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, body) = app
+        .post_strict(Some(&tenant.key), "{ account { id } }")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let done_before = finished.load(Ordering::SeqCst);
+    for page in pages {
+        let (status, body) = page.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    assert!(
+        done_before <= 4,
+        "the backend was answered only after {done_before} of the pages' 16 requests"
     );
 }
 

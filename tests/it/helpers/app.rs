@@ -2,6 +2,7 @@
 //! simulator beside it; restarted, or joined by another process, as a deployment would.
 
 use super::backends::{Backend, TestDatabase};
+use jobledger::app::App;
 use jobledger::billing::ChargingPolicy;
 use jobledger::config::{OperationsSettings, ProviderSettings, Settings};
 use jobledger::jobs::flow::FlowLimits;
@@ -9,7 +10,7 @@ use jobledger::jobs::worker::WorkerSettings;
 use jobledger::llm::ProviderRegistry;
 use jobledger::llm::openai::OpenAiClient;
 use jobledger::llm::simulator::Simulator;
-use jobledger::startup::{App, Application};
+use jobledger::startup::Application;
 use rust_decimal::Decimal;
 use std::net::SocketAddr;
 use std::str::FromStr;

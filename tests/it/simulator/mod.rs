@@ -1,5 +1,6 @@
 //! End-to-end tests of the provider simulator over real HTTP.
 
+mod batches;
 mod faults;
 mod requests;
 mod streams;
@@ -25,9 +26,12 @@ struct Server {
 
 impl Server {
     async fn start() -> Self {
+        Self::start_with(Simulator::new()).await
+    }
+
+    async fn start_with(sim: Simulator) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let sim = Simulator::new();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(sim.clone().serve(listener, async move {
             let _ = stopped.await;

@@ -54,10 +54,13 @@ async fn calls_endpoint_lists_in_order_and_delete_clears() {
     let response = reqwest::get(server.url("/_mock/calls")).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     let raw: Value = response.json().await.unwrap();
+    // A single call is no batch's.
+    assert!(raw[0]["batch_id"].is_null());
     let fields: Vec<&String> = raw[0].as_object().unwrap().keys().collect();
     assert_eq!(
         fields,
         [
+            "batch_id",
             "billed",
             "input_tokens",
             "model",

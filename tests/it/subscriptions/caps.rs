@@ -93,7 +93,7 @@ async fn a_tenant_holds_at_most_its_cap_of_subscriptions() {
     let app = spawn_app(Backend::Sqlite).await;
     let tenant = app.funded_tenant("acme", "5").await;
     let per_connection = jobledger::graphql::MAX_SUBSCRIPTIONS_PER_CONNECTION;
-    let connections = jobledger::jobs::bus::MAX_SUBSCRIPTIONS_PER_TENANT / per_connection;
+    let connections = jobledger::bus::MAX_SUBSCRIPTIONS_PER_TENANT / per_connection;
     let mut sockets = Vec::new();
     for _ in 0..connections {
         let mut socket = GraphqlSocket::connect(app.address).await;

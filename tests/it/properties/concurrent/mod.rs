@@ -11,7 +11,7 @@ use crate::helpers::Backend;
 use books::check_books;
 use entity::{JobStatus, attempts, jobs};
 use jobledger::billing::{Credits, ModelPrice, audit};
-use jobledger::jobs::EventBus;
+use jobledger::bus::EventBus;
 use jobledger::jobs::queue::{self, Claim};
 use jobledger::jobs::service;
 use rand::SeedableRng;

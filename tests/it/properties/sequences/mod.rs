@@ -8,7 +8,7 @@ use super::{AttemptCost, Finish, Spec, model_prices, new_tenant, prepared_databa
 use crate::helpers::Backend;
 use entity::{JobStatus, attempts};
 use jobledger::billing::ModelPrice;
-use jobledger::jobs::EventBus;
+use jobledger::bus::EventBus;
 use jobledger::jobs::budget::FREE_HAND_BACKS;
 use jobledger::jobs::queue::Claim;
 use proptest::prelude::*;

@@ -8,7 +8,7 @@ use crate::accounts::api_keys::Identity;
 use crate::graphql::ApiErrorCode;
 use crate::http::HttpState;
 use crate::http::auth::{AuthError, credential, identify};
-use crate::http::limits::{ClientAddress, RequestOwner, RequestSlot, SLOT_WAIT};
+use crate::http::client_limits::{ClientAddress, RequestOwner, RequestSlot, SLOT_WAIT};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use std::net::SocketAddr;

@@ -16,10 +16,13 @@
 //! PostgreSQL, through the shared poll on SQLite); the bus remembers the ones it
 //! published and drops them the second time, since a burst heard twice fills the
 //! receivers' queues twice as fast and makes every one of them lag and re-read. The
-//! re-reads of one tenant's account streams are shared (see `events::reread`).
+//! re-reads of one tenant's account streams are shared (see `rereads`).
 
-use super::events::reread::{SharedRereads, TenantRereads};
+pub mod relay;
+pub(crate) mod rereads;
+
 use entity::{EventKind, JobStatus, JsonText, Timestamp, job_events};
+use rereads::{SharedRereads, TenantRereads};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};

@@ -14,7 +14,7 @@
 //! however many subscribers it serves; its notices carry the events it read, so that
 //! subscribers need not read them again.
 
-use super::bus::{EventBus, EventNotice, StoredEvent};
+use super::{EventBus, EventNotice, StoredEvent};
 use entity::{EventKind, JobStatus, JsonText, Timestamp};
 use sea_orm::sea_query::{
     Alias, CommonTableExpression, Expr, Func, InsertStatement, Query, WithClause,

@@ -1,0 +1,57 @@
+//! A model's batch price beside its list price: what the provider's batch API bills
+//! and what the customer pays for a PROVIDER_BATCH item, per million input and output
+//! tokens. Versioned with the price; null where the model has no batch price (its
+//! provider has no batch API, or none is known), which refuses PROVIDER_BATCH.
+
+use sea_orm_migration::{prelude::*, schema::*};
+
+#[derive(DeriveMigrationName)]
+pub struct Migration;
+
+const COLUMNS: [ModelPrices; 4] = [
+    ModelPrices::ProviderBatchInputNanosPerMillion,
+    ModelPrices::ProviderBatchOutputNanosPerMillion,
+    ModelPrices::CustomerBatchInputNanosPerMillion,
+    ModelPrices::CustomerBatchOutputNanosPerMillion,
+];
+
+#[async_trait::async_trait]
+impl MigrationTrait for Migration {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        // One column per statement: SQLite alters a table one column at a time.
+        for column in COLUMNS {
+            manager
+                .alter_table(
+                    Table::alter()
+                        .table(ModelPrices::Table)
+                        .add_column(big_integer_null(column))
+                        .to_owned(),
+                )
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        for column in COLUMNS {
+            manager
+                .alter_table(
+                    Table::alter()
+                        .table(ModelPrices::Table)
+                        .drop_column(column)
+                        .to_owned(),
+                )
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, DeriveIden)]
+enum ModelPrices {
+    Table,
+    ProviderBatchInputNanosPerMillion,
+    ProviderBatchOutputNanosPerMillion,
+    CustomerBatchInputNanosPerMillion,
+    CustomerBatchOutputNanosPerMillion,
+}
