@@ -92,8 +92,9 @@ async fn with_a_real_provider_no_simulator_runs_beside_it() {
     assert!(!stderr.contains("answers every model"), "{stderr}");
 }
 
-#[tokio::test]
-async fn an_error_that_stops_the_start_is_said_once() {
+/// What a `serve` refused at start for a too-short admin token wrote to stderr, with
+/// logs in `format`.
+async fn refused_start(format: &str) -> String {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobledger"))
         .args([
             "serve",
@@ -103,29 +104,21 @@ async fn an_error_that_stops_the_start_is_said_once() {
             "sqlite::memory:",
         ])
         .env("JOBLEDGER_ADMIN_TOKEN", "too-short")
-        .env_remove("JOBLEDGER_LOG_FORMAT")
+        .env("JOBLEDGER_LOG_FORMAT", format)
         .output()
         .await
         .unwrap();
     assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[tokio::test]
+async fn an_error_that_stops_the_start_is_said_once() {
+    let stderr = refused_start("text").await;
     assert_eq!(stderr.matches("at least 32").count(), 1, "{stderr}");
     assert!(stderr.contains("error: "), "{stderr}");
     // A log pipeline gets it as one structured line instead.
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobledger"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--database-url",
-            "sqlite::memory:",
-        ])
-        .env("JOBLEDGER_ADMIN_TOKEN", "too-short")
-        .env("JOBLEDGER_LOG_FORMAT", "json")
-        .output()
-        .await
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = refused_start("json").await;
     assert_eq!(stderr.matches("at least 32").count(), 1, "{stderr}");
     let line = stderr
         .lines()
