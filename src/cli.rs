@@ -178,7 +178,7 @@ struct MockLlmArgs {
     #[arg(long, env = "JOBLEDGER_LISTEN", default_value = "127.0.0.1:8090")]
     listen: SocketAddr,
     /// How long a batch takes: it ends this many milliseconds after its creation.
-    #[arg(long, value_name = "N",
+    #[arg(long, env = "JOBLEDGER_BATCH_DELAY_MS", value_name = "N",
           default_value_t = crate::llm::simulator::DEFAULT_BATCH_DELAY.as_millis() as u64)]
     batch_delay_ms: u64,
 }
