@@ -28,7 +28,9 @@ pub struct CreateBatchInput {
     pub max_attempts: Option<i32>,
     /// 0 to 9 (default 5), as a job's.
     pub priority: Option<i32>,
-    /// Not supported yet: refused with VALIDATION.
+    /// Every item fails `DEADLINE_EXCEEDED` if it has not finished by then; without
+    /// it each item has the configured default deadline, counted from when it is added.
+    /// In the past: VALIDATION. Once passed the batch takes no more items.
     pub deadline: Option<DateTime<Utc>>,
     /// Any JSON the client wants kept with the batch.
     pub metadata: Option<Json<serde_json::Value>>,
@@ -125,6 +127,7 @@ impl BatchMutation {
             tenant_id,
             batch_id,
             requests,
+            app.default_deadline,
         )
         .await?;
         Ok(AddBatchItemsPayload {

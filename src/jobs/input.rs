@@ -436,7 +436,7 @@ pub fn parse_max_output_tokens(tokens: i32) -> Result<u32, ServiceError> {
 
 /// `maxAttempts`: 1 to [`MAX_ATTEMPTS_CAP`], [`DEFAULT_MAX_ATTEMPTS`] when not given.
 /// A deadline the job can meet: after now, and after its `runAt`.
-fn parse_deadline(deadline: Timestamp, run_at: Option<Timestamp>) -> Result<(), ServiceError> {
+pub fn parse_deadline(deadline: Timestamp, run_at: Option<Timestamp>) -> Result<(), ServiceError> {
     if deadline <= Timestamp::now() {
         return Err(ServiceError::validation("deadline must be in the future"));
     }

@@ -6,6 +6,7 @@
 //! priority and labels.
 //! A job's money never reopens once it is terminal; a rerun is how a client tries again.
 
+use super::batches::{self, items};
 use super::fallbacks::ModelChain;
 use super::input::{DEFAULT_DEADLINE, Deadline, IdempotencyKey, JobInput, NewJob, Priority};
 use super::labels::{self, Labels};
@@ -23,7 +24,9 @@ use uuid::Uuid;
 /// The key is the rerun's own, per tenant like every job's: used again for a rerun of
 /// the same job it answers that rerun (`replayed`); used for anything else it is a
 /// conflict. Another tenant's job is `NotFound`; a job not finished yet is
-/// `Validation`. A rerun of a batch item is a job of its own, outside the batch.
+/// `Validation`. A rerun of a batch item joins the batch while the batch is OPEN (see
+/// [`items::add_rerun`]); once it is closed, cancelled or past its deadline, the rerun
+/// is a job of its own, outside the batch.
 pub async fn rerun_job(
     db: &DatabaseConnection,
     bus: &EventBus,
@@ -76,6 +79,23 @@ pub async fn rerun_job(
         labels,
         rerun_of: Some(original.id),
     };
+    if let (Some(batch_id), Some(custom_id)) = (original.batch_id, original.custom_id.as_deref()) {
+        let batch = batches::find_batch(db, tenant_id, batch_id).await?;
+        let key = new.idempotency_key.clone();
+        if let Some(added) =
+            items::add_rerun(db, bus, providers, &batch, custom_id, new.clone()).await?
+        {
+            let job = service::find_by_key(db, tenant_id, key.as_str())
+                .await?
+                .ok_or_else(|| {
+                    sea_orm::DbErr::Custom("a rerun added to its batch is gone".into())
+                })?;
+            return Ok(CreatedJob {
+                job,
+                replayed: added.added == 0,
+            });
+        }
+    }
     // A race with the same key ends in the service's own replay, by fingerprint, which
     // names the original.
     service::create_job(db, bus, providers, tenant_id, new).await

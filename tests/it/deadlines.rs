@@ -20,6 +20,8 @@ on_both_backends!(
     a_deadline_must_be_in_the_future_and_after_run_at,
     a_queued_job_fails_when_its_deadline_passes_before_a_worker_takes_it,
     the_config_file_sets_the_default_deadline,
+    a_batch_deadline_ends_its_unfinished_items_and_then_it_takes_no_more,
+    batch_items_take_the_configured_default_deadline,
 );
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -307,5 +309,158 @@ async fn the_config_file_sets_the_default_deadline(backend: Backend) {
     assert_eq!(
         deadline_of(&app, &tenant, id).await - instant(&json!(run_at)),
         chrono::Duration::seconds(600)
+    );
+}
+
+/// `createBatch`, the whole response.
+async fn create_batch(app: &TestApp, tenant: &TestTenant, input: Value) -> Value {
+    app.operation(Some(&tenant.key), "CreateBatch", json!({"input": input}))
+        .await
+}
+
+/// The id of the batch item `custom_id`, found by its key.
+async fn item_id(app: &TestApp, tenant: &TestTenant, batch: &str, custom_id: &str) -> Uuid {
+    let found = app
+        .operation(
+            Some(&tenant.key),
+            "JobByKey",
+            json!({"key": format!("batch/{batch}/{custom_id}")}),
+        )
+        .await;
+    found["data"]["job"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no item {custom_id}: {found}"))
+        .parse()
+        .unwrap()
+}
+
+/// A batch's deadline is every item's: the ones still waiting when it passes fail
+/// DEADLINE_EXCEEDED with nothing charged, the others keep what they earned, and the
+/// batch takes no more items. A deadline that has passed is refused at once.
+async fn a_batch_deadline_ends_its_unfinished_items_and_then_it_takes_no_more(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let past = create_batch(
+        &app,
+        &tenant,
+        json!({"idempotencyKey": "late", "model": "gpt-4o-mini", "maxOutputTokens": 50,
+               "deadline": in_millis(-1_000)}),
+    )
+    .await;
+    assert_eq!(error_code(&past), "VALIDATION", "{past}");
+
+    let deadline = in_millis(4_000);
+    let created = create_batch(
+        &app,
+        &tenant,
+        json!({"idempotencyKey": "docs", "model": "gpt-4o-mini", "maxOutputTokens": 50,
+               "maxAttempts": 1, "deadline": deadline}),
+    )
+    .await;
+    assert!(created["errors"].is_null(), "{created}");
+    let batch = created["data"]["createBatch"]["batch"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let items = json!([
+        {"customId": "quick", "messages": [{"role": "user", "content": "summarise this"}]},
+        {"customId": "stuck-1", "messages": [{"role": "user", "content": "one [mock:status=429][mock:retry_after=1]"}]},
+        {"customId": "stuck-2", "messages": [{"role": "user", "content": "two [mock:status=429][mock:retry_after=1]"}]},
+    ]);
+    let added = app
+        .operation(
+            Some(&tenant.key),
+            "AddBatchItems",
+            json!({"batchId": batch, "items": items}),
+        )
+        .await;
+    assert!(added["errors"].is_null(), "{added}");
+    let shown = app
+        .graphql(
+            Some(&tenant.key),
+            "query($id: UUID!) { batch(id: $id) { deadline } }",
+            json!({"id": batch}),
+        )
+        .await;
+    assert_eq!(
+        instant(&shown["data"]["batch"]["deadline"]),
+        instant(&json!(deadline)),
+        "{shown}"
+    );
+    for custom_id in ["quick", "stuck-1", "stuck-2"] {
+        let id = item_id(&app, &tenant, &batch, custom_id).await;
+        assert_eq!(
+            deadline_of(&app, &tenant, id).await,
+            instant(&json!(deadline))
+        );
+    }
+    let closed = app
+        .operation(Some(&tenant.key), "CloseBatch", json!({"id": batch}))
+        .await;
+    assert!(closed["errors"].is_null(), "{closed}");
+    let finished = crate::batches::wait_until_finished(
+        &app,
+        &tenant,
+        batch.parse().unwrap(),
+        Duration::from_secs(15),
+    )
+    .await;
+    assert_eq!(finished["counts"]["succeeded"], json!(1), "{finished}");
+    assert_eq!(finished["counts"]["failed"], json!(2), "{finished}");
+    assert_eq!(decimal(&finished["reserved"]), Decimal::ZERO, "{finished}");
+    for custom_id in ["stuck-1", "stuck-2"] {
+        let id = item_id(&app, &tenant, &batch, custom_id).await;
+        let job = app.wait_until_finished(&tenant, id, LIMIT).await;
+        assert_eq!(job["error"]["code"], "DEADLINE_EXCEEDED", "{job}");
+        assert_eq!(job["reservation"]["status"], "RELEASED", "{job}");
+        assert!(job["charge"].is_null(), "{job}");
+    }
+
+    let late = app
+        .operation(
+            Some(&tenant.key),
+            "AddBatchItems",
+            json!({"batchId": batch, "items": [{"customId": "late", "messages": [{"role": "user", "content": "hi"}]}]}),
+        )
+        .await;
+    assert_eq!(error_code(&late), "VALIDATION", "{late}");
+    assert_billing_invariants(&app.app.db).await;
+}
+
+/// The configured default deadline is each item's too, counted from when it is added,
+/// for a batch that names none.
+async fn batch_items_take_the_configured_default_deadline(backend: Backend) {
+    let folder = tempfile::tempdir().unwrap();
+    let path = folder.path().join("jobledger.toml");
+    std::fs::write(&path, "default_deadline_seconds = 600\n").unwrap();
+    let options = AppOptions {
+        config_file: Some(path),
+        ..AppOptions::no_workers()
+    };
+    let app = spawn_app_with(backend, options).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let created = create_batch(
+        &app,
+        &tenant,
+        json!({"idempotencyKey": "docs", "model": "gpt-4o-mini", "maxOutputTokens": 50}),
+    )
+    .await;
+    let batch = created["data"]["createBatch"]["batch"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_owned();
+    let added = app
+        .operation(
+            Some(&tenant.key),
+            "AddBatchItems",
+            json!({"batchId": batch, "items": [{"customId": "a", "messages": [{"role": "user", "content": "hi"}]}]}),
+        )
+        .await;
+    assert!(added["errors"].is_null(), "{added}");
+    let id = item_id(&app, &tenant, &batch, "a").await;
+    let span = deadline_of(&app, &tenant, id).await - Utc::now();
+    assert!(
+        span > chrono::Duration::seconds(590) && span <= chrono::Duration::seconds(600),
+        "{span}"
     );
 }

@@ -8,6 +8,7 @@ use crate::helpers::{
 };
 use crate::invariants::assert_billing_invariants;
 use entity::{credit_reservations, jobs};
+use rust_decimal::Decimal;
 use sea_orm::{EntityTrait, PaginatorTrait};
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -17,7 +18,7 @@ on_both_backends!(
     a_rerun_is_a_new_job_with_the_same_input_and_its_own_hold_and_charge,
     a_rerun_key_used_for_anything_else_conflicts,
     an_unfinished_job_is_not_rerun_and_another_tenants_is_not_found,
-    a_rerun_of_a_batch_item_is_a_job_outside_the_batch,
+    a_rerun_of_an_item_joins_its_open_batch_and_not_a_closed_one,
     concurrent_reruns_with_one_key_make_one_job_and_one_hold,
 );
 
@@ -186,46 +187,83 @@ async fn an_unfinished_job_is_not_rerun_and_another_tenants_is_not_found(backend
     assert_billing_invariants(&app.app.db).await;
 }
 
-async fn a_rerun_of_a_batch_item_is_a_job_outside_the_batch(backend: Backend) {
+/// While its batch is OPEN a rerun of an item is one more item of it (counted, held and
+/// charged with the batch, which finishes only after it); once the batch is closed a
+/// rerun is a job of its own.
+async fn a_rerun_of_an_item_joins_its_open_batch_and_not_a_closed_one(backend: Backend) {
     let app = spawn_app(backend).await;
     let tenant = app.funded_tenant("acme", "5").await;
     let batch_id = create_batch(&app, &tenant, "docs").await;
-    let added = add_items(&app, &tenant, batch_id, &items("doc-", 0, 1)).await;
+    let added = add_items(&app, &tenant, batch_id, &items("doc-", 0, 2)).await;
     assert!(added["errors"].is_null(), "{added}");
-    // The item is found by its own key, `batch/{batch}/{customId}`.
-    let found = app
-        .operation(
-            Some(&tenant.key),
-            "JobByKey",
-            json!({"key": format!("batch/{batch_id}/doc-0")}),
-        )
-        .await;
-    let item = id_of(&found["data"]["job"]);
-    let finished = app
-        .wait_until_finished(&tenant, item, Duration::from_secs(20))
-        .await;
-    assert_eq!(finished["status"], "SUCCEEDED", "{finished}");
+    let mut originals = Vec::new();
+    for custom_id in ["doc-0", "doc-1"] {
+        // An item is found by its own key, `batch/{batch}/{customId}`.
+        let found = app
+            .operation(
+                Some(&tenant.key),
+                "JobByKey",
+                json!({"key": format!("batch/{batch_id}/{custom_id}")}),
+            )
+            .await;
+        let item = id_of(&found["data"]["job"]);
+        let finished = app
+            .wait_until_finished(&tenant, item, Duration::from_secs(20))
+            .await;
+        assert_eq!(finished["status"], "SUCCEEDED", "{finished}");
+        originals.push(item);
+    }
 
-    // The batch is still open, and the rerun is still not one of its items.
     let before = batch(&app, &tenant, batch_id).await;
     assert_eq!(before["status"], "OPEN");
-    let payload = rerun_ok(&app, &tenant, item, "doc-0-again").await;
-    let rerun_id = id_of(&payload["job"]);
-    let copy = details(&app, &tenant, rerun_id).await;
-    assert!(copy["batchId"].is_null(), "{copy}");
-    assert_eq!(copy["input"], details(&app, &tenant, item).await["input"]);
+    let payload = rerun_ok(&app, &tenant, originals[0], "doc-0-again").await;
+    assert_eq!(payload["replayed"], false);
+    let joined = id_of(&payload["job"]);
+    let copy = details(&app, &tenant, joined).await;
+    assert_eq!(copy["batchId"], json!(batch_id.to_string()), "{copy}");
+    assert_eq!(copy["rerunOf"]["id"], json!(originals[0].to_string()));
+    assert_eq!(
+        copy["input"],
+        details(&app, &tenant, originals[0]).await["input"]
+    );
     let after = batch(&app, &tenant, batch_id).await;
-    assert_eq!(after["itemCount"], before["itemCount"]);
-    assert_eq!(after["reserved"], before["reserved"]);
+    assert_eq!(after["itemCount"], json!(3), "{after}");
+    // Sent again, the key answers the same rerun and adds nothing.
+    let again = rerun_ok(&app, &tenant, originals[0], "doc-0-again").await;
+    assert_eq!(again["replayed"], true);
+    assert_eq!(id_of(&again["job"]), joined);
+    assert_eq!(batch(&app, &tenant, batch_id).await["itemCount"], json!(3));
+
+    let closed = app
+        .operation(Some(&tenant.key), "CloseBatch", json!({"id": batch_id}))
+        .await;
+    assert!(closed["errors"].is_null(), "{closed}");
+    let finished =
+        crate::batches::wait_until_finished(&app, &tenant, batch_id, Duration::from_secs(30)).await;
+    assert_eq!(finished["counts"]["succeeded"], json!(3), "{finished}");
+    let charges: Decimal = crate::batches::all_items(&app, &tenant, batch_id)
+        .await
+        .iter()
+        .map(|item| decimal(&item["charge"]["amount"]))
+        .sum();
+    assert_eq!(decimal(&finished["customerCharge"]), charges, "{finished}");
+
+    // The batch is closed: a rerun of its other item stays outside it.
+    let payload = rerun_ok(&app, &tenant, originals[1], "doc-1-again").await;
+    let alone = id_of(&payload["job"]);
+    let copy = details(&app, &tenant, alone).await;
+    assert!(copy["batchId"].is_null(), "{copy}");
     let rerun_finished = app
-        .wait_until_finished(&tenant, rerun_id, Duration::from_secs(20))
+        .wait_until_finished(&tenant, alone, Duration::from_secs(20))
         .await;
     assert_eq!(rerun_finished["status"], "SUCCEEDED", "{rerun_finished}");
-    let after = batch(&app, &tenant, batch_id).await;
+    let last = batch(&app, &tenant, batch_id).await;
+    assert_eq!(last["itemCount"], json!(3));
     assert_eq!(
-        after["counts"], before["counts"],
+        last["counts"], finished["counts"],
         "the rerun is not counted in the batch"
     );
+    assert_eq!(last["customerCharge"], finished["customerCharge"]);
     assert_billing_invariants(&app.app.db).await;
 }
 

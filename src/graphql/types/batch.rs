@@ -122,6 +122,18 @@ impl Batch {
         time(self.0.created_at)
     }
 
+    /// The deadline every item shares, if the batch was created with one; else each
+    /// item has its own (`Job.deadline`), the configured default from when it was added.
+    async fn deadline(&self) -> async_graphql::Result<Option<DateTime<Utc>>> {
+        let settings: batches::BatchSettings = serde_json::from_value(self.0.settings.0.clone())
+            .map_err(|error| {
+                crate::error::ServiceError::from(sea_orm::DbErr::Custom(format!(
+                    "batch settings: {error}"
+                )))
+            })?;
+        Ok(settings.deadline.map(time))
+    }
+
     async fn closed_at(&self) -> Option<DateTime<Utc>> {
         self.0.closed_at.map(time)
     }

@@ -17,8 +17,8 @@ use crate::db::{WriteTransaction, begin_write};
 use crate::error::ServiceError;
 use crate::jobs::events;
 use crate::jobs::input::{
-    DEFAULT_DEADLINE, Deadline, IdempotencyKey, JobInput, NewJob, Priority, check_json,
-    parse_max_output_tokens, parse_messages,
+    Deadline, IdempotencyKey, JobInput, NewJob, Priority, check_json, parse_max_output_tokens,
+    parse_messages,
 };
 use crate::jobs::labels::Labels;
 use crate::llm::ProviderRegistry;
@@ -30,6 +30,7 @@ use sea_orm::{
 };
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 use uuid::Uuid;
 
 /// Most items one call adds.
@@ -65,6 +66,8 @@ struct Item {
 }
 
 /// Adds `requests` to an OPEN batch of the tenant, all or nothing (see the module).
+/// Items of a batch without a deadline of its own get `default_deadline`, counted
+/// from when they are added.
 pub async fn add_items(
     db: &DatabaseConnection,
     bus: &EventBus,
@@ -72,6 +75,7 @@ pub async fn add_items(
     tenant_id: Uuid,
     batch_id: Uuid,
     requests: Vec<ItemRequest>,
+    default_deadline: Duration,
 ) -> Result<AddedItems, ServiceError> {
     if requests.is_empty() || requests.len() > MAX_ITEMS_PER_CALL {
         return Err(ServiceError::validation(format!(
@@ -84,29 +88,105 @@ pub async fn add_items(
     }
     let settings: BatchSettings = serde_json::from_value(batch.settings.0.clone())
         .map_err(|error| sea_orm::DbErr::Custom(format!("batch settings: {error}")))?;
-    let (items, repeated) = parse_items(&batch, &settings, requests)?;
+    // Items added after it would only fail there: the client learns it now.
+    if settings
+        .deadline
+        .is_some_and(|deadline| deadline <= Timestamp::now())
+    {
+        return Err(ServiceError::validation(
+            "the batch's deadline has passed: it takes no more items",
+        ));
+    }
+    let deadline = settings
+        .deadline
+        .map_or(Deadline::After(default_deadline), Deadline::At);
+    let (items, repeated) = parse_items(&batch, &settings, deadline, requests)?;
     let mut tries = 0;
     loop {
         tries += 1;
         match write_chunk(db, bus, providers, &batch, &items).await {
-            Ok(Some(added)) => {
+            Ok(Chunk::Written(added)) => {
                 return Ok(AddedItems {
                     replayed: added.replayed + repeated,
-                    ..added
+                    ..*added
                 });
             }
+            Ok(Chunk::Closed) => return Err(not_open()),
             // A concurrent chunk took a custom id first, or PostgreSQL broke a lock
             // cycle between two chunks: the next try reads what they wrote.
-            Ok(None) if tries < RACE_RETRIES => continue,
+            Ok(Chunk::Raced) if tries < RACE_RETRIES => continue,
             Err(ServiceError::Database(error))
                 if tries < RACE_RETRIES && crate::db::is_transient(&error) =>
             {
                 continue;
             }
-            Ok(None) => return Err(ServiceError::IdempotencyConflict),
+            Ok(Chunk::Raced) => return Err(ServiceError::IdempotencyConflict),
             Err(error) => return Err(error),
         }
     }
+}
+
+/// Adds `rerun`, a rerun of the item `original_custom_id`, to its OPEN batch, as an
+/// item named `<original custom id>/rerun/<the rerun's key>`: it runs, counts and is
+/// charged with the batch, and the batch finishes only after it. `None` when the batch
+/// no longer takes items (closed, cancelled, or past its deadline): the rerun is then a
+/// job of its own. The rerun keeps the client's own key, so it replays and conflicts
+/// as every rerun does.
+pub async fn add_rerun(
+    db: &DatabaseConnection,
+    bus: &EventBus,
+    providers: &ProviderRegistry,
+    batch: &batches::Model,
+    original_custom_id: &str,
+    mut rerun: NewJob,
+) -> Result<Option<AddedItems>, ServiceError> {
+    if batch.status != BatchStatus::Open {
+        return Ok(None);
+    }
+    let settings: BatchSettings = serde_json::from_value(batch.settings.0.clone())
+        .map_err(|error| sea_orm::DbErr::Custom(format!("batch settings: {error}")))?;
+    if let Some(deadline) = settings.deadline {
+        if deadline <= Timestamp::now() {
+            return Ok(None);
+        }
+        // An item of the batch ends by the batch's deadline, as every other does.
+        rerun.deadline = Deadline::At(deadline);
+    }
+    let custom_id = format!(
+        "{original_custom_id}/rerun/{}",
+        rerun.idempotency_key.as_str()
+    );
+    let fingerprint = rerun.fingerprint();
+    let items = [Item {
+        custom_id,
+        job: rerun,
+        fingerprint,
+    }];
+    for tries in 1..=RACE_RETRIES {
+        match write_chunk(db, bus, providers, batch, &items).await {
+            Ok(Chunk::Written(added)) => return Ok(Some(*added)),
+            Ok(Chunk::Closed) => return Ok(None),
+            Ok(Chunk::Raced) => continue,
+            Err(ServiceError::Database(error))
+                if tries < RACE_RETRIES && crate::db::is_transient(&error) =>
+            {
+                continue;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    // The rerun's key names another job (the caller checked it was free just before).
+    Err(ServiceError::IdempotencyConflict)
+}
+
+/// How one try at writing a chunk ended.
+enum Chunk {
+    Written(Box<AddedItems>),
+    /// A concurrent chunk took one of its custom ids between the read and the insert:
+    /// nothing was written.
+    Raced,
+    /// A close, cancel or deadline won the batch's row: nothing was written.
+    Closed,
 }
 
 fn not_open() -> ServiceError {
@@ -119,6 +199,7 @@ fn not_open() -> ServiceError {
 fn parse_items(
     batch: &batches::Model,
     settings: &BatchSettings,
+    deadline: Deadline,
     requests: Vec<ItemRequest>,
 ) -> Result<(Vec<Item>, usize), ServiceError> {
     let priority = Priority::parse(settings.priority)?;
@@ -165,7 +246,7 @@ fn parse_items(
             retry_unknown_outcome: true,
             priority,
             run_at: None,
-            deadline: Deadline::After(DEFAULT_DEADLINE),
+            deadline,
             // Items take no labels (the contract's item input has none).
             labels: Labels::default(),
             rerun_of: None,
@@ -192,15 +273,14 @@ fn parse_items(
     Ok((items, repeated))
 }
 
-/// One try at writing the chunk. `None` when a concurrent chunk took one of its
-/// custom ids between the read and the insert: nothing was written.
+/// One try at writing the chunk.
 async fn write_chunk(
     db: &DatabaseConnection,
     bus: &EventBus,
     providers: &ProviderRegistry,
     batch: &batches::Model,
     items: &[Item],
-) -> Result<Option<AddedItems>, ServiceError> {
+) -> Result<Chunk, ServiceError> {
     let tenant_id = batch.tenant_id;
     let now = Timestamp::now();
     let price = prices::price_at(db, &batch.model, now)
@@ -291,7 +371,7 @@ async fn write_chunk(
                 // Skipped for another reason: try the chunk again from the start.
                 None => {
                     transaction.rollback().await?;
-                    return Ok(None);
+                    return Ok(Chunk::Raced);
                 }
             }
         }
@@ -348,7 +428,7 @@ async fn write_chunk(
         .await?;
     if counted.rows_affected != 1 {
         transaction.rollback().await?;
-        return Err(not_open());
+        return Ok(Chunk::Closed);
     }
     let mut totals = BatchTotals::default();
     totals.held(batch.id, total);
@@ -357,11 +437,11 @@ async fn write_chunk(
     transaction.commit().await?;
     tracing::info!(batch.id = %batch.id, tenant.id = %tenant_id, added, replayed, hold = %total, "batch items added");
     bus.publish(notices);
-    Ok(Some(AddedItems {
+    Ok(Chunk::Written(Box::new(AddedItems {
         added,
         replayed,
         batch,
-    }))
+    })))
 }
 
 /// The answer to a chunk whose items were all there already: nothing is written, and
@@ -371,14 +451,14 @@ async fn nothing_added(
     transaction: WriteTransaction,
     batch: &batches::Model,
     replayed: usize,
-) -> Result<Option<AddedItems>, ServiceError> {
+) -> Result<Chunk, ServiceError> {
     transaction.rollback().await?;
     let batch = super::find_batch(db, batch.tenant_id, batch.id).await?;
-    Ok(Some(AddedItems {
+    Ok(Chunk::Written(Box::new(AddedItems {
         added: 0,
         replayed,
         batch,
-    }))
+    })))
 }
 
 /// The request hashes of the items of the batch among `items`, by custom id.
@@ -482,7 +562,7 @@ fn job_row(
         payloads_pruned_at: None,
         batch_id: Some(batch.id),
         custom_id: Some(item.custom_id.clone()),
-        rerun_of: None,
+        rerun_of: item.job.rerun_of,
         deadline: Some(item.job.deadline.instant(now)),
         model_chain: None,
     }

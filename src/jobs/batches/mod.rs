@@ -58,6 +58,10 @@ pub struct BatchSettings {
     pub response_schema: Option<Value>,
     pub max_attempts: u32,
     pub priority: i32,
+    /// The deadline every item shares, when the client named one; else each item has
+    /// the configured default, counted from when it was added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<Timestamp>,
     /// The batch's own metadata (each item has its own too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Value>,
@@ -97,12 +101,8 @@ impl NewBatch {
         let priority = request
             .priority
             .map_or(Ok(Priority::DEFAULT), Priority::parse)?;
-        // Deadlines are the job lifecycle's (they bound waits, which jobs do not have
-        // yet): a batch that asked for one must not run as if it had it.
-        if request.deadline.is_some() {
-            return Err(ServiceError::validation(
-                "deadline is not supported yet: jobs have no deadlines",
-            ));
+        if let Some(deadline) = request.deadline {
+            input::parse_deadline(deadline, None)?;
         }
         Ok(Self {
             idempotency_key,
@@ -114,6 +114,7 @@ impl NewBatch {
                 response_schema: request.response_schema,
                 max_attempts,
                 priority: priority.value(),
+                deadline: request.deadline,
                 metadata: request.metadata,
             },
         })
