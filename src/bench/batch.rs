@@ -279,6 +279,7 @@ fn batch_request(key: &str) -> Result<crate::jobs::batches::NewBatch, BenchError
             priority: None,
             deadline: None,
             metadata: None,
+            tools: Default::default(),
         },
     )?)
 }

@@ -80,6 +80,7 @@ pub fn job_saying(index: u64, content: &str) -> NewJob {
         default_deadline: crate::jobs::input::DEFAULT_DEADLINE,
         labels: Vec::new(),
         parameters: Default::default(),
+        tools: Default::default(),
         fallback_models: Vec::new(),
     })
     .expect("the benchmark's job is valid")

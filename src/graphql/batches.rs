@@ -6,6 +6,7 @@ use super::{app, principal};
 use crate::billing::reports::ReportScope;
 use crate::jobs::batches::items::{self, ItemRequest};
 use crate::jobs::batches::{self, BatchRequest, NewBatch, cancel};
+use crate::jobs::tools::ToolRequest;
 use async_graphql::{Context, InputObject, Json, Object, SimpleObject};
 use chrono::{DateTime, Utc};
 use entity::Timestamp;
@@ -34,6 +35,10 @@ pub struct CreateBatchInput {
     pub deadline: Option<DateTime<Utc>>,
     /// Any JSON the client wants kept with the batch.
     pub metadata: Option<Json<serde_json::Value>>,
+    /// Function tools every item's model may call, in OpenAI's shape, as createJob's.
+    pub tools: Option<Json<serde_json::Value>>,
+    /// Whether and which tool the model must call, as createJob's.
+    pub tool_choice: Option<Json<serde_json::Value>>,
 }
 
 /// One item: a job of the batch, named by the client.
@@ -88,6 +93,10 @@ impl BatchMutation {
             priority: input.priority,
             deadline: input.deadline.map(Timestamp::from),
             metadata: input.metadata.map(|json| json.0),
+            tools: ToolRequest {
+                tools: input.tools.map(|json| json.0),
+                tool_choice: input.tool_choice.map(|json| json.0),
+            },
         })?;
         let app = app(context);
         let created = batches::create_batch(&app.db, &app.providers, tenant_id, new).await?;

@@ -12,6 +12,7 @@ use crate::db::begin_write;
 use crate::error::ServiceError;
 use crate::jobs::input::{IdempotencyKey, JobRequest, NewJob};
 use crate::jobs::parameters::ParameterRequest;
+use crate::jobs::tools::ToolRequest;
 use crate::jobs::{rerun, service};
 use crate::llm::TokenUsage;
 use async_graphql::{Context, InputObject, Json, Object, SimpleObject};
@@ -77,6 +78,15 @@ pub struct CreateJobInput {
     /// `logprobs`, `service_tier`, …) or that jobledger sets (`model`, `messages`,
     /// `stream`, …) is `VALIDATION`, naming it.
     pub provider_options: Option<Json<serde_json::Value>>,
+    /// Function tools the model may call, in OpenAI's shape (`[{"type": "function",
+    /// "function": {"name", "description", "parameters"}}]`, at most 128, 64 KiB),
+    /// translated for Anthropic. A reply that calls tools has the result
+    /// `{"toolCalls": [{"name", "arguments", "id"}]}`; a call of a tool not offered,
+    /// or whose arguments fail its `parameters`, is `INVALID_OUTPUT`.
+    pub tools: Option<Json<serde_json::Value>>,
+    /// `"auto"`, `"none"`, `"required"` or `{"type": "function", "function":
+    /// {"name"}}` naming one of `tools`.
+    pub tool_choice: Option<Json<serde_json::Value>>,
     /// The job fails with `DEADLINE_EXCEEDED` if it has not finished by then (a
     /// running attempt is cancelled). Must be in the future and after `runAt`.
     /// Default: the operator's (24 hours unless configured) from when the job may start.
@@ -235,6 +245,10 @@ impl JobMutation {
                 stop: input.stop,
                 seed: input.seed.map(i64::from),
                 provider_options: input.provider_options.map(|json| json.0),
+            },
+            tools: ToolRequest {
+                tools: input.tools.map(|json| json.0),
+                tool_choice: input.tool_choice.map(|json| json.0),
             },
         })?;
         new.idempotency_key = reach.own_key(new.idempotency_key);

@@ -3,10 +3,11 @@
 use super::fallbacks::parse_fallback_models;
 use super::labels::Labels;
 use super::parameters::{ParameterRequest, parse_parameters};
+use super::tools::{ToolRequest, parse_tools};
 use crate::billing::CallBound;
 use crate::error::ServiceError;
-use crate::llm::Parameters;
 use crate::llm::{Message, Role};
+use crate::llm::{Parameters, Tools};
 use entity::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -42,6 +43,9 @@ pub const MAX_JSON_DEPTH: usize = 32;
 /// Tokens counted for each message on top of its content: role markers and separators
 /// cost a few tokens in every chat format; 16 is more than any of them uses.
 const MESSAGE_OVERHEAD_TOKENS: u64 = 16;
+/// Tokens counted for offering tools on top of their bytes: providers wrap the
+/// definitions in a prompt of their own (Anthropic documents 313 to 346 tokens).
+const TOOLS_OVERHEAD_TOKENS: u64 = 512;
 
 /// How the keys of batch items begin. A client's own key may not: a `createJob` could
 /// otherwise take an item's key before the item arrives, or answer with the item.
@@ -148,6 +152,10 @@ pub struct JobInput {
     /// created before parameters existed keep their fingerprints.
     #[serde(default, skip_serializing_if = "Parameters::is_empty")]
     pub parameters: Parameters,
+    /// The functions the model may call; absent from what is stored when none are
+    /// offered, as for parameters.
+    #[serde(default, skip_serializing_if = "Tools::is_empty")]
+    pub tools: Tools,
 }
 
 impl JobInput {
@@ -171,7 +179,17 @@ impl JobInput {
         } else {
             serde_json::to_string(&self.parameters).map_or(0, |text| text.len() as u64)
         };
-        content + schema + parameters
+        content + schema + parameters + self.tools_token_bound()
+    }
+
+    /// The tools' part of the input bound: their bytes as sent, and the provider's
+    /// own wrapping of them.
+    fn tools_token_bound(&self) -> u64 {
+        if self.tools.is_empty() {
+            return 0;
+        }
+        serde_json::to_string(&self.tools).map_or(0, |text| text.len() as u64)
+            + TOOLS_OVERHEAD_TOKENS
     }
 
     /// The most one call for this input can use: what holds and cost bounds are
@@ -205,6 +223,8 @@ pub struct JobRequest {
     /// `(key, value)` pairs.
     pub labels: Vec<(String, String)>,
     pub parameters: ParameterRequest,
+    /// `tools` and `toolChoice`.
+    pub tools: ToolRequest,
     /// Models tried in order after `model` (`fallbackModels`).
     pub fallback_models: Vec<String>,
 }
@@ -297,6 +317,7 @@ impl NewJob {
             .map_or(Ok(Priority::DEFAULT), Priority::parse)?;
         let labels = Labels::parse(request.labels)?;
         let parameters = parse_parameters(request.parameters)?;
+        let tools = parse_tools(request.tools)?;
         if let Some(run_at) = request.run_at
             && run_at > Timestamp::now().plus(chrono::Duration::days(MAX_SCHEDULE_DAYS))
         {
@@ -321,6 +342,7 @@ impl NewJob {
                 metadata: request.metadata,
                 stream_output: request.stream_output.unwrap_or(false),
                 parameters,
+                tools,
             },
             max_attempts,
             retry_unknown_outcome: request.retry_unknown_outcome.unwrap_or(true),
@@ -574,6 +596,7 @@ mod tests {
             default_deadline: DEFAULT_DEADLINE,
             labels: Vec::new(),
             parameters: Default::default(),
+            tools: Default::default(),
             fallback_models: Vec::new(),
         }
     }

@@ -16,4 +16,5 @@ pub mod reach;
 pub mod rerun;
 pub mod retention;
 pub mod service;
+pub mod tools;
 pub mod worker;

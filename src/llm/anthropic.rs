@@ -1,8 +1,10 @@
 //! A client for Anthropic's Messages API (`POST /v1/messages`), plain and streamed.
 
 use super::http::{self, Opened};
+use super::tools::StreamedCalls;
 use super::{
     ChatRequest, Completion, DeltaSender, Provider, ProviderError, Role, Timeouts, TokenUsage,
+    ToolCall,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -83,6 +85,7 @@ impl AnthropicClient {
             body["system"] = json!(system.join("\n\n"));
         }
         request.parameters.add_to_anthropic(&mut body);
+        request.tools.add_to_anthropic(&mut body);
         body
     }
 }
@@ -111,6 +114,10 @@ struct ContentBlock {
     #[serde(rename = "type")]
     kind: String,
     text: Option<String>,
+    /// A `tool_use` block's call id, tool and arguments.
+    id: Option<String>,
+    name: Option<String>,
+    input: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -178,14 +185,22 @@ impl Provider for AnthropicClient {
             message: "the answer carries no usage".to_owned(),
         })?;
         // Thinking and tool-use blocks are not part of the reply text.
-        let text = parsed
-            .content
-            .into_iter()
-            .filter(|block| block.kind == "text")
-            .filter_map(|block| block.text)
-            .collect();
+        let mut text = String::new();
+        let mut tool_calls = Vec::new();
+        for block in parsed.content {
+            match block.kind.as_str() {
+                "text" => text.extend(block.text),
+                "tool_use" => tool_calls.push(ToolCall {
+                    id: block.id,
+                    name: block.name.unwrap_or_default(),
+                    arguments: block.input.unwrap_or_else(|| json!({})).to_string(),
+                }),
+                _ => {}
+            }
+        }
         Ok(Completion {
             text,
+            tool_calls,
             usage: usage.token_usage(),
             request_id: header_request_id.or(parsed.id),
         })
@@ -209,6 +224,7 @@ impl Provider for AnthropicClient {
         };
         let mut request_id = events.request_id(REQUEST_ID_HEADERS);
         let mut text = String::new();
+        let mut tool_calls = StreamedCalls::default();
         // Input usage comes with `message_start`, output usage with `message_delta`.
         let mut usage: Option<Usage> = None;
         let mut stopped = false;
@@ -222,8 +238,23 @@ impl Provider for AnthropicClient {
                     }
                     usage = serde_json::from_value(message["usage"].clone()).ok();
                 }
+                Some("content_block_start") => {
+                    let block = &data["content_block"];
+                    if block["type"] == "tool_use" {
+                        let call = tool_calls.at(data["index"].as_u64().unwrap_or(0));
+                        call.id = block["id"].as_str().map(str::to_owned);
+                        call.name = block["name"].as_str().unwrap_or_default().to_owned();
+                    }
+                }
                 Some("content_block_delta") => {
-                    if let Some(piece) = data["delta"]["text"].as_str().filter(|p| !p.is_empty()) {
+                    let delta = &data["delta"];
+                    if delta["type"] == "input_json_delta" {
+                        // The arguments, in pieces of JSON text that add up to the
+                        // block's `input`.
+                        let call = tool_calls.at(data["index"].as_u64().unwrap_or(0));
+                        call.arguments
+                            .push_str(delta["partial_json"].as_str().unwrap_or_default());
+                    } else if let Some(piece) = delta["text"].as_str().filter(|p| !p.is_empty()) {
                         text.push_str(piece);
                         // A closed receiver only means nobody watches the live output.
                         let _ = deltas.send(piece.to_owned());
@@ -255,6 +286,17 @@ impl Provider for AnthropicClient {
         match (usage, stopped) {
             (Some(usage), true) => Ok(Completion {
                 text,
+                tool_calls: tool_calls
+                    .finish()
+                    .into_iter()
+                    // A call with no argument pieces has the empty input `{}`.
+                    .map(|mut call| {
+                        if call.arguments.is_empty() {
+                            call.arguments = "{}".to_owned();
+                        }
+                        call
+                    })
+                    .collect(),
                 usage: usage.token_usage(),
                 request_id,
             }),
@@ -298,6 +340,7 @@ mod tests {
             max_output_tokens: 100,
             response_schema,
             parameters: Default::default(),
+            tools: Default::default(),
         }
     }
 

@@ -7,6 +7,7 @@ pub mod openai;
 mod parameters;
 pub mod routing;
 pub mod simulator;
+mod tools;
 mod vocabulary;
 
 use serde_json::Value;
@@ -14,6 +15,7 @@ use std::time::Duration;
 
 pub use parameters::Parameters;
 pub use routing::ProviderRegistry;
+pub use tools::{Tool, ToolCall, ToolChoice, Tools};
 pub use vocabulary::{Message, Role, TokenUsage};
 
 /// One chat completion to run.
@@ -25,12 +27,16 @@ pub struct ChatRequest {
     /// A JSON Schema the reply must satisfy, for providers that can enforce it.
     pub response_schema: Option<Value>,
     pub parameters: Parameters,
+    /// The functions the model may call, and whether it must.
+    pub tools: Tools,
 }
 
 /// A provider's successful answer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Completion {
     pub text: String,
+    /// The reply's tool calls, in order; empty when it calls none.
+    pub tool_calls: Vec<ToolCall>,
     pub usage: TokenUsage,
     pub request_id: Option<String>,
 }

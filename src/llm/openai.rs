@@ -2,7 +2,10 @@
 //! llama.cpp server, and the built-in simulator).
 
 use super::http::{self, Opened};
-use super::{ChatRequest, Completion, DeltaSender, Provider, ProviderError, Timeouts, TokenUsage};
+use super::tools::StreamedCalls;
+use super::{
+    ChatRequest, Completion, DeltaSender, Provider, ProviderError, Timeouts, TokenUsage, ToolCall,
+};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -66,6 +69,7 @@ impl OpenAiClient {
             });
         }
         request.parameters.add_to_openai(&mut body);
+        request.tools.add_to_openai(&mut body);
         body
     }
 }
@@ -85,6 +89,30 @@ struct Choice {
 #[derive(Deserialize)]
 struct ChoiceMessage {
     content: Option<String>,
+    // Compatible servers send `null` as often as they leave it out.
+    tool_calls: Option<Vec<MessageToolCall>>,
+}
+
+#[derive(Deserialize)]
+struct MessageToolCall {
+    id: Option<String>,
+    function: FunctionCall,
+}
+
+#[derive(Deserialize)]
+struct FunctionCall {
+    name: String,
+    arguments: Option<String>,
+}
+
+impl From<MessageToolCall> for ToolCall {
+    fn from(call: MessageToolCall) -> Self {
+        Self {
+            id: call.id,
+            name: call.function.name,
+            arguments: call.function.arguments.unwrap_or_default(),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -138,14 +166,22 @@ impl Provider for OpenAiClient {
         let usage = parsed.usage.ok_or_else(|| ProviderError::OutcomeUnknown {
             message: "the answer carries no usage".to_owned(),
         })?;
-        let text = parsed
-            .choices
-            .into_iter()
-            .next()
-            .and_then(|choice| choice.message.content)
-            .unwrap_or_default();
+        let (text, tool_calls) = match parsed.choices.into_iter().next() {
+            Some(choice) => (
+                choice.message.content.unwrap_or_default(),
+                choice
+                    .message
+                    .tool_calls
+                    .into_iter()
+                    .flatten()
+                    .map(ToolCall::from)
+                    .collect(),
+            ),
+            None => (String::new(), Vec::new()),
+        };
         Ok(Completion {
             text,
+            tool_calls,
             usage: usage.token_usage(),
             request_id: header_request_id.or(parsed.id),
         })
@@ -169,6 +205,7 @@ impl Provider for OpenAiClient {
         };
         let mut request_id = events.request_id(REQUEST_ID_HEADERS);
         let mut text = String::new();
+        let mut tool_calls = StreamedCalls::default();
         let mut usage = None;
         while let Some(event) = events.next_event().await? {
             if event.data.trim() == "[DONE]" {
@@ -191,6 +228,21 @@ impl Provider for OpenAiClient {
                     // A closed receiver only means nobody watches the live output.
                     let _ = deltas.send(piece);
                 }
+                // A call comes in pieces: its id and name first, then its arguments.
+                for piece in choice.delta.tool_calls.into_iter().flatten() {
+                    let call = tool_calls.at(piece.index);
+                    if let Some(id) = piece.id {
+                        call.id = Some(id);
+                    }
+                    if let Some(function) = piece.function {
+                        if let Some(name) = function.name {
+                            call.name.push_str(&name);
+                        }
+                        if let Some(arguments) = function.arguments {
+                            call.arguments.push_str(&arguments);
+                        }
+                    }
+                }
             }
             if let Some(reported) = chunk.usage {
                 usage = Some(reported.token_usage());
@@ -201,6 +253,7 @@ impl Provider for OpenAiClient {
         })?;
         Ok(Completion {
             text,
+            tool_calls: tool_calls.finish(),
             usage,
             request_id,
         })
@@ -247,4 +300,19 @@ struct StreamChoice {
 #[derive(Deserialize)]
 struct StreamDelta {
     content: Option<String>,
+    tool_calls: Option<Vec<ToolCallPiece>>,
+}
+
+#[derive(Deserialize)]
+struct ToolCallPiece {
+    #[serde(default)]
+    index: u64,
+    id: Option<String>,
+    function: Option<FunctionPiece>,
+}
+
+#[derive(Deserialize)]
+struct FunctionPiece {
+    name: Option<String>,
+    arguments: Option<String>,
 }

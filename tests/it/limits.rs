@@ -300,6 +300,7 @@ fn new_job(key: &str) -> NewJob {
         default_deadline: jobledger::jobs::input::DEFAULT_DEADLINE,
         labels: Vec::new(),
         parameters: Default::default(),
+        tools: Default::default(),
         fallback_models: Vec::new(),
     })
     .expect("a valid request")

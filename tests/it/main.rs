@@ -58,6 +58,7 @@ mod start_messages;
 mod streaming;
 mod structured;
 mod subscriptions;
+mod tools;
 mod traces;
 mod typescript_client;
 mod webhooks;

@@ -88,6 +88,7 @@ async fn anthropic_calls_carry_the_parameters_in_its_shape() {
             max_output_tokens: 50,
             response_schema: None,
             parameters,
+            tools: Default::default(),
         })
         .await
         .unwrap();

@@ -115,6 +115,7 @@ fn request(model: &str, content: &str) -> ChatRequest {
         max_output_tokens: 256,
         response_schema: None,
         parameters: Default::default(),
+        tools: Default::default(),
     }
 }
 

@@ -241,6 +241,7 @@ fn parse_items(
                 metadata: request.metadata,
                 stream_output: false,
                 parameters: Default::default(),
+                tools: settings.tools.clone(),
             },
             max_attempts: settings.max_attempts,
             retry_unknown_outcome: true,

@@ -20,7 +20,8 @@ use crate::billing::Credits;
 use crate::billing::batch_totals::BatchTotals;
 use crate::db::begin_write;
 use crate::error::ServiceError;
-use crate::llm::ProviderRegistry;
+use crate::jobs::tools::{ToolRequest, parse_tools};
+use crate::llm::{ProviderRegistry, Tools};
 use entity::{BatchMode, BatchStatus, JsonText, Timestamp, batches, jobs};
 use sea_orm::sea_query::{Expr, Func, OnConflict};
 use sea_orm::{
@@ -47,6 +48,8 @@ pub struct BatchRequest {
     pub priority: Option<i32>,
     pub deadline: Option<Timestamp>,
     pub metadata: Option<Value>,
+    /// `tools` and `toolChoice`, offered by every item.
+    pub tools: ToolRequest,
 }
 
 /// The job settings every item of a batch shares, as stored on its row.
@@ -65,6 +68,10 @@ pub struct BatchSettings {
     /// The batch's own metadata (each item has its own too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Value>,
+    /// The functions every item's model may call; absent when none are offered, so
+    /// that batches created before tools existed keep their fingerprints.
+    #[serde(default, skip_serializing_if = "Tools::is_empty")]
+    pub tools: Tools,
 }
 
 /// A createBatch request that passed every check.
@@ -101,6 +108,7 @@ impl NewBatch {
         let priority = request
             .priority
             .map_or(Ok(Priority::DEFAULT), Priority::parse)?;
+        let tools = parse_tools(request.tools)?;
         if let Some(deadline) = request.deadline {
             input::parse_deadline(deadline, None)?;
         }
@@ -116,6 +124,7 @@ impl NewBatch {
                 priority: priority.value(),
                 deadline: request.deadline,
                 metadata: request.metadata,
+                tools,
             },
         })
     }

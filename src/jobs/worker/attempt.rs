@@ -61,6 +61,7 @@ impl Worker {
             max_output_tokens: input.max_output_tokens,
             response_schema: input.response_schema.clone(),
             parameters: input.parameters.clone(),
+            tools: input.tools.clone(),
         };
         // A streaming attempt sends its text to a forwarder that batches it into
         // OUTPUT_DELTA notices; the forwarder is drained before the attempt finishes,

@@ -527,9 +527,17 @@ fn tenant_message(claim: &Claim, status: u16, message: String) -> String {
     }
 }
 
-/// The job's result from a reply: the parsed JSON when the job has a response schema,
-/// the text otherwise.
+/// The job's result from a reply: its tool calls when it makes some (see
+/// `jobs::tools`), else the parsed JSON when the job has a response schema, the text
+/// otherwise.
 fn accept(completion: &Completion, input: &JobInput) -> Result<serde_json::Value, JobError> {
+    if !completion.tool_calls.is_empty() {
+        return crate::jobs::tools::accept_tool_calls(
+            &completion.tool_calls,
+            &completion.text,
+            &input.tools,
+        );
+    }
     let Some(schema) = &input.response_schema else {
         return Ok(serde_json::Value::String(completion.text.clone()));
     };

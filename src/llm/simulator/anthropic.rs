@@ -52,6 +52,8 @@ struct MessagesRequest {
     max_tokens: u64,
     #[serde(default)]
     stream: Option<bool>,
+    #[serde(default)]
+    tools: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -86,6 +88,7 @@ impl MessagesRequest {
             last_user,
             max_tokens: Some(self.max_tokens),
             format: ReplyFormat::Text,
+            tool_bytes: self.tools.map_or(0, |tools| tools.to_string().len()),
         }
     }
 }
@@ -118,8 +121,32 @@ pub(super) async fn messages(
 fn stop_reason(completion: &Completion) -> &'static str {
     if completion.truncated {
         "max_tokens"
+    } else if completion.tool_call.is_some() {
+        "tool_use"
     } else {
         "end_turn"
+    }
+}
+
+/// The reply's one content block: its text, or its `tool_use` block. Anthropic sends
+/// the arguments as the object `input`; arguments that are not a JSON object (a cut
+/// reply, `[mock:reply=…]` text) are sent as a JSON string, which no schema of an
+/// object accepts.
+fn content_block(completion: &Completion) -> Value {
+    match &completion.tool_call {
+        None => json!({ "type": "text", "text": completion.text }),
+        Some(call) => {
+            let input = serde_json::from_str::<Value>(&call.arguments)
+                .ok()
+                .filter(Value::is_object)
+                .unwrap_or_else(|| json!(call.arguments));
+            json!({
+                "type": "tool_use",
+                "id": format!("toolu_{}", call.id),
+                "name": call.name,
+                "input": input,
+            })
+        }
     }
 }
 
@@ -129,7 +156,7 @@ pub(super) fn whole(completion: &Completion) -> Value {
         "type": "message",
         "role": "assistant",
         "model": completion.model,
-        "content": [{ "type": "text", "text": completion.text }],
+        "content": [content_block(completion)],
         "stop_reason": stop_reason(completion),
         "stop_sequence": null,
         "usage": {
@@ -144,49 +171,78 @@ pub(super) fn whole(completion: &Completion) -> Value {
 fn streamed(completion: &Completion) -> Response {
     let event = |name: &str, data: Value| Event::default().event(name).data(data.to_string());
 
-    let mut events = vec![
-        event(
-            "message_start",
-            json!({
-                "type": "message_start",
-                "message": {
-                    "id": completion.request_id,
-                    "type": "message",
-                    "role": "assistant",
-                    "model": completion.model,
-                    "content": [],
-                    "stop_reason": null,
-                    "stop_sequence": null,
-                    // Output is reported once, in message_delta, so a client
-                    // that adds the two cannot double count.
-                    "usage": {
-                        "input_tokens": completion.input_tokens,
-                        "output_tokens": 0,
-                        "cache_read_input_tokens": 0,
-                        "cache_creation_input_tokens": 0,
-                    },
+    let mut events = vec![event(
+        "message_start",
+        json!({
+            "type": "message_start",
+            "message": {
+                "id": completion.request_id,
+                "type": "message",
+                "role": "assistant",
+                "model": completion.model,
+                "content": [],
+                "stop_reason": null,
+                "stop_sequence": null,
+                // Output is reported once, in message_delta, so a client
+                // that adds the two cannot double count.
+                "usage": {
+                    "input_tokens": completion.input_tokens,
+                    "output_tokens": 0,
+                    "cache_read_input_tokens": 0,
+                    "cache_creation_input_tokens": 0,
                 },
-            }),
-        ),
-        event(
-            "content_block_start",
-            json!({
-                "type": "content_block_start",
-                "index": 0,
-                "content_block": { "type": "text", "text": "" },
-            }),
-        ),
-    ];
-    events.extend(deltas(&completion.text).into_iter().map(|piece| {
-        event(
-            "content_block_delta",
-            json!({
-                "type": "content_block_delta",
-                "index": 0,
-                "delta": { "type": "text_delta", "text": piece },
-            }),
-        )
-    }));
+            },
+        }),
+    )];
+    match &completion.tool_call {
+        None => {
+            events.push(event(
+                "content_block_start",
+                json!({
+                    "type": "content_block_start",
+                    "index": 0,
+                    "content_block": { "type": "text", "text": "" },
+                }),
+            ));
+            events.extend(deltas(&completion.text).into_iter().map(|piece| {
+                event(
+                    "content_block_delta",
+                    json!({
+                        "type": "content_block_delta",
+                        "index": 0,
+                        "delta": { "type": "text_delta", "text": piece },
+                    }),
+                )
+            }));
+        }
+        // Anthropic streams a tool_use block with an empty input, then its input as
+        // pieces of JSON text.
+        Some(call) => {
+            events.push(event(
+                "content_block_start",
+                json!({
+                    "type": "content_block_start",
+                    "index": 0,
+                    "content_block": {
+                        "type": "tool_use",
+                        "id": format!("toolu_{}", call.id),
+                        "name": call.name,
+                        "input": {},
+                    },
+                }),
+            ));
+            events.extend(deltas(&call.arguments).into_iter().map(|piece| {
+                event(
+                    "content_block_delta",
+                    json!({
+                        "type": "content_block_delta",
+                        "index": 0,
+                        "delta": { "type": "input_json_delta", "partial_json": piece },
+                    }),
+                )
+            }));
+        }
+    }
     events.push(event(
         "content_block_stop",
         json!({ "type": "content_block_stop", "index": 0 }),

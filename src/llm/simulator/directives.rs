@@ -32,6 +32,8 @@ pub(super) struct Directives {
     pub fail_model: Option<String>,
     /// In a batch: expire the first time this content is in one.
     pub batch_expire: bool,
+    /// Answer with one call of this tool, its arguments the `reply`.
+    pub tool_call: Option<String>,
 }
 
 impl Directives {
@@ -86,6 +88,7 @@ impl Directives {
             ("invalid_json", _) => self.invalid_json = true,
             ("fail_model", Some(model)) => self.fail_model = Some(model.trim().to_owned()),
             ("batch_expire", _) => self.batch_expire = true,
+            ("tool_call", Some(name)) => self.tool_call = Some(name.trim().to_owned()),
             _ => tracing::debug!(directive = body, "ignoring unknown mock directive"),
         }
     }
@@ -207,6 +210,9 @@ mod tests {
         assert_eq!(aimed.fail_model.as_deref(), Some("gpt-4o"));
         assert!(!found.batch_expire);
         assert!(Directives::parse(["x [mock:batch_expire]"]).batch_expire);
+        let call = Directives::parse([r#"[mock:tool_call= weather ][mock:reply={"city":"Oslo"}]"#]);
+        assert_eq!(call.tool_call.as_deref(), Some("weather"));
+        assert_eq!(call.reply.as_deref(), Some(r#"{"city":"Oslo"}"#));
     }
 
     #[test]

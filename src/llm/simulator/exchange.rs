@@ -59,6 +59,9 @@ pub(super) struct Prompt {
     pub last_user: String,
     pub max_tokens: Option<u64>,
     pub format: ReplyFormat,
+    /// Bytes of the request's tool definitions, which count as input as the prompt's
+    /// text does.
+    pub tool_bytes: usize,
 }
 
 /// What the client asked the reply to look like.
@@ -74,12 +77,23 @@ pub(super) struct Completion {
     pub request_id: String,
     pub model: String,
     pub text: String,
+    /// The tool call answered instead of text (`tool_call`).
+    pub tool_call: Option<ToolCall>,
     /// The reply was cut at `max_tokens`.
     pub truncated: bool,
     pub input_tokens: u64,
     pub output_tokens: u64,
     /// Pause between the chunks of a streamed answer (`chunk_delay_ms`).
     pub chunk_delay: std::time::Duration,
+}
+
+/// The one tool call of a `tool_call` answer.
+pub(super) struct ToolCall {
+    /// Unique per call; each dialect puts its own prefix before it.
+    pub id: String,
+    pub name: String,
+    /// JSON text as the model "wrote" it: the `reply`, or `{}`.
+    pub arguments: String,
 }
 
 /// An SSE body that sends `events` with `pause` between them, the way a model
@@ -126,9 +140,30 @@ pub(super) struct Plan {
 /// call.
 pub(super) fn plan(sim: &Simulator, request_id: String, prompt: Prompt) -> Plan {
     let directives = Directives::parse(prompt.texts.iter().map(String::as_str));
-    let input_tokens = tokens(prompt.texts.iter().map(String::len).sum());
-    let (text, truncated) = cap(reply_text(&directives, &prompt), prompt.max_tokens);
-    let output_tokens = tokens(text.len());
+    let input_tokens =
+        tokens(prompt.texts.iter().map(String::len).sum::<usize>() + prompt.tool_bytes);
+    // A tool call's arguments are its output: they are cut and counted as text is.
+    let (tool_call, (text, truncated)) = match &directives.tool_call {
+        Some(name) => {
+            let arguments = directives.reply.clone().unwrap_or_else(|| "{}".to_owned());
+            let (arguments, truncated) = cap(arguments, prompt.max_tokens);
+            let call = ToolCall {
+                id: uuid::Uuid::new_v4().simple().to_string(),
+                name: name.clone(),
+                arguments,
+            };
+            (Some(call), (String::new(), truncated))
+        }
+        None => (
+            None,
+            cap(reply_text(&directives, &prompt), prompt.max_tokens),
+        ),
+    };
+    let output_tokens = tokens(
+        tool_call
+            .as_ref()
+            .map_or(text.len(), |call| call.arguments.len()),
+    );
     let fault = choose_fault(sim, &directives, &prompt);
     let chunk_delay = Duration::from_millis(directives.chunk_delay_ms.unwrap_or(0));
     Plan {
@@ -137,6 +172,7 @@ pub(super) fn plan(sim: &Simulator, request_id: String, prompt: Prompt) -> Plan 
             request_id,
             model: prompt.model,
             text,
+            tool_call,
             truncated,
             input_tokens,
             output_tokens,

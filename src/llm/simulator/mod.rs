@@ -31,7 +31,8 @@
 //! # Usage and reply
 //!
 //! Input tokens are `ceil(bytes / 4)` over the UTF-8 text of every message
-//! (and the Anthropic `system` prompt), directives included. The reply is
+//! (and the Anthropic `system` prompt), directives included, and the JSON of
+//! the request's `tools`. The reply is
 //! `Summary: <first 60 chars of the last user message, directives stripped>`,
 //! or, when an OpenAI request asks for `response_format` `json_object`,
 //! `{"summary": <same 60 chars>}`, and for `json_schema` a minimal instance
@@ -69,6 +70,13 @@
 //!   nested brackets and JSON strings are skipped, so TEXT may be JSON.
 //! * `invalid_json`: answer `this is not JSON {` (takes precedence over
 //!   `reply`).
+//! * `tool_call=NAME`: answer with one call of tool NAME (OpenAI `tool_calls`
+//!   with `finish_reason: "tool_calls"`, Anthropic a `tool_use` block with
+//!   `stop_reason: "tool_use"`; streamed as each provider streams calls) whose
+//!   arguments are the `reply` text, or `{}`. The arguments are the output:
+//!   cut and counted as a reply is. The tool need not be one the request
+//!   offered. Arguments that are not a JSON object reach Anthropic clients as
+//!   a JSON string `input`.
 //! * `fail_model=NAME`: the faults above (`status`, `fail_first`, `hang`,
 //!   `drop`) hit only calls for model NAME; other models answer normally, so
 //!   a job's fallback models can be tried.
@@ -76,7 +84,10 @@
 //! # Call log and billing
 //!
 //! A [`CallRecord`] is appended as soon as a request is read (a hang shows
-//! up at once with `status: 0`) and updated when its outcome is known.
+//! up at once with `status: 0`) and updated when its outcome is known. Its
+//! `request` is the body as received; bodies over 64 KiB are logged as their
+//! size, and once the bodies kept pass 16 MiB the oldest are too (the records
+//! stay).
 //! `status` is the HTTP status answered, `0` when none was (hang, drop, or a
 //! client that left during a delay). `billed` follows what a real provider
 //! charges: work it started. It is true for 200s, for `drop`, and for a hang
@@ -141,6 +152,52 @@ struct Ledger {
     epoch: u64,
     /// Calls seen per `fail_first` key.
     attempts: HashMap<String, u64>,
+    /// Serialized bytes of the bodies the log still holds whole, and the index of the
+    /// oldest record that may hold one (see [`LOGGED_BODIES_BYTES`]).
+    kept_body_bytes: usize,
+    oldest_kept_body: usize,
+}
+
+impl Ledger {
+    /// Appends `record`; while the bodies kept whole take more than `budget` bytes,
+    /// the oldest are replaced by their size, newest kept, so that a simulator that
+    /// serves for days stays small.
+    fn push(&mut self, record: CallRecord, budget: usize) {
+        self.kept_body_bytes += body_bytes(&record.request);
+        self.calls.push(record);
+        while self.kept_body_bytes > budget && self.oldest_kept_body + 1 < self.calls.len() {
+            let oldest = &mut self.calls[self.oldest_kept_body];
+            let size = body_bytes(&oldest.request);
+            if size > 0 {
+                oldest.request = serde_json::json!({"omittedBytes": size});
+                self.kept_body_bytes -= size;
+            }
+            self.oldest_kept_body += 1;
+        }
+    }
+
+    fn clear(&mut self) {
+        self.calls.clear();
+        self.attempts.clear();
+        self.kept_body_bytes = 0;
+        self.oldest_kept_body = 0;
+        self.epoch += 1;
+    }
+}
+
+/// The bytes a logged body counts against [`LOGGED_BODIES_BYTES`]: none for the
+/// small stand-ins of bodies not kept.
+fn body_bytes(request: &serde_json::Value) -> usize {
+    match request {
+        serde_json::Value::Null => 0,
+        request
+            if request.get("omittedBytes").is_some()
+                && request.as_object().is_some_and(|o| o.len() == 1) =>
+        {
+            0
+        }
+        request => request.to_string().len(),
+    }
 }
 
 /// One request received by the simulator, as listed by `GET /_mock/calls`.
@@ -162,7 +219,8 @@ pub struct CallRecord {
     pub output_tokens: u64,
     /// The body as received, so that a test can see what a client sent (parameters,
     /// tools, parts); `null` when it was not JSON. A body over [`LOGGED_BODY_BYTES`]
-    /// is logged as `{"omittedBytes": n}`: the log lives as long as the process.
+    /// is logged as `{"omittedBytes": n}`, and so are the oldest once the bodies kept
+    /// pass [`LOGGED_BODIES_BYTES`]: the log lives as long as the process.
     pub request: serde_json::Value,
     /// The simulator's id of the batch this request came in; `None` for a single call.
     #[serde(default)]
@@ -171,6 +229,9 @@ pub struct CallRecord {
 
 /// The largest request body the call log keeps whole.
 const LOGGED_BODY_BYTES: usize = 64 * 1024;
+/// The most bytes of bodies the call log keeps whole in all: the newest 256 of the
+/// largest, and many more of ordinary ones.
+const LOGGED_BODIES_BYTES: usize = 16 * 1024 * 1024;
 
 /// `body` as the call log keeps it (see [`CallRecord::request`]).
 fn logged_request(body: &[u8]) -> serde_json::Value {
@@ -260,7 +321,7 @@ impl Simulator {
         if_abandoned: Charge,
     ) -> CallSlot {
         let mut ledger = self.ledger();
-        ledger.calls.push(CallRecord {
+        let record = CallRecord {
             request_id: request_id.to_owned(),
             model: model.to_owned(),
             received_at: Utc::now(),
@@ -270,7 +331,8 @@ impl Simulator {
             output_tokens: 0,
             request,
             batch_id: batch_id.map(str::to_owned),
-        });
+        };
+        ledger.push(record, LOGGED_BODIES_BYTES);
         CallSlot {
             sim: self.clone(),
             epoch: ledger.epoch,
@@ -345,13 +407,51 @@ async fn list_calls(State(sim): State<Simulator>) -> Json<Vec<CallRecord>> {
 }
 
 async fn clear_calls(State(sim): State<Simulator>) -> StatusCode {
-    {
-        let mut ledger = sim.ledger();
-        ledger.calls.clear();
-        ledger.attempts.clear();
-        ledger.epoch += 1;
-    }
+    sim.ledger().clear();
     // `batch_expire` remembers content as `fail_first` does: cleared alike.
     sim.forget_expired_content();
     StatusCode::NO_CONTENT
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn record(request: serde_json::Value) -> CallRecord {
+        CallRecord {
+            request_id: "r".into(),
+            model: "m".into(),
+            received_at: Utc::now(),
+            status: 200,
+            billed: true,
+            input_tokens: 1,
+            output_tokens: 1,
+            request,
+            batch_id: None,
+        }
+    }
+
+    #[test]
+    fn the_oldest_bodies_give_way_past_the_budget() {
+        let body = json!({"model": "m", "messages": "x".repeat(90)});
+        let size = body.to_string().len();
+        let mut ledger = Ledger::default();
+        for _ in 0..5 {
+            ledger.push(record(body.clone()), 3 * size);
+        }
+        let kept: Vec<bool> = ledger
+            .calls
+            .iter()
+            .map(|call| call.request == body)
+            .collect();
+        assert_eq!(kept, [false, false, true, true, true]);
+        assert_eq!(ledger.calls[0].request, json!({"omittedBytes": size}));
+        assert_eq!(ledger.kept_body_bytes, 3 * size);
+        // The newest is kept whole even when it alone is over the budget.
+        ledger.push(record(body.clone()), size / 2);
+        assert_eq!(ledger.calls.last().unwrap().request, body);
+        ledger.clear();
+        assert_eq!((ledger.kept_body_bytes, ledger.oldest_kept_body), (0, 0));
+    }
 }

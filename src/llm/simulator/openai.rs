@@ -50,6 +50,8 @@ struct ChatRequest {
     stream_options: Option<StreamOptions>,
     #[serde(default)]
     response_format: Option<ResponseFormat>,
+    #[serde(default)]
+    tools: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -120,6 +122,7 @@ impl ChatRequest {
             // The newer name wins, as it does at OpenAI.
             max_tokens: self.max_completion_tokens.or(self.max_tokens),
             format,
+            tool_bytes: self.tools.map_or(0, |tools| tools.to_string().len()),
         }
     }
 }
@@ -157,8 +160,26 @@ pub(super) async fn chat_completions(
 fn finish_reason(completion: &Completion) -> &'static str {
     if completion.truncated {
         "length"
+    } else if completion.tool_call.is_some() {
+        "tool_calls"
     } else {
         "stop"
+    }
+}
+
+/// The assistant message: its text, or its one tool call with `content: null`.
+fn message(completion: &Completion) -> Value {
+    match &completion.tool_call {
+        None => json!({ "role": "assistant", "content": completion.text }),
+        Some(call) => json!({
+            "role": "assistant",
+            "content": null,
+            "tool_calls": [{
+                "id": format!("call_{}", call.id),
+                "type": "function",
+                "function": { "name": call.name, "arguments": call.arguments },
+            }],
+        }),
     }
 }
 
@@ -180,7 +201,7 @@ pub(super) fn whole(completion: &Completion) -> Value {
         "model": completion.model,
         "choices": [{
             "index": 0,
-            "message": { "role": "assistant", "content": completion.text },
+            "message": message(completion),
             "finish_reason": finish_reason(completion),
         }],
         "usage": usage(completion),
@@ -209,12 +230,39 @@ fn streamed(completion: &Completion, include_usage: bool) -> Response {
         choice(json!({ "role": "assistant", "content": "" }), Value::Null),
         Value::Null,
     )];
-    events.extend(deltas(&completion.text).into_iter().map(|piece| {
-        chunk(
-            choice(json!({ "content": piece }), Value::Null),
-            Value::Null,
-        )
-    }));
+    match &completion.tool_call {
+        None => events.extend(deltas(&completion.text).into_iter().map(|piece| {
+            chunk(
+                choice(json!({ "content": piece }), Value::Null),
+                Value::Null,
+            )
+        })),
+        // OpenAI's pieces of a call: its id and name with empty arguments first, then
+        // the arguments piece by piece, each naming the call by its index.
+        Some(call) => {
+            events.push(chunk(
+                choice(
+                    json!({ "tool_calls": [{
+                        "index": 0,
+                        "id": format!("call_{}", call.id),
+                        "type": "function",
+                        "function": { "name": call.name, "arguments": "" },
+                    }] }),
+                    Value::Null,
+                ),
+                Value::Null,
+            ));
+            events.extend(deltas(&call.arguments).into_iter().map(|piece| {
+                chunk(
+                    choice(
+                        json!({ "tool_calls": [{ "index": 0, "function": { "arguments": piece } }] }),
+                        Value::Null,
+                    ),
+                    Value::Null,
+                )
+            }));
+        }
+    }
     events.push(chunk(
         choice(json!({}), json!(finish_reason(completion))),
         Value::Null,

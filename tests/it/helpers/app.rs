@@ -4,7 +4,7 @@
 use super::backends::{Backend, TestDatabase};
 use jobledger::app::App;
 use jobledger::billing::ChargingPolicy;
-use jobledger::config::{OperationsSettings, ProviderSettings, Settings};
+use jobledger::config::{OperationsSettings, ProviderEndpoint, ProviderSettings, Settings};
 use jobledger::jobs::flow::FlowLimits;
 use jobledger::jobs::worker::WorkerSettings;
 use jobledger::llm::ProviderRegistry;
@@ -31,6 +31,10 @@ pub struct AppOptions {
     pub allow_private_webhooks: bool,
     /// `--cors-origin`: none.
     pub cors_origins: Vec<String>,
+    /// `claude-*` models reach the simulator through the Anthropic client, in
+    /// Anthropic's shape. Off: every model reaches it in OpenAI's shape. On, Anthropic
+    /// is a configured provider, so models of no provider are not served.
+    pub anthropic_shape: bool,
 }
 
 impl Default for AppOptions {
@@ -41,6 +45,7 @@ impl Default for AppOptions {
             operations: OperationsSettings::default(),
             allow_private_webhooks: true,
             cors_origins: Vec::new(),
+            anthropic_shape: false,
         }
     }
 }
@@ -187,6 +192,10 @@ async fn spawn_app_at(
         worker: options.worker,
         providers: ProviderSettings {
             simulator_url: Some(format!("http://{}/v1", simulator.address)),
+            anthropic: options.anthropic_shape.then(|| ProviderEndpoint {
+                base_url: format!("http://{}", simulator.address),
+                api_key: Some("sk-ant-test".to_owned()),
+            }),
             ..ProviderSettings::default()
         },
         customer_markup: Decimal::from_str("1.25").unwrap(),

@@ -46,6 +46,7 @@ async fn concurrent_creates_never_admit_more_than_the_balance_holds(backend: Bac
         default_deadline: jobledger::jobs::input::DEFAULT_DEADLINE,
         labels: Vec::new(),
         parameters: Default::default(),
+        tools: Default::default(),
         fallback_models: Vec::new(),
     })
     .unwrap();

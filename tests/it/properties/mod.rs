@@ -137,6 +137,7 @@ impl Spec {
             default_deadline: jobledger::jobs::input::DEFAULT_DEADLINE,
             labels: Vec::new(),
             parameters: Default::default(),
+            tools: Default::default(),
             fallback_models: Vec::new(),
         })
         .expect("the generated request is valid")

@@ -83,6 +83,7 @@ async fn anthropic_cache_reads_and_writes_count_as_input_once() {
         completion,
         Completion {
             text: "Hello, world".to_owned(),
+            tool_calls: Vec::new(),
             usage: TokenUsage {
                 input_tokens: 1312,
                 cached_input_tokens: 1000,

@@ -23,6 +23,7 @@ fn request(messages: &[(Role, &str)]) -> ChatRequest {
         max_output_tokens: 256,
         response_schema: None,
         parameters: Default::default(),
+        tools: Default::default(),
     }
 }
 

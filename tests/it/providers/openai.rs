@@ -59,6 +59,7 @@ async fn openai_cached_tokens_are_part_of_input() {
         completion,
         Completion {
             text: "Hi".to_owned(),
+            tool_calls: Vec::new(),
             usage: TokenUsage {
                 input_tokens: 1200,
                 cached_input_tokens: 1024,

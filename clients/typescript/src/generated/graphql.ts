@@ -78,6 +78,19 @@ export type CreateJobInput = {
   streamOutput?: boolean | null | undefined;
   /** Sampling temperature, 0 to 2; the provider's default when omitted. */
   temperature?: number | null | undefined;
+  /**
+   * `"auto"`, `"none"`, `"required"` or `{"type": "function", "function":
+   * {"name"}}` naming one of `tools`.
+   */
+  toolChoice?: unknown;
+  /**
+   * Function tools the model may call, in OpenAI's shape (`[{"type": "function",
+   * "function": {"name", "description", "parameters"}}]`, at most 128, 64 KiB),
+   * translated for Anthropic. A reply that calls tools has the result
+   * `{"toolCalls": [{"name", "arguments", "id"}]}`; a call of a tool not offered,
+   * or whose arguments fail its `parameters`, is `INVALID_OUTPUT`.
+   */
+  tools?: unknown;
   /** Nucleus sampling, above 0 and at most 1. */
   topP?: number | null | undefined;
 };
