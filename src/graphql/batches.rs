@@ -111,7 +111,7 @@ impl BatchMutation {
                 messages: item
                     .messages
                     .into_iter()
-                    .map(|message| (message.role, message.content))
+                    .map(super::mutation::MessageInput::into_request)
                     .collect(),
                 max_output_tokens: item.max_output_tokens,
                 metadata: item.metadata.map(|json| json.0),
@@ -125,6 +125,7 @@ impl BatchMutation {
             tenant_id,
             batch_id,
             requests,
+            app.charging,
         )
         .await?;
         Ok(AddBatchItemsPayload {

@@ -44,6 +44,7 @@ impl Worker {
                     claim,
                     input,
                     start,
+                    bound,
                     provider,
                     mut notices,
                 },
@@ -178,6 +179,7 @@ impl Worker {
         };
         let context = CallContext {
             input: &input,
+            bound,
             chain: &chain,
             pauses: &pauses,
             charging: inner.settings.charging,
