@@ -26,4 +26,7 @@ pub struct App {
     /// The deadline of a job whose client names none, from when it may start: the
     /// flag's, else the config file's, else [`crate::jobs::input::DEFAULT_DEADLINE`].
     pub default_deadline: std::time::Duration,
+    /// The config file's charging policy (the default without one): holds follow
+    /// it, as the workers' charges do.
+    pub charging: crate::billing::ChargingPolicy,
 }

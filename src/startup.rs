@@ -123,6 +123,9 @@ impl Application {
                 .default_deadline
                 .or(config.as_ref().and_then(|config| config.default_deadline))
                 .unwrap_or(crate::jobs::input::DEFAULT_DEADLINE),
+            charging: config
+                .as_ref()
+                .map_or_else(Default::default, |config| config.charging),
         };
         let worker = settings.worker.clone().map(|mut worker_settings| {
             if let Some(config) = &config {

@@ -159,7 +159,10 @@ async fn bare_insert(engine: &Engine, items: u64) -> Result<f64, BenchError> {
     let template = seed::job_saying(0, CONTENT);
     let hash = template.fingerprint();
     let input = JsonText(serde_json::to_value(&template.input).map_err(failed)?);
-    let token_bound = template.input.call_bound().tokens();
+    let token_bound = template
+        .input
+        .call_bound(crate::llm::PromptCounting::QuarterBytes)
+        .tokens();
     let columns: Vec<jobs::Column> = jobs::Column::iter().collect();
     let names: Vec<String> = columns
         .iter()

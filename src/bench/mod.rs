@@ -216,7 +216,8 @@ async fn audited(database: ScratchDatabase) -> Result<(), BenchError> {
 /// seeded jobs are run by the benchmark's own worker processes and their simulators).
 fn seeding_providers() -> crate::llm::ProviderRegistry {
     crate::llm::ProviderRegistry::new(Some(std::sync::Arc::new(
-        crate::llm::openai::OpenAiClient::new("simulator", "http://127.0.0.1:9/v1", None),
+        crate::llm::openai::OpenAiClient::new("simulator", "http://127.0.0.1:9/v1", None)
+            .simulator(),
     )))
 }
 

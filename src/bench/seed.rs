@@ -13,9 +13,9 @@ use crate::billing::prices;
 use crate::bus::EventBus;
 use crate::db::begin_write;
 use crate::error::ServiceError;
-use crate::jobs::input::{JobRequest, NewJob};
+use crate::jobs::input::{JobRequest, MessageRequest, NewJob};
 use crate::jobs::service;
-use crate::llm::ProviderRegistry;
+use crate::llm::{PromptCounting, ProviderRegistry};
 use entity::{Timestamp, credit_reservations};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait, QueryFilter,
@@ -37,10 +37,14 @@ pub async fn funded_tenant(
     let price = prices::price_at(db, MODEL, Timestamp::now())
         .await?
         .ok_or_else(|| ServiceError::validation(format!("{MODEL} has no price")))?;
-    let per_job = job(0)
-        .input
-        .call_bound()
-        .job_hold(&price, job(0).max_attempts);
+    // Counted as the built-in simulator counts, which the benchmark runs against.
+    let template = job(0);
+    let per_job = template.charging.job_hold(
+        template.input.call_bound(PromptCounting::QuarterBytes),
+        &price,
+        template.max_attempts,
+        template.input.stream_output,
+    );
     // Room for every seeded job and for the template and benchmark creates on top.
     let amount = per_job.times(u32::try_from(jobs + 10_000).unwrap_or(u32::MAX));
     ledger::grant_credits(
@@ -67,7 +71,7 @@ pub fn job_saying(index: u64, content: &str) -> NewJob {
     NewJob::parse(JobRequest {
         idempotency_key: format!("bench-create-{index}-{}", Uuid::new_v4().simple()),
         model: MODEL.to_owned(),
-        messages: vec![("user".to_owned(), content.to_owned())],
+        messages: vec![MessageRequest::text("user", content)],
         max_output_tokens: 64,
         response_schema: None,
         max_attempts: None,
@@ -78,6 +82,7 @@ pub fn job_saying(index: u64, content: &str) -> NewJob {
         run_at: None,
         deadline: None,
         default_deadline: crate::jobs::input::DEFAULT_DEADLINE,
+        charging: Default::default(),
         labels: Vec::new(),
         parameters: Default::default(),
         tools: Default::default(),

@@ -20,10 +20,13 @@
 //!   a restart is the operator's doing.
 //!
 //! Either way the exposure is bounded: a job makes at most `maxAttempts` paid calls,
-//! and its hold covers that many calls at the higher of the provider's and the
-//! customer's price, so neither what we may owe the provider for them nor what the
-//! customer may be charged for one job ever exceeds its hold. Calls aborted at
-//! shutdown add at most `jobs::budget::FREE_HAND_BACKS` call bounds of the operator's.
+//! each within its call bound, so what we may owe the provider for one job is at most
+//! `maxAttempts` call bounds (calls aborted at shutdown add at most
+//! `jobs::budget::FREE_HAND_BACKS` more, the operator's). The hold covers what the
+//! customer may be charged, which follows this policy ([`ChargingPolicy::job_hold`]):
+//! one whole call for the answer (or the cancel) that ends the job, and for each
+//! other paid call what the policy charges for a call that ended without an accepted
+//! answer. What the provider billed beyond the charges is the operator's.
 
 use super::{Credits, ModelPrice};
 use crate::llm::TokenUsage;
@@ -86,6 +89,10 @@ pub enum AttemptEnding {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CallBound {
     pub input_tokens: u64,
+    /// The input tokens the provider most likely reports: `input_tokens` when the
+    /// prompt was counted with the model's tokenizer, a quarter of the bytes when it
+    /// was bounded by bytes. What a prompt charged without reported usage is priced at.
+    pub input_estimate: u64,
     pub max_output_tokens: u64,
 }
 
@@ -124,14 +131,6 @@ impl CallBound {
             output_tokens: usage.output_tokens.min(self.max_output_tokens),
         }
     }
-
-    /// The hold for a job that may pay for `paid_calls` calls: each at the higher of
-    /// the two prices, so that neither side's total can pass it.
-    pub fn job_hold(self, price: &ModelPrice, paid_calls: u32) -> Credits {
-        self.provider_cost(price)
-            .max(self.customer_cost(price))
-            .times(paid_calls)
-    }
 }
 
 /// Output tokens in streamed text whose exact count the provider never reported: one
@@ -143,8 +142,8 @@ pub fn estimated_output_tokens(streamed_bytes: u64) -> u64 {
 
 impl CallBound {
     /// What a call that streamed `streamed_bytes` of output and then ended without
-    /// reporting usage used, by the same estimate: the prompt at one token per four
-    /// bytes of its bound, and the streamed text.
+    /// reporting usage used, by the same estimates: the prompt's, and the streamed
+    /// text at one token per four bytes.
     pub fn estimated_delivery(self, streamed_bytes: u64) -> TokenUsage {
         TokenUsage {
             output_tokens: estimated_output_tokens(streamed_bytes),
@@ -152,11 +151,11 @@ impl CallBound {
         }
     }
 
-    /// The prompt of a call whose provider never reported usage, by the same
-    /// estimate: one token per four bytes of the input bound, rounded up.
+    /// The prompt of a call whose provider never reported usage: the input's
+    /// estimate (its tokenizer count, or one token per four bytes).
     pub fn estimated_prompt(self) -> TokenUsage {
         TokenUsage {
-            input_tokens: self.input_tokens.div_ceil(4),
+            input_tokens: self.input_estimate.min(self.input_tokens),
             cached_input_tokens: 0,
             output_tokens: 0,
         }
@@ -164,6 +163,50 @@ impl CallBound {
 }
 
 impl ChargingPolicy {
+    /// The most this policy may charge the customer for one paid call of `bound` that
+    /// did not end the job: a call that ended without an accepted answer and was
+    /// tried again. `streams`: the job streams its output, which is charged whatever
+    /// became of the call — as much as a whole call, at most.
+    fn unfinished_call_charge(
+        &self,
+        price: &ModelPrice,
+        bound: CallBound,
+        streams: bool,
+    ) -> Credits {
+        let whole_call = bound.customer_cost(price);
+        if streams {
+            return whole_call;
+        }
+        // Without streamed output, a rejected answer and a call aborted at shutdown
+        // charge nothing; an unknown outcome charges what the policy says. A cancel
+        // ends the job, so it is the job's last call, held for in full.
+        match self.unknown_outcome {
+            UnfinishedCall::DeliveredOutput => Credits::ZERO,
+            UnfinishedCall::Prompt => price.customer_charge(&bound.estimated_prompt()),
+            UnfinishedCall::CallBound => whole_call,
+        }
+    }
+
+    /// The hold of a job of up to `max_attempts` paid calls of `bound` at `price`:
+    /// what the customer may be charged for them under this policy. The last call
+    /// (the accepted answer, or the call a cancel stopped) may cost a whole call;
+    /// each call before it what [`Self::unfinished_call_charge`] allows. Under the
+    /// default policy a job that does not stream is held for one call, whatever its
+    /// `maxAttempts`: its failed calls are the operator's. What the provider bills
+    /// for those is bounded by the paid-call ceiling, not by the hold.
+    pub fn job_hold(
+        &self,
+        bound: CallBound,
+        price: &ModelPrice,
+        max_attempts: u32,
+        streams: bool,
+    ) -> Credits {
+        let earlier = self
+            .unfinished_call_charge(price, bound, streams)
+            .times(max_attempts.saturating_sub(1));
+        bound.customer_cost(price) + earlier
+    }
+
     /// What the customer pays for one attempt. `delivered` is what the call used to
     /// produce the output streamed to the client before it ended — its usage when the
     /// provider reported it, an estimate otherwise — and `None` when nothing streamed.
@@ -225,6 +268,7 @@ mod tests {
 
     const BOUND: CallBound = CallBound {
         input_tokens: 1_000,
+        input_estimate: 250,
         max_output_tokens: 500,
     };
 
@@ -306,11 +350,54 @@ mod tests {
         assert!(prompt <= BOUND.customer_cost(&price()));
     }
 
+    /// Every way three paid calls can end for the customer under `policy`: two that
+    /// did not end the job, then the one that did. The worst is what the hold covers.
+    fn worst_charge(policy: ChargingPolicy, streams: bool) -> Credits {
+        let delivered = streams.then(|| BOUND.usage());
+        let not_last = [
+            AttemptEnding::NotBilled,
+            AttemptEnding::Rejected,
+            AttemptEnding::Unknown,
+            AttemptEnding::ShutDown,
+        ];
+        let last = [
+            AttemptEnding::Accepted(BOUND.usage()),
+            AttemptEnding::CancelledDuringCall,
+            AttemptEnding::Unknown,
+            AttemptEnding::Rejected,
+        ];
+        let charge = |ending| policy.customer_charge(&price(), BOUND, ending, delivered.as_ref());
+        let worst_earlier = not_last.into_iter().map(charge).max().unwrap();
+        let worst_last = last.into_iter().map(charge).max().unwrap();
+        worst_earlier.times(2) + worst_last
+    }
+
     #[test]
-    fn the_hold_covers_every_paid_call_at_the_higher_price() {
-        let hold = BOUND.job_hold(&price(), 3);
-        assert_eq!(hold, BOUND.customer_cost(&price()).times(3));
-        assert!(BOUND.provider_cost(&price()).times(3) <= hold);
+    fn the_hold_follows_the_policy_and_covers_what_it_may_charge() {
+        use UnfinishedCall::*;
+        let call = BOUND.customer_cost(&price());
+        let prompt = price().customer_charge(&BOUND.estimated_prompt());
+        for (unknown_outcome, streams, expected) in [
+            (DeliveredOutput, false, call),
+            (Prompt, false, call + prompt.times(2)),
+            (CallBound, false, call.times(3)),
+            (DeliveredOutput, true, call.times(3)),
+            (Prompt, true, call.times(3)),
+            (CallBound, true, call.times(3)),
+        ] {
+            for cancelled_during_call in [DeliveredOutput, Prompt, CallBound] {
+                let policy = ChargingPolicy {
+                    unknown_outcome,
+                    cancelled_during_call,
+                };
+                let hold = policy.job_hold(BOUND, &price(), 3, streams);
+                assert_eq!(hold, expected, "{policy:?}, streaming {streams}");
+                assert!(
+                    worst_charge(policy, streams) <= hold,
+                    "{policy:?}, streaming {streams}: the hold must cover every charge"
+                );
+            }
+        }
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! Prices live in `model_prices` as versions. A price change inserts a new version; an
 //! attempt stores the version it was priced with, so past rows never change.
 
-use super::Credits;
+use super::{CallBound, Credits};
 use crate::error::ServiceError;
 use crate::llm::TokenUsage;
 use entity::{Timestamp, model_prices};
@@ -150,11 +150,29 @@ pub struct ModelLimits {
 }
 
 impl ModelLimits {
+    /// `Validation` when the call `bound` cannot be made of the model: it asks for
+    /// more output than the model writes, or its prompt and output do not fit in the
+    /// context window. Checked before anything is held, since the provider would
+    /// refuse every attempt. The prompt counts at its estimate: exactly its tokens
+    /// where the model's tokenizer counted it; where only a bytes bound is known
+    /// (several times a document's tokens, which would refuse documents that fit), a
+    /// quarter of its bytes, a document's usual count.
+    pub fn check_call(&self, model: &str, bound: CallBound) -> Result<(), ServiceError> {
+        self.check_output(model, bound.max_output_tokens)?;
+        if let Some(window) = self.context_window {
+            let needed = bound.input_estimate.saturating_add(bound.max_output_tokens);
+            if needed > u64::from(window) {
+                return Err(ServiceError::validation(format!(
+                    "the input counts {} tokens and maxOutputTokens is {}: {needed} in all, above the {window}-token context window of {model:?}",
+                    bound.input_estimate, bound.max_output_tokens
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// `Validation` when a call asking for `max_output_tokens` cannot be made of the
-    /// model; checked before anything is held, since the provider would refuse every
-    /// attempt. The context window is not checked against the input: the input bound
-    /// counts UTF-8 bytes, several times a document's tokens, and would refuse
-    /// documents that fit.
+    /// model (a batch checks its settings' output before any item exists).
     pub fn check_output(&self, model: &str, max_output_tokens: u64) -> Result<(), ServiceError> {
         let refused = |limit: u32| {
             ServiceError::validation(format!(

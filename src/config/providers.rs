@@ -54,6 +54,13 @@ pub fn provider_registry(
     let anthropic = |name: &str, base_url: &str, key: Option<String>| -> Arc<dyn Provider> {
         Arc::new(AnthropicClient::new(name, base_url, key).with_timeouts(timeouts))
     };
+    let simulator = |name: &str, base_url: &str| -> Arc<dyn Provider> {
+        Arc::new(
+            OpenAiClient::new(name, base_url, None)
+                .with_timeouts(timeouts)
+                .simulator(),
+        )
+    };
     let fallback = if real_provider_configured(settings, config) {
         tracing::info!(
             "a real provider is configured: models no route names are refused, not simulated"
@@ -65,7 +72,7 @@ pub fn provider_registry(
         tracing::warn!(
             "no provider is configured: the built-in simulator answers every model (set OPENAI_API_KEY or ANTHROPIC_API_KEY, or a config file, for real answers)"
         );
-        simulator_url.map(|url| openai("simulator", url, None))
+        simulator_url.map(|url| simulator("simulator", url))
     };
     let mut registry = ProviderRegistry::new(fallback);
     if let Some(ProviderEndpoint { base_url, api_key }) = &settings.providers.openai {
@@ -93,7 +100,7 @@ pub fn provider_registry(
             let client = match provider.kind {
                 ProviderKind::OpenAi => openai(name, base_url, key),
                 ProviderKind::Anthropic => anthropic(name, base_url, key),
-                ProviderKind::Simulator => openai(name, simulator_url?, None),
+                ProviderKind::Simulator => simulator(name, simulator_url?),
             };
             Some((name.as_str(), client))
         })

@@ -122,7 +122,7 @@ impl BatchMutation {
                 messages: item
                     .messages
                     .into_iter()
-                    .map(|message| (message.role, message.content))
+                    .map(super::mutation::MessageInput::into_request)
                     .collect(),
                 max_output_tokens: item.max_output_tokens,
                 metadata: item.metadata.map(|json| json.0),
@@ -136,7 +136,10 @@ impl BatchMutation {
             tenant_id,
             batch_id,
             requests,
-            app.default_deadline,
+            items::ItemRules {
+                default_deadline: app.default_deadline,
+                charging: app.charging,
+            },
         )
         .await?;
         Ok(AddBatchItemsPayload {

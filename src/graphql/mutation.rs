@@ -10,8 +10,9 @@ use crate::billing::reconciliation::{self, NewReconciliation};
 use crate::billing::{Credits, CreditsError, ledger};
 use crate::db::begin_write;
 use crate::error::ServiceError;
-use crate::jobs::input::{IdempotencyKey, JobRequest, NewJob};
+use crate::jobs::input::{IdempotencyKey, JobRequest, MessageRequest, NewJob};
 use crate::jobs::parameters::ParameterRequest;
+use crate::jobs::parts::{PartRequest, PartType};
 use crate::jobs::tools::ToolRequest;
 use crate::jobs::{rerun, service};
 use crate::llm::TokenUsage;
@@ -20,12 +21,69 @@ use chrono::{DateTime, Utc};
 use entity::{Timestamp, attempt_reconciliations};
 use uuid::Uuid;
 
-/// One chat message of a job.
+/// One chat message of a job: its text, its parts, or both (the text comes first).
 #[derive(InputObject)]
 pub struct MessageInput {
     /// `system`, `developer`, `user` or `assistant`.
     pub role: String,
-    pub content: String,
+    pub content: Option<String>,
+    /// Text, images and PDF documents after the content; images and documents in
+    /// user messages only, at most 20 parts per job, 5 MiB per part and 10 MiB in
+    /// all (decoded).
+    pub parts: Option<Vec<MessagePartInput>>,
+}
+
+/// What a message part is.
+#[derive(async_graphql::Enum, Clone, Copy, PartialEq, Eq)]
+pub enum MessagePartType {
+    Text,
+    /// PNG, JPEG, GIF or WebP: as `data`, or by `url` (then held at the most any
+    /// image counts for the model's provider).
+    Image,
+    /// A PDF, as `data` only: by URL its pages could not be counted for the hold.
+    Document,
+}
+
+/// One part of a message.
+#[derive(InputObject)]
+pub struct MessagePartInput {
+    #[graphql(name = "type")]
+    pub kind: MessagePartType,
+    /// A TEXT part's text.
+    pub text: Option<String>,
+    /// An IMAGE's or DOCUMENT's bytes, in base64.
+    pub data: Option<String>,
+    /// Where the provider fetches an IMAGE (http or https).
+    pub url: Option<String>,
+    /// `image/png`, `image/jpeg`, `image/gif`, `image/webp` or `application/pdf`;
+    /// read from the data when not given, and refused when the data says otherwise.
+    pub media_type: Option<String>,
+}
+
+impl MessageInput {
+    /// The message as the service takes it.
+    pub fn into_request(self) -> MessageRequest {
+        MessageRequest {
+            role: self.role,
+            content: self.content,
+            parts: self
+                .parts
+                .unwrap_or_default()
+                .into_iter()
+                .map(|part| PartRequest {
+                    kind: match part.kind {
+                        MessagePartType::Text => PartType::Text,
+                        MessagePartType::Image => PartType::Image,
+                        MessagePartType::Document => PartType::Document,
+                    },
+                    text: part.text,
+                    data: part.data,
+                    url: part.url,
+                    media_type: part.media_type,
+                })
+                .collect(),
+        }
+    }
 }
 
 /// A `key=value` pair to find a job by: key and value of 1 to 128 characters, with no
@@ -225,7 +283,7 @@ impl JobMutation {
             messages: input
                 .messages
                 .into_iter()
-                .map(|message| (message.role, message.content))
+                .map(MessageInput::into_request)
                 .collect(),
             max_output_tokens: input.max_output_tokens,
             response_schema: input.response_schema.map(|json| json.0),
@@ -237,6 +295,7 @@ impl JobMutation {
             run_at: input.run_at.map(Timestamp::from),
             deadline: input.deadline.map(Timestamp::from),
             default_deadline: app(context).default_deadline,
+            charging: app(context).charging,
             labels,
             fallback_models: input.fallback_models.unwrap_or_default(),
             parameters: ParameterRequest {
@@ -295,6 +354,7 @@ impl JobMutation {
             tenant_id,
             id,
             idempotency_key,
+            app.charging,
         )
         .await?;
         Ok(CreateJobPayload {

@@ -2,11 +2,12 @@
 //!
 //! Every call that may have been billed counts — answers, unknown outcomes, calls lost
 //! with their worker, calls aborted at shutdown beyond the first few — whether or not
-//! it counts against `maxAttempts`. A job makes at most `maxAttempts` such calls, and
-//! what they may cost (exact costs, and bounds where the outcome is unknown) never
-//! passes its hold; neither do the customer charges its attempts carry. The hold is
-//! sized for that many calls (`billing::CallBound::job_hold`), so the money limits
-//! only bind when prices change while a job runs.
+//! it counts against `maxAttempts`. A job makes at most `maxAttempts` such calls, each
+//! within its call bound: that is the ceiling of what the provider may bill for it.
+//! The customer charges its attempts carry never pass its hold, which the charging
+//! policy sizes for what it may charge (`billing::ChargingPolicy::job_hold`): a call
+//! whose whole customer bound does not fit in what is left of the hold is not made,
+//! which binds only when prices rise while a job waits.
 //!
 //! The first [`FREE_HAND_BACKS`] calls a job has aborted at shutdown and handed back
 //! are counted apart: a rolling restart is the operator's doing, and charging the job's
@@ -133,18 +134,13 @@ impl Spent {
         i64::from(self.paid_calls) < i64::from(job.max_attempts)
     }
 
-    /// Whether one more call, costing at most `provider_bound` and charging the
-    /// customer at most `customer_bound`, stays within the count and within `hold`.
-    pub fn allows_call(
-        &self,
-        job: &jobs::Model,
-        hold: Credits,
-        provider_bound: Credits,
-        customer_bound: Credits,
-    ) -> bool {
-        self.calls_left(job)
-            && self.provider_exposure + provider_bound <= hold
-            && self.customer_charges + customer_bound <= hold
+    /// Whether one more call, charging the customer at most `customer_bound`, stays
+    /// within the count of paid calls and its charges within `hold`. What the call
+    /// may cost at the provider is bounded by the count alone: the failed calls the
+    /// customer does not pay for are the operator's, and the hold is not sized for
+    /// them.
+    pub fn allows_call(&self, job: &jobs::Model, hold: Credits, customer_bound: Credits) -> bool {
+        self.calls_left(job) && self.customer_charges + customer_bound <= hold
     }
 }
 

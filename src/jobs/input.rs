@@ -3,10 +3,11 @@
 use super::fallbacks::parse_fallback_models;
 use super::labels::Labels;
 use super::parameters::{ParameterRequest, parse_parameters};
+use super::parts::{PartBudget, PartRequest, check_model_takes};
 use super::tools::{ToolRequest, parse_tools};
-use crate::billing::CallBound;
+use crate::billing::{CallBound, ChargingPolicy};
 use crate::error::ServiceError;
-use crate::llm::{Message, Role};
+use crate::llm::{Message, PromptCounting, Role};
 use crate::llm::{Parameters, Tools};
 use entity::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -40,12 +41,6 @@ const MAX_JSON_BYTES: usize = 64 * 1024;
 /// serde_json, which stops at 128 levels: deeper metadata failed on that read as an
 /// internal error. 32 is far beyond any real metadata or schema.
 pub const MAX_JSON_DEPTH: usize = 32;
-/// Tokens counted for each message on top of its content: role markers and separators
-/// cost a few tokens in every chat format; 16 is more than any of them uses.
-const MESSAGE_OVERHEAD_TOKENS: u64 = 16;
-/// Tokens counted for offering tools on top of their bytes: providers wrap the
-/// definitions in a prompt of their own (Anthropic documents 313 to 346 tokens).
-const TOOLS_OVERHEAD_TOKENS: u64 = 512;
 
 /// How the keys of batch items begin. A client's own key may not: a `createJob` could
 /// otherwise take an item's key before the item arrives, or answer with the item.
@@ -159,44 +154,14 @@ pub struct JobInput {
 }
 
 impl JobInput {
-    /// An upper bound of the input tokens any tokenizer can make of this input: every
-    /// token covers at least one UTF-8 byte, plus a per-message overhead. The schema
-    /// counts too, since providers send it to the model.
-    pub fn input_token_bound(&self) -> u64 {
-        let content: u64 = self
-            .messages
-            .iter()
-            .map(|message| message.content.len() as u64 + MESSAGE_OVERHEAD_TOKENS)
-            .sum();
-        let schema = self
-            .response_schema
-            .as_ref()
-            .map_or(0, |schema| schema.to_string().len() as u64);
-        // Options and stop sequences travel in the request too; counting their bytes
-        // keeps the bound a bound whatever a provider makes of them.
-        let parameters = if self.parameters.is_empty() {
-            0
-        } else {
-            serde_json::to_string(&self.parameters).map_or(0, |text| text.len() as u64)
-        };
-        content + schema + parameters + self.tools_token_bound()
-    }
-
-    /// The tools' part of the input bound: their bytes as sent, and the provider's
-    /// own wrapping of them.
-    fn tools_token_bound(&self) -> u64 {
-        if self.tools.is_empty() {
-            return 0;
-        }
-        serde_json::to_string(&self.tools).map_or(0, |text| text.len() as u64)
-            + TOOLS_OVERHEAD_TOKENS
-    }
-
-    /// The most one call for this input can use: what holds and cost bounds are
-    /// priced from.
-    pub fn call_bound(&self) -> CallBound {
+    /// The most one call for this input can use, its prompt counted by `counting`
+    /// (the rule of the provider serving the model): what holds, cost bounds and
+    /// the context window check are computed from.
+    pub fn call_bound(&self, counting: PromptCounting) -> CallBound {
+        let prompt = super::tokens::count_prompt(self, counting);
         CallBound {
-            input_tokens: self.input_token_bound(),
+            input_tokens: prompt.bound,
+            input_estimate: prompt.estimate,
             max_output_tokens: u64::from(self.max_output_tokens),
         }
     }
@@ -207,7 +172,7 @@ impl JobInput {
 pub struct JobRequest {
     pub idempotency_key: String,
     pub model: String,
-    pub messages: Vec<(String, String)>,
+    pub messages: Vec<MessageRequest>,
     pub max_output_tokens: i32,
     pub response_schema: Option<Value>,
     pub max_attempts: Option<i32>,
@@ -220,6 +185,8 @@ pub struct JobRequest {
     pub deadline: Option<Timestamp>,
     /// The deadline of a job whose client names none, counted from when it may start.
     pub default_deadline: Duration,
+    /// The operator's charging policy, which the hold follows.
+    pub charging: ChargingPolicy,
     /// `(key, value)` pairs.
     pub labels: Vec<(String, String)>,
     pub parameters: ParameterRequest,
@@ -248,6 +215,9 @@ pub struct NewJob {
     /// Models tried in order after `model` when it is rate limited, paused or failing
     /// (see `jobs::fallbacks`).
     pub fallback_models: Vec<String>,
+    /// The operator's charging policy, which sizes the hold: not part of the request,
+    /// so a replay is the same request whatever the operator changed.
+    pub charging: ChargingPolicy,
 }
 
 /// By when a job must have finished, or it fails `DEADLINE_EXCEEDED`.
@@ -304,6 +274,9 @@ impl NewJob {
         let model = parse_model(request.model)?;
         let fallback_models = parse_fallback_models(&model, request.fallback_models)?;
         let messages = parse_messages(request.messages)?;
+        for model in std::iter::once(&model).chain(&fallback_models) {
+            check_model_takes(model, messages.iter().flat_map(|message| &message.parts))?;
+        }
         let max_output_tokens = parse_max_output_tokens(request.max_output_tokens)?;
         let max_attempts = parse_max_attempts(request.max_attempts)?;
         if let Some(schema) = &request.response_schema {
@@ -352,6 +325,7 @@ impl NewJob {
             labels,
             rerun_of: None,
             fallback_models,
+            charging: request.charging,
         })
     }
 
@@ -408,34 +382,62 @@ pub fn parse_model(model: String) -> Result<String, ServiceError> {
     Ok(model)
 }
 
-/// 1 to [`MAX_MESSAGES`] `(role, content)` pairs of known roles, some content, at most
-/// [`MAX_CONTENT_BYTES`] of it.
-pub fn parse_messages(messages: Vec<(String, String)>) -> Result<Vec<Message>, ServiceError> {
+/// One message as the API receives it: its role, its text, and its parts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MessageRequest {
+    pub role: String,
+    pub content: Option<String>,
+    pub parts: Vec<PartRequest>,
+}
+
+impl MessageRequest {
+    /// A message of text only.
+    pub fn text(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: Some(content.into()),
+            parts: Vec::new(),
+        }
+    }
+}
+
+/// 1 to [`MAX_MESSAGES`] messages of known roles, some content (text or parts), at
+/// most [`MAX_CONTENT_BYTES`] of text and the parts within their limits
+/// (`jobs::parts`).
+pub fn parse_messages(messages: Vec<MessageRequest>) -> Result<Vec<Message>, ServiceError> {
     if messages.is_empty() || messages.len() > MAX_MESSAGES {
         return Err(ServiceError::validation(format!(
             "messages must hold 1 to {MAX_MESSAGES} messages"
         )));
     }
+    let mut budget = PartBudget::default();
     let messages = messages
         .into_iter()
-        .map(|(role, content)| {
-            let role = Role::from_name(&role).ok_or_else(|| {
+        .enumerate()
+        .map(|(index, request)| {
+            let role = Role::from_name(&request.role).ok_or_else(|| {
                 ServiceError::validation(format!(
-                    "message role must be system, developer, user or assistant, not {role:?}"
+                    "message role must be system, developer, user or assistant, not {:?}",
+                    request.role
                 ))
             })?;
-            Ok(Message { role, content })
+            let parts = budget.parse(index, role, request.parts)?;
+            Ok(Message {
+                role,
+                content: request.content.unwrap_or_default(),
+                parts,
+            })
         })
         .collect::<Result<Vec<_>, ServiceError>>()?;
     if messages
         .iter()
-        .all(|message| message.content.trim().is_empty())
+        .all(|message| message.content.trim().is_empty() && message.parts.is_empty())
     {
         return Err(ServiceError::validation(
-            "at least one message must have content",
+            "at least one message must have content or parts",
         ));
     }
-    let content_bytes: usize = messages.iter().map(|message| message.content.len()).sum();
+    let content_bytes: usize = messages.iter().flat_map(Message::texts).map(str::len).sum();
     if content_bytes > MAX_CONTENT_BYTES {
         return Err(ServiceError::validation(format!(
             "messages hold {content_bytes} bytes; at most {MAX_CONTENT_BYTES} are accepted"
@@ -583,7 +585,7 @@ mod tests {
         JobRequest {
             idempotency_key: "key-1".into(),
             model: "gpt-4o-mini".into(),
-            messages: vec![("user".into(), "Summarise this".into())],
+            messages: vec![MessageRequest::text("user", "Summarise this")],
             max_output_tokens: 100,
             response_schema: None,
             max_attempts: None,
@@ -594,6 +596,7 @@ mod tests {
             run_at: None,
             deadline: None,
             default_deadline: DEFAULT_DEADLINE,
+            charging: ChargingPolicy::default(),
             labels: Vec::new(),
             parameters: Default::default(),
             tools: Default::default(),
@@ -655,11 +658,16 @@ mod tests {
     }
 
     #[test]
-    fn the_input_bound_counts_bytes_and_overhead() {
+    fn the_bytes_bound_counts_bytes_and_overhead() {
         let mut job = request();
-        job.messages = vec![("user".into(), "héllo".into())];
+        job.messages = vec![MessageRequest::text("user", "héllo")];
         let job = NewJob::parse(job).unwrap();
-        assert_eq!(job.input.input_token_bound(), 6 + MESSAGE_OVERHEAD_TOKENS);
+        let bound = job.input.call_bound(PromptCounting::Bytes(None));
+        assert_eq!(
+            bound.input_tokens,
+            6 + crate::jobs::tokens::MESSAGE_OVERHEAD_TOKENS
+        );
+        assert_eq!(bound.input_estimate, bound.input_tokens.div_ceil(4));
     }
 
     /// `{"a": {"a": … 1}}`, `levels` objects deep.
@@ -704,8 +712,8 @@ mod tests {
             (|r| r.idempotency_key = String::new(), "idempotencyKey"),
             (|r| r.model = " ".into(), "model"),
             (|r| r.messages.clear(), "messages"),
-            (|r| r.messages[0].0 = "robot".into(), "role"),
-            (|r| r.messages[0].1 = "  ".into(), "content"),
+            (|r| r.messages[0].role = "robot".into(), "role"),
+            (|r| r.messages[0].content = Some("  ".into()), "content"),
             (|r| r.max_output_tokens = 0, "maxOutputTokens"),
             (|r| r.max_output_tokens = 200_001, "maxOutputTokens"),
             (|r| r.max_attempts = Some(0), "maxAttempts"),

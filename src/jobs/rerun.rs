@@ -11,6 +11,7 @@ use super::fallbacks::ModelChain;
 use super::input::{DEFAULT_DEADLINE, Deadline, IdempotencyKey, JobInput, NewJob, Priority};
 use super::labels::{self, Labels};
 use super::service::{self, CreatedJob};
+use crate::billing::ChargingPolicy;
 use crate::bus::EventBus;
 use crate::error::ServiceError;
 use crate::llm::ProviderRegistry;
@@ -34,6 +35,7 @@ pub async fn rerun_job(
     tenant_id: Uuid,
     job_id: Uuid,
     idempotency_key: IdempotencyKey,
+    charging: ChargingPolicy,
 ) -> Result<CreatedJob, ServiceError> {
     let original = service::find_job(db, tenant_id, job_id).await?;
     // Replayed before the original is read any further: a replay must answer even once
@@ -78,6 +80,7 @@ pub async fn rerun_job(
         deadline: Deadline::After(deadline_span(&original)),
         labels,
         rerun_of: Some(original.id),
+        charging,
     };
     if let (Some(batch_id), Some(custom_id)) = (original.batch_id, original.custom_id.as_deref()) {
         let batch = batches::find_batch(db, tenant_id, batch_id).await?;

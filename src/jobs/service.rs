@@ -94,11 +94,12 @@ async fn create(
 ) -> Result<CreatedJob, ServiceError> {
     let fingerprint = new.fingerprint();
     let chain = ModelChain::new(new.model.clone(), new.fallback_models.clone());
-    let bound = new.input.call_bound();
     let simulated = providers.simulates(&new.model);
     // Any model of the chain may make any of the paid calls: the hold is sized for
-    // the dearest, and every model must be able to take the call at all.
+    // the dearest, and every model must be able to take the call at all. Each
+    // model's prompt is counted by the rule of the provider serving it.
     let mut hold = Credits::ZERO;
+    let mut token_bound: i64 = 0;
     for model in chain.models() {
         if !providers.serves(model) {
             return Err(ServiceError::validation(format!(
@@ -116,8 +117,17 @@ async fn create(
         let price = prices::price_at(db, model, now).await?.ok_or_else(|| {
             ServiceError::validation(format!("model {model:?} has no price and cannot be run"))
         })?;
-        price.limits.check_output(model, bound.max_output_tokens)?;
-        hold = hold.max(bound.job_hold(&price, new.max_attempts));
+        let bound = new
+            .input
+            .call_bound(super::tokens::counting_for(providers, model));
+        price.limits.check_call(model, bound)?;
+        token_bound = Ord::max(token_bound, bound.tokens());
+        hold = hold.max(new.charging.job_hold(
+            bound,
+            &price,
+            new.max_attempts,
+            new.input.stream_output,
+        ));
     }
     let first_model = first_free_model(db, &chain, now).await?;
     let transaction = begin_write(db).await?;
@@ -145,7 +155,7 @@ async fn create(
         priority: Set(new.priority.value()),
         run_at: Set(new.run_at),
         simulated: Set(simulated),
-        token_bound: Set(Some(bound.tokens())),
+        token_bound: Set(Some(token_bound)),
         last_event_seq: Set(1),
         created_at: Set(now),
         updated_at: Set(now),

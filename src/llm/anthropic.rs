@@ -1,10 +1,11 @@
 //! A client for Anthropic's Messages API (`POST /v1/messages`), plain and streamed.
 
 use super::http::{self, Opened};
+use super::parts::{self, Shape};
 use super::tools::StreamedCalls;
 use super::{
-    ChatRequest, Completion, DeltaSender, Provider, ProviderError, Role, Timeouts, TokenUsage,
-    ToolCall,
+    ChatRequest, Completion, DeltaSender, PromptCounting, Provider, ProviderError, Role, Timeouts,
+    TokenUsage, ToolCall,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -55,13 +56,17 @@ impl AnthropicClient {
         // Anthropic takes only user and assistant turns; instructions go in the
         // top-level `system`, so system and developer messages are lifted there, in
         // order, wherever they stood in the conversation.
+        // Instructions are text: their text parts join them (images and documents
+        // are only taken in user messages).
         let mut system: Vec<&str> = Vec::new();
         let mut messages: Vec<Value> = Vec::new();
         for message in &request.messages {
             match message.role {
-                Role::System | Role::Developer => system.push(&message.content),
-                Role::User | Role::Assistant => messages
-                    .push(json!({"role": message.role.as_str(), "content": message.content})),
+                Role::System | Role::Developer => system.extend(message.texts()),
+                Role::User | Role::Assistant => messages.push(json!({
+                    "role": message.role.as_str(),
+                    "content": parts::anthropic_content(message),
+                })),
             }
         }
         // The Messages API has no `response_format`. A forced tool call would make
@@ -164,6 +169,11 @@ fn error_body_request_id(body: &[u8]) -> Option<String> {
 impl Provider for AnthropicClient {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Anthropic publishes no tokenizer for its current models.
+    fn prompt_counting(&self, _model: &str) -> PromptCounting {
+        PromptCounting::Bytes(Some(Shape::Anthropic))
     }
 
     async fn complete(&self, request: &ChatRequest) -> Result<Completion, ProviderError> {
@@ -327,10 +337,7 @@ mod tests {
     use crate::llm::Message;
 
     fn message(role: Role, content: &str) -> Message {
-        Message {
-            role,
-            content: content.to_owned(),
-        }
+        Message::text(role, content)
     }
 
     fn request(messages: Vec<Message>, response_schema: Option<Value>) -> ChatRequest {

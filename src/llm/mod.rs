@@ -2,9 +2,11 @@
 //! names to providers, and the simulator used when no provider is configured.
 
 pub mod anthropic;
+mod counting;
 mod http;
 pub mod openai;
 mod parameters;
+pub mod parts;
 pub mod routing;
 pub mod simulator;
 mod tools;
@@ -13,6 +15,7 @@ mod vocabulary;
 use serde_json::Value;
 use std::time::Duration;
 
+pub use counting::{Encoding, PromptCounting};
 pub use parameters::Parameters;
 pub use routing::ProviderRegistry;
 pub use tools::{Tool, ToolCall, ToolChoice, Tools};
@@ -94,6 +97,12 @@ pub trait Provider: Send + Sync + std::fmt::Debug {
     /// come, so createBatch refuses PROVIDER_BATCH for every provider until it does.
     fn submits_batches(&self) -> bool {
         false
+    }
+
+    /// How this provider counts the prompt tokens of a call to `model`, which a job's
+    /// hold bounds its input by. Without a public tokenizer: one token per byte.
+    fn prompt_counting(&self, _model: &str) -> PromptCounting {
+        PromptCounting::Bytes(None)
     }
 
     /// Runs one completion. Dropping the future aborts the call.

@@ -2,9 +2,11 @@
 //! llama.cpp server, and the built-in simulator).
 
 use super::http::{self, Opened};
+use super::parts;
 use super::tools::StreamedCalls;
 use super::{
-    ChatRequest, Completion, DeltaSender, Provider, ProviderError, Timeouts, TokenUsage, ToolCall,
+    ChatRequest, Completion, DeltaSender, Encoding, PromptCounting, Provider, ProviderError,
+    Timeouts, TokenUsage, ToolCall,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -20,6 +22,8 @@ pub struct OpenAiClient {
     base_url: String,
     api_key: Option<String>,
     http: http::Transport,
+    /// The built-in simulator, whose usage follows its own rule, not the model's.
+    simulator: bool,
 }
 
 impl std::fmt::Debug for OpenAiClient {
@@ -42,7 +46,15 @@ impl OpenAiClient {
             base_url: base_url.trim_end_matches('/').to_owned(),
             api_key,
             http: http::Transport::new(Timeouts::default()),
+            simulator: false,
         }
+    }
+
+    /// The same client, known to reach the built-in simulator: its prompts are
+    /// counted by the simulator's rule, whatever the model's name.
+    pub fn simulator(mut self) -> Self {
+        self.simulator = true;
+        self
     }
 
     /// The same client with other connect and first-byte timeouts.
@@ -55,7 +67,9 @@ impl OpenAiClient {
         let messages: Vec<Value> = request
             .messages
             .iter()
-            .map(|message| json!({"role": message.role.as_str(), "content": message.content}))
+            .map(|message| {
+                json!({"role": message.role.as_str(), "content": parts::openai_content(message)})
+            })
             .collect();
         let mut body = json!({
             "model": request.model,
@@ -147,6 +161,19 @@ struct PromptTokensDetails {
 impl Provider for OpenAiClient {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn prompt_counting(&self, model: &str) -> PromptCounting {
+        if self.simulator {
+            return PromptCounting::QuarterBytes;
+        }
+        match Encoding::of_model(model) {
+            // Only OpenAI's own API is known to count as OpenAI does.
+            Some(encoding) if self.is_openai() => PromptCounting::Tokenizer(encoding),
+            Some(encoding) => PromptCounting::TokenizerOrQuarterBytes(encoding),
+            // A compatible server of its own models: how it counts images is unknown.
+            None => PromptCounting::Bytes(None),
+        }
     }
 
     async fn complete(&self, request: &ChatRequest) -> Result<Completion, ProviderError> {
@@ -265,11 +292,16 @@ impl OpenAiClient {
     /// `max_completion_tokens` everywhere; most compatible servers (vLLM, Ollama,
     /// llama.cpp, older routers) know `max_tokens` only.
     fn token_limit_field(&self) -> &'static str {
-        if self.base_url.contains("api.openai.com") {
+        if self.is_openai() {
             "max_completion_tokens"
         } else {
             "max_tokens"
         }
+    }
+
+    /// Whether this client talks to OpenAI's own API.
+    fn is_openai(&self) -> bool {
+        self.base_url.contains("api.openai.com")
     }
 
     fn call(&self, body: Value) -> reqwest::RequestBuilder {

@@ -2,6 +2,7 @@
 //! used. Jobs store messages in these types and billing prices the usage, so both
 //! depend on this module and it depends on neither.
 
+use super::parts::Part;
 use serde::{Deserialize, Serialize};
 
 /// Who speaks a message.
@@ -34,11 +35,34 @@ impl Role {
     }
 }
 
-/// One chat message.
+/// One chat message: its text, and the parts that follow it (images, documents,
+/// more text).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Message {
     pub role: Role,
     pub content: String,
+    /// Absent from what is stored when there are none, so that messages stored
+    /// before parts existed keep their fingerprints.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<Part>,
+}
+
+impl Message {
+    /// A message of text only.
+    pub fn text(role: Role, content: impl Into<String>) -> Self {
+        Self {
+            role,
+            content: content.into(),
+            parts: Vec::new(),
+        }
+    }
+
+    /// Its text: the content, then each text part.
+    pub fn texts(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.content.as_str())
+            .filter(|content| !content.is_empty())
+            .chain(self.parts.iter().filter_map(Part::text))
+    }
 }
 
 /// Tokens a provider reported for one call.

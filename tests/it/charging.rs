@@ -119,10 +119,10 @@ async fn a_cancelled_streamed_job_pays_for_the_output_it_delivered(backend: Back
     assert_eq!(attempt["outcome"], "CANCELLED");
     let tokens = (delivered.len() as i64 + 3) / 4;
     assert_eq!(attempt["deliveredOutputTokens"], tokens, "{attempt}");
-    // The prompt it answered is charged too: one token per four bytes of its bound
-    // (the content's bytes plus 16 per message), at 0.1875 per million.
+    // The prompt it answered is charged too, as the simulator counts it (one token
+    // per four bytes of the content, rounded up), at 0.1875 per million.
     let content = format!("[mock:reply={reply}][mock:delay_ms=500][mock:chunk_delay_ms=1500]");
-    let prompt_tokens = (content.len() as i64 + 16 + 3) / 4;
+    let prompt_tokens = (content.len() as i64 + 3) / 4;
     let charge = credits((prompt_tokens * 187_500 + 999) / 1_000 + tokens * OUTPUT_NANOS_PER_TOKEN);
     assert_eq!(decimal(&attempt["customerCharge"]), charge);
     assert_eq!(decimal(&job["charge"]["amount"]), charge, "{job}");
@@ -156,9 +156,9 @@ async fn a_job_that_keeps_timing_out_stops_paying_at_its_ceiling(backend: Backen
         })
     };
     // One call's bound is about 0.0123 credits at the customer price (16,384 output
-    // tokens, gpt-4o-mini's most); the hold covers three, so a balance for two is
-    // refused outright.
-    let poor = app.funded_tenant("poor", "0.025").await;
+    // tokens, gpt-4o-mini's most); under the default policy the hold covers that one
+    // call, so a balance short of it is refused outright.
+    let poor = app.funded_tenant("poor", "0.012").await;
     let refused = app.create_job(&poor, input("too-many-calls")).await;
     assert_eq!(error_code(&refused), "INSUFFICIENT_CREDITS", "{refused}");
 
@@ -179,10 +179,20 @@ async fn a_job_that_keeps_timing_out_stops_paying_at_its_ceiling(backend: Backen
     // Every billed call is recorded, and no more calls were made than the ceiling.
     let billed = app.billed_calls();
     assert_eq!(billed, attempts.len());
-    // What those calls may have cost never passes the hold.
+    // What those calls may have cost never passes the paid-call ceiling: three call
+    // bounds. The hold covers one call, what the customer may pay; the rest is the
+    // operator's.
     let exposure = attempts_sum(&job, "providerCostUpperBound");
+    let one_call = decimal(&attempts[0]["providerCostUpperBound"]);
+    assert!(
+        exposure <= one_call * Decimal::from(3),
+        "bounds {exposure} over three calls of {one_call}"
+    );
     let hold = decimal(&job["reservation"]["amount"]);
-    assert!(exposure <= hold, "bounds {exposure} over the hold {hold}");
+    assert!(
+        exposure > hold,
+        "the failed calls are held for no more than one: {hold}"
+    );
     assert!(
         job["charge"].is_null(),
         "the default policy absorbs unknown outcomes"
@@ -328,9 +338,10 @@ async fn the_call_bound_policy_passes_an_unknown_outcome_on(backend: Backend) {
     let job = job_with_charges(&app, &tenant, id).await;
     assert_eq!(job["status"], "FAILED", "{job}");
     assert_eq!(job["attempts"][0]["outcome"], "UNKNOWN");
-    // The bound at the customer price: (bytes + 16) input tokens at 0.1875 per
-    // million and 100 output tokens at 0.75 per million, each rounded up.
-    let input_tokens = content.len() as i64 + 16;
+    // The bound at the customer price: the simulator's count of the prompt (a
+    // quarter of its bytes, rounded up) at 0.1875 per million and 100 output tokens
+    // at 0.75 per million, each rounded up.
+    let input_tokens = (content.len() as i64 + 3) / 4;
     let bound = (input_tokens * 187_500 + 999) / 1_000 + 100 * OUTPUT_NANOS_PER_TOKEN;
     assert_eq!(
         decimal(&job["attempts"][0]["customerCharge"]),
@@ -472,9 +483,9 @@ async fn create_and_cancel_charges_each_prompt(backend: Backend) {
             "{cancel}"
         );
     }
-    // The prompt as the bound estimates it: (bytes + 16) / 4 tokens, rounded up, at
-    // 0.1875 per million, rounded up to the nano-credit.
-    let prompt_tokens = (content.len() as i64 + 16 + 3) / 4;
+    // The prompt as the simulator counts it, which its estimate is: bytes / 4 tokens,
+    // rounded up, at 0.1875 per million, rounded up to the nano-credit.
+    let prompt_tokens = (content.len() as i64 + 3) / 4;
     let prompt = credits((prompt_tokens * 187_500 + 999) / 1_000);
     for id in &ids {
         app.wait_until_finished(&tenant, *id, Duration::from_secs(10))

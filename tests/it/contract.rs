@@ -163,6 +163,7 @@ async fn every_contract_operation_is_served_or_listed_as_pending() {
         background_db: None,
         allow_private_webhooks: false,
         default_deadline: jobledger::jobs::input::DEFAULT_DEADLINE,
+        charging: Default::default(),
     });
     let names = operation_names();
     assert!(names.len() >= 12, "the contract lost operations: {names:?}");

@@ -287,7 +287,9 @@ fn new_job(key: &str) -> NewJob {
     NewJob::parse(JobRequest {
         idempotency_key: key.to_owned(),
         model: "gpt-4o-mini".to_owned(),
-        messages: vec![("user".to_owned(), "hello".to_owned())],
+        messages: vec![jobledger::jobs::input::MessageRequest::text(
+            "user", "hello",
+        )],
         max_output_tokens: 100,
         response_schema: None,
         max_attempts: None,
@@ -298,6 +300,7 @@ fn new_job(key: &str) -> NewJob {
         run_at: None,
         deadline: None,
         default_deadline: jobledger::jobs::input::DEFAULT_DEADLINE,
+        charging: Default::default(),
         labels: Vec::new(),
         parameters: Default::default(),
         tools: Default::default(),

@@ -81,10 +81,7 @@ async fn anthropic_calls_carry_the_parameters_in_its_shape() {
     client
         .complete(&ChatRequest {
             model: "claude-sonnet-4-5".into(),
-            messages: vec![Message {
-                role: Role::User,
-                content: "hello".into(),
-            }],
+            messages: vec![Message::text(Role::User, "hello")],
             max_output_tokens: 50,
             response_schema: None,
             parameters,

@@ -103,14 +103,8 @@ fn request(model: &str, content: &str) -> ChatRequest {
     ChatRequest {
         model: model.to_owned(),
         messages: vec![
-            Message {
-                role: Role::System,
-                content: "Be brief.".to_owned(),
-            },
-            Message {
-                role: Role::User,
-                content: content.to_owned(),
-            },
+            Message::text(Role::System, "Be brief."),
+            Message::text(Role::User, content),
         ],
         max_output_tokens: 256,
         response_schema: None,

@@ -10,17 +10,18 @@
 use super::BatchSettings;
 use crate::billing::alerts;
 use crate::billing::batch_totals::BatchTotals;
-use crate::billing::{ledger, limits, prices};
+use crate::billing::{ChargingPolicy, ledger, limits, prices};
 use crate::bus::EventBus;
 use crate::db::bulk::{self, OnConflict};
 use crate::db::{WriteTransaction, begin_write};
 use crate::error::ServiceError;
 use crate::jobs::events;
 use crate::jobs::input::{
-    Deadline, IdempotencyKey, JobInput, NewJob, Priority, check_json, parse_max_output_tokens,
-    parse_messages,
+    Deadline, IdempotencyKey, JobInput, MessageRequest, NewJob, Priority, check_json,
+    parse_max_output_tokens, parse_messages,
 };
 use crate::jobs::labels::Labels;
+use crate::jobs::parts::check_model_takes;
 use crate::llm::ProviderRegistry;
 use entity::{BatchStatus, EventKind, JobStatus, JsonText, Timestamp, batches, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait};
@@ -45,7 +46,7 @@ const RACE_RETRIES: u32 = 3;
 #[derive(Clone, Debug)]
 pub struct ItemRequest {
     pub custom_id: String,
-    pub messages: Vec<(String, String)>,
+    pub messages: Vec<MessageRequest>,
     pub max_output_tokens: Option<i32>,
     pub metadata: Option<Value>,
 }
@@ -65,9 +66,16 @@ struct Item {
     fingerprint: String,
 }
 
+/// What the operator's configuration gives every item.
+#[derive(Clone, Copy, Debug)]
+pub struct ItemRules {
+    /// The deadline of an item whose batch names none, counted from when it is added.
+    pub default_deadline: Duration,
+    /// What a failed call may charge, which sizes each item's hold.
+    pub charging: ChargingPolicy,
+}
+
 /// Adds `requests` to an OPEN batch of the tenant, all or nothing (see the module).
-/// Items of a batch without a deadline of its own get `default_deadline`, counted
-/// from when they are added.
 pub async fn add_items(
     db: &DatabaseConnection,
     bus: &EventBus,
@@ -75,8 +83,12 @@ pub async fn add_items(
     tenant_id: Uuid,
     batch_id: Uuid,
     requests: Vec<ItemRequest>,
-    default_deadline: Duration,
+    rules: ItemRules,
 ) -> Result<AddedItems, ServiceError> {
+    let ItemRules {
+        default_deadline,
+        charging,
+    } = rules;
     if requests.is_empty() || requests.len() > MAX_ITEMS_PER_CALL {
         return Err(ServiceError::validation(format!(
             "items must hold 1 to {MAX_ITEMS_PER_CALL} items"
@@ -100,7 +112,7 @@ pub async fn add_items(
     let deadline = settings
         .deadline
         .map_or(Deadline::After(default_deadline), Deadline::At);
-    let (items, repeated) = parse_items(&batch, &settings, deadline, requests)?;
+    let (items, repeated) = parse_items(&batch, &settings, deadline, requests, charging)?;
     let mut tries = 0;
     loop {
         tries += 1;
@@ -201,6 +213,7 @@ fn parse_items(
     settings: &BatchSettings,
     deadline: Deadline,
     requests: Vec<ItemRequest>,
+    charging: ChargingPolicy,
 ) -> Result<(Vec<Item>, usize), ServiceError> {
     let priority = Priority::parse(settings.priority)?;
     let mut seen: HashMap<String, String> = HashMap::with_capacity(requests.len());
@@ -221,6 +234,11 @@ fn parse_items(
         }
         crate::validation::single_line("customId", &request.custom_id).map_err(at)?;
         let messages = parse_messages(request.messages).map_err(at)?;
+        check_model_takes(
+            &batch.model,
+            messages.iter().flat_map(|message| &message.parts),
+        )
+        .map_err(at)?;
         let max_output_tokens = match request.max_output_tokens {
             Some(tokens) => parse_max_output_tokens(tokens).map_err(at)?,
             None => settings.max_output_tokens,
@@ -253,6 +271,7 @@ fn parse_items(
             rerun_of: None,
             // Items take no fallbacks: a batch is one model.
             fallback_models: Vec::new(),
+            charging,
         };
         let fingerprint = job.fingerprint();
         match seen.get(&request.custom_id) {
@@ -293,11 +312,12 @@ async fn write_chunk(
             ))
         })?;
     // Before anything is held: an item the model cannot run would fail every attempt.
+    let counting = crate::jobs::tokens::counting_for(providers, &batch.model);
     for item in items {
-        let bound = item.job.input.call_bound();
+        let bound = item.job.input.call_bound(counting);
         price
             .limits
-            .check_output(&batch.model, bound.max_output_tokens)
+            .check_call(&batch.model, bound)
             .map_err(|refusal| {
                 ServiceError::validation(format!("item {:?}: {refusal}", item.custom_id))
             })?;
@@ -326,9 +346,15 @@ async fn write_chunk(
     let simulated = providers.simulates(&batch.model);
     let mut rows = Vec::with_capacity(fresh.len());
     for item in &fresh {
-        let bound = item.job.input.call_bound();
+        let bound = item.job.input.call_bound(counting);
         let row = job_row(batch, item, simulated, bound.tokens(), now);
-        rows.push((row, item, bound.job_hold(&price, item.job.max_attempts)));
+        let hold = item.job.charging.job_hold(
+            bound,
+            &price,
+            item.job.max_attempts,
+            item.job.input.stream_output,
+        );
+        rows.push((row, item, hold));
     }
     // Ids follow the items' order (the order they were added); the rows are inserted
     // in custom-id order, so two chunks that overlap take the unique index's entries in

@@ -74,12 +74,7 @@ pub async fn start_attempts(
         };
         let earlier = spent.get(&job.id).cloned().unwrap_or_default();
         let hold = holds.get(&job.id).copied().unwrap_or(Credits::ZERO);
-        let spent_already = !earlier.allows_call(
-            job,
-            hold,
-            start.provider_cost_bound,
-            start.customer_charge_bound,
-        );
+        let spent_already = !earlier.allows_call(job, hold, start.customer_charge_bound);
         budget_spent.insert(job.id, spent_already);
         rows.push(attempt_row(claim, start, job, &earlier, spent_already, now));
     }

@@ -44,6 +44,7 @@ impl Worker {
                     claim,
                     input,
                     start,
+                    bound,
                     provider,
                     mut notices,
                 },
@@ -179,6 +180,7 @@ impl Worker {
         };
         let context = CallContext {
             input: &input,
+            bound,
             chain: &chain,
             pauses: &pauses,
             charging: inner.settings.charging,

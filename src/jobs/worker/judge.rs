@@ -65,6 +65,8 @@ impl CallEnd {
 /// What an attempt's end is judged with besides the attempt itself.
 pub(super) struct CallContext<'a> {
     pub(super) input: &'a JobInput,
+    /// The call's bound, its prompt counted by the provider's rule.
+    pub(super) bound: CallBound,
     /// The job's models, its own first.
     pub(super) chain: &'a ModelChain,
     /// The pauses in force on the chain's models when the call ended (model, until).
@@ -94,7 +96,7 @@ impl<'a> CallContext<'a> {
             input: self.input,
             chain: self.chain,
             pauses: self.pauses,
-            bound: self.input.call_bound(),
+            bound: self.bound,
             charging: self.charging,
             latency: self.latency,
             ended_at: self.ended_at,

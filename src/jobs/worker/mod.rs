@@ -19,7 +19,7 @@ use super::queue::{
     self, AttemptStart, Claim, ClaimRequest, Claimed, JobError, JobErrorCode, StartedAttempt,
     TenantCursor,
 };
-use crate::billing::{AttemptEnding, ChargingPolicy, ModelPrice, prices};
+use crate::billing::{AttemptEnding, CallBound, ChargingPolicy, ModelPrice, prices};
 use crate::bus::{EventBus, TopicReceiver};
 use crate::llm::{Provider, ProviderRegistry};
 use crate::metrics::Metrics;
@@ -93,6 +93,8 @@ struct Prepared {
     claim: Claim,
     input: JobInput,
     start: AttemptStart,
+    /// The call's bound, its prompt counted by the provider's rule.
+    bound: CallBound,
     provider: Option<Arc<dyn Provider>>,
     /// Subscribed before the attempt is recorded, so that no cancel slips between.
     notices: TopicReceiver,
@@ -381,7 +383,13 @@ impl Worker {
             .providers
             .provider_for(&claim.job.model)
             .filter(|_| claim.job.simulated || !inner.providers.simulates(&claim.job.model));
-        let bound = input.call_bound();
+        let bound = input.call_bound(
+            provider
+                .as_ref()
+                .map_or(crate::llm::PromptCounting::Bytes(None), |provider| {
+                    provider.prompt_counting(&claim.job.model)
+                }),
+        );
         let charging = inner.settings.charging;
         let start = AttemptStart {
             worker_id: inner.id.clone(),
@@ -401,6 +409,7 @@ impl Worker {
             claim,
             input,
             start,
+            bound,
             provider,
             notices,
         })

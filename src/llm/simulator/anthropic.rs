@@ -11,6 +11,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+use crate::llm::parts::Shape;
+
 use super::Simulator;
 use super::conn::ConnHandle;
 use super::exchange::{
@@ -82,9 +84,15 @@ impl MessagesRequest {
             .chain(self.messages.iter().map(|message| &message.content))
             .map(Content::text)
             .collect();
+        let media_tokens = self
+            .messages
+            .iter()
+            .map(|message| message.content.media_tokens(Shape::Anthropic))
+            .sum();
         Prompt {
             model: self.model,
             texts,
+            media_tokens,
             last_user,
             max_tokens: Some(self.max_tokens),
             format: ReplyFormat::Text,

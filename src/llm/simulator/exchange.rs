@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use super::conn::ConnHandle;
 use super::directives::{self, Directives, NOT_JSON};
 use super::{Charge, Simulator, logged_request};
+use crate::llm::parts::{Shape, TOKENS_PER_PDF_PAGE, image, pdf};
 
 /// How many characters of the last user message the default reply echoes.
 const GIST_CHARS: usize = 60;
@@ -27,16 +28,108 @@ pub(super) enum Content {
     Parts(Vec<Part>),
 }
 
-/// One part of a multi-part content; only `text` parts carry text.
+/// One part of a multi-part content; only `text` parts carry text. Images and PDFs
+/// count by the published rules of the shape they came in.
 #[derive(Deserialize)]
 pub(super) struct Part {
     #[serde(rename = "type")]
     kind: String,
     #[serde(default)]
     text: Option<String>,
+    /// OpenAI's `image_url` part.
+    #[serde(default)]
+    image_url: Option<ImageUrl>,
+    /// OpenAI's `file` part.
+    #[serde(default)]
+    file: Option<FileData>,
+    /// Anthropic's `image` and `document` blocks.
+    #[serde(default)]
+    source: Option<BlockSource>,
+}
+
+#[derive(Deserialize)]
+struct ImageUrl {
+    url: String,
+}
+
+#[derive(Deserialize)]
+struct FileData {
+    #[serde(default)]
+    file_data: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct BlockSource {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    data: Option<String>,
+}
+
+/// The bytes of a `data:…;base64,…` URL.
+fn data_url_bytes(url: &str) -> Option<Vec<u8>> {
+    let (_, data) = url.strip_prefix("data:")?.split_once(";base64,")?;
+    base64_bytes(data)
+}
+
+fn base64_bytes(data: &str) -> Option<Vec<u8>> {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.decode(data).ok()
+}
+
+impl Part {
+    /// What this part counts as input, by `shape`'s rules: an image by its size
+    /// (one whose bytes are not at hand, by URL, at the most an image counts), a PDF
+    /// by its pages; text and anything else nothing here.
+    fn media_tokens(&self, shape: Shape) -> u64 {
+        let image = |bytes: Option<Vec<u8>>| {
+            let size = bytes
+                .as_deref()
+                .and_then(image::read_header)
+                .map(|(_, width, height)| (width, height));
+            shape.image_tokens(size)
+        };
+        let document = |bytes: Option<Vec<u8>>| {
+            bytes
+                .as_deref()
+                .and_then(pdf::page_count)
+                .map_or(0, |pages| TOKENS_PER_PDF_PAGE * u64::from(pages))
+        };
+        let block_bytes = || {
+            self.source
+                .as_ref()
+                .filter(|source| source.kind == "base64")
+                .and_then(|source| source.data.as_deref())
+                .and_then(base64_bytes)
+        };
+        match self.kind.as_str() {
+            "image_url" => image(
+                self.image_url
+                    .as_ref()
+                    .and_then(|image| data_url_bytes(&image.url)),
+            ),
+            "file" => document(
+                self.file
+                    .as_ref()
+                    .and_then(|file| file.file_data.as_deref())
+                    .and_then(data_url_bytes),
+            ),
+            "image" => image(block_bytes()),
+            "document" => document(block_bytes()),
+            _ => 0,
+        }
+    }
 }
 
 impl Content {
+    /// What the images and documents among the parts count as, by `shape`'s rules.
+    pub(super) fn media_tokens(&self, shape: Shape) -> u64 {
+        match self {
+            Self::Text(_) => 0,
+            Self::Parts(parts) => parts.iter().map(|part| part.media_tokens(shape)).sum(),
+        }
+    }
+
     /// The text parts, concatenated; images and the like count for nothing.
     pub(super) fn text(&self) -> String {
         match self {
@@ -55,6 +148,8 @@ pub(super) struct Prompt {
     pub model: String,
     /// Every input text, system prompt first, in request order.
     pub texts: Vec<String>,
+    /// What the images and documents count as, by the rules of the request's shape.
+    pub media_tokens: u64,
     /// Text of the last user message (empty when there is none).
     pub last_user: String,
     pub max_tokens: Option<u64>,
@@ -141,7 +236,8 @@ pub(super) struct Plan {
 pub(super) fn plan(sim: &Simulator, request_id: String, prompt: Prompt) -> Plan {
     let directives = Directives::parse(prompt.texts.iter().map(String::as_str));
     let input_tokens =
-        tokens(prompt.texts.iter().map(String::len).sum::<usize>() + prompt.tool_bytes);
+        tokens(prompt.texts.iter().map(String::len).sum::<usize>() + prompt.tool_bytes)
+            + prompt.media_tokens;
     // A tool call's arguments are its output: they are cut and counted as text is.
     let (tool_call, (text, truncated)) = match &directives.tool_call {
         Some(name) => {

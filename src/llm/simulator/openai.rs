@@ -11,6 +11,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+use crate::llm::parts::Shape;
+
 use super::Simulator;
 use super::conn::ConnHandle;
 use super::exchange::{
@@ -115,9 +117,16 @@ impl ChatRequest {
                 ReplyFormat::JsonSchema(json_schema.schema)
             }
         };
+        let media_tokens = self
+            .messages
+            .iter()
+            .filter_map(|message| message.content.as_ref())
+            .map(|content| content.media_tokens(Shape::OpenAi))
+            .sum();
         Prompt {
             model: self.model,
             texts,
+            media_tokens,
             last_user,
             // The newer name wins, as it does at OpenAI.
             max_tokens: self.max_completion_tokens.or(self.max_tokens),

@@ -2,7 +2,7 @@
 //! few requests and top-level fields at once per tenant, keyless requests bounded in
 //! rate per address, and a response counted against its owner until it is read.
 
-use crate::helpers::{AppOptions, Backend, error_code, job_input, spawn_app_with};
+use crate::helpers::{AppOptions, Backend, error_code, job_input, large_job_input, spawn_app_with};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::net::{IpAddr, Ipv4Addr};
@@ -364,7 +364,7 @@ async fn a_response_holds_its_slot_until_it_is_read() {
     for index in 0..6 {
         app.create_job_ok(
             &tenant,
-            job_input(&format!("large-{index}"), &"x".repeat(4 * 1024 * 1024 - 64)),
+            large_job_input(&format!("large-{index}"), 4 * 1024 * 1024),
         )
         .await;
     }

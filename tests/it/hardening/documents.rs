@@ -3,7 +3,9 @@
 //! introspection and contract operations that must still pass.
 
 use super::{GRAPHQL_RESPONSE_JSON, healthz_keeps_answering};
-use crate::helpers::{ADMIN_TOKEN, AppOptions, Backend, error_code, job_input, spawn_app_with};
+use crate::helpers::{
+    ADMIN_TOKEN, AppOptions, Backend, error_code, job_input, large_job_input, spawn_app_with,
+};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -234,10 +236,12 @@ async fn responses_past_the_limit_are_replaced_by_an_error(backend: Backend) {
     let app = spawn_app_with(backend, AppOptions::no_workers()).await;
     let tenant = app.funded_tenant("acme", "1000").await;
     // Nine inputs of 4 MiB: together past the 32 MiB response limit.
-    let content = "a".repeat(4 * 1024 * 1024);
     for index in 0..9 {
-        app.create_job_ok(&tenant, job_input(&format!("big-{index}"), &content))
-            .await;
+        app.create_job_ok(
+            &tenant,
+            large_job_input(&format!("big-{index}"), 4 * 1024 * 1024),
+        )
+        .await;
     }
     let query = "{ jobs(first: 20) { edges { node { id input } } } }";
     for strict in [true, false] {

@@ -2,7 +2,7 @@
 //! bounded before they are parsed.
 
 use super::GRAPHQL_RESPONSE_JSON;
-use crate::helpers::{AppOptions, Backend, error_code, job_input, spawn_app_with};
+use crate::helpers::{AppOptions, Backend, error_code, large_job_input, spawn_app_with};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -147,9 +147,9 @@ async fn bodies_are_bounded_before_they_are_parsed() {
             .unwrap();
         assert_eq!(keyed.status(), 413, "{path}: 300,000 values");
     }
-    // A large text is one value: a job's input of megabytes still passes.
+    // A large string is one value: a job's input of megabytes still passes.
     let id = app
-        .create_job_ok(&tenant, job_input("big", &"x".repeat(3 * 1024 * 1024)))
+        .create_job_ok(&tenant, large_job_input("big", 3 * 1024 * 1024))
         .await;
     assert!(!id.is_nil());
 }

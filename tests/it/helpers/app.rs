@@ -85,7 +85,7 @@ pub fn test_worker_settings() -> WorkerSettings {
 /// Routing with no provider configured: the simulator serves every model. For tests
 /// that call the job services directly; nothing is ever sent to it.
 pub fn simulated_models() -> ProviderRegistry {
-    let simulator = OpenAiClient::new("simulator", "http://127.0.0.1:9/v1", None);
+    let simulator = OpenAiClient::new("simulator", "http://127.0.0.1:9/v1", None).simulator();
     ProviderRegistry::new(Some(std::sync::Arc::new(simulator)))
 }
 
@@ -122,6 +122,19 @@ pub async fn spawn_app(backend: Backend) -> TestApp {
 pub async fn spawn_app_with(backend: Backend, options: AppOptions) -> TestApp {
     let database = TestDatabase::create(&backend).await;
     spawn_app_on(database, RunningSimulator::start().await, options).await
+}
+
+/// Starts the application with options made from its simulator's address, for a
+/// config file whose real providers are the simulator (the OpenAI-compatible one at
+/// `http://ADDRESS/v1`, the Anthropic one at `http://ADDRESS`).
+pub async fn spawn_app_with_simulator(
+    backend: Backend,
+    options: impl FnOnce(SocketAddr) -> AppOptions,
+) -> TestApp {
+    let database = TestDatabase::create(&backend).await;
+    let simulator = RunningSimulator::start().await;
+    let options = options(simulator.address);
+    spawn_app_on(database, simulator, options).await
 }
 
 /// Polls `/healthz` of a `jobledger serve` child listening on `address` until it

@@ -73,6 +73,21 @@ pub fn job_input(idempotency_key: &str, content: &str) -> Value {
     })
 }
 
+/// A valid job input of about `bytes` bytes (at most 5 MiB), for tests of large
+/// requests and responses: a PNG image of `bytes` (its header, then padding) in
+/// base64. Megabytes of text would pass the model's context window; an image counts
+/// by its size in pixels, not its bytes.
+pub fn large_job_input(idempotency_key: &str, bytes: usize) -> Value {
+    use base64::Engine;
+    let mut image =
+        b"\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR\x00\x00\x04\x00\x00\x00\x04\x00".to_vec();
+    image.resize(bytes * 3 / 4, 0);
+    let data = base64::engine::general_purpose::STANDARD.encode(&image);
+    let mut input = job_input(idempotency_key, "describe");
+    input["messages"][0]["parts"] = json!([{"type": "IMAGE", "data": data}]);
+    input
+}
+
 /// The answers to the same mutation sent concurrently under one key (`createJob`,
 /// `rerunJob`, …, named by `field`): every one succeeded, all name one job, and exactly
 /// one made it (the others are replays).

@@ -31,9 +31,9 @@ mod tenants;
 
 pub use app::{
     ADMIN_TOKEN, AppOptions, RunningSimulator, TestApp, simulated_models, spawn_app,
-    spawn_app_with, test_worker_settings, wait_until_serving,
+    spawn_app_with, spawn_app_with_simulator, test_worker_settings, wait_until_serving,
 };
 pub use backends::{Backend, TestDatabase};
 pub use graphql::{decimal, error_code};
-pub use jobs::{event_kinds, job_input, one_job_made_once};
+pub use jobs::{event_kinds, job_input, large_job_input, one_job_made_once};
 pub use tenants::TestTenant;

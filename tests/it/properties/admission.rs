@@ -33,7 +33,7 @@ async fn concurrent_creates_never_admit_more_than_the_balance_holds(backend: Bac
     let new = NewJob::parse(JobRequest {
         idempotency_key: "sizing".into(),
         model: "o4-mini".into(),
-        messages: vec![("user".into(), "x".into())],
+        messages: vec![jobledger::jobs::input::MessageRequest::text("user", "x")],
         max_output_tokens: 50_001,
         response_schema: None,
         max_attempts: None,
@@ -44,6 +44,7 @@ async fn concurrent_creates_never_admit_more_than_the_balance_holds(backend: Bac
         run_at: None,
         deadline: None,
         default_deadline: jobledger::jobs::input::DEFAULT_DEADLINE,
+        charging: Default::default(),
         labels: Vec::new(),
         parameters: Default::default(),
         tools: Default::default(),
@@ -54,7 +55,14 @@ async fn concurrent_creates_never_admit_more_than_the_balance_holds(backend: Bac
         .await
         .unwrap()
         .unwrap();
-    let hold = new.input.call_bound().job_hold(&price, new.max_attempts);
+    // Counted as the simulator that serves the tests' models counts.
+    let hold = new.charging.job_hold(
+        new.input
+            .call_bound(jobledger::llm::PromptCounting::QuarterBytes),
+        &price,
+        new.max_attempts,
+        new.input.stream_output,
+    );
     // Nine significant fractional digits, so any rounding on the way shows.
     assert!(
         hold.nanos() % 10 != 0 && (100_000_000..1_000_000_000).contains(&hold.nanos()),

@@ -38,9 +38,6 @@ use uuid::Uuid;
 const LEASE: Duration = Duration::from_secs(600);
 /// The models jobs use: two price levels with odd nano-credit rates.
 const MODELS: [&str; 2] = ["gpt-4o-mini", "gpt-4o"];
-/// Tokens `docs/architecture.md` ("Money") adds per message to the UTF-8 bytes of its
-/// content.
-const MESSAGE_OVERHEAD_TOKENS: u64 = 16;
 
 /// A fresh database with the schema and the built-in prices (markup 1.25).
 async fn prepared_database(backend: &Backend) -> (TestDatabase, DatabaseConnection) {
@@ -124,7 +121,10 @@ impl Spec {
         NewJob::parse(JobRequest {
             idempotency_key: key.to_owned(),
             model: MODELS[self.model].to_owned(),
-            messages: vec![("user".to_owned(), self.content())],
+            messages: vec![jobledger::jobs::input::MessageRequest::text(
+                "user",
+                self.content(),
+            )],
             max_output_tokens: i32::try_from(self.max_output).unwrap(),
             response_schema: None,
             max_attempts: Some(i32::try_from(self.max_attempts).unwrap()),
@@ -135,6 +135,7 @@ impl Spec {
             run_at: None,
             deadline: None,
             default_deadline: jobledger::jobs::input::DEFAULT_DEADLINE,
+            charging: Default::default(),
             labels: Vec::new(),
             parameters: Default::default(),
             tools: Default::default(),
@@ -143,20 +144,18 @@ impl Spec {
         .expect("the generated request is valid")
     }
 
-    /// The hold by the sizing rule of `docs/architecture.md` ("Money"), computed here
-    /// rather than by the service:
-    /// maxAttempts × the higher of the customer and the provider price ×
-    /// (UTF-8 bytes + 16 per message + maxOutputTokens).
+    /// The hold by the sizing rule of `docs/architecture.md` ("Holds and
+    /// settlement"), computed here rather than by the service: under the default
+    /// policy a job that does not stream is held for one call at the customer price,
+    /// whatever its maxAttempts — its prompt as the simulator counts it (a quarter of
+    /// the UTF-8 bytes, rounded up) and maxOutputTokens.
     fn hold(&self, price: &ModelPrice) -> Credits {
         let usage = TokenUsage {
-            input_tokens: self.content().len() as u64 + MESSAGE_OVERHEAD_TOKENS,
+            input_tokens: (self.content().len() as u64).div_ceil(4),
             cached_input_tokens: 0,
             output_tokens: u64::from(self.max_output),
         };
-        let per_call = price
-            .customer_charge(&usage)
-            .max(price.provider_cost(&usage));
-        Credits::from_nanos(per_call.nanos() * i64::from(self.max_attempts))
+        price.customer_charge(&usage)
     }
 
     /// Another request under the same key: a conflict, never a replay.
@@ -177,7 +176,8 @@ impl Spec {
 /// streamed nothing).
 fn attempt_start(price: &ModelPrice, job: &jobs::Model) -> AttemptStart {
     let input: JobInput = serde_json::from_value(job.input.0.clone()).unwrap();
-    let bound = input.call_bound();
+    // The tests' models are served by the simulator, which counts a quarter of the bytes.
+    let bound = input.call_bound(jobledger::llm::PromptCounting::QuarterBytes);
     AttemptStart {
         worker_id: "property-test".into(),
         provider: Some("simulator".into()),

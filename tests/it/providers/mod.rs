@@ -15,10 +15,7 @@ fn request(messages: &[(Role, &str)]) -> ChatRequest {
         model: "claude-sonnet-4-5".to_owned(),
         messages: messages
             .iter()
-            .map(|(role, content)| Message {
-                role: *role,
-                content: (*content).to_owned(),
-            })
+            .map(|(role, content)| Message::text(*role, *content))
             .collect(),
         max_output_tokens: 256,
         response_schema: None,

@@ -175,12 +175,45 @@ export type LabelInput = {
   value: string;
 };
 
-/** One chat message of a job. */
+/** One chat message of a job: its text, its parts, or both (the text comes first). */
 export type MessageInput = {
-  content: string;
+  content?: string | null | undefined;
+  /**
+   * Text, images and PDF documents after the content; images and documents in
+   * user messages only, at most 20 parts per job, 5 MiB per part and 10 MiB in
+   * all (decoded).
+   */
+  parts?: Array<MessagePartInput> | null | undefined;
   /** `system`, `developer`, `user` or `assistant`. */
   role: string;
 };
+
+/** One part of a message. */
+export type MessagePartInput = {
+  /** An IMAGE's or DOCUMENT's bytes, in base64. */
+  data?: string | null | undefined;
+  /**
+   * `image/png`, `image/jpeg`, `image/gif`, `image/webp` or `application/pdf`;
+   * read from the data when not given, and refused when the data says otherwise.
+   */
+  mediaType?: string | null | undefined;
+  /** A TEXT part's text. */
+  text?: string | null | undefined;
+  type: MessagePartType;
+  /** Where the provider fetches an IMAGE (http or https). */
+  url?: string | null | undefined;
+};
+
+/** What a message part is. */
+export type MessagePartType =
+  /** A PDF, as `data` only: by URL its pages could not be counted for the hold. */
+  | 'DOCUMENT'
+  /**
+   * PNG, JPEG, GIF or WebP: as `data`, or by `url` (then held at the most any
+   * image counts for the model's provider).
+   */
+  | 'IMAGE'
+  | 'TEXT';
 
 /** The state of a job's credit hold. */
 export type ReservationStatus =

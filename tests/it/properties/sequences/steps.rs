@@ -111,7 +111,13 @@ impl Sequence {
         let price = &self.price_list[spec.model];
         let hold = spec.hold(price);
         assert_eq!(
-            new.input.call_bound().job_hold(price, new.max_attempts),
+            new.charging.job_hold(
+                new.input
+                    .call_bound(jobledger::llm::PromptCounting::QuarterBytes),
+                price,
+                new.max_attempts,
+                new.input.stream_output,
+            ),
             hold,
             "{}: the service sizes holds other than docs/architecture.md says",
             self.at
