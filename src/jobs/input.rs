@@ -458,18 +458,23 @@ pub fn parse_max_output_tokens(tokens: i32) -> Result<u32, ServiceError> {
         })
 }
 
-/// `maxAttempts`: 1 to [`MAX_ATTEMPTS_CAP`], [`DEFAULT_MAX_ATTEMPTS`] when not given.
-/// A deadline the job can meet: after now, and after its `runAt`.
+/// A deadline the job can meet: after its `runAt`. Whether it is still in the future
+/// is the service's to say ([`past_deadline`]), after it has looked for the job a
+/// retry of the same request names: a retry sent after the deadline passed must find
+/// the job the first try created, not a refusal.
 pub fn parse_deadline(deadline: Timestamp, run_at: Option<Timestamp>) -> Result<(), ServiceError> {
-    if deadline <= Timestamp::now() {
-        return Err(ServiceError::validation("deadline must be in the future"));
-    }
     if run_at.is_some_and(|run_at| deadline <= run_at) {
         return Err(ServiceError::validation("deadline must be after runAt"));
     }
     Ok(())
 }
 
+/// The refusal of a new job or batch whose named deadline is not in the future.
+pub fn past_deadline() -> ServiceError {
+    ServiceError::validation("deadline must be in the future")
+}
+
+/// `maxAttempts`: 1 to [`MAX_ATTEMPTS_CAP`], [`DEFAULT_MAX_ATTEMPTS`] when not given.
 pub fn parse_max_attempts(attempts: Option<i32>) -> Result<u32, ServiceError> {
     match attempts {
         None => Ok(DEFAULT_MAX_ATTEMPTS),
@@ -723,10 +728,6 @@ mod tests {
             (
                 |r| r.run_at = Some(Timestamp::now().plus(chrono::Duration::days(400))),
                 "runAt",
-            ),
-            (
-                |r| r.deadline = Some(Timestamp::now().plus(chrono::Duration::seconds(-1))),
-                "deadline",
             ),
             (
                 |r| {

@@ -88,15 +88,18 @@ pub async fn rerun_job(
         if let Some(added) =
             items::add_rerun(db, bus, providers, &batch, custom_id, new.clone()).await?
         {
-            let job = service::find_by_key(db, tenant_id, key.as_str())
-                .await?
-                .ok_or_else(|| {
-                    sea_orm::DbErr::Custom("a rerun added to its batch is gone".into())
-                })?;
-            return Ok(CreatedJob {
-                job,
-                replayed: added.added == 0,
-            });
+            match service::find_by_key(db, tenant_id, key.as_str()).await? {
+                Some(job) if job.rerun_of == Some(original.id) => {
+                    return Ok(CreatedJob {
+                        job,
+                        replayed: added.added == 0,
+                    });
+                }
+                Some(_) => return Err(ServiceError::IdempotencyConflict),
+                // An item the client added has the rerun's name and input: it is not
+                // the rerun, which is then a job of its own.
+                None => {}
+            }
         }
     }
     // A race with the same key ends in the service's own replay, by fingerprint, which

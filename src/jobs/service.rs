@@ -4,7 +4,7 @@ use super::budget::{self, Spent};
 use super::events;
 use super::fallbacks::ModelChain;
 use super::flow;
-use super::input::NewJob;
+use super::input::{self, Deadline, NewJob};
 use super::labels::{self, Label};
 use super::reach::JobReach;
 use crate::billing::{Credits, alerts};
@@ -93,6 +93,20 @@ async fn create(
     token_id: Option<Uuid>,
 ) -> Result<CreatedJob, ServiceError> {
     let fingerprint = new.fingerprint();
+    // A deadline that has passed refuses only a new job: the retry of a create whose
+    // answer was lost finds the job the first try made.
+    if let Deadline::At(deadline) = new.deadline
+        && deadline <= now
+    {
+        return match find_by_key(db, tenant_id, new.idempotency_key.as_str()).await? {
+            Some(job) if job.request_hash == fingerprint => Ok(CreatedJob {
+                job,
+                replayed: true,
+            }),
+            Some(_) => Err(ServiceError::IdempotencyConflict),
+            None => Err(input::past_deadline()),
+        };
+    }
     let chain = ModelChain::new(new.model.clone(), new.fallback_models.clone());
     let simulated = providers.simulates(&new.model);
     // Any model of the chain may make any of the paid calls: the hold is sized for

@@ -22,6 +22,7 @@ on_both_backends!(
     the_config_file_sets_the_default_deadline,
     a_batch_deadline_ends_its_unfinished_items_and_then_it_takes_no_more,
     batch_items_take_the_configured_default_deadline,
+    a_create_sent_again_after_its_deadline_passed_replays,
 );
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -462,5 +463,57 @@ async fn batch_items_take_the_configured_default_deadline(backend: Backend) {
     assert!(
         span > chrono::Duration::seconds(590) && span <= chrono::Duration::seconds(600),
         "{span}"
+    );
+}
+
+/// A create sent again after its deadline passed — its first answer lost — finds the
+/// job and the batch the first try made; only a new one is refused for the deadline.
+async fn a_create_sent_again_after_its_deadline_passed_replays(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let deadline = in_millis(1_500);
+    let mut input = job_input("lost-answer", "hi");
+    input["deadline"] = json!(deadline);
+    let first = app.create_job_ok(&tenant, input.clone()).await;
+    let batch_input = json!({"idempotencyKey": "lost-batch", "model": "gpt-4o-mini",
+                             "maxOutputTokens": 50, "deadline": deadline});
+    let batch = create_batch(&app, &tenant, batch_input.clone()).await;
+    assert!(batch["errors"].is_null(), "{batch}");
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+
+    let again = app.create_job(&tenant, input.clone()).await;
+    assert!(again["errors"].is_null(), "{again}");
+    assert_eq!(again["data"]["createJob"]["replayed"], true, "{again}");
+    assert_eq!(
+        again["data"]["createJob"]["job"]["id"],
+        json!(first.to_string())
+    );
+    let mut changed = input.clone();
+    changed["messages"][0]["content"] = json!("something else");
+    assert_eq!(
+        error_code(&app.create_job(&tenant, changed).await),
+        "IDEMPOTENCY_CONFLICT"
+    );
+    let mut fresh = input;
+    fresh["idempotencyKey"] = json!("new-key");
+    assert_eq!(
+        error_code(&app.create_job(&tenant, fresh).await),
+        "VALIDATION"
+    );
+
+    let batch_again = create_batch(&app, &tenant, batch_input.clone()).await;
+    assert_eq!(
+        batch_again["data"]["createBatch"]["replayed"], true,
+        "{batch_again}"
+    );
+    assert_eq!(
+        batch_again["data"]["createBatch"]["batch"]["id"],
+        batch["data"]["createBatch"]["batch"]["id"]
+    );
+    let mut other_batch = batch_input;
+    other_batch["idempotencyKey"] = json!("new-batch");
+    assert_eq!(
+        error_code(&create_batch(&app, &tenant, other_batch).await),
+        "VALIDATION"
     );
 }

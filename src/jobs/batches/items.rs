@@ -30,6 +30,7 @@ use sea_orm::{
     QueryFilter, QuerySelect, Statement,
 };
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 use uuid::Uuid;
@@ -139,10 +140,10 @@ pub async fn add_items(
 }
 
 /// Adds `rerun`, a rerun of the item `original_custom_id`, to its OPEN batch, as an
-/// item named `<original custom id>/rerun/<the rerun's key>`: it runs, counts and is
+/// item named by [`rerun_custom_id`]: it runs, counts and is
 /// charged with the batch, and the batch finishes only after it. `None` when the batch
-/// no longer takes items (closed, cancelled, or past its deadline): the rerun is then a
-/// job of its own. The rerun keeps the client's own key, so it replays and conflicts
+/// no longer takes items (closed, cancelled, or past its deadline), or when an item the
+/// client added took the name: the rerun is then a job of its own. The rerun keeps the client's own key, so it replays and conflicts
 /// as every rerun does.
 pub async fn add_rerun(
     db: &DatabaseConnection,
@@ -164,10 +165,7 @@ pub async fn add_rerun(
         // An item of the batch ends by the batch's deadline, as every other does.
         rerun.deadline = Deadline::At(deadline);
     }
-    let custom_id = format!(
-        "{original_custom_id}/rerun/{}",
-        rerun.idempotency_key.as_str()
-    );
+    let custom_id = rerun_custom_id(original_custom_id, rerun.idempotency_key.as_str());
     let fingerprint = rerun.fingerprint();
     let items = [Item {
         custom_id,
@@ -179,6 +177,9 @@ pub async fn add_rerun(
             Ok(Chunk::Written(added)) => return Ok(Some(*added)),
             Ok(Chunk::Closed) => return Ok(None),
             Ok(Chunk::Raced) => continue,
+            // An item the client added holds the name with another input: the rerun
+            // is a job of its own.
+            Err(ServiceError::IdempotencyConflict) => return Ok(None),
             Err(ServiceError::Database(error))
                 if tries < RACE_RETRIES && crate::db::is_transient(&error) =>
             {
@@ -189,6 +190,18 @@ pub async fn add_rerun(
     }
     // The rerun's key names another job (the caller checked it was free just before).
     Err(ServiceError::IdempotencyConflict)
+}
+
+/// The name of a rerun in its batch: the original's (cut to leave room) and a digest of
+/// the rerun's key, within [`MAX_CUSTOM_ID_LENGTH`] however long the key is.
+fn rerun_custom_id(original_custom_id: &str, key: &str) -> String {
+    const SUFFIX_LENGTH: usize = "/rerun/".len() + 16;
+    let kept: String = original_custom_id
+        .chars()
+        .take(MAX_CUSTOM_ID_LENGTH - SUFFIX_LENGTH)
+        .collect();
+    let digest = hex::encode(&Sha256::digest(key.as_bytes())[..8]);
+    format!("{kept}/rerun/{digest}")
 }
 
 /// How one try at writing a chunk ended.
@@ -592,5 +605,22 @@ fn job_row(
         rerun_of: item.job.rerun_of,
         deadline: Some(item.job.deadline.instant(now)),
         model_chain: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reruns_name_stays_within_the_custom_id_limit_and_tells_keys_apart() {
+        let long = "d".repeat(MAX_CUSTOM_ID_LENGTH);
+        let name = rerun_custom_id(&long, &"k".repeat(255));
+        assert_eq!(name.chars().count(), MAX_CUSTOM_ID_LENGTH);
+        assert!(name.contains("/rerun/"));
+        assert_ne!(rerun_custom_id("doc-1", "a"), rerun_custom_id("doc-1", "b"));
+        assert!(rerun_custom_id("doc-1", "a").starts_with("doc-1/rerun/"));
+        let multibyte = "é".repeat(MAX_CUSTOM_ID_LENGTH);
+        assert!(rerun_custom_id(&multibyte, "a").chars().count() <= MAX_CUSTOM_ID_LENGTH);
     }
 }

@@ -164,6 +164,27 @@ pub async fn create_batch(
         )));
     }
     let now = Timestamp::now();
+    let fingerprint = new.fingerprint();
+    // A deadline that has passed refuses only a new batch: a retry finds the first.
+    if new
+        .settings
+        .deadline
+        .is_some_and(|deadline| deadline <= now)
+    {
+        let existing = batches::Entity::find()
+            .filter(batches::Column::TenantId.eq(tenant_id))
+            .filter(batches::Column::IdempotencyKey.eq(new.idempotency_key.as_str()))
+            .one(db)
+            .await?;
+        return match existing {
+            Some(batch) if batch.request_hash == fingerprint => Ok(CreatedBatch {
+                batch,
+                replayed: true,
+            }),
+            Some(_) => Err(ServiceError::IdempotencyConflict),
+            None => Err(input::past_deadline()),
+        };
+    }
     let Some(price) = crate::billing::prices::price_at(db, &new.model, now).await? else {
         return Err(ServiceError::validation(format!(
             "model {:?} has no price and cannot be run",
@@ -176,7 +197,6 @@ pub async fn create_batch(
     if new.mode == BatchMode::ProviderBatch {
         check_provider_batch(providers, &new.model, &price)?;
     }
-    let fingerprint = new.fingerprint();
     let row = batches::ActiveModel {
         id: Set(Uuid::now_v7()),
         tenant_id: Set(tenant_id),
