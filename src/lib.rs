@@ -7,6 +7,7 @@
 
 pub mod accounts;
 pub mod app;
+pub mod backoff;
 pub mod bench;
 pub mod billing;
 pub mod bus;
