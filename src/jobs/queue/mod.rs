@@ -6,14 +6,14 @@
 //! the attempt lost the job (its lease expired and it was taken back), and the attempt
 //! then writes nothing further.
 
-use super::budget::Spent;
 use crate::billing::{Credits, ModelPrice};
 use crate::bus::EventNotice;
+use crate::jobs::lifecycle::Transition;
 use crate::llm::TokenUsage;
-use entity::{AttemptOutcome, JobStatus, Timestamp, attempts, jobs};
+use entity::{AttemptOutcome, JobStatus, JsonText, Timestamp, attempts, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait, LockBehavior, LockType, Query};
 use sea_orm::{ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, QueryFilter};
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::collections::HashMap;
 use std::time::Duration;
 use uuid::Uuid;
@@ -31,6 +31,8 @@ pub use finish::{AttemptEnd, abandon_claim, finish_attempt, finish_attempts};
 pub use moves::move_off_paused_model;
 pub use rescue::expire_leases;
 pub use start::{start_attempt, start_attempts};
+// A job's fate is decided there; this module writes it.
+pub use crate::jobs::lifecycle::INVALID_OUTPUT_RETRIES;
 
 /// What a lease renewal learned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -204,6 +206,40 @@ fn with_error(
             jobs::Column::ErrorMessage,
             Expr::value(error.message.clone()),
         )
+}
+
+/// The UPDATE also writes what `transition` makes of the job (but its event, which
+/// [`events::append`](crate::jobs::events::append) writes): its status, error and
+/// result, when it runs next and on which model, its finish, and the attempt it gives
+/// back.
+fn apply(
+    update: sea_orm::UpdateMany<jobs::Entity>,
+    transition: &Transition,
+    now: Timestamp,
+) -> sea_orm::UpdateMany<jobs::Entity> {
+    let mut update = update.col_expr(jobs::Column::Status, Expr::value(transition.status));
+    if let Some(error) = &transition.error {
+        update = with_error(update, error);
+    }
+    if let Some(result) = &transition.result {
+        update = update.col_expr(jobs::Column::Result, Expr::value(JsonText(result.clone())));
+    }
+    if let Some(at) = transition.next_run_at {
+        update = update.col_expr(jobs::Column::NextRunAt, Expr::value(at));
+    }
+    if let Some(model) = &transition.model {
+        update = update.col_expr(jobs::Column::Model, Expr::value(model.clone()));
+    }
+    if transition.status.is_terminal() {
+        update = update.col_expr(jobs::Column::FinishedAt, Expr::value(now));
+    }
+    if transition.gives_back_attempt {
+        update = update.col_expr(
+            jobs::Column::AttemptCount,
+            Expr::col(jobs::Column::AttemptCount).sub(1),
+        );
+    }
+    update
 }
 
 /// Details of an attempt known before the provider is called.
@@ -397,32 +433,4 @@ pub enum JobOutcome {
         at: Timestamp,
         model: Option<String>,
     },
-}
-
-/// Replies that may fail a job's response schema before it fails for good: the first
-/// try and two retries, within `maxAttempts`.
-pub const INVALID_OUTPUT_RETRIES: u32 = 2;
-
-/// The error of a job whose budget of paid calls is spent.
-fn paid_call_limit(spent: &Spent) -> JobError {
-    JobError::new(
-        JobErrorCode::PaidCallLimit,
-        format!(
-            "the job made {} provider calls that may have been billed, as many as it may pay for",
-            spent.paid_calls
-        ),
-    )
-}
-
-/// What an event about an attempt's end says: which attempt, how it ended, and why.
-fn attempt_event_data(
-    number: Option<i32>,
-    outcome: AttemptOutcome,
-    error: Option<&JobError>,
-) -> Value {
-    json!({
-        "attempt": number,
-        "outcome": outcome,
-        "error": error.map(|error| json!({"code": error.code, "message": error.message})),
-    })
 }
