@@ -21,6 +21,7 @@ pub mod jobs;
 pub mod llm;
 pub mod metrics;
 pub mod outbox;
+pub mod page;
 pub mod startup;
 pub mod telemetry;
 pub mod validation;
