@@ -60,7 +60,7 @@ pub const FREE_HAND_BACKS: u32 = 3;
 /// an unknown outcome, `WORKER_SHUTDOWN`).
 fn is_shutdown_abort(attempt: &attempts::Model) -> bool {
     attempt.outcome == AttemptOutcome::Unknown
-        && attempt.error_code.as_deref() == Some(JobErrorCode::WorkerShutdown.as_str())
+        && attempt.error_code == Some(JobErrorCode::WorkerShutdown)
 }
 
 impl Spent {

@@ -467,7 +467,7 @@ mod tests {
             id: Uuid::now_v7(),
             tenant_id,
             webhook_id,
-            event_type: "job.succeeded".to_owned(),
+            event_type: entity::WebhookEvent::JobSucceeded,
             payload: "{}".to_owned(),
             status: WebhookDeliveryStatus::Pending,
             attempts: 0,

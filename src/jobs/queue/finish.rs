@@ -187,7 +187,7 @@ async fn write_jobs(
             claim.run_token.into(),
             change.status.into(),
             change.result.clone().map(JsonText).into(),
-            change.error.as_ref().map(|error| error.code.clone()).into(),
+            change.error.as_ref().map(|error| error.code).into(),
             change
                 .error
                 .as_ref()
@@ -327,7 +327,7 @@ async fn record_attempts<'a>(
             report.provider_request_id.clone().map(storable_text).into(),
             report.customer_charge.nanos().into(),
             report.delivered_output_tokens.map(tokens).into(),
-            report.error.as_ref().map(|error| error.code.clone()).into(),
+            report.error.as_ref().map(|error| error.code).into(),
             report
                 .error
                 .as_ref()

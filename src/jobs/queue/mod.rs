@@ -201,7 +201,7 @@ fn with_error(
     error: &JobError,
 ) -> sea_orm::UpdateMany<jobs::Entity> {
     update
-        .col_expr(jobs::Column::ErrorCode, Expr::value(error.code.clone()))
+        .col_expr(jobs::Column::ErrorCode, Expr::value(error.code))
         .col_expr(
             jobs::Column::ErrorMessage,
             Expr::value(error.message.clone()),
@@ -304,7 +304,7 @@ pub struct AttemptReport {
 /// A machine-readable code and a human message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JobError {
-    pub code: String,
+    pub code: JobErrorCode,
     pub message: String,
 }
 
@@ -314,7 +314,7 @@ impl JobError {
     /// U+FFFD.
     pub fn new(code: JobErrorCode, message: impl Into<String>) -> Self {
         Self {
-            code: code.as_str().to_owned(),
+            code,
             message: storable_text(message.into()),
         }
     }
@@ -330,80 +330,8 @@ pub fn storable_text(text: String) -> String {
     }
 }
 
-/// The codes a failed job or attempt carries, as clients see them in `error.code`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum JobErrorCode {
-    /// The provider refused the request (4xx); retrying cannot help.
-    ProviderRejected,
-    /// The provider was unreachable or answered with a retryable error.
-    ProviderUnavailable,
-    /// The request was sent and no answer came back.
-    OutcomeUnknown,
-    /// The reply did not satisfy the job's response schema.
-    InvalidOutput,
-    /// The worker running the attempt stopped renewing its lease.
-    LeaseExpired,
-    /// The attempt was aborted because the tenant cancelled the job.
-    Cancelled,
-    /// The worker shut down during the call and handed the job back.
-    WorkerShutdown,
-    /// The job made as many calls that may have been billed as it may pay for
-    /// (`maxAttempts`: lost calls and hand-backs past the free ones included), or
-    /// their cost reached its hold.
-    PaidCallLimit,
-    /// No configured provider serves the job's model (the simulator only serves what
-    /// it is allowed to).
-    ModelNotServed,
-    /// The answer came back and was paid for, but the database refused to store it.
-    ResultNotStored,
-    /// The job cannot be run at all (its stored input is unreadable, its model has no
-    /// price); no call was made.
-    NotRunnable,
-    /// The job had not finished by its deadline: queued, it failed there; running,
-    /// its attempt was cancelled.
-    DeadlineExceeded,
-}
-
-impl JobErrorCode {
-    /// Every code, in the order of the declaration.
-    pub const ALL: [Self; 12] = [
-        Self::ProviderRejected,
-        Self::ProviderUnavailable,
-        Self::OutcomeUnknown,
-        Self::InvalidOutput,
-        Self::LeaseExpired,
-        Self::Cancelled,
-        Self::WorkerShutdown,
-        Self::PaidCallLimit,
-        Self::ModelNotServed,
-        Self::ResultNotStored,
-        Self::NotRunnable,
-        Self::DeadlineExceeded,
-    ];
-
-    /// The code whose text is `text`, as a job or attempt row stores it.
-    pub fn parse(text: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|code| code.as_str() == text)
-    }
-
-    /// The code's text.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::ProviderRejected => "PROVIDER_REJECTED",
-            Self::ProviderUnavailable => "PROVIDER_UNAVAILABLE",
-            Self::OutcomeUnknown => "OUTCOME_UNKNOWN",
-            Self::InvalidOutput => "INVALID_OUTPUT",
-            Self::LeaseExpired => "LEASE_EXPIRED",
-            Self::Cancelled => "CANCELLED",
-            Self::WorkerShutdown => "WORKER_SHUTDOWN",
-            Self::PaidCallLimit => "PAID_CALL_LIMIT",
-            Self::ModelNotServed => "MODEL_NOT_SERVED",
-            Self::ResultNotStored => "RESULT_NOT_STORED",
-            Self::NotRunnable => "NOT_RUNNABLE",
-            Self::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        }
-    }
-}
+/// The codes a failed job or attempt carries (stored in `error_code`).
+pub use entity::JobErrorCode;
 
 /// What becomes of the job after the attempt.
 #[derive(Clone, Debug)]

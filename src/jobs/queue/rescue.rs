@@ -92,7 +92,7 @@ async fn expire_lease(
         .col_expr(attempts::Column::FinishedAt, Expr::value(now))
         .col_expr(
             attempts::Column::ErrorCode,
-            Expr::value(JobErrorCode::LeaseExpired.as_str()),
+            Expr::value(JobErrorCode::LeaseExpired),
         )
         .filter(attempts::Column::JobId.eq(job.id))
         .filter(attempts::Column::RunToken.eq(claim.run_token))
