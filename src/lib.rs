@@ -7,6 +7,7 @@
 
 pub mod accounts;
 pub mod app;
+pub mod backoff;
 pub mod bench;
 pub mod billing;
 pub mod bus;
@@ -20,6 +21,7 @@ pub mod jobs;
 pub mod llm;
 pub mod metrics;
 pub mod outbox;
+pub mod page;
 pub mod startup;
 pub mod telemetry;
 pub mod validation;

@@ -1,6 +1,6 @@
 //! One worker's try at one job, written before the provider is called.
 
-use crate::{AttemptOutcome, Timestamp};
+use crate::{AttemptOutcome, JobErrorCode, Timestamp};
 use sea_orm::entity::prelude::*;
 
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
@@ -14,7 +14,7 @@ pub struct Model {
     pub run_token: Uuid,
     pub worker_id: String,
     pub outcome: AttemptOutcome,
-    pub error_code: Option<String>,
+    pub error_code: Option<JobErrorCode>,
     pub error_message: Option<String>,
     pub provider: String,
     pub model: String,

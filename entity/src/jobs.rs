@@ -1,6 +1,6 @@
 //! A job: the business operation, independent of any request or attempt.
 
-use crate::{JobStatus, JsonText, Timestamp};
+use crate::{JobErrorCode, JobStatus, JsonText, Timestamp};
 use sea_orm::entity::prelude::*;
 
 #[derive(Clone, Debug, PartialEq, DeriveEntityModel)]
@@ -20,7 +20,7 @@ pub struct Model {
     pub input: JsonText,
     pub retry_unknown_outcome: bool,
     pub result: Option<JsonText>,
-    pub error_code: Option<String>,
+    pub error_code: Option<JobErrorCode>,
     pub error_message: Option<String>,
     pub attempt_count: i32,
     pub max_attempts: i32,

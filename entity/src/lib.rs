@@ -33,6 +33,6 @@ pub mod webhooks;
 pub use json_text::JsonText;
 pub use timestamp::Timestamp;
 pub use values::{
-    ApiKeyRole, AttemptOutcome, BatchMode, BatchStatus, EventKind, JobStatus, LedgerEntryKind,
-    ReservationStatus, WebhookDeliveryStatus,
+    ApiKeyRole, AttemptOutcome, BatchMode, BatchStatus, BucketScope, EventKind, JobErrorCode,
+    JobStatus, LedgerEntryKind, ReservationStatus, WebhookDeliveryStatus, WebhookEvent,
 };

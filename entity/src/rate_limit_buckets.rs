@@ -5,7 +5,7 @@
 //! `tenant_limits`), so a bucket's level is only meaningful against its limit: a null
 //! level is a full bucket, and a level above a lowered limit counts as full.
 
-use crate::Timestamp;
+use crate::{BucketScope, Timestamp};
 use sea_orm::entity::prelude::*;
 
 #[derive(Clone, Debug, PartialEq, DeriveEntityModel)]
@@ -13,7 +13,7 @@ use sea_orm::entity::prelude::*;
 pub struct Model {
     /// `provider`, `model` or `tenant`.
     #[sea_orm(primary_key, auto_increment = false)]
-    pub scope: String,
+    pub scope: BucketScope,
     /// The provider's or model's name, or the tenant's id.
     #[sea_orm(primary_key, auto_increment = false)]
     pub key: String,

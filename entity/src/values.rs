@@ -26,6 +26,18 @@ impl JobStatus {
     pub fn is_terminal(self) -> bool {
         matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
     }
+
+    /// The status as the API spells it (the GraphQL `JobStatus` enum, webhook bodies,
+    /// batch results).
+    pub fn api_name(self) -> &'static str {
+        match self {
+            Self::Queued => "QUEUED",
+            Self::Running => "RUNNING",
+            Self::Succeeded => "SUCCEEDED",
+            Self::Failed => "FAILED",
+            Self::Cancelled => "CANCELLED",
+        }
+    }
 }
 
 /// How a batch's items are run.
@@ -182,4 +194,224 @@ pub enum WebhookDeliveryStatus {
     /// Given up: retried for a day without success, or its endpoint was deleted.
     #[sea_orm(string_value = "failed")]
     Failed,
+}
+
+/// Whose budget a rate-limit bucket holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, EnumIter, DeriveActiveEnum)]
+#[sea_orm(rs_type = "String", db_type = "String(StringLen::None)")]
+pub enum BucketScope {
+    #[sea_orm(string_value = "provider")]
+    Provider,
+    #[sea_orm(string_value = "model")]
+    Model,
+    #[sea_orm(string_value = "tenant")]
+    Tenant,
+}
+
+impl BucketScope {
+    /// The name stored in `rate_limit_buckets.scope` and used as a metrics label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Provider => "provider",
+            Self::Model => "model",
+            Self::Tenant => "tenant",
+        }
+    }
+}
+
+/// What a webhook delivery reports: the `type` of its body, stored in
+/// `webhook_deliveries.event_type` and listed in `webhooks.events`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum)]
+#[sea_orm(rs_type = "String", db_type = "String(StringLen::None)")]
+pub enum WebhookEvent {
+    #[sea_orm(string_value = "job.succeeded")]
+    JobSucceeded,
+    #[sea_orm(string_value = "job.failed")]
+    JobFailed,
+    #[sea_orm(string_value = "job.cancelled")]
+    JobCancelled,
+    #[sea_orm(string_value = "balance.low")]
+    BalanceLow,
+    #[sea_orm(string_value = "spend_limit.reached")]
+    SpendLimitReached,
+    #[sea_orm(string_value = "batch.finished")]
+    BatchFinished,
+}
+
+impl WebhookEvent {
+    /// Every event type, in a stable order.
+    pub const ALL: [Self; 6] = [
+        Self::JobSucceeded,
+        Self::JobFailed,
+        Self::JobCancelled,
+        Self::BalanceLow,
+        Self::SpendLimitReached,
+        Self::BatchFinished,
+    ];
+
+    /// The `type` of the delivered body, as stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::JobSucceeded => "job.succeeded",
+            Self::JobFailed => "job.failed",
+            Self::JobCancelled => "job.cancelled",
+            Self::BalanceLow => "balance.low",
+            Self::SpendLimitReached => "spend_limit.reached",
+            Self::BatchFinished => "batch.finished",
+        }
+    }
+
+    /// The event type a stored name names.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.as_str() == name)
+    }
+
+    /// The event a job's end reports: `None` while the job has not ended.
+    pub fn of_job_end(status: crate::JobStatus) -> Option<Self> {
+        match status {
+            crate::JobStatus::Succeeded => Some(Self::JobSucceeded),
+            crate::JobStatus::Failed => Some(Self::JobFailed),
+            crate::JobStatus::Cancelled => Some(Self::JobCancelled),
+            crate::JobStatus::Queued | crate::JobStatus::Running => None,
+        }
+    }
+}
+
+/// The codes a failed job or attempt carries, as clients see them in `error.code`,
+/// stored in `jobs.error_code` and `attempts.error_code` as these very texts.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum, Serialize, Deserialize,
+)]
+#[sea_orm(rs_type = "String", db_type = "String(StringLen::None)")]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum JobErrorCode {
+    /// The provider refused the request (4xx); retrying cannot help.
+    #[sea_orm(string_value = "PROVIDER_REJECTED")]
+    ProviderRejected,
+    /// The provider was unreachable or answered with a retryable error.
+    #[sea_orm(string_value = "PROVIDER_UNAVAILABLE")]
+    ProviderUnavailable,
+    /// The request was sent and no answer came back.
+    #[sea_orm(string_value = "OUTCOME_UNKNOWN")]
+    OutcomeUnknown,
+    /// The reply did not satisfy the job's response schema.
+    #[sea_orm(string_value = "INVALID_OUTPUT")]
+    InvalidOutput,
+    /// The worker running the attempt stopped renewing its lease.
+    #[sea_orm(string_value = "LEASE_EXPIRED")]
+    LeaseExpired,
+    /// The attempt was aborted because the tenant cancelled the job.
+    #[sea_orm(string_value = "CANCELLED")]
+    Cancelled,
+    /// The worker shut down during the call and handed the job back.
+    #[sea_orm(string_value = "WORKER_SHUTDOWN")]
+    WorkerShutdown,
+    /// The job made as many calls that may have been billed as it may pay for
+    /// (`maxAttempts`: lost calls and hand-backs past the free ones included), or
+    /// their cost reached its hold.
+    #[sea_orm(string_value = "PAID_CALL_LIMIT")]
+    PaidCallLimit,
+    /// No configured provider serves the job's model (the simulator only serves what
+    /// it is allowed to).
+    #[sea_orm(string_value = "MODEL_NOT_SERVED")]
+    ModelNotServed,
+    /// The answer came back and was paid for, but the database refused to store it.
+    #[sea_orm(string_value = "RESULT_NOT_STORED")]
+    ResultNotStored,
+    /// The job cannot be run at all (its stored input is unreadable, its model has no
+    /// price); no call was made.
+    #[sea_orm(string_value = "NOT_RUNNABLE")]
+    NotRunnable,
+    /// The job had not finished by its deadline: queued, it failed there; running,
+    /// its attempt was cancelled.
+    #[sea_orm(string_value = "DEADLINE_EXCEEDED")]
+    DeadlineExceeded,
+}
+
+impl JobErrorCode {
+    /// Every code, in the order of the declaration.
+    pub const ALL: [Self; 12] = [
+        Self::ProviderRejected,
+        Self::ProviderUnavailable,
+        Self::OutcomeUnknown,
+        Self::InvalidOutput,
+        Self::LeaseExpired,
+        Self::Cancelled,
+        Self::WorkerShutdown,
+        Self::PaidCallLimit,
+        Self::ModelNotServed,
+        Self::ResultNotStored,
+        Self::NotRunnable,
+        Self::DeadlineExceeded,
+    ];
+
+    /// The code whose text is `text`, as a job or attempt row stores it.
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|code| code.as_str() == text)
+    }
+
+    /// The code's text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ProviderRejected => "PROVIDER_REJECTED",
+            Self::ProviderUnavailable => "PROVIDER_UNAVAILABLE",
+            Self::OutcomeUnknown => "OUTCOME_UNKNOWN",
+            Self::InvalidOutput => "INVALID_OUTPUT",
+            Self::LeaseExpired => "LEASE_EXPIRED",
+            Self::Cancelled => "CANCELLED",
+            Self::WorkerShutdown => "WORKER_SHUTDOWN",
+            Self::PaidCallLimit => "PAID_CALL_LIMIT",
+            Self::ModelNotServed => "MODEL_NOT_SERVED",
+            Self::ResultNotStored => "RESULT_NOT_STORED",
+            Self::NotRunnable => "NOT_RUNNABLE",
+            Self::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sea_orm::{ActiveEnum, Iterable};
+
+    #[test]
+    fn each_value_is_stored_as_the_text_it_always_was() {
+        for scope in BucketScope::iter() {
+            assert_eq!(scope.to_value(), scope.as_str());
+            assert_eq!(
+                BucketScope::try_from_value(&scope.as_str().to_owned()).unwrap(),
+                scope
+            );
+        }
+        let stored: Vec<String> = WebhookEvent::iter().map(|event| event.to_value()).collect();
+        assert_eq!(
+            stored,
+            [
+                "job.succeeded",
+                "job.failed",
+                "job.cancelled",
+                "balance.low",
+                "spend_limit.reached",
+                "batch.finished"
+            ]
+        );
+        for event in WebhookEvent::ALL {
+            assert_eq!(WebhookEvent::parse(&event.to_value()), Some(event));
+        }
+        assert_eq!(WebhookEvent::iter().count(), WebhookEvent::ALL.len());
+    }
+
+    #[test]
+    fn an_error_code_is_stored_and_serialised_as_its_text() {
+        assert_eq!(JobErrorCode::iter().count(), JobErrorCode::ALL.len());
+        for code in JobErrorCode::ALL {
+            assert_eq!(code.to_value(), code.as_str());
+            assert_eq!(
+                serde_json::to_value(code).unwrap(),
+                serde_json::json!(code.as_str())
+            );
+            assert_eq!(JobErrorCode::parse(code.as_str()), Some(code));
+        }
+        assert_eq!(JobErrorCode::PaidCallLimit.to_value(), "PAID_CALL_LIMIT");
+    }
 }

@@ -1,7 +1,7 @@
 //! The webhook outbox: one row per event and endpoint, written in the transaction of
 //! the fact it reports, delivered later with retries.
 
-use crate::{Timestamp, WebhookDeliveryStatus};
+use crate::{Timestamp, WebhookDeliveryStatus, WebhookEvent};
 use sea_orm::entity::prelude::*;
 
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
@@ -13,7 +13,7 @@ pub struct Model {
     pub tenant_id: Uuid,
     pub webhook_id: Uuid,
     /// `job.succeeded`, `balance.low`, …
-    pub event_type: String,
+    pub event_type: WebhookEvent,
     /// The exact JSON body sent (and signed) on every try.
     pub payload: String,
     pub status: WebhookDeliveryStatus,

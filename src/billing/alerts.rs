@@ -4,8 +4,8 @@
 use crate::billing::Credits;
 use crate::billing::ledger::Balance;
 use crate::billing::limits::SpendPeriod;
-use crate::outbox::{self, EventType};
-use entity::{Timestamp, tenant_limits, tenants};
+use crate::outbox;
+use entity::{Timestamp, WebhookEvent, tenant_limits, tenants};
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, Condition, ConnectionTrait, DbErr, EntityTrait, QueryFilter};
 use serde_json::json;
@@ -60,7 +60,7 @@ pub async fn after_balance_fell(
         "available": after.to_string(),
         "threshold": threshold.to_string(),
     });
-    outbox::enqueue(transaction, tenant_id, EventType::BalanceLow, data).await
+    outbox::enqueue(transaction, tenant_id, WebhookEvent::BalanceLow, data).await
 }
 
 /// Queues `spend_limit.reached` for a cap that refused a job at `at`, unless it was
@@ -100,5 +100,11 @@ pub async fn spend_limit_reached(
         "spend": spend.to_string(),
         "periodStart": starts_at.to_datetime().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
     });
-    outbox::enqueue(transaction, tenant_id, EventType::SpendLimitReached, data).await
+    outbox::enqueue(
+        transaction,
+        tenant_id,
+        WebhookEvent::SpendLimitReached,
+        data,
+    )
+    .await
 }

@@ -2,21 +2,18 @@
 //! deliveries.
 
 use super::types::PageInfo;
-use super::{ApiErrorCode, app, principal};
-use crate::jobs::service::MAX_PAGE_SIZE;
-use crate::outbox::{self, EventType};
+use super::{app, principal};
+use crate::outbox;
+use crate::page::PageRequest;
 use crate::webhooks;
 use async_graphql::{Context, Enum, InputObject, Object, SimpleObject};
 use chrono::{DateTime, Utc};
-use entity::{webhook_deliveries, webhooks as rows};
+use entity::{WebhookEvent, webhook_deliveries, webhooks as rows};
 use uuid::Uuid;
-
-/// Deliveries per page when the client does not say.
-const DEFAULT_PAGE_SIZE: i32 = 20;
 
 /// What a webhook reports.
 #[derive(Enum, Clone, Copy, Debug, PartialEq, Eq)]
-#[graphql(remote = "crate::outbox::EventType")]
+#[graphql(remote = "entity::WebhookEvent")]
 pub enum WebhookEventType {
     JobSucceeded,
     JobFailed,
@@ -94,17 +91,17 @@ pub struct WebhookDelivery {
 }
 
 impl WebhookDelivery {
-    fn new(row: webhook_deliveries::Model) -> Option<Self> {
-        Some(Self {
+    fn new(row: webhook_deliveries::Model) -> Self {
+        Self {
             id: row.id,
             webhook_id: row.webhook_id,
-            event_type: EventType::parse(&row.event_type)?.into(),
+            event_type: row.event_type.into(),
             status: row.status.into(),
             attempts: row.attempts,
             last_status_code: row.last_status_code,
             created_at: row.created_at.to_datetime(),
             delivered_at: row.delivered_at.map(|at| at.to_datetime()),
-        })
+        }
     }
 }
 
@@ -146,24 +143,12 @@ impl WebhookQuery {
         after: Option<String>,
     ) -> async_graphql::Result<WebhookDeliveryConnection> {
         let tenant_id = principal(context)?.tenant_id()?;
-        let first = u64::try_from(first.unwrap_or(DEFAULT_PAGE_SIZE))
-            .ok()
-            .filter(|first| (1..=MAX_PAGE_SIZE).contains(first))
-            .ok_or_else(|| {
-                ApiErrorCode::Validation.error(format!("first must be 1 to {MAX_PAGE_SIZE}"))
-            })?;
-        let after = after
-            .map(|cursor| {
-                Uuid::parse_str(&cursor).map_err(|_| {
-                    ApiErrorCode::Validation.error("after is not a cursor from this API")
-                })
-            })
-            .transpose()?;
+        let PageRequest { first, after } = PageRequest::new(first, after.as_deref())?;
         let page = webhooks::list_deliveries(&app(context).db, tenant_id, first, after).await?;
         let edges: Vec<WebhookDeliveryEdge> = page
             .deliveries
             .into_iter()
-            .filter_map(WebhookDelivery::new)
+            .map(WebhookDelivery::new)
             .map(|node| WebhookDeliveryEdge {
                 cursor: node.id.to_string(),
                 node,
@@ -194,7 +179,7 @@ impl WebhookMutation {
     ) -> async_graphql::Result<CreateWebhookPayload> {
         let tenant_id = principal(context)?.tenant_id()?;
         let app = app(context);
-        let events: Vec<EventType> = input.events.into_iter().map(Into::into).collect();
+        let events: Vec<WebhookEvent> = input.events.into_iter().map(Into::into).collect();
         let created = webhooks::create_webhook(
             &app.db,
             tenant_id,

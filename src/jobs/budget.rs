@@ -17,8 +17,9 @@
 use crate::billing::batch_totals::BatchTotals;
 use crate::billing::ledger::{self, Resolution};
 use crate::billing::{Credits, limits};
+use crate::jobs::lifecycle;
 use crate::jobs::queue::JobErrorCode;
-use entity::{AttemptOutcome, JobStatus, ReservationStatus, attempts, credit_reservations, jobs};
+use entity::{AttemptOutcome, ReservationStatus, attempts, credit_reservations, jobs};
 use sea_orm::{ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QueryOrder};
 use std::collections::HashMap;
 use uuid::Uuid;
@@ -60,7 +61,7 @@ pub const FREE_HAND_BACKS: u32 = 3;
 /// an unknown outcome, `WORKER_SHUTDOWN`).
 fn is_shutdown_abort(attempt: &attempts::Model) -> bool {
     attempt.outcome == AttemptOutcome::Unknown
-        && attempt.error_code.as_deref() == Some(JobErrorCode::WorkerShutdown.as_str())
+        && attempt.error_code == Some(JobErrorCode::WorkerShutdown)
 }
 
 impl Spent {
@@ -147,22 +148,9 @@ impl Spent {
 /// How a terminal job's hold is resolved: charged the sum of its attempts' customer
 /// charges (the settlement caps it at the hold), the rest released. A succeeded job is
 /// always settled, even for nothing; any other job only when an attempt charged.
+/// ([`lifecycle::resolution`] of the job as it is.)
 pub fn resolution(job: &jobs::Model, final_attempt: Option<Uuid>, spent: &Spent) -> Resolution {
-    let charged_attempt = match job.status {
-        JobStatus::Succeeded => final_attempt,
-        _ if spent.customer_charges.is_positive() => spent.last_charged_attempt,
-        _ => None,
-    };
-    let charged = if charged_attempt.is_some() {
-        spent.customer_charges
-    } else {
-        Credits::ZERO
-    };
-    Resolution {
-        job_id: job.id,
-        charge: charged_attempt.map(|attempt_id| (attempt_id, spent.customer_charges)),
-        absorbed: spent.provider_exposure - charged,
-    }
+    lifecycle::resolution(job.id, job.status, final_attempt, spent)
 }
 
 /// Resolves a terminal job's hold (see [`resolution`]) in the caller's transaction.

@@ -9,6 +9,7 @@ pub mod flow;
 pub mod input;
 pub mod labels;
 pub mod leases;
+pub mod lifecycle;
 pub mod observe;
 pub mod parameters;
 pub mod parts;

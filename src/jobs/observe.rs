@@ -70,10 +70,10 @@ impl AttemptTally {
             duration: report.latency,
             provider_cost,
             customer_charge: report.customer_charge,
-            retry_class: report
-                .error
-                .as_ref()
-                .map_or_else(|| "UNSPECIFIED".to_owned(), |error| error.code.clone()),
+            retry_class: report.error.as_ref().map_or_else(
+                || "UNSPECIFIED".to_owned(),
+                |error| error.code.as_str().to_owned(),
+            ),
             created_at: end.claim.job.created_at,
         }
     }

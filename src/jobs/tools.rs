@@ -315,7 +315,7 @@ mod tests {
             (call("other", "{}"), NOT_OFFERED),
         ] {
             let error = accept_tool_calls(&[bad], "", &tools).unwrap_err();
-            assert_eq!(error.code, "INVALID_OUTPUT");
+            assert_eq!(error.code, entity::JobErrorCode::InvalidOutput);
             assert_eq!(error.message, message);
         }
     }

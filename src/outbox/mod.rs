@@ -5,59 +5,19 @@
 
 use crate::billing::Credits;
 use entity::{
-    JobStatus, Timestamp, WebhookDeliveryStatus, job_labels, jobs, webhook_deliveries, webhooks,
+    Timestamp, WebhookDeliveryStatus, WebhookEvent, job_labels, jobs, webhook_deliveries, webhooks,
 };
 use sea_orm::{ActiveValue::Set, ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter};
 use serde_json::{Map, Value, json};
 use std::collections::{HashMap, HashSet};
 use uuid::Uuid;
 
-/// What a webhook reports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum EventType {
-    JobSucceeded,
-    JobFailed,
-    JobCancelled,
-    BalanceLow,
-    SpendLimitReached,
-    BatchFinished,
-}
-
-impl EventType {
-    /// Every event type, in a stable order.
-    pub const ALL: [Self; 6] = [
-        Self::JobSucceeded,
-        Self::JobFailed,
-        Self::JobCancelled,
-        Self::BalanceLow,
-        Self::SpendLimitReached,
-        Self::BatchFinished,
-    ];
-
-    /// The `type` of the delivered body.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::JobSucceeded => "job.succeeded",
-            Self::JobFailed => "job.failed",
-            Self::JobCancelled => "job.cancelled",
-            Self::BalanceLow => "balance.low",
-            Self::SpendLimitReached => "spend_limit.reached",
-            Self::BatchFinished => "batch.finished",
-        }
-    }
-
-    /// The event type a stored name names.
-    pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|kind| kind.as_str() == name)
-    }
-}
-
 /// The event types an endpoint receives.
-pub fn events_of(webhook: &webhooks::Model) -> Vec<EventType> {
+pub fn events_of(webhook: &webhooks::Model) -> Vec<WebhookEvent> {
     webhook
         .events
         .split(',')
-        .filter_map(EventType::parse)
+        .filter_map(WebhookEvent::parse)
         .collect()
 }
 
@@ -66,7 +26,7 @@ pub fn events_of(webhook: &webhooks::Model) -> Vec<EventType> {
 pub async fn enqueue(
     db: &impl ConnectionTrait,
     tenant_id: Uuid,
-    event: EventType,
+    event: WebhookEvent,
     data: Value,
 ) -> Result<(), DbErr> {
     enqueue_many(db, vec![(tenant_id, event, data)]).await
@@ -80,7 +40,7 @@ const INSERT_CHUNK: usize = 500;
 /// concerned and one insert of the deliveries.
 async fn enqueue_many(
     db: &impl ConnectionTrait,
-    events: Vec<(Uuid, EventType, Value)>,
+    events: Vec<(Uuid, WebhookEvent, Value)>,
 ) -> Result<(), DbErr> {
     let endpoints = live_endpoints(db, events.iter().map(|(tenant_id, ..)| *tenant_id)).await?;
     insert_deliveries(db, &endpoints, events).await
@@ -107,7 +67,7 @@ async fn live_endpoints(
 async fn insert_deliveries(
     db: &impl ConnectionTrait,
     endpoints: &[webhooks::Model],
-    events: Vec<(Uuid, EventType, Value)>,
+    events: Vec<(Uuid, WebhookEvent, Value)>,
 ) -> Result<(), DbErr> {
     if endpoints.is_empty() || events.is_empty() {
         return Ok(());
@@ -131,7 +91,7 @@ async fn insert_deliveries(
                     id: Set(Uuid::now_v7()),
                     tenant_id: Set(tenant_id),
                     webhook_id: Set(endpoint.id),
-                    event_type: Set(event.as_str().to_owned()),
+                    event_type: Set(event),
                     payload: Set(body.clone()),
                     status: Set(WebhookDeliveryStatus::Pending),
                     attempts: Set(0),
@@ -186,12 +146,8 @@ pub async fn enqueue_jobs_finished(
     let events = finished
         .iter()
         .filter_map(|(job, customer_charge)| {
-            let (event, status) = match job.status {
-                JobStatus::Succeeded => (EventType::JobSucceeded, "SUCCEEDED"),
-                JobStatus::Failed => (EventType::JobFailed, "FAILED"),
-                JobStatus::Cancelled => (EventType::JobCancelled, "CANCELLED"),
-                JobStatus::Queued | JobStatus::Running => return None,
-            };
+            let event = WebhookEvent::of_job_end(job.status)?;
+            let status = job.status.api_name();
             let data = json!({
                 "jobId": job.id,
                 "status": status,
@@ -229,5 +185,5 @@ pub async fn enqueue_batch_finished(
         },
         "customerCharge": Credits::from_nanos(batch.customer_charge_nanos).to_string(),
     });
-    enqueue(db, batch.tenant_id, EventType::BatchFinished, data).await
+    enqueue(db, batch.tenant_id, WebhookEvent::BatchFinished, data).await
 }

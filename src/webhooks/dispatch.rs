@@ -13,9 +13,9 @@
 //! tenant per round.
 
 use super::{address, signature};
+use crate::backoff::{Backoff, Jitter};
 use crate::metrics::{DeliveryResult, Metrics};
 use entity::{Timestamp, WebhookDeliveryStatus, webhook_deliveries, webhooks};
-use rand::Rng;
 use reqwest::Url;
 use sea_orm::sea_query::Expr;
 use sea_orm::{
@@ -42,10 +42,13 @@ const CANDIDATES: u64 = 256;
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a claim owns a delivery: well past the timeout.
 const LEASE_SECONDS: i64 = 60;
-/// The first retry comes after about this long (±25 %), each next one after twice as
-/// long, up to [`MAX_BACKOFF_SECONDS`].
-const FIRST_BACKOFF_SECONDS: f64 = 5.0;
-const MAX_BACKOFF_SECONDS: f64 = 3600.0;
+/// The first retry comes after about 5 s (±25 %), each next one after twice as long,
+/// up to an hour: endpoints coming back are not hit by every retry at once.
+const RETRY_BACKOFF: Backoff = Backoff {
+    first: Duration::from_secs(5),
+    cap: Duration::from_secs(3600),
+    jitter: Jitter::Spread(0.25),
+};
 /// A delivery that still fails this long after it was queued is given up.
 const RETRY_FOR_HOURS: i64 = 24;
 /// Bytes of a failed response's body kept in `last_error`.
@@ -449,13 +452,10 @@ async fn record(
     Ok(())
 }
 
-/// The wait before the next try after `attempts` failed ones: exponential, capped,
-/// with ±25 % jitter so that endpoints coming back are not hit by every retry at once.
+/// The wait before the next try after `attempts` failed ones ([`RETRY_BACKOFF`]).
 fn backoff(attempts: i32) -> chrono::Duration {
-    let exponent = attempts.saturating_sub(1).clamp(0, 30);
-    let base = (FIRST_BACKOFF_SECONDS * 2_f64.powi(exponent)).min(MAX_BACKOFF_SECONDS);
-    let jittered = base * rand::rng().random_range(0.75..=1.25);
-    chrono::Duration::milliseconds((jittered * 1000.0) as i64)
+    let wait = RETRY_BACKOFF.delay(u32::try_from(attempts).unwrap_or(0));
+    chrono::Duration::milliseconds(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX))
 }
 
 #[cfg(test)]
@@ -467,7 +467,7 @@ mod tests {
             id: Uuid::now_v7(),
             tenant_id,
             webhook_id,
-            event_type: "job.succeeded".to_owned(),
+            event_type: entity::WebhookEvent::JobSucceeded,
             payload: "{}".to_owned(),
             status: WebhookDeliveryStatus::Pending,
             attempts: 0,

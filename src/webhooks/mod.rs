@@ -7,8 +7,9 @@ pub mod signature;
 
 use crate::db::begin_write;
 use crate::error::ServiceError;
-use crate::outbox::EventType;
-use entity::{Timestamp, WebhookDeliveryStatus, tenants, webhook_deliveries, webhooks};
+use entity::{
+    Timestamp, WebhookDeliveryStatus, WebhookEvent, tenants, webhook_deliveries, webhooks,
+};
 use reqwest::Url;
 use sea_orm::sea_query::{Expr, LockType};
 use sea_orm::{
@@ -37,7 +38,7 @@ pub async fn create_webhook(
     db: &DatabaseConnection,
     tenant_id: Uuid,
     url: &str,
-    events: &[EventType],
+    events: &[WebhookEvent],
     allow_private: bool,
 ) -> Result<CreatedWebhook, ServiceError> {
     let url = url.trim();
@@ -78,7 +79,7 @@ pub async fn create_webhook(
         )));
     }
     let mut names: Vec<&str> = Vec::new();
-    for kind in EventType::ALL {
+    for kind in WebhookEvent::ALL {
         if events.contains(&kind) {
             names.push(kind.as_str());
         }

@@ -363,12 +363,14 @@ async fn run_refused(app: &TestApp, tenant: &TestTenant) -> Uuid {
 async fn wait_for_model_tokens(app: &TestApp, expected: f64) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let bucket =
-            rate_limit_buckets::Entity::find_by_id(("model".to_owned(), "gpt-4o-mini".to_owned()))
-                .one(&app.app.db)
-                .await
-                .unwrap()
-                .expect("the claim wrote the model's bucket");
+        let bucket = rate_limit_buckets::Entity::find_by_id((
+            entity::BucketScope::Model,
+            "gpt-4o-mini".to_owned(),
+        ))
+        .one(&app.app.db)
+        .await
+        .unwrap()
+        .expect("the claim wrote the model's bucket");
         if bucket.tokens == Some(expected) {
             return;
         }

@@ -49,7 +49,7 @@ async fn webhook_deliveries(app: &TestApp, tenant_id: Uuid) -> Vec<Uuid> {
             id: Set(id),
             tenant_id: Set(tenant_id),
             webhook_id: Set(webhook.id),
-            event_type: Set("job.succeeded".into()),
+            event_type: Set(entity::WebhookEvent::JobSucceeded),
             payload: Set("{}".into()),
             status: Set(status),
             attempts: Set(1),

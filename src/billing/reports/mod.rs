@@ -28,10 +28,9 @@ use entity::Timestamp;
 use sea_orm::ConnectionTrait;
 use uuid::Uuid;
 
-/// Rows per page when the client does not say.
-pub const DEFAULT_PAGE_SIZE: u64 = 20;
-/// The most rows one page may hold.
-pub const MAX_PAGE_SIZE: u64 = 100;
+// The page a list report is asked for, parsed as every list parses it.
+pub use crate::page::PageRequest;
+use crate::page::unknown_cursor;
 
 /// Whose figures a report covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,37 +106,6 @@ impl Window {
         }
         Ok(Self { from, to })
     }
-}
-
-/// Which page of a newest-first list: `first` rows older than the row `after`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PageRequest {
-    pub first: u64,
-    pub after: Option<Uuid>,
-}
-
-impl PageRequest {
-    /// A page request from the client's `first` (default 20, 1 to 100) and `after`
-    /// (the cursor of the previous page's last row).
-    pub fn new(first: Option<i32>, after: Option<&str>) -> Result<Self, ServiceError> {
-        let first = match first {
-            None => DEFAULT_PAGE_SIZE,
-            Some(first) => u64::try_from(first)
-                .ok()
-                .filter(|first| (1..=MAX_PAGE_SIZE).contains(first))
-                .ok_or_else(|| {
-                    ServiceError::validation(format!("first must be 1 to {MAX_PAGE_SIZE}"))
-                })?,
-        };
-        let after = after
-            .map(|cursor| Uuid::parse_str(cursor).map_err(|_| unknown_cursor()))
-            .transpose()?;
-        Ok(Self { first, after })
-    }
-}
-
-fn unknown_cursor() -> ServiceError {
-    ServiceError::validation("after is not a cursor from this list")
 }
 
 /// One page of a newest-first list.

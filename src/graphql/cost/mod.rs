@@ -26,7 +26,7 @@ pub use response::{MAX_RESPONSE_BYTES, ResponseMeter};
 pub use text::check_text;
 
 use crate::jobs::input::MAX_ATTEMPTS_CAP;
-use crate::jobs::service::MAX_PAGE_SIZE;
+use crate::page::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE};
 
 /// How much one request's document may ask for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,16 +104,13 @@ pub enum CostError {
     FragmentCycle(String),
 }
 
-/// Rows a page holds when the client gives no `first`: the resolvers' default.
-const DEFAULT_PAGE_ROWS: usize = 20;
-
 /// The complexity of a paginated field: what one row selects times the rows the page
 /// may hold (`first`, else the default; values the resolver refuses count as the
 /// most it would accept).
 pub fn page_complexity(first: Option<i32>, child_complexity: usize) -> usize {
     let most = usize::try_from(MAX_PAGE_SIZE).unwrap_or(usize::MAX);
     let rows = match first {
-        None => DEFAULT_PAGE_ROWS,
+        None => usize::try_from(DEFAULT_PAGE_SIZE).unwrap_or(most),
         Some(first) => usize::try_from(first).map_or(most, |first| first.clamp(1, most)),
     };
     child_complexity.saturating_mul(rows).saturating_add(1)

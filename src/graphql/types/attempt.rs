@@ -25,12 +25,8 @@ impl Attempt {
         self.0.outcome.into()
     }
 
-    async fn error_code(&self) -> async_graphql::Result<Option<super::JobErrorCode>> {
-        self.0
-            .error_code
-            .as_deref()
-            .map(super::JobErrorCode::of_stored)
-            .transpose()
+    async fn error_code(&self) -> Option<super::JobErrorCode> {
+        self.0.error_code.map(Into::into)
     }
 
     async fn error_message(&self) -> Option<&str> {

@@ -1,17 +1,14 @@
 //! A batch, its progress and pages of batches.
 
 use super::{JobConnection, JobEdge, JobStatus, PageInfo, money, time};
+use crate::graphql::app;
 use crate::graphql::scalars::Amount;
-use crate::graphql::{ApiErrorCode, app};
 use crate::jobs::batches::{self, BatchView};
-use crate::jobs::service::MAX_PAGE_SIZE;
+use crate::page::PageRequest;
 use async_graphql::{Context, Enum, Object, SimpleObject};
 use chrono::{DateTime, Utc};
 use entity::batches as rows;
 use uuid::Uuid;
-
-/// Items per page of `Batch.jobs` when the client does not say.
-const DEFAULT_PAGE_SIZE: i32 = 20;
 
 /// How a batch's items are run.
 #[derive(Enum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -206,24 +203,14 @@ impl Batch {
     }
 }
 
-/// `first` (1 to 100, 20 when not given) and a cursor of this API.
+/// `first` (1 to 100, 20 when not given) and a cursor of this API, as
+/// [`PageRequest::new`] parses them.
 pub fn page_arguments(
     first: Option<i32>,
     after: Option<String>,
 ) -> async_graphql::Result<(u64, Option<Uuid>)> {
-    let first = u64::try_from(first.unwrap_or(DEFAULT_PAGE_SIZE))
-        .ok()
-        .filter(|first| (1..=MAX_PAGE_SIZE).contains(first))
-        .ok_or_else(|| {
-            ApiErrorCode::Validation.error(format!("first must be 1 to {MAX_PAGE_SIZE}"))
-        })?;
-    let after = after
-        .map(|cursor| {
-            Uuid::parse_str(&cursor)
-                .map_err(|_| ApiErrorCode::Validation.error("after is not a cursor from this API"))
-        })
-        .transpose()?;
-    Ok((first, after))
+    let page = PageRequest::new(first, after.as_deref())?;
+    Ok((page.first, page.after))
 }
 
 /// A page of batches.

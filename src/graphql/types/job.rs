@@ -219,11 +219,11 @@ impl Job {
 
     #[graphql(guard = "ReadsJobs")]
     async fn error(&self) -> async_graphql::Result<Option<JobError>> {
-        let Some(code) = self.0.error_code.as_deref() else {
+        let Some(code) = self.0.error_code else {
             return Ok(None);
         };
         Ok(Some(JobError {
-            code: super::JobErrorCode::of_stored(code)?,
+            code: code.into(),
             message: self.0.error_message.clone().unwrap_or_default(),
         }))
     }

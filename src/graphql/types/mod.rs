@@ -85,7 +85,7 @@ pub enum EventKind {
 /// Why an attempt ended as it did, or why a job failed: `Job.error.code` and
 /// `Attempt.errorCode`.
 #[derive(Enum, Clone, Copy, Debug, PartialEq, Eq)]
-#[graphql(remote = "crate::jobs::queue::JobErrorCode")]
+#[graphql(remote = "entity::JobErrorCode")]
 pub enum JobErrorCode {
     /// The provider refused the request with a permanent status; not billed, not
     /// retried.
@@ -118,17 +118,4 @@ pub enum JobErrorCode {
     /// The job had not finished by its `deadline`: a queued job fails there, a running
     /// attempt is cancelled (outcome `CANCELLED`).
     DeadlineExceeded,
-}
-
-impl JobErrorCode {
-    /// The code a job or attempt row stores. Every stored code is one of the enum's
-    /// (they are written from it); one that is not is reported rather than guessed.
-    fn of_stored(text: &str) -> async_graphql::Result<Self> {
-        crate::jobs::queue::JobErrorCode::parse(text)
-            .map(Self::from)
-            .ok_or_else(|| {
-                tracing::error!(code = text, "a stored error code is not a known code");
-                crate::graphql::ApiErrorCode::Internal.error("internal error")
-            })
-    }
 }

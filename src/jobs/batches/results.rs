@@ -81,7 +81,7 @@ fn line((job_id, custom_id, status, result, code, message): ItemRow, charge: Cre
     let mut text = json!({
         "customId": custom_id,
         "jobId": job_id,
-        "status": status_name(status),
+        "status": status.api_name(),
         "result": result.map_or(Value::Null, entity::JsonText::into_value),
         "error": error,
         "customerCharge": charge.to_string(),
@@ -89,15 +89,4 @@ fn line((job_id, custom_id, status, result, code, message): ItemRow, charge: Cre
     .to_string();
     text.push('\n');
     text
-}
-
-/// As the GraphQL `JobStatus` enum spells it.
-fn status_name(status: JobStatus) -> &'static str {
-    match status {
-        JobStatus::Queued => "QUEUED",
-        JobStatus::Running => "RUNNING",
-        JobStatus::Succeeded => "SUCCEEDED",
-        JobStatus::Failed => "FAILED",
-        JobStatus::Cancelled => "CANCELLED",
-    }
 }

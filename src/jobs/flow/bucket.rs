@@ -152,7 +152,7 @@ pub(super) mod tests {
 
     fn row(requests: Option<f64>, tokens: Option<f64>, seconds: f64) -> rate_limit_buckets::Model {
         rate_limit_buckets::Model {
-            scope: "model".into(),
+            scope: entity::BucketScope::Model,
             key: "m".into(),
             requests,
             tokens,

@@ -99,24 +99,7 @@ impl RateLimit {
     }
 }
 
-/// Whose budget a bucket holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum BucketScope {
-    Provider,
-    Model,
-    Tenant,
-}
-
-impl BucketScope {
-    /// The name stored in `rate_limit_buckets.scope` and used as a metrics label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Provider => "provider",
-            Self::Model => "model",
-            Self::Tenant => "tenant",
-        }
-    }
-}
+pub use entity::BucketScope;
 
 /// One bucket's identity: its scope and the provider's or model's name or tenant id.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

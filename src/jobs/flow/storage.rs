@@ -185,7 +185,7 @@ pub async fn paused_models(
     now: Timestamp,
 ) -> Result<Vec<(String, Timestamp)>, DbErr> {
     Ok(rate_limit_buckets::Entity::find()
-        .filter(rate_limit_buckets::Column::Scope.eq(BucketScope::Model.as_str()))
+        .filter(rate_limit_buckets::Column::Scope.eq(BucketScope::Model))
         .filter(rate_limit_buckets::Column::Key.is_in(models.iter().cloned()))
         .filter(rate_limit_buckets::Column::PausedUntil.gt(now))
         .all(db)

@@ -3,17 +3,17 @@
 //! attempt's deadline is its worker's to keep (it cancels the call); a job taken back
 //! from a lost lease is queued again and found here.
 
-use super::{JobError, JobErrorCode, with_error};
+use super::apply;
 use crate::bus::EventNotice;
 use crate::db::begin_write;
 use crate::jobs::budget::{self, Spent};
 use crate::jobs::events;
-use entity::{EventKind, JobStatus, jobs};
+use crate::jobs::lifecycle;
+use entity::{JobStatus, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
     ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
 };
-use serde_json::json;
 
 /// Most jobs one sweep fails: one transaction, a few statements.
 const DEADLINE_BATCH: u64 = 100;
@@ -41,15 +41,10 @@ pub async fn fail_past_deadlines(db: &DatabaseConnection) -> Result<Vec<EventNot
         transaction.rollback().await?;
         return Ok(Vec::new());
     }
-    let error = JobError::new(
-        JobErrorCode::DeadlineExceeded,
-        "the job's deadline passed before it could finish",
-    );
+    let transition = lifecycle::past_deadline();
     // Conditioned again on the locked rows: a claim or a cancel may have taken a job
     // between the read and this statement.
-    let failed = with_error(jobs::Entity::update_many(), &error)
-        .col_expr(jobs::Column::Status, Expr::value(JobStatus::Failed))
-        .col_expr(jobs::Column::FinishedAt, Expr::value(now))
+    let failed = apply(jobs::Entity::update_many(), &transition, now)
         .col_expr(jobs::Column::UpdatedAt, Expr::value(now))
         .col_expr(
             jobs::Column::LastEventSeq,
@@ -67,19 +62,18 @@ pub async fn fail_past_deadlines(db: &DatabaseConnection) -> Result<Vec<EventNot
     let ids: Vec<_> = failed.iter().map(|job| job.id).collect();
     // Attempts that ran before (retries, waits) may carry charges.
     let spent = Spent::load_many(&transaction, &ids).await?;
-    let data = json!({"error": {"code": error.code, "message": error.message}});
     let notices = events::append_many(
         &transaction,
         failed
             .iter()
-            .map(|job| (job, EventKind::Failed, Some(data.clone()))),
+            .map(|job| (job, transition.event, Some(transition.data.clone()))),
     )
     .await?;
     let resolutions: Vec<_> = failed
         .iter()
-        .map(|job| {
+        .filter_map(|job| {
             let spent = spent.get(&job.id).cloned().unwrap_or_default();
-            (job, budget::resolution(job, None, &spent))
+            Some((job, transition.hold(job.id, &spent)?))
         })
         .collect();
     // Last: it locks the tenants' rows, which every job of those tenants needs.

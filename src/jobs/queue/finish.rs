@@ -5,9 +5,8 @@
 //! its own run token and settled exactly once.
 
 use super::{
-    AttemptReport, Claim, INVALID_OUTPUT_RETRIES, JobError, JobErrorCode, JobOutcome,
-    attempt_event_data, fenced_update_of_all, paid_call_limit, releasing_update, storable_text,
-    with_error,
+    AttemptReport, Claim, JobError, JobOutcome, apply, fenced_update_of_all, releasing_update,
+    storable_text,
 };
 use crate::billing::batch_totals::BatchTotals;
 use crate::billing::{Credits, ModelPrice};
@@ -15,10 +14,10 @@ use crate::bus::EventNotice;
 use crate::db::{Values, begin_write};
 use crate::jobs::budget::{self, Spent};
 use crate::jobs::events;
-use entity::{AttemptOutcome, EventKind, JobStatus, JsonText, Timestamp, attempts, jobs};
+use crate::jobs::lifecycle::{self, Transition};
+use entity::{JsonText, Timestamp, attempts, jobs};
 use sea_orm::sea_query::Expr;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait};
-use serde_json::json;
 use std::collections::HashMap;
 use uuid::Uuid;
 
@@ -101,11 +100,21 @@ pub async fn finish_attempts(
     .await?;
     let job_ids: Vec<Uuid> = owned.iter().map(|(_, current)| current.id).collect();
     let spent = Spent::load_many(&transaction, &job_ids).await?;
-    let changes: Vec<(usize, JobChange, Spent)> = owned
+    let changes: Vec<(usize, Transition, Spent)> = owned
         .iter()
         .map(|(index, current)| {
             let spent = spent.get(&current.id).cloned().unwrap_or_default();
-            (*index, decide(&ends[*index], current, &spent, now), spent)
+            let end = &ends[*index];
+            let transition = lifecycle::after_attempt(
+                current,
+                &spent,
+                end.attempt.id,
+                end.attempt.number,
+                &end.report,
+                end.outcome.clone(),
+                now,
+            );
+            (*index, transition, spent)
         })
         .collect();
     let mut written = write_jobs(&transaction, &changes, ends, now).await?;
@@ -121,11 +130,8 @@ pub async fn finish_attempts(
                 end.claim.job.id
             ))
         })?;
-        let resolution = job
-            .status
-            .is_terminal()
-            .then(|| budget::resolution(&job, Some(end.attempt.id), &spent));
-        finished.push((index, job, change.kind, change.data, resolution));
+        let resolution = change.hold(job.id, &spent);
+        finished.push((index, job, change.event, change.data, resolution));
     }
     let notices = events::append_many(
         &transaction,
@@ -148,99 +154,11 @@ pub async fn finish_attempts(
     Ok(answers)
 }
 
-/// A job's state after its attempt, decided on its locked row.
-struct JobChange {
-    status: JobStatus,
-    kind: EventKind,
-    result: Option<serde_json::Value>,
-    error: Option<JobError>,
-    next_run_at: Option<Timestamp>,
-    /// The fallback model the job runs on from now, when it changes.
-    model: Option<String>,
-    /// A hand-back or a wait gives its attempt back: it does not count against
-    /// `maxAttempts` (a wait not even when the job then ends).
-    hand_back: bool,
-    /// The event's data.
-    data: serde_json::Value,
-}
-
-/// Decides what becomes of the job, on its locked row with this attempt counted.
-fn decide(end: &AttemptEnd, current: &jobs::Model, spent: &Spent, now: Timestamp) -> JobChange {
-    let report = &end.report;
-    let outcome = match end.outcome.clone() {
-        // A cancel that landed while the call ran wins over going round again: a job
-        // the tenant cancelled is never queued for another (paid) attempt.
-        JobOutcome::Retry { .. } | JobOutcome::HandBack | JobOutcome::Wait { .. }
-            if current.cancel_requested =>
-        {
-            JobOutcome::Cancelled
-        }
-        // A model that keeps answering off-schema is not paid for forever.
-        JobOutcome::Retry { .. }
-            if report.outcome == AttemptOutcome::InvalidOutput
-                && spent.invalid_outputs > INVALID_OUTPUT_RETRIES =>
-        {
-            JobOutcome::Failed(report.error.clone().unwrap_or_else(|| {
-                JobError::new(
-                    JobErrorCode::InvalidOutput,
-                    "the reply failed the response schema",
-                )
-            }))
-        }
-        JobOutcome::Retry { .. } | JobOutcome::HandBack | JobOutcome::Wait { .. }
-            if !spent.calls_left(current) =>
-        {
-            JobOutcome::Failed(paid_call_limit(spent))
-        }
-        other => other,
-    };
-    let error = match &outcome {
-        JobOutcome::Failed(error) => Some(error),
-        _ => report.error.as_ref(),
-    };
-    let mut data = attempt_event_data(Some(end.attempt.number), report.outcome, error);
-    // The timeline tells why the model's other jobs wait too.
-    if let Some(until) = report.model_paused_until {
-        data["modelPausedUntil"] = serde_json::json!(until.to_datetime().to_rfc3339());
-    }
-    let (status, kind) = match &outcome {
-        JobOutcome::Succeeded { .. } => (JobStatus::Succeeded, EventKind::Succeeded),
-        JobOutcome::Retry { .. } | JobOutcome::HandBack | JobOutcome::Wait { .. } => {
-            (JobStatus::Queued, EventKind::RetryScheduled)
-        }
-        JobOutcome::Failed(_) => (JobStatus::Failed, EventKind::Failed),
-        JobOutcome::Cancelled => (JobStatus::Cancelled, EventKind::Cancelled),
-    };
-    JobChange {
-        status,
-        kind,
-        next_run_at: match &outcome {
-            JobOutcome::Retry { at, .. } | JobOutcome::Wait { at, .. } => Some(*at),
-            JobOutcome::HandBack => Some(now),
-            _ => None,
-        },
-        model: match &outcome {
-            JobOutcome::Retry { model, .. } | JobOutcome::Wait { model, .. } => model.clone(),
-            _ => None,
-        },
-        hand_back: report.wait || matches!(outcome, JobOutcome::HandBack),
-        error: match &outcome {
-            JobOutcome::Failed(error) => Some(error.clone()),
-            _ => None,
-        },
-        result: match outcome {
-            JobOutcome::Succeeded { result } => Some(result),
-            _ => None,
-        },
-        data,
-    }
-}
-
 /// Writes every job's change in one statement, each fenced by its own run token and
 /// ending its claim; returns the jobs as written.
 async fn write_jobs(
     transaction: &impl ConnectionTrait,
-    changes: &[(usize, JobChange, Spent)],
+    changes: &[(usize, Transition, Spent)],
     ends: &[AttemptEnd],
     now: Timestamp,
 ) -> Result<HashMap<Uuid, jobs::Model>, DbErr> {
@@ -269,7 +187,7 @@ async fn write_jobs(
             claim.run_token.into(),
             change.status.into(),
             change.result.clone().map(JsonText).into(),
-            change.error.as_ref().map(|error| error.code.clone()).into(),
+            change.error.as_ref().map(|error| error.code).into(),
             change
                 .error
                 .as_ref()
@@ -278,7 +196,7 @@ async fn write_jobs(
             change.next_run_at.into(),
             change.model.clone().into(),
             change.status.is_terminal().then_some(now).into(),
-            i32::from(change.hand_back).into(),
+            i32::from(change.gives_back_attempt).into(),
         ]);
     }
     // An error, a result or a finish time is only ever set, never cleared, as the
@@ -326,9 +244,8 @@ pub async fn abandon_claim(
 ) -> Result<Option<EventNotice>, DbErr> {
     let transaction = begin_write(db).await?;
     let now = Timestamp::now();
-    let Some(job) = with_error(releasing_update(claim, now), error)
-        .col_expr(jobs::Column::Status, Expr::value(JobStatus::Failed))
-        .col_expr(jobs::Column::FinishedAt, Expr::value(now))
+    let transition = lifecycle::abandoned(error.clone());
+    let Some(job) = apply(releasing_update(claim, now), &transition, now)
         .exec_with_returning(&transaction)
         .await?
         .into_iter()
@@ -338,10 +255,17 @@ pub async fn abandon_claim(
         return Ok(None);
     };
     let spent = Spent::load(&transaction, job.id).await?;
-    let data = json!({"error": {"code": error.code, "message": error.message}});
-    let notice = events::append(&transaction, &job, EventKind::Failed, Some(data)).await?;
+    let notice = events::append(
+        &transaction,
+        &job,
+        transition.event,
+        Some(transition.data.clone()),
+    )
+    .await?;
     // Last: it locks the tenant's row, which every job of the tenant needs.
-    budget::resolve_hold(&transaction, &job, None, &spent).await?;
+    if let Some(hold) = transition.hold(job.id, &spent) {
+        budget::resolve_holds(&transaction, &[(&job, hold)], Default::default()).await?;
+    }
     transaction.commit().await?;
     Ok(Some(notice))
 }
@@ -403,7 +327,7 @@ async fn record_attempts<'a>(
             report.provider_request_id.clone().map(storable_text).into(),
             report.customer_charge.nanos().into(),
             report.delivered_output_tokens.map(tokens).into(),
-            report.error.as_ref().map(|error| error.code.clone()).into(),
+            report.error.as_ref().map(|error| error.code).into(),
             report
                 .error
                 .as_ref()

@@ -6,14 +6,14 @@
 //! the attempt lost the job (its lease expired and it was taken back), and the attempt
 //! then writes nothing further.
 
-use super::budget::Spent;
 use crate::billing::{Credits, ModelPrice};
 use crate::bus::EventNotice;
+use crate::jobs::lifecycle::Transition;
 use crate::llm::TokenUsage;
-use entity::{AttemptOutcome, JobStatus, Timestamp, attempts, jobs};
+use entity::{AttemptOutcome, JobStatus, JsonText, Timestamp, attempts, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait, LockBehavior, LockType, Query};
 use sea_orm::{ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, QueryFilter};
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::collections::HashMap;
 use std::time::Duration;
 use uuid::Uuid;
@@ -31,6 +31,8 @@ pub use finish::{AttemptEnd, abandon_claim, finish_attempt, finish_attempts};
 pub use moves::move_off_paused_model;
 pub use rescue::expire_leases;
 pub use start::{start_attempt, start_attempts};
+// A job's fate is decided there; this module writes it.
+pub use crate::jobs::lifecycle::INVALID_OUTPUT_RETRIES;
 
 /// What a lease renewal learned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -199,11 +201,45 @@ fn with_error(
     error: &JobError,
 ) -> sea_orm::UpdateMany<jobs::Entity> {
     update
-        .col_expr(jobs::Column::ErrorCode, Expr::value(error.code.clone()))
+        .col_expr(jobs::Column::ErrorCode, Expr::value(error.code))
         .col_expr(
             jobs::Column::ErrorMessage,
             Expr::value(error.message.clone()),
         )
+}
+
+/// The UPDATE also writes what `transition` makes of the job (but its event, which
+/// [`events::append`](crate::jobs::events::append) writes): its status, error and
+/// result, when it runs next and on which model, its finish, and the attempt it gives
+/// back.
+fn apply(
+    update: sea_orm::UpdateMany<jobs::Entity>,
+    transition: &Transition,
+    now: Timestamp,
+) -> sea_orm::UpdateMany<jobs::Entity> {
+    let mut update = update.col_expr(jobs::Column::Status, Expr::value(transition.status));
+    if let Some(error) = &transition.error {
+        update = with_error(update, error);
+    }
+    if let Some(result) = &transition.result {
+        update = update.col_expr(jobs::Column::Result, Expr::value(JsonText(result.clone())));
+    }
+    if let Some(at) = transition.next_run_at {
+        update = update.col_expr(jobs::Column::NextRunAt, Expr::value(at));
+    }
+    if let Some(model) = &transition.model {
+        update = update.col_expr(jobs::Column::Model, Expr::value(model.clone()));
+    }
+    if transition.status.is_terminal() {
+        update = update.col_expr(jobs::Column::FinishedAt, Expr::value(now));
+    }
+    if transition.gives_back_attempt {
+        update = update.col_expr(
+            jobs::Column::AttemptCount,
+            Expr::col(jobs::Column::AttemptCount).sub(1),
+        );
+    }
+    update
 }
 
 /// Details of an attempt known before the provider is called.
@@ -268,7 +304,7 @@ pub struct AttemptReport {
 /// A machine-readable code and a human message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JobError {
-    pub code: String,
+    pub code: JobErrorCode,
     pub message: String,
 }
 
@@ -278,7 +314,7 @@ impl JobError {
     /// U+FFFD.
     pub fn new(code: JobErrorCode, message: impl Into<String>) -> Self {
         Self {
-            code: code.as_str().to_owned(),
+            code,
             message: storable_text(message.into()),
         }
     }
@@ -294,80 +330,8 @@ pub fn storable_text(text: String) -> String {
     }
 }
 
-/// The codes a failed job or attempt carries, as clients see them in `error.code`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum JobErrorCode {
-    /// The provider refused the request (4xx); retrying cannot help.
-    ProviderRejected,
-    /// The provider was unreachable or answered with a retryable error.
-    ProviderUnavailable,
-    /// The request was sent and no answer came back.
-    OutcomeUnknown,
-    /// The reply did not satisfy the job's response schema.
-    InvalidOutput,
-    /// The worker running the attempt stopped renewing its lease.
-    LeaseExpired,
-    /// The attempt was aborted because the tenant cancelled the job.
-    Cancelled,
-    /// The worker shut down during the call and handed the job back.
-    WorkerShutdown,
-    /// The job made as many calls that may have been billed as it may pay for
-    /// (`maxAttempts`: lost calls and hand-backs past the free ones included), or
-    /// their cost reached its hold.
-    PaidCallLimit,
-    /// No configured provider serves the job's model (the simulator only serves what
-    /// it is allowed to).
-    ModelNotServed,
-    /// The answer came back and was paid for, but the database refused to store it.
-    ResultNotStored,
-    /// The job cannot be run at all (its stored input is unreadable, its model has no
-    /// price); no call was made.
-    NotRunnable,
-    /// The job had not finished by its deadline: queued, it failed there; running,
-    /// its attempt was cancelled.
-    DeadlineExceeded,
-}
-
-impl JobErrorCode {
-    /// Every code, in the order of the declaration.
-    pub const ALL: [Self; 12] = [
-        Self::ProviderRejected,
-        Self::ProviderUnavailable,
-        Self::OutcomeUnknown,
-        Self::InvalidOutput,
-        Self::LeaseExpired,
-        Self::Cancelled,
-        Self::WorkerShutdown,
-        Self::PaidCallLimit,
-        Self::ModelNotServed,
-        Self::ResultNotStored,
-        Self::NotRunnable,
-        Self::DeadlineExceeded,
-    ];
-
-    /// The code whose text is `text`, as a job or attempt row stores it.
-    pub fn parse(text: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|code| code.as_str() == text)
-    }
-
-    /// The code's text.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::ProviderRejected => "PROVIDER_REJECTED",
-            Self::ProviderUnavailable => "PROVIDER_UNAVAILABLE",
-            Self::OutcomeUnknown => "OUTCOME_UNKNOWN",
-            Self::InvalidOutput => "INVALID_OUTPUT",
-            Self::LeaseExpired => "LEASE_EXPIRED",
-            Self::Cancelled => "CANCELLED",
-            Self::WorkerShutdown => "WORKER_SHUTDOWN",
-            Self::PaidCallLimit => "PAID_CALL_LIMIT",
-            Self::ModelNotServed => "MODEL_NOT_SERVED",
-            Self::ResultNotStored => "RESULT_NOT_STORED",
-            Self::NotRunnable => "NOT_RUNNABLE",
-            Self::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        }
-    }
-}
+/// The codes a failed job or attempt carries (stored in `error_code`).
+pub use entity::JobErrorCode;
 
 /// What becomes of the job after the attempt.
 #[derive(Clone, Debug)]
@@ -397,32 +361,4 @@ pub enum JobOutcome {
         at: Timestamp,
         model: Option<String>,
     },
-}
-
-/// Replies that may fail a job's response schema before it fails for good: the first
-/// try and two retries, within `maxAttempts`.
-pub const INVALID_OUTPUT_RETRIES: u32 = 2;
-
-/// The error of a job whose budget of paid calls is spent.
-fn paid_call_limit(spent: &Spent) -> JobError {
-    JobError::new(
-        JobErrorCode::PaidCallLimit,
-        format!(
-            "the job made {} provider calls that may have been billed, as many as it may pay for",
-            spent.paid_calls
-        ),
-    )
-}
-
-/// What an event about an attempt's end says: which attempt, how it ended, and why.
-fn attempt_event_data(
-    number: Option<i32>,
-    outcome: AttemptOutcome,
-    error: Option<&JobError>,
-) -> Value {
-    json!({
-        "attempt": number,
-        "outcome": outcome,
-        "error": error.map(|error| json!({"code": error.code, "message": error.message})),
-    })
 }

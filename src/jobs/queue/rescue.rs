@@ -1,15 +1,13 @@
 //! Taking back jobs whose attempt stopped renewing its lease.
 
-use super::{
-    Claim, JobError, JobErrorCode, attempt_event_data, lock_claimed, paid_call_limit,
-    releasing_update, with_error,
-};
+use super::{Claim, JobErrorCode, apply, lock_claimed, releasing_update};
 use crate::bus::EventNotice;
 use crate::db::begin_write;
 use crate::jobs::budget::{self, Spent};
 use crate::jobs::events;
-use entity::{AttemptOutcome, EventKind, JobStatus, Timestamp, attempts, jobs};
-use sea_orm::sea_query::{Expr, ExprTrait};
+use crate::jobs::lifecycle;
+use entity::{AttemptOutcome, JobStatus, Timestamp, attempts, jobs};
+use sea_orm::sea_query::Expr;
 use sea_orm::{
     ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
 };
@@ -94,7 +92,7 @@ async fn expire_lease(
         .col_expr(attempts::Column::FinishedAt, Expr::value(now))
         .col_expr(
             attempts::Column::ErrorCode,
-            Expr::value(JobErrorCode::LeaseExpired.as_str()),
+            Expr::value(JobErrorCode::LeaseExpired),
         )
         .filter(attempts::Column::JobId.eq(job.id))
         .filter(attempts::Column::RunToken.eq(claim.run_token))
@@ -102,49 +100,14 @@ async fn expire_lease(
         .exec(&transaction)
         .await?;
     let spent = Spent::load(&transaction, job.id).await?;
-    let (status, kind, error) = if job.cancel_requested {
-        (JobStatus::Cancelled, EventKind::Cancelled, None)
-    } else if lost_attempt.is_none() {
-        (JobStatus::Queued, EventKind::RetryScheduled, None)
-    } else if job.attempt_count >= job.max_attempts {
-        let error = JobError::new(
-            JobErrorCode::LeaseExpired,
-            format!(
-                "attempt {} stopped renewing its lease and no attempts are left",
-                job.attempt_count
-            ),
-        );
-        (JobStatus::Failed, EventKind::Failed, Some(error))
-    } else if !spent.calls_left(&job) {
-        (
-            JobStatus::Failed,
-            EventKind::Failed,
-            Some(paid_call_limit(&spent)),
-        )
-    } else if !job.retry_unknown_outcome {
-        let error = JobError::new(
-            JobErrorCode::OutcomeUnknown,
-            "the attempt stopped renewing its lease after its request may have been sent, and the job does not retry unknown outcomes",
-        );
-        (JobStatus::Failed, EventKind::Failed, Some(error))
-    } else {
-        (JobStatus::Queued, EventKind::RetryScheduled, None)
-    };
-    let mut update = releasing_update(claim, now)
-        .filter(jobs::Column::LeaseUntil.lt(now))
-        .col_expr(jobs::Column::Status, Expr::value(status))
-        .col_expr(jobs::Column::NextRunAt, Expr::value(now));
-    if status.is_terminal() {
-        update = update.col_expr(jobs::Column::FinishedAt, Expr::value(now));
-    } else if lost_attempt.is_none() {
-        update = update.col_expr(
-            jobs::Column::AttemptCount,
-            Expr::col(jobs::Column::AttemptCount).sub(1),
-        );
-    }
-    if let Some(error) = &error {
-        update = with_error(update, error);
-    }
+    let transition = lifecycle::after_lost_lease(
+        &job,
+        &spent,
+        lost_attempt.map(|attempt| attempt.number),
+        now,
+    );
+    let update = apply(releasing_update(claim, now), &transition, now)
+        .filter(jobs::Column::LeaseUntil.lt(now));
     let Some(job) = update
         .exec_with_returning(&transaction)
         .await?
@@ -155,15 +118,16 @@ async fn expire_lease(
         transaction.rollback().await?;
         return Ok(None);
     };
-    let data = attempt_event_data(
-        lost_attempt.map(|attempt| attempt.number),
-        AttemptOutcome::LeaseExpired,
-        error.as_ref(),
-    );
-    let notice = events::append(&transaction, &job, kind, Some(data)).await?;
+    let notice = events::append(
+        &transaction,
+        &job,
+        transition.event,
+        Some(transition.data.clone()),
+    )
+    .await?;
     // Last: it locks the tenant's row, which every job of the tenant needs.
-    if status.is_terminal() {
-        budget::resolve_hold(&transaction, &job, None, &spent).await?;
+    if let Some(hold) = transition.hold(job.id, &spent) {
+        budget::resolve_holds(&transaction, &[(&job, hold)], Default::default()).await?;
     }
     transaction.commit().await?;
     tracing::warn!(job.id = %job.id, status = ?job.status, "took back a job whose lease expired");

@@ -1,21 +1,96 @@
-//! One attempt's run: the provider call raced against its timeout, the job's deadline,
-//! its lease, cancels and shutdown; the judgement of how it ended; and the recording of
-//! that end, batched with others or alone with retries.
+//! One attempt's run, in four steps: the provider call raced against its timeout, the
+//! job's deadline, its lease, cancels and shutdown ([`Worker::race_call`]); the stream
+//! of its text drained ([`Stream::drain`]); the judgement of how it ended
+//! ([`CallFacts::judge`]); and the recording of that end, batched with others or alone
+//! with retries ([`Worker::record`]).
 
 use super::finisher::Finished;
-use super::judge::{CallContext, CallEnd, deadline_of};
+use super::judge::{CallEnd, CallFacts};
 use super::{Prepared, Ready, Worker, deltas};
-use crate::bus::{EventNotice, Wake};
+use crate::backoff::{Backoff, Jitter};
+use crate::bus::{EventNotice, TopicReceiver, Wake};
 use crate::jobs::fallbacks::ModelChain;
 use crate::jobs::flow;
 use crate::jobs::leases::LeaseHold;
+use crate::jobs::lifecycle::deadline_of;
 use crate::jobs::observe;
-use crate::jobs::queue::{self, AttemptEnd, Renewal, StartedAttempt};
-use crate::llm::ChatRequest;
+use crate::jobs::queue::{
+    self, AttemptEnd, AttemptReport, Claim, JobOutcome, Renewal, StartedAttempt,
+};
+use crate::llm::{ChatRequest, Provider};
 use entity::{EventKind, Timestamp};
 use sea_orm::{DatabaseConnection, DbErr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::task::JoinHandle;
 use tracing::Instrument;
+
+/// The attempt lost its lease while the call ran: another worker may have the job
+/// now, so the attempt writes nothing more — its end is not judged, and whoever takes
+/// the job back finishes it as `LEASE_EXPIRED`.
+#[derive(Debug)]
+pub(super) struct LeaseLost;
+
+/// What the call is raced with besides the call itself.
+struct Race<'a> {
+    claim: &'a Claim,
+    provider: Option<Arc<dyn Provider>>,
+    request: ChatRequest,
+    /// The tenant asked to cancel before the attempt was recorded.
+    cancel_requested: bool,
+    /// The job has no paid call left.
+    budget_spent: bool,
+    lease: &'a mut LeaseHold,
+    /// The job's notices, subscribed before the attempt started: a cancel arrives here.
+    notices: &'a mut TopicReceiver,
+    /// Where streamed text goes, for a streaming attempt.
+    deltas: Option<&'a UnboundedSender<String>>,
+}
+
+/// A streaming attempt's text on its way to subscribers: a forwarder batches it into
+/// `OUTPUT_DELTA` notices.
+struct Stream {
+    sender: Option<UnboundedSender<String>>,
+    forwarder: Option<JoinHandle<u64>>,
+}
+
+impl Stream {
+    /// Starts the forwarder of a streaming attempt, after its `ATTEMPT_STARTED` event
+    /// (`started`); a non-streaming attempt has none.
+    fn start(worker: &Worker, streaming: bool, started: EventNotice) -> Self {
+        if !streaming {
+            return Self {
+                sender: None,
+                forwarder: None,
+            };
+        }
+        let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+        let forwarder = tokio::spawn(deltas::forward_deltas(
+            worker.inner.db.clone(),
+            worker.inner.bus.clone(),
+            started,
+            receiver,
+        ));
+        Self {
+            sender: Some(sender),
+            forwarder: Some(forwarder),
+        }
+    }
+
+    /// Waits until every delta reached subscribers, so that they all come before the
+    /// terminal event; returns the bytes of text streamed.
+    async fn drain(self, claim: &Claim) -> u64 {
+        drop(self.sender);
+        match self.forwarder {
+            Some(forwarder) => forwarder.await.unwrap_or_else(|error| {
+                tracing::warn!(job.id = %claim.job.id, error = %error, "the delta forwarder ended abnormally");
+                0
+            }),
+            None => 0,
+        }
+    }
+}
 
 impl Worker {
     pub(super) async fn run_attempt(&self, ready: Ready) {
@@ -37,7 +112,6 @@ impl Worker {
     }
 
     async fn try_run_attempt(&self, ready: Ready) -> Result<(), DbErr> {
-        let inner = &self.inner;
         let Ready {
             prepared:
                 Prepared {
@@ -56,120 +130,37 @@ impl Worker {
                     budget_spent,
                 },
         } = ready;
-        let request = ChatRequest {
-            model: claim.job.model.clone(),
-            messages: input.messages.clone(),
-            max_output_tokens: input.max_output_tokens,
-            response_schema: input.response_schema.clone(),
-            parameters: input.parameters.clone(),
-            tools: input.tools.clone(),
-        };
-        // A streaming attempt sends its text to a forwarder that batches it into
-        // OUTPUT_DELTA notices; the forwarder is drained before the attempt finishes,
-        // so every delta reaches subscribers before the terminal event.
-        let (deltas, forwarder) = if input.stream_output {
-            let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
-            let forwarder = tokio::spawn(deltas::forward_deltas(
-                inner.db.clone(),
-                inner.bus.clone(),
-                started,
-                receiver,
-            ));
-            (Some(sender), Some(forwarder))
-        } else {
-            (None, None)
-        };
+        let stream = Stream::start(self, input.stream_output, started);
         let began = Instant::now();
         // The keeper renews beside the call, so that a slow database never stalls the
         // stream, the deadline or a cancel; and until the end is recorded, so that a
         // database refusing writes for a while does not cost the answer.
-        let mut lease = inner.leases.hold(&claim);
-        // The job's deadline, as this process's clock counts down to it.
-        let until_deadline = Duration::from_micros(
-            u64::try_from(deadline_of(&claim.job).micros() - Timestamp::now().micros())
-                .unwrap_or(0),
-        );
-        // A cancel that landed after the claim but before the attempt was recorded is
-        // in the row start_attempts locked; one landing later reaches `notices`, to
-        // which this attempt subscribed before starting.
-        let end = if cancel_requested {
-            CallEnd::CancelledBeforeSending
-        } else if until_deadline.is_zero() {
-            // Claimed before the sweep failed it: too late to start.
-            CallEnd::PastDeadlineBeforeSending
-        } else if budget_spent {
-            CallEnd::BudgetSpent
-        } else if inner.abort.is_cancelled() {
-            // Checked before the call: once polled, the call may have left.
-            CallEnd::AbortedBeforeSending
-        } else if let Some(provider) = provider {
-            let call_span = tracing::info_span!(
-                "provider call",
-                provider = %provider.name(),
-                provider.request_id = tracing::field::Empty,
-            );
-            let call = async {
-                match &deltas {
-                    Some(sender) => provider.stream(&request, sender).await,
-                    None => provider.complete(&request).await,
-                }
-            }
-            .instrument(call_span.clone());
-            tokio::pin!(call);
-            let timeout = tokio::time::sleep(inner.settings.attempt_timeout);
-            tokio::pin!(timeout);
-            let past_deadline = tokio::time::sleep(until_deadline);
-            tokio::pin!(past_deadline);
-            let _in_flight = inner.metrics.provider_call();
-            loop {
-                tokio::select! {
-                    // An answer that is ready wins over a deadline, a cancel or an
-                    // abort that became ready at the same moment: it is paid for.
-                    biased;
-                    answer = &mut call => {
-                        let request_id = match &answer {
-                            Ok(completion) => completion.request_id.as_deref(),
-                            Err(error) => error.request_id(),
-                        };
-                        call_span.record("provider.request_id", request_id);
-                        break CallEnd::Answered(answer);
-                    }
-                    renewal = lease.next() => match renewal {
-                        Renewal::Renewed { cancel_requested: true } => break CallEnd::Cancelled,
-                        Renewal::Renewed { cancel_requested: false } => {}
-                        Renewal::Lost => break CallEnd::LeaseLost,
-                    },
-                    wake = notices.next() => match wake {
-                        Wake::Notice(notice) if notice.kind == EventKind::CancelRequested => {
-                            break CallEnd::Cancelled;
-                        }
-                        Wake::Notice(_) => {}
-                        // Missed notices may have held a cancel: ask the row now.
-                        Wake::Missed => lease.renew_now(),
-                    },
-                    _ = &mut timeout => break CallEnd::TimedOut,
-                    // Stopped as a cancel stops it: the call is dropped at once.
-                    _ = &mut past_deadline => break CallEnd::PastDeadline,
-                    _ = inner.abort.cancelled() => break CallEnd::Aborted,
-                }
-            }
-        } else {
-            CallEnd::NotServed
+        let mut lease = self.inner.leases.hold(&claim);
+        let race = Race {
+            claim: &claim,
+            provider,
+            request: ChatRequest {
+                model: claim.job.model.clone(),
+                messages: input.messages.clone(),
+                max_output_tokens: input.max_output_tokens,
+                response_schema: input.response_schema.clone(),
+                parameters: input.parameters.clone(),
+                tools: input.tools.clone(),
+            },
+            cancel_requested,
+            budget_spent,
+            lease: &mut lease,
+            notices: &mut notices,
+            deltas: stream.sender.as_ref(),
         };
-        drop(deltas);
-        let streamed_bytes = match forwarder {
-            Some(forwarder) => forwarder.await.unwrap_or_else(|error| {
-                tracing::warn!(job.id = %claim.job.id, error = %error, "the delta forwarder ended abnormally");
-                0
-            }),
-            None => 0,
-        };
+        let end = self.race_call(race).await;
+        let streamed_bytes = stream.drain(&claim).await;
         let latency = began.elapsed();
         let ended_at = Timestamp::now();
-        if matches!(end, CallEnd::LeaseLost) {
+        let Ok(end) = end else {
             tracing::warn!(job.id = %claim.job.id, attempt = attempt.number, "lease lost: the attempt writes nothing more");
             return Ok(());
-        }
+        };
         // Where a job with fallbacks goes next depends on which of its models are
         // paused now; a job that succeeded goes nowhere.
         let chain = ModelChain::of_job(&claim.job);
@@ -178,26 +169,136 @@ impl Worker {
         } else {
             self.pauses_of(&chain, ended_at).await
         };
-        let context = CallContext {
+        let facts = CallFacts {
+            claim: &claim,
+            attempt: &attempt,
+            price: &start.price,
             input: &input,
             bound,
             chain: &chain,
             pauses: &pauses,
-            charging: inner.settings.charging,
+            charging: self.inner.settings.charging,
             latency,
             ended_at,
             streamed_bytes,
         };
         let sent = end.was_sent();
-        let (report, outcome) = context.facts(&claim, &attempt, &start.price).judge(end);
-        let (job_id, number, report_outcome) = (claim.job.id, attempt.number, report.outcome);
+        let (report, outcome) = facts.judge(end);
         if let Some(until) = report.model_paused_until {
             self.pause_model(&claim.job.model, until).await;
         }
-        let end = AttemptEnd {
+        self.record(&facts, report, outcome, sent, &lease).await
+    }
+
+    /// Makes the call unless it must not be made, and races it against its timeout,
+    /// the job's deadline, its lease, a cancel and shutdown.
+    async fn race_call(&self, race: Race<'_>) -> Result<CallEnd, LeaseLost> {
+        let inner = &self.inner;
+        let Race {
             claim,
-            attempt,
-            price: start.price,
+            provider,
+            request,
+            cancel_requested,
+            budget_spent,
+            lease,
+            notices,
+            deltas,
+        } = race;
+        // The job's deadline, as this process's clock counts down to it.
+        let until_deadline = Duration::from_micros(
+            u64::try_from(deadline_of(&claim.job).micros() - Timestamp::now().micros())
+                .unwrap_or(0),
+        );
+        // A cancel that landed after the claim but before the attempt was recorded is
+        // in the row start_attempts locked; one landing later reaches `notices`, to
+        // which this attempt subscribed before starting.
+        if cancel_requested {
+            return Ok(CallEnd::CancelledBeforeSending);
+        }
+        if until_deadline.is_zero() {
+            // Claimed before the sweep failed it: too late to start.
+            return Ok(CallEnd::PastDeadlineBeforeSending);
+        }
+        if budget_spent {
+            return Ok(CallEnd::BudgetSpent);
+        }
+        if inner.abort.is_cancelled() {
+            // Checked before the call: once polled, the call may have left.
+            return Ok(CallEnd::AbortedBeforeSending);
+        }
+        let Some(provider) = provider else {
+            return Ok(CallEnd::NotServed);
+        };
+        let call_span = tracing::info_span!(
+            "provider call",
+            provider = %provider.name(),
+            provider.request_id = tracing::field::Empty,
+        );
+        let call = async {
+            match deltas {
+                Some(sender) => provider.stream(&request, sender).await,
+                None => provider.complete(&request).await,
+            }
+        }
+        .instrument(call_span.clone());
+        tokio::pin!(call);
+        let timeout = tokio::time::sleep(inner.settings.attempt_timeout);
+        tokio::pin!(timeout);
+        let past_deadline = tokio::time::sleep(until_deadline);
+        tokio::pin!(past_deadline);
+        let _in_flight = inner.metrics.provider_call();
+        loop {
+            tokio::select! {
+                // An answer that is ready wins over a deadline, a cancel or an abort
+                // that became ready at the same moment: it is paid for.
+                biased;
+                answer = &mut call => {
+                    let request_id = match &answer {
+                        Ok(completion) => completion.request_id.as_deref(),
+                        Err(error) => error.request_id(),
+                    };
+                    call_span.record("provider.request_id", request_id);
+                    return Ok(CallEnd::Answered(answer));
+                }
+                renewal = lease.next() => match renewal {
+                    Renewal::Renewed { cancel_requested: true } => return Ok(CallEnd::Cancelled),
+                    Renewal::Renewed { cancel_requested: false } => {}
+                    Renewal::Lost => return Err(LeaseLost),
+                },
+                wake = notices.next() => match wake {
+                    Wake::Notice(notice) if notice.kind == EventKind::CancelRequested => {
+                        return Ok(CallEnd::Cancelled);
+                    }
+                    Wake::Notice(_) => {}
+                    // Missed notices may have held a cancel: ask the row now.
+                    Wake::Missed => lease.renew_now(),
+                },
+                _ = &mut timeout => return Ok(CallEnd::TimedOut),
+                // Stopped as a cancel stops it: the call is dropped at once.
+                _ = &mut past_deadline => return Ok(CallEnd::PastDeadline),
+                _ = inner.abort.cancelled() => return Ok(CallEnd::Aborted),
+            }
+        }
+    }
+
+    /// Records the judged end of the attempt `facts` describe — with the attempts that
+    /// end together, or alone with retries when their group could not be written —
+    /// and publishes its event. `sent`: whether the request left for the provider.
+    async fn record(
+        &self,
+        facts: &CallFacts<'_>,
+        report: AttemptReport,
+        outcome: JobOutcome,
+        sent: bool,
+        lease: &LeaseHold,
+    ) -> Result<(), DbErr> {
+        let inner = &self.inner;
+        let (job_id, number, report_outcome) =
+            (facts.claim.job.id, facts.attempt.number, report.outcome);
+        let end = AttemptEnd {
+            claim: facts.claim.clone(),
+            attempt: facts.attempt.clone(),
+            price: facts.price.clone(),
             report,
             outcome,
         };
@@ -207,15 +308,13 @@ impl Worker {
             Finished::Recorded(finished) => finished,
             Finished::Alone(end) => {
                 let end = *end;
-                match finish_with_retries(&inner.db, end.clone(), &lease).await {
+                match finish_with_retries(&inner.db, end.clone(), lease).await {
                     Err(FinishError::Refused(error)) => {
                         // Trying again cannot help, and leaving the job to lease expiry
                         // would lose the exact usage and run it again: record what is
                         // known.
                         tracing::error!(job.id = %job_id, error = %error, "the database refused the attempt's outcome; recording the call without it");
-                        let (report, outcome) = context
-                            .facts(&end.claim, &end.attempt, &end.price)
-                            .not_stored(end.report.clone());
+                        let (report, outcome) = facts.not_stored(end.report.clone());
                         finish_with_retries(
                             &inner.db,
                             AttemptEnd {
@@ -223,7 +322,7 @@ impl Worker {
                                 outcome,
                                 ..end
                             },
-                            &lease,
+                            lease,
                         )
                         .await
                     }
@@ -241,7 +340,7 @@ impl Worker {
             Some(notices) => {
                 tracing::info!(
                     job.id = %job_id, attempt = number, outcome = ?report_outcome,
-                    duration_ms = latency.as_millis() as u64, "attempt finished"
+                    duration_ms = facts.latency.as_millis() as u64, "attempt finished"
                 );
                 observe::attempt_finished(&inner.metrics, &tally, &notices);
                 inner.bus.publish(notices);
@@ -253,9 +352,7 @@ impl Worker {
         }
         Ok(())
     }
-}
 
-impl Worker {
     /// The pauses in force on `chain`'s models at `now`. A database that cannot say
     /// counts none: the next model then may be paused, and the claim waits for it.
     async fn pauses_of(&self, chain: &ModelChain, now: Timestamp) -> Vec<(String, Timestamp)> {
@@ -299,7 +396,6 @@ async fn finish_with_retries(
     lease: &LeaseHold,
 ) -> Result<Option<Vec<EventNotice>>, FinishError> {
     let began = Instant::now();
-    let mut pause = FINISH_FIRST_PAUSE;
     let mut try_number = 1;
     loop {
         match queue::finish_attempts(db, std::slice::from_ref(&end)).await {
@@ -316,17 +412,18 @@ async fn finish_with_retries(
                 if try_number == 1 || try_number % 10 == 0 {
                     tracing::warn!(job.id = %end.claim.job.id, error = %error, try_number, "recording the attempt failed; trying again");
                 }
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(FINISH_LONGEST_PAUSE);
+                tokio::time::sleep(FINISH_BACKOFF.delay(try_number)).await;
                 try_number += 1;
             }
         }
     }
 }
 
-/// The first wait before recording an attempt again, doubling up to
-/// [`FINISH_LONGEST_PAUSE`].
-const FINISH_FIRST_PAUSE: Duration = Duration::from_millis(250);
-const FINISH_LONGEST_PAUSE: Duration = Duration::from_secs(5);
+/// The waits between tries to record an attempt: from 250 ms, doubling to 5 s.
+const FINISH_BACKOFF: Backoff = Backoff {
+    first: Duration::from_millis(250),
+    cap: Duration::from_secs(5),
+    jitter: Jitter::None,
+};
 /// Longest an attempt goes on trying to record its end while its lease holds.
 const FINISH_PATIENCE: Duration = Duration::from_secs(600);

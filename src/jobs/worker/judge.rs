@@ -1,24 +1,21 @@
 //! Judging an attempt's end: what the attempt row records, what the customer is
-//! charged by the charging policy, and what becomes of the job.
+//! charged by the charging policy, and — through [`Schedule`], where a job's fate is
+//! decided — what becomes of the job.
 
+use crate::backoff;
 use crate::billing::{AttemptEnding, CallBound, ChargingPolicy, ModelPrice};
 use crate::jobs::fallbacks::ModelChain;
 use crate::jobs::flow;
-use crate::jobs::input::{DEFAULT_DEADLINE, Deadline, JobInput};
+use crate::jobs::input::JobInput;
+use crate::jobs::lifecycle::Schedule;
 use crate::jobs::queue::{AttemptReport, Claim, JobError, JobErrorCode, JobOutcome};
 use crate::llm::TokenUsage;
 use crate::llm::{Completion, ProviderError};
-use entity::{AttemptOutcome, Timestamp, attempts, jobs};
-use rand::Rng;
+use entity::{AttemptOutcome, Timestamp, attempts};
 use std::time::Duration;
 
-/// First retry delay; each further retry doubles it.
-const BACKOFF_BASE: Duration = Duration::from_secs(2);
-/// Longest delay between retries.
-const BACKOFF_CAP: Duration = Duration::from_secs(60);
-/// Longest `Retry-After` honoured; a provider asking for more is treated as this.
-const RETRY_AFTER_CAP: Duration = Duration::from_secs(600);
-/// How the wait for the provider ended.
+/// How the wait for the provider ended, when the attempt still owns its job (a lost
+/// lease is [`super::attempt::LeaseLost`], and nothing is judged).
 #[derive(Debug)]
 pub(super) enum CallEnd {
     Answered(Result<Completion, ProviderError>),
@@ -30,7 +27,6 @@ pub(super) enum CallEnd {
     BudgetSpent,
     /// No provider of this process serves the model; the call was not made.
     NotServed,
-    LeaseLost,
     /// The job's deadline came while the call ran; it was abandoned.
     PastDeadline,
     /// The job's deadline had passed before the call was made; it never was.
@@ -56,14 +52,16 @@ impl CallEnd {
             | Self::TimedOut
             | Self::Cancelled
             | Self::PastDeadline
-            | Self::LeaseLost
             | Self::Aborted => true,
         }
     }
 }
 
-/// What an attempt's end is judged with besides the attempt itself.
-pub(super) struct CallContext<'a> {
+/// What an attempt's end is judged with: the attempt, its job and the call.
+pub(super) struct CallFacts<'a> {
+    pub(super) claim: &'a Claim,
+    pub(super) attempt: &'a attempts::Model,
+    pub(super) price: &'a ModelPrice,
     pub(super) input: &'a JobInput,
     /// The call's bound, its prompt counted by the provider's rule.
     pub(super) bound: CallBound,
@@ -78,79 +76,89 @@ pub(super) struct CallContext<'a> {
     pub(super) streamed_bytes: u64,
 }
 
-impl<'a> CallContext<'a> {
-    /// The facts of one attempt of the job, to judge its end.
-    pub(super) fn facts<'b>(
-        &'b self,
-        claim: &'b Claim,
-        attempt: &'b attempts::Model,
-        price: &'b ModelPrice,
-    ) -> CallFacts<'b>
-    where
-        'a: 'b,
-    {
-        CallFacts {
-            claim,
-            attempt,
-            price,
-            input: self.input,
-            chain: self.chain,
-            pauses: self.pauses,
-            bound: self.bound,
-            charging: self.charging,
-            latency: self.latency,
-            ended_at: self.ended_at,
-            streamed_bytes: self.streamed_bytes,
+/// What the attempt row records of a call, before the customer charge that follows
+/// from it.
+struct CallRecord {
+    outcome: AttemptOutcome,
+    /// How the call ended for the charging policy.
+    ending: AttemptEnding,
+    usage: Option<TokenUsage>,
+    error: Option<JobError>,
+    provider_request_id: Option<String>,
+}
+
+impl CallRecord {
+    /// A call that ended as `outcome`, charged as `ending`: no usage, no error, no
+    /// request id until told.
+    fn new(outcome: AttemptOutcome, ending: AttemptEnding) -> Self {
+        Self {
+            outcome,
+            ending,
+            usage: None,
+            error: None,
+            provider_request_id: None,
+        }
+    }
+
+    fn error(self, error: JobError) -> Self {
+        Self {
+            error: Some(error),
+            ..self
+        }
+    }
+
+    fn usage(self, usage: Option<TokenUsage>) -> Self {
+        Self { usage, ..self }
+    }
+
+    fn request_id(self, provider_request_id: Option<String>) -> Self {
+        Self {
+            provider_request_id,
+            ..self
         }
     }
 }
 
-/// What an attempt's end is judged with.
-pub(super) struct CallFacts<'a> {
-    claim: &'a Claim,
-    attempt: &'a attempts::Model,
-    price: &'a ModelPrice,
-    input: &'a JobInput,
-    chain: &'a ModelChain,
-    pauses: &'a [(String, Timestamp)],
-    bound: CallBound,
-    charging: ChargingPolicy,
-    latency: Duration,
-    ended_at: Timestamp,
-    /// Bytes of reply text streamed to subscribers before the call ended.
-    streamed_bytes: u64,
-}
-
 impl CallFacts<'_> {
+    fn bound(&self) -> CallBound {
+        self.bound
+    }
+
+    /// When and where the job runs again, should the call's end let it.
+    fn schedule(&self) -> Schedule<'_> {
+        Schedule {
+            job: &self.claim.job,
+            attempt_number: self.attempt.number,
+            chain: self.chain,
+            pauses: self.pauses,
+            ended_at: self.ended_at,
+            jitter: backoff::draw(),
+        }
+    }
+
     /// The attempt row's report: the customer charge follows from how the call ended,
     /// the charging policy, and the output it streamed.
-    fn report(
-        &self,
-        outcome: AttemptOutcome,
-        usage: Option<TokenUsage>,
-        ending: AttemptEnding,
-        error: Option<JobError>,
-        provider_request_id: Option<String>,
-    ) -> AttemptReport {
+    fn report(&self, record: CallRecord) -> AttemptReport {
+        let bound = self.bound();
         // What produced the streamed output: counted exactly when the provider reported
         // usage, and estimated from the prompt and the text when the call ended first.
-        let delivered = (self.streamed_bytes > 0).then(|| match &usage {
+        let delivered = (self.streamed_bytes > 0).then(|| match &record.usage {
             Some(usage) => *usage,
-            None => self.bound.estimated_delivery(self.streamed_bytes),
+            None => bound.estimated_delivery(self.streamed_bytes),
         });
         AttemptReport {
-            outcome,
-            usage,
-            not_billed: ending == AttemptEnding::NotBilled,
+            outcome: record.outcome,
+            usage: record.usage,
+            not_billed: record.ending == AttemptEnding::NotBilled,
             customer_charge: self.charging.customer_charge(
                 self.price,
-                self.bound,
-                ending,
+                bound,
+                record.ending,
                 delivered.as_ref(),
             ),
             delivered_output_tokens: delivered.map(|usage| usage.output_tokens),
-            error,
-            provider_request_id,
+            error: record.error,
+            provider_request_id: record.provider_request_id,
             latency: self.latency,
             ended_at: self.ended_at,
             model_paused_until: None,
@@ -158,82 +166,26 @@ impl CallFacts<'_> {
         }
     }
 
-    /// Queued again (see [`Self::again`]) while attempts are left and the retry comes
-    /// before the deadline; failed otherwise.
-    fn retry_or_fail(&self, error: JobError, retry_after: Option<Duration>) -> JobOutcome {
-        let job = &self.claim.job;
-        if job.attempt_count < job.max_attempts {
-            self.again(retry_after, None, |at, model| JobOutcome::Retry {
-                at,
-                model,
-            })
-        } else {
-            JobOutcome::Failed(error)
-        }
-    }
-
-    /// After a call the provider refused without doing any work (a 429, a 503 or 529
-    /// with `Retry-After`, a connection refused before the request was sent): a wait
-    /// that spends neither an attempt nor a paid call, bounded by the job's deadline
-    /// alone. `paused_until`: the pause the refusal put on the model.
-    fn wait(&self, retry_after: Option<Duration>, paused_until: Option<Timestamp>) -> JobOutcome {
-        self.again(retry_after, paused_until, |at, model| JobOutcome::Wait {
-            at,
-            model,
-        })
-    }
-
-    /// `next` on the chain's next model ([`ModelChain::next`]) at once, or when its
-    /// pause ends if every model is paused; on the same model at the end of the backoff
-    /// (or the longer `Retry-After`). Failed `DEADLINE_EXCEEDED` at once when that is
-    /// not before the deadline, since the job could not run again in time and its hold
-    /// would only sit until then.
-    fn again(
-        &self,
-        retry_after: Option<Duration>,
-        paused_until: Option<Timestamp>,
-        next: impl FnOnce(Timestamp, Option<String>) -> JobOutcome,
-    ) -> JobOutcome {
-        let current = &self.claim.job.model;
-        let mut paused = self.pauses.to_vec();
-        paused.extend(paused_until.map(|until| (current.clone(), until)));
-        let (at, model) = match self.chain.next(current, &paused, self.ended_at) {
-            Some(other) => (
-                other.paused_until.unwrap_or(self.ended_at),
-                Some(other.model),
-            ),
-            None => (
-                self.ended_at.plus(
-                    chrono::Duration::from_std(retry_delay(self.attempt.number, retry_after))
-                        .unwrap_or(chrono::Duration::MAX),
-                ),
-                None,
-            ),
-        };
-        if at < deadline_of(&self.claim.job) {
-            next(at, model)
-        } else {
-            JobOutcome::Failed(JobError::new(
-                JobErrorCode::DeadlineExceeded,
-                "the provider could not take the call before the job's deadline",
-            ))
-        }
-    }
-
     /// Decides what an attempt's end means for the attempt row and for the job.
     pub(super) fn judge(&self, end: CallEnd) -> (AttemptReport, JobOutcome) {
-        let not_sent = |code, message: &str| {
+        // An error that ends the job, recorded on an attempt that ended as `outcome`.
+        let ends_job = |outcome, ending, code, message: &str| {
             let error = JobError::new(code, message);
-            (
-                self.report(
-                    AttemptOutcome::PermanentError,
-                    None,
-                    AttemptEnding::NotBilled,
-                    Some(error.clone()),
-                    None,
-                ),
-                JobOutcome::Failed(error),
+            let report = self.report(CallRecord::new(outcome, ending).error(error.clone()));
+            (report, JobOutcome::Failed(error))
+        };
+        let not_sent = |code, message: &str| {
+            ends_job(
+                AttemptOutcome::PermanentError,
+                AttemptEnding::NotBilled,
+                code,
+                message,
             )
+        };
+        let cancelled = |ending, message: &str| {
+            let error = JobError::new(JobErrorCode::Cancelled, message);
+            let record = CallRecord::new(AttemptOutcome::Cancelled, ending).error(error);
+            (self.report(record), JobOutcome::Cancelled)
         };
         match end {
             CallEnd::Answered(Ok(completion)) => self.answered(completion),
@@ -242,70 +194,26 @@ impl CallFacts<'_> {
                 "no answer within the attempt timeout of {} s",
                 self.latency.as_secs()
             )),
-            CallEnd::Cancelled => {
-                let error = JobError::new(
-                    JobErrorCode::Cancelled,
-                    "cancelled while the provider call was running",
-                );
-                (
-                    self.report(
-                        AttemptOutcome::Cancelled,
-                        None,
-                        AttemptEnding::CancelledDuringCall,
-                        Some(error),
-                        None,
-                    ),
-                    JobOutcome::Cancelled,
-                )
-            }
-            CallEnd::CancelledBeforeSending => {
-                let error = JobError::new(
-                    JobErrorCode::Cancelled,
-                    "cancelled before the provider was called",
-                );
-                (
-                    self.report(
-                        AttemptOutcome::Cancelled,
-                        None,
-                        AttemptEnding::NotBilled,
-                        Some(error),
-                        None,
-                    ),
-                    JobOutcome::Cancelled,
-                )
-            }
-            CallEnd::PastDeadline => {
-                let error = JobError::new(
-                    JobErrorCode::DeadlineExceeded,
-                    "the job's deadline passed while the provider call was running",
-                );
-                (
-                    self.report(
-                        AttemptOutcome::Cancelled,
-                        None,
-                        AttemptEnding::CancelledDuringCall,
-                        Some(error.clone()),
-                        None,
-                    ),
-                    JobOutcome::Failed(error),
-                )
-            }
-            CallEnd::PastDeadlineBeforeSending => {
-                let error = JobError::new(
-                    JobErrorCode::DeadlineExceeded,
-                    "the job's deadline passed before the provider was called",
-                );
-                (
-                    self.report(
-                        AttemptOutcome::Cancelled,
-                        None,
-                        AttemptEnding::NotBilled,
-                        Some(error.clone()),
-                        None,
-                    ),
-                    JobOutcome::Failed(error),
-                )
-            }
+            CallEnd::Cancelled => cancelled(
+                AttemptEnding::CancelledDuringCall,
+                "cancelled while the provider call was running",
+            ),
+            CallEnd::CancelledBeforeSending => cancelled(
+                AttemptEnding::NotBilled,
+                "cancelled before the provider was called",
+            ),
+            CallEnd::PastDeadline => ends_job(
+                AttemptOutcome::Cancelled,
+                AttemptEnding::CancelledDuringCall,
+                JobErrorCode::DeadlineExceeded,
+                "the job's deadline passed while the provider call was running",
+            ),
+            CallEnd::PastDeadlineBeforeSending => ends_job(
+                AttemptOutcome::Cancelled,
+                AttemptEnding::NotBilled,
+                JobErrorCode::DeadlineExceeded,
+                "the job's deadline passed before the provider was called",
+            ),
             CallEnd::BudgetSpent => not_sent(
                 JobErrorCode::PaidCallLimit,
                 "not sent: the job already made as many provider calls that may have been billed as it may pay for",
@@ -321,49 +229,26 @@ impl CallFacts<'_> {
                     JobErrorCode::WorkerShutdown,
                     "not sent: the worker shut down before the call",
                 );
-                (
-                    self.report(
-                        AttemptOutcome::RetryableError,
-                        None,
-                        AttemptEnding::NotBilled,
-                        Some(error),
-                        None,
-                    ),
-                    JobOutcome::HandBack,
-                )
+                let record =
+                    CallRecord::new(AttemptOutcome::RetryableError, AttemptEnding::NotBilled)
+                        .error(error);
+                (self.report(record), JobOutcome::HandBack)
             }
             CallEnd::Aborted => {
-                // The request was in flight: it may be billed, so its bound stays, and
-                // sending it again is a retry of an unknown outcome like any other. The
-                // first few such hand-backs of a job count apart from its paid calls
-                // (`budget::FREE_HAND_BACKS`): a rolling restart is the operator's.
+                // The request was in flight: it may be billed, so its bound stays.
                 let error = JobError::new(
                     JobErrorCode::WorkerShutdown,
                     "the worker shut down during the call",
                 );
-                let outcome = if self.claim.job.retry_unknown_outcome {
-                    JobOutcome::HandBack
-                } else {
-                    JobOutcome::Failed(JobError::new(
-                        JobErrorCode::OutcomeUnknown,
-                        "the worker shut down during the call, and the job does not retry unknown outcomes",
-                    ))
-                };
-                let report = self.report(
-                    AttemptOutcome::Unknown,
-                    None,
-                    AttemptEnding::ShutDown,
-                    Some(error),
-                    None,
-                );
-                (report, outcome)
+                let record =
+                    CallRecord::new(AttemptOutcome::Unknown, AttemptEnding::ShutDown).error(error);
+                (self.report(record), self.schedule().aborted_in_flight())
             }
-            CallEnd::LeaseLost => unreachable!("a lost lease is handled before judging"),
         }
     }
 
     fn answered(&self, mut completion: Completion) -> (AttemptReport, JobOutcome) {
-        let within_bound = self.bound.limit(completion.usage);
+        let within_bound = self.bound().limit(completion.usage);
         if within_bound != completion.usage {
             tracing::error!(
                 job.id = %self.claim.job.id, model = %self.claim.job.model,
@@ -372,28 +257,26 @@ impl CallFacts<'_> {
             );
             completion.usage = within_bound;
         }
+        let usage = completion.usage;
         let request_id = completion.request_id.clone();
         match accept(&completion, self.input) {
             Ok(result) => (
                 self.report(
-                    AttemptOutcome::Succeeded,
-                    Some(completion.usage),
-                    AttemptEnding::Accepted(completion.usage),
-                    None,
-                    request_id,
+                    CallRecord::new(AttemptOutcome::Succeeded, AttemptEnding::Accepted(usage))
+                        .usage(Some(usage))
+                        .request_id(request_id),
                 ),
                 JobOutcome::Succeeded { result },
             ),
             Err(error) => (
                 self.report(
-                    AttemptOutcome::InvalidOutput,
-                    Some(completion.usage),
-                    AttemptEnding::Rejected,
-                    Some(error.clone()),
-                    request_id,
+                    CallRecord::new(AttemptOutcome::InvalidOutput, AttemptEnding::Rejected)
+                        .usage(Some(usage))
+                        .error(error.clone())
+                        .request_id(request_id),
                 ),
                 // The finish fails it instead once its invalid-output retries are spent.
-                self.retry_or_fail(error, None),
+                self.schedule().retry_or_fail(error, None),
             ),
         }
     }
@@ -402,11 +285,9 @@ impl CallFacts<'_> {
         let request_id = error.request_id().map(str::to_owned);
         let failed = |outcome, error: JobError, request_id| {
             self.report(
-                outcome,
-                None,
-                AttemptEnding::NotBilled,
-                Some(error),
-                request_id,
+                CallRecord::new(outcome, AttemptEnding::NotBilled)
+                    .error(error)
+                    .request_id(request_id),
             )
         };
         match error {
@@ -414,7 +295,7 @@ impl CallFacts<'_> {
                 let error = JobError::new(JobErrorCode::ProviderUnavailable, message);
                 let mut report = failed(AttemptOutcome::RetryableError, error, None);
                 report.wait = true;
-                (report, self.wait(None, None))
+                (report, self.schedule().wait(None, None))
             }
             ProviderError::Transient {
                 status,
@@ -434,9 +315,9 @@ impl CallFacts<'_> {
                     let until = flow::paused_until(self.ended_at, retry_after);
                     report.model_paused_until = Some(until);
                     report.wait = true;
-                    (report, self.wait(retry_after, Some(until)))
+                    (report, self.schedule().wait(retry_after, Some(until)))
                 } else {
-                    (report, self.retry_or_fail(error, retry_after))
+                    (report, self.schedule().retry_or_fail(error, retry_after))
                 }
             }
             ProviderError::Permanent {
@@ -456,27 +337,13 @@ impl CallFacts<'_> {
         }
     }
 
-    /// The request may have been billed: the cost stays a bound, and the job is retried
-    /// only if it allows paying twice.
+    /// The request may have been billed: no usage, the cost bound stands, and the job
+    /// is retried only if it allows paying twice.
     fn unknown_outcome(&self, message: String) -> (AttemptReport, JobOutcome) {
         let error = JobError::new(JobErrorCode::OutcomeUnknown, message);
-        let outcome = if self.claim.job.retry_unknown_outcome {
-            self.retry_or_fail(error.clone(), None)
-        } else {
-            JobOutcome::Failed(error.clone())
-        };
-        (self.unknown_report(error), outcome)
-    }
-
-    /// The report of a call sent whose outcome is unknown: no usage, the bound stands.
-    fn unknown_report(&self, error: JobError) -> AttemptReport {
-        self.report(
-            AttemptOutcome::Unknown,
-            None,
-            AttemptEnding::Unknown,
-            Some(error),
-            None,
-        )
+        let record =
+            CallRecord::new(AttemptOutcome::Unknown, AttemptEnding::Unknown).error(error.clone());
+        (self.report(record), self.schedule().unknown_outcome(error))
     }
 
     /// The report and outcome to record when the database refused `refused`: the call
@@ -496,22 +363,13 @@ impl CallFacts<'_> {
             AttemptEnding::Rejected
         };
         let report = self.report(
-            AttemptOutcome::PermanentError,
-            refused.usage,
-            ending,
-            Some(error.clone()),
-            refused.provider_request_id,
+            CallRecord::new(AttemptOutcome::PermanentError, ending)
+                .usage(refused.usage)
+                .error(error.clone())
+                .request_id(refused.provider_request_id),
         );
         (report, JobOutcome::Failed(error))
     }
-}
-
-/// The instant by which `job` must have finished. A job without one finished before
-/// deadlines were recorded, or was written by a path that sets none: it gets the
-/// built-in default from its creation, so that its waits stay bounded.
-pub(super) fn deadline_of(job: &jobs::Model) -> Timestamp {
-    job.deadline
-        .unwrap_or_else(|| Deadline::After(DEFAULT_DEADLINE).instant(job.created_at))
 }
 
 /// What a tenant may read of a provider's refusal. Authentication and configuration
@@ -580,36 +438,9 @@ fn strip_code_fence(text: &str) -> &str {
         .trim()
 }
 
-/// The wait before retry `attempt + 1`: exponential backoff from 2 s doubling to a
-/// 60 s cap, with "equal jitter" (uniform between half and all of it) so that jobs
-/// failing together do not retry together; a longer `Retry-After` wins.
-fn retry_delay(attempt: i32, retry_after: Option<Duration>) -> Duration {
-    let exponent = u32::try_from(attempt.saturating_sub(1))
-        .unwrap_or(0)
-        .min(16);
-    let backoff = BACKOFF_BASE.saturating_mul(1 << exponent).min(BACKOFF_CAP);
-    let jittered = rand::rng().random_range(backoff / 2..=backoff);
-    match retry_after {
-        Some(wanted) => jittered.max(wanted.min(RETRY_AFTER_CAP)),
-        None => jittered,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_doubles_with_jitter_and_stops_at_the_cap() {
-        for _ in 0..100 {
-            let first = retry_delay(1, None);
-            assert!(first >= Duration::from_secs(1) && first <= Duration::from_secs(2));
-            let third = retry_delay(3, None);
-            assert!(third >= Duration::from_secs(4) && third <= Duration::from_secs(8));
-            let late = retry_delay(30, None);
-            assert!(late >= Duration::from_secs(30) && late <= BACKOFF_CAP);
-        }
-    }
 
     #[test]
     fn code_fences_around_json_are_ignored() {
@@ -617,17 +448,5 @@ mod tests {
         assert_eq!(strip_code_fence("  {\"a\": 1} "), "{\"a\": 1}");
         assert_eq!(strip_code_fence("```\n[1]\n```"), "[1]");
         assert_eq!(strip_code_fence("```json {\"a\": 1}```"), "{\"a\": 1}");
-    }
-
-    #[test]
-    fn a_longer_retry_after_wins_and_is_capped() {
-        assert_eq!(
-            retry_delay(1, Some(Duration::from_secs(30))),
-            Duration::from_secs(30)
-        );
-        assert_eq!(
-            retry_delay(1, Some(Duration::from_secs(86_400))),
-            RETRY_AFTER_CAP
-        );
     }
 }

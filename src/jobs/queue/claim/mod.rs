@@ -392,7 +392,7 @@ async fn admit_and_claim(
         .filter(|key| {
             !rows
                 .iter()
-                .any(|row| row.scope == key.scope.as_str() && row.key == key.key)
+                .any(|row| row.scope == key.scope && row.key == key.key)
         })
         .collect();
     // Budgets refill and leases run from when the buckets were ours, not from before.
