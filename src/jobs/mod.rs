@@ -11,6 +11,7 @@ pub mod labels;
 pub mod leases;
 pub mod observe;
 pub mod parameters;
+pub mod provider_batches;
 pub mod queue;
 pub mod reach;
 pub mod rerun;

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 /// The API version this client's request and answer shapes follow. Anthropic requires
 /// the header and keeps old versions stable, so a fixed date is what we want.
-const API_VERSION: &str = "2023-06-01";
+pub(super) const API_VERSION: &str = "2023-06-01";
 
 /// Anthropic sends its request id (`req_…`) under this name, errors included.
 const REQUEST_ID_HEADERS: &[&str] = &["request-id"];
@@ -21,10 +21,10 @@ const JSON_INSTRUCTION: &str = "Reply with JSON only, valid against this JSON Sc
 /// Anthropic's Messages API, or a server speaking it, at `base_url`.
 #[derive(Clone)]
 pub struct AnthropicClient {
-    name: String,
-    messages_url: String,
-    api_key: Option<String>,
-    http: http::Transport,
+    pub(super) name: String,
+    pub(super) messages_url: String,
+    pub(super) api_key: Option<String>,
+    pub(super) http: http::Transport,
 }
 
 impl AnthropicClient {
@@ -49,7 +49,7 @@ impl AnthropicClient {
         self
     }
 
-    fn body(request: &ChatRequest) -> Value {
+    pub(super) fn body(request: &ChatRequest) -> Value {
         // Anthropic takes only user and assistant turns; instructions go in the
         // top-level `system`, so system and developer messages are lifted there, in
         // order, wherever they stood in the conversation.
@@ -96,6 +96,30 @@ impl std::fmt::Debug for AnthropicClient {
             .field("messages_url", &self.messages_url)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .finish_non_exhaustive()
+    }
+}
+
+impl AnthropicClient {
+    /// The completion a message `body` holds: a message batch's result carries one
+    /// for each request that succeeded.
+    pub(super) fn completion_of(provider: &str, body: &[u8]) -> Result<Completion, ProviderError> {
+        let parsed: MessagesResponse = serde_json::from_slice(body).map_err(|error| {
+            http::unusable_answer(provider, "the answer is not a message", &error, None)
+        })?;
+        let usage = parsed.usage.ok_or_else(|| ProviderError::OutcomeUnknown {
+            message: "the answer carries no usage".to_owned(),
+        })?;
+        let text = parsed
+            .content
+            .into_iter()
+            .filter(|block| block.kind == "text")
+            .filter_map(|block| block.text)
+            .collect();
+        Ok(Completion {
+            text,
+            usage: usage.token_usage(),
+            request_id: parsed.id,
+        })
     }
 }
 
@@ -157,6 +181,10 @@ fn error_body_request_id(body: &[u8]) -> Option<String> {
 impl Provider for AnthropicClient {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn batch_api(&self) -> Option<&dyn super::batches::BatchApi> {
+        Some(self)
     }
 
     async fn complete(&self, request: &ChatRequest) -> Result<Completion, ProviderError> {

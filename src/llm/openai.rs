@@ -13,10 +13,10 @@ const REQUEST_ID_HEADERS: &[&str] = &["x-request-id", "request-id"];
 /// e.g. `https://api.openai.com/v1`).
 #[derive(Clone)]
 pub struct OpenAiClient {
-    name: String,
-    base_url: String,
-    api_key: Option<String>,
-    http: http::Transport,
+    pub(super) name: String,
+    pub(super) base_url: String,
+    pub(super) api_key: Option<String>,
+    pub(super) http: http::Transport,
 }
 
 impl std::fmt::Debug for OpenAiClient {
@@ -48,7 +48,7 @@ impl OpenAiClient {
         self
     }
 
-    fn body(&self, request: &ChatRequest) -> Value {
+    pub(super) fn body(&self, request: &ChatRequest) -> Value {
         let messages: Vec<Value> = request
             .messages
             .iter()
@@ -67,6 +67,39 @@ impl OpenAiClient {
         }
         request.parameters.add_to_openai(&mut body);
         body
+    }
+}
+
+impl OpenAiClient {
+    /// The completion a chat completion `body` holds: a provider batch's result line
+    /// carries one for each request that succeeded.
+    pub(super) fn completion_of(
+        provider: &str,
+        body: &[u8],
+        request_id: Option<String>,
+    ) -> Result<Completion, ProviderError> {
+        let parsed: ChatResponse = serde_json::from_slice(body).map_err(|error| {
+            http::unusable_answer(
+                provider,
+                "the answer is not a chat completion",
+                &error,
+                request_id.as_deref(),
+            )
+        })?;
+        let usage = parsed.usage.ok_or_else(|| ProviderError::OutcomeUnknown {
+            message: "the answer carries no usage".to_owned(),
+        })?;
+        let text = parsed
+            .choices
+            .into_iter()
+            .next()
+            .and_then(|choice| choice.message.content)
+            .unwrap_or_default();
+        Ok(Completion {
+            text,
+            usage: usage.token_usage(),
+            request_id: request_id.or(parsed.id),
+        })
     }
 }
 
@@ -119,6 +152,10 @@ struct PromptTokensDetails {
 impl Provider for OpenAiClient {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn batch_api(&self) -> Option<&dyn super::batches::BatchApi> {
+        Some(self)
     }
 
     async fn complete(&self, request: &ChatRequest) -> Result<Completion, ProviderError> {

@@ -48,6 +48,7 @@ mod parameters;
 mod processes;
 mod properties;
 mod protocol_model;
+mod provider_batches;
 mod providers;
 mod reruns;
 mod retention;

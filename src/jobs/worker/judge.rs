@@ -504,6 +504,37 @@ impl CallFacts<'_> {
     }
 }
 
+/// Judges one request of a provider batch as a call of the worker is judged: `answer`
+/// is the completion or the provider's error its result line carried; a request the
+/// provider never ran (expired, cancelled, missing from the results) comes as
+/// [`ProviderError::NotSent`], a wait that spends no attempt. `latency`: from the
+/// upload to the batch's end.
+#[allow(clippy::too_many_arguments)]
+pub fn judge_batch_request(
+    claim: &Claim,
+    attempt: &attempts::Model,
+    price: &ModelPrice,
+    input: &JobInput,
+    charging: ChargingPolicy,
+    latency: Duration,
+    ended_at: Timestamp,
+    answer: Result<Completion, ProviderError>,
+) -> (AttemptReport, JobOutcome) {
+    let chain = ModelChain::of_job(&claim.job);
+    let context = CallContext {
+        input,
+        chain: &chain,
+        pauses: &[],
+        charging,
+        latency,
+        ended_at,
+        streamed_bytes: 0,
+    };
+    context
+        .facts(claim, attempt, price)
+        .judge(CallEnd::Answered(answer))
+}
+
 /// The instant by which `job` must have finished. A job without one finished before
 /// deadlines were recorded, or was written by a path that sets none: it gets the
 /// built-in default from its creation, so that its waits stay bounded.

@@ -30,6 +30,7 @@ mod jobs;
 mod tenants;
 
 pub use app::{
+    spawn_app_beside,
     ADMIN_TOKEN, AppOptions, RunningSimulator, TestApp, simulated_models, spawn_app,
     spawn_app_with, test_worker_settings, wait_until_serving,
 };
