@@ -142,7 +142,6 @@ impl Application {
                 worker_db.clone(),
                 bus.clone(),
                 providers.clone(),
-                metrics.clone(),
                 settings.operations.provider_batches,
                 worker_settings.charging,
                 id.clone(),

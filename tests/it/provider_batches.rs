@@ -116,7 +116,8 @@ struct Setup {
 }
 
 async fn setup(backend: Backend, batch_delay: Duration, unknown_after: Duration) -> Setup {
-    let simulator = RunningSimulator::start_with(Simulator::new().with_batch_delay(batch_delay)).await;
+    let simulator =
+        RunningSimulator::start_with(Simulator::new().with_batch_delay(batch_delay)).await;
     let folder = tempfile::tempdir().unwrap();
     let config = config(folder.path(), &simulator);
     let app = spawn_app_beside(backend, simulator, options(&config, unknown_after)).await;
@@ -216,7 +217,10 @@ async fn wait_for_rows(
         if done(&rows) {
             return rows;
         }
-        assert!(Instant::now() < deadline, "the rows never got there: {rows:?}");
+        assert!(
+            Instant::now() < deadline,
+            "the rows never got there: {rows:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -234,8 +238,16 @@ async fn assert_settled_once(app: &TestApp, id: Uuid, shape: Shape) -> Vec<attem
     );
     let ids: Vec<Uuid> = items.iter().map(|item| item.id).collect();
     let attempts = attempts_of(app, &ids).await;
-    assert!(attempts.iter().all(|attempt| attempt.outcome != AttemptOutcome::Running));
-    assert!(attempts.iter().all(|attempt| attempt.provider_batch_id.is_some()));
+    assert!(
+        attempts
+            .iter()
+            .all(|attempt| attempt.outcome != AttemptOutcome::Running)
+    );
+    assert!(
+        attempts
+            .iter()
+            .all(|attempt| attempt.provider_batch_id.is_some())
+    );
     let reservations = credit_reservations::Entity::find()
         .filter(credit_reservations::Column::JobId.is_in(ids.iter().copied()))
         .all(&app.app.db)
@@ -257,15 +269,27 @@ async fn assert_settled_once(app: &TestApp, id: Uuid, shape: Shape) -> Vec<attem
     let with_cost: HashSet<String> = attempts
         .iter()
         .filter(|attempt| attempt.provider_cost_nanos.unwrap_or(0) > 0)
-        .map(|attempt| attempt.provider_request_id.clone().expect("a billed attempt has its request id"))
+        .map(|attempt| {
+            attempt
+                .provider_request_id
+                .clone()
+                .expect("a billed attempt has its request id")
+        })
         .collect();
     assert_eq!(billed, with_cost);
-    for attempt in attempts.iter().filter(|attempt| attempt.outcome == AttemptOutcome::Succeeded) {
+    for attempt in attempts
+        .iter()
+        .filter(|attempt| attempt.outcome == AttemptOutcome::Succeeded)
+    {
         let input = attempt.input_tokens.unwrap();
         let output = attempt.output_tokens.unwrap();
         // LIST per million, in nano-credits per token: 1,000 per credit.
         let realtime = input * LIST.0 * 1_000 + output * LIST.1 * 1_000;
-        assert_eq!(attempt.provider_cost_nanos.unwrap() * 2, realtime, "{attempt:?}");
+        assert_eq!(
+            attempt.provider_cost_nanos.unwrap() * 2,
+            realtime,
+            "{attempt:?}"
+        );
         assert!(attempt.customer_charge_nanos.unwrap() > 0);
     }
     let rows = rows_of(app, id).await;
@@ -275,14 +299,23 @@ async fn assert_settled_once(app: &TestApp, id: Uuid, shape: Shape) -> Vec<attem
         assert!(row.provider_batch_id.is_some() || row.state == ProviderBatchState::Abandoned);
     }
     let listed = mock_batches(app).await;
-    assert!(listed.iter().all(|listed| listed["provider"] == shape.api()), "{listed:?}");
+    assert!(
+        listed
+            .iter()
+            .all(|listed| listed["provider"] == shape.api()),
+        "{listed:?}"
+    );
     assert_billing_invariants(&app.app.db).await;
     attempts
 }
 
 async fn a_provider_batch_of_forty_settles_every_item_once(backend: Backend, shape: Shape) {
-    let Setup { app, tenant, .. } =
-        setup(backend, Duration::from_millis(300), Duration::from_secs(3600)).await;
+    let Setup { app, tenant, .. } = setup(
+        backend,
+        Duration::from_millis(300),
+        Duration::from_secs(3600),
+    )
+    .await;
     let id = create_provider_batch(&app, &tenant, shape).await;
     let added = add_items(&app, &tenant, id, &items(40, true)).await;
     assert!(added["errors"].is_null(), "{added}");
@@ -291,7 +324,12 @@ async fn a_provider_batch_of_forty_settles_every_item_once(backend: Backend, sha
     assert!(mock_batches(&app).await.is_empty());
     assert!(app.simulator.calls().is_empty());
     assert!(rows_of(&app, id).await.is_empty());
-    assert!(items_of(&app, id).await.iter().all(|item| item.status == JobStatus::Queued));
+    assert!(
+        items_of(&app, id)
+            .await
+            .iter()
+            .all(|item| item.status == JobStatus::Queued)
+    );
 
     close(&app, &tenant, id).await;
     let finished = wait_until_finished(&app, &tenant, id, Duration::from_secs(60)).await;
@@ -299,9 +337,17 @@ async fn a_provider_batch_of_forty_settles_every_item_once(backend: Backend, sha
     assert_eq!(finished["counts"]["failed"], 1, "{finished}");
     let attempts = assert_settled_once(&app, id, shape).await;
     let items = items_of(&app, id).await;
-    let item = |custom: &str| items.iter().find(|item| item.custom_id.as_deref() == Some(custom)).unwrap();
+    let item = |custom: &str| {
+        items
+            .iter()
+            .find(|item| item.custom_id.as_deref() == Some(custom))
+            .unwrap()
+    };
     let of = |job: &jobs::Model| {
-        let mut mine: Vec<&attempts::Model> = attempts.iter().filter(|attempt| attempt.job_id == job.id).collect();
+        let mut mine: Vec<&attempts::Model> = attempts
+            .iter()
+            .filter(|attempt| attempt.job_id == job.id)
+            .collect();
         mine.sort_by_key(|attempt| attempt.number);
         mine
     };
@@ -324,7 +370,10 @@ async fn a_provider_batch_of_forty_settles_every_item_once(backend: Backend, sha
     assert_eq!(expired.attempt_count, 1, "an expiry spends no attempt");
     assert!(mock_batches(&app).await.len() >= 2);
     let balance = app.balance(&tenant).await;
-    assert_eq!(crate::helpers::decimal(&balance["held"]), rust_decimal::Decimal::ZERO);
+    assert_eq!(
+        crate::helpers::decimal(&balance["held"]),
+        rust_decimal::Decimal::ZERO
+    );
     assert_eq!(
         crate::helpers::decimal(&balance["charged"]),
         crate::helpers::decimal(&batch(&app, &tenant, id).await["customerCharge"])
@@ -345,37 +394,65 @@ async fn a_provider_batch_of_forty_settles_every_item_once_anthropic(backend: Ba
 /// provider and settles it, and the provider holds one batch for those items.
 async fn a_lost_upload_answer_is_found_again_not_sent_twice(backend: Backend, shape: Shape) {
     let Setup {
-        app, tenant, config, _folder,
+        app,
+        tenant,
+        config,
+        _folder,
     } = setup(backend, Duration::from_secs(3), Duration::from_secs(3600)).await;
     let id = create_provider_batch(&app, &tenant, shape).await;
     assert!(add_items(&app, &tenant, id, &items(10, false)).await["errors"].is_null());
     close(&app, &tenant, id).await;
     let rows = wait_for_rows(&app, id, |rows| {
-        rows.iter().any(|row| row.state == ProviderBatchState::Submitted)
+        rows.iter()
+            .any(|row| row.state == ProviderBatchState::Submitted)
     })
     .await;
     let row = rows[0].clone();
     let db = app.app.db.clone();
     let lost = async move {
         provider_batches::Entity::update_many()
-            .col_expr(provider_batches::Column::State, sea_orm::sea_query::Expr::value(ProviderBatchState::Uploading))
-            .col_expr(provider_batches::Column::ProviderBatchId, sea_orm::sea_query::Expr::value(Option::<String>::None))
-            .col_expr(provider_batches::Column::InputFileId, sea_orm::sea_query::Expr::value(Option::<String>::None))
-            .col_expr(provider_batches::Column::RunToken, sea_orm::sea_query::Expr::value(Option::<Uuid>::None))
-            .col_expr(provider_batches::Column::LeaseUntil, sea_orm::sea_query::Expr::value(Option::<entity::Timestamp>::None))
+            .col_expr(
+                provider_batches::Column::State,
+                sea_orm::sea_query::Expr::value(ProviderBatchState::Uploading),
+            )
+            .col_expr(
+                provider_batches::Column::ProviderBatchId,
+                sea_orm::sea_query::Expr::value(Option::<String>::None),
+            )
+            .col_expr(
+                provider_batches::Column::InputFileId,
+                sea_orm::sea_query::Expr::value(Option::<String>::None),
+            )
+            .col_expr(
+                provider_batches::Column::RunToken,
+                sea_orm::sea_query::Expr::value(Option::<Uuid>::None),
+            )
+            .col_expr(
+                provider_batches::Column::LeaseUntil,
+                sea_orm::sea_query::Expr::value(Option::<entity::Timestamp>::None),
+            )
             .filter(provider_batches::Column::Id.eq(row.id))
             .exec(&db)
             .await
             .unwrap();
     };
-    let app = app.restart_after(options(&config, Duration::from_secs(3600)), lost).await;
+    let app = app
+        .restart_after(options(&config, Duration::from_secs(3600)), lost)
+        .await;
     let finished = wait_until_finished(&app, &tenant, id, Duration::from_secs(60)).await;
     assert_eq!(finished["counts"]["succeeded"], 10, "{finished}");
     let listed = mock_batches(&app).await;
-    assert_eq!(listed.len(), 1, "one provider batch for the items: {listed:?}");
+    assert_eq!(
+        listed.len(),
+        1,
+        "one provider batch for the items: {listed:?}"
+    );
     let rows = rows_of(&app, id).await;
     assert_eq!(rows.len(), 1);
-    assert_eq!(rows[0].provider_batch_id.as_deref(), listed[0]["id"].as_str());
+    assert_eq!(
+        rows[0].provider_batch_id.as_deref(),
+        listed[0]["id"].as_str()
+    );
     let attempts = assert_settled_once(&app, id, shape).await;
     assert_eq!(attempts.len(), 10, "each item billed once");
 }
@@ -398,7 +475,8 @@ async fn cancel_charges_what_the_provider_finished(backend: Backend) {
     assert!(add_items(&app, &tenant, id, &items(8, false)).await["errors"].is_null());
     close(&app, &tenant, id).await;
     wait_for_rows(&app, id, |rows| {
-        rows.iter().any(|row| row.state == ProviderBatchState::Submitted)
+        rows.iter()
+            .any(|row| row.state == ProviderBatchState::Submitted)
     })
     .await;
     let cancelled = app
@@ -413,7 +491,10 @@ async fn cancel_charges_what_the_provider_finished(backend: Backend) {
     let rows = rows_of(&app, id).await;
     assert!(rows[0].cancel_sent);
     assert_settled_once(&app, id, shape).await;
-    assert_eq!(crate::helpers::decimal(&app.balance(&tenant).await["charged"]), rust_decimal::Decimal::ZERO);
+    assert_eq!(
+        crate::helpers::decimal(&app.balance(&tenant).await["charged"]),
+        rust_decimal::Decimal::ZERO
+    );
 }
 
 /// A provider batch the provider stops answering about (the simulator forgets it)
@@ -427,7 +508,8 @@ async fn an_unreadable_provider_batch_ends_with_the_unknown_bound(backend: Backe
     assert!(add_items(&app, &tenant, id, &items(5, false)).await["errors"].is_null());
     close(&app, &tenant, id).await;
     wait_for_rows(&app, id, |rows| {
-        rows.iter().any(|row| row.state == ProviderBatchState::Submitted)
+        rows.iter()
+            .any(|row| row.state == ProviderBatchState::Submitted)
     })
     .await;
     // The provider loses the batch: every read of it is a 404 from now on.
@@ -455,6 +537,8 @@ async fn an_unreadable_provider_batch_ends_with_the_unknown_bound(backend: Backe
         assert_eq!(item.error_code.as_deref(), Some("OUTCOME_UNKNOWN"));
     }
     // The batch carries the bounds, and the audit is clean.
-    assert!(crate::helpers::decimal(&finished["providerCostUpperBound"]) > rust_decimal::Decimal::ZERO);
+    assert!(
+        crate::helpers::decimal(&finished["providerCostUpperBound"]) > rust_decimal::Decimal::ZERO
+    );
     assert_billing_invariants(&app.app.db).await;
 }

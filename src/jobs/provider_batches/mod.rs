@@ -31,7 +31,6 @@ mod submit;
 use crate::billing::ChargingPolicy;
 use crate::bus::EventBus;
 use crate::llm::ProviderRegistry;
-use crate::metrics::Metrics;
 use sea_orm::DatabaseConnection;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -71,7 +70,6 @@ pub struct Submitter {
     db: DatabaseConnection,
     bus: EventBus,
     providers: ProviderRegistry,
-    metrics: Metrics,
     settings: ProviderBatchSettings,
     charging: ChargingPolicy,
     /// Recorded on the attempts it starts, as a worker's id is.
@@ -83,7 +81,6 @@ impl Submitter {
         db: DatabaseConnection,
         bus: EventBus,
         providers: ProviderRegistry,
-        metrics: Metrics,
         settings: ProviderBatchSettings,
         charging: ChargingPolicy,
         worker_id: String,
@@ -92,7 +89,6 @@ impl Submitter {
             db,
             bus,
             providers,
-            metrics,
             settings,
             charging,
             worker_id,

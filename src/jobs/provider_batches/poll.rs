@@ -80,9 +80,9 @@ async fn advance(
             poll(submitter, row, token, &provider, cancelled).await
         }
         ProviderBatchState::Ended => settle_results(submitter, row, token, &provider, None).await,
-        ProviderBatchState::Settled | ProviderBatchState::Abandoned | ProviderBatchState::Unknown => {
-            Ok(())
-        }
+        ProviderBatchState::Settled
+        | ProviderBatchState::Abandoned
+        | ProviderBatchState::Unknown => Ok(()),
     }
 }
 
@@ -199,7 +199,14 @@ async fn send(
     tracing::info!(provider_batch.id = %row.id, provider = %row.provider, items = encoded.len(), "uploading a provider batch");
     match api.submit(row.id, encoded, input_file).await {
         Ok(submitted) => {
-            record_submitted(submitter, row, token, &submitted.batch, submitted.input_file_id).await
+            record_submitted(
+                submitter,
+                row,
+                token,
+                &submitted.batch,
+                submitted.input_file_id,
+            )
+            .await
         }
         // Nothing reached the provider: back to preparing, uploaded again later.
         Err(error @ ProviderError::NotSent { .. }) => {
@@ -311,10 +318,7 @@ async fn recover(
         .column(provider_batches::Column::ProviderBatchId)
         .filter(provider_batches::Column::Provider.eq(&row.provider))
         .filter(provider_batches::Column::ProviderBatchId.is_not_null())
-        .filter(
-            provider_batches::Column::SubmittedAt
-                .gte(Timestamp::from(since - SEARCH_SLACK)),
-        )
+        .filter(provider_batches::Column::SubmittedAt.gte(Timestamp::from(since - SEARCH_SLACK)))
         .into_tuple::<Option<String>>()
         .all(&submitter.db)
         .await?
@@ -459,9 +463,13 @@ async fn settle_results(
             }
         }
         if chunk.len() == CHUNK {
-            settled += settle::settle(submitter, row, std::mem::take(&mut chunk), Fate::Known).await?;
+            settled +=
+                settle::settle(submitter, row, std::mem::take(&mut chunk), Fate::Known).await?;
             // Renews the lease: a large batch's results take a while.
-            if rows::write(&submitter.db, fenced(submitter, row, token)).await?.is_none() {
+            if rows::write(&submitter.db, fenced(submitter, row, token))
+                .await?
+                .is_none()
+            {
                 return Ok(());
             }
         }
@@ -542,7 +550,8 @@ async fn unreadable(
     error: &ProviderError,
 ) -> Result<(), DbErr> {
     let now = Timestamp::now();
-    let silent = Duration::from_micros(u64::try_from(now.micros() - row.last_read_at.micros()).unwrap_or(0));
+    let silent =
+        Duration::from_micros(u64::try_from(now.micros() - row.last_read_at.micros()).unwrap_or(0));
     if silent >= submitter.settings.unknown_after {
         return unknown(submitter, row, token, silent).await;
     }

@@ -101,13 +101,12 @@ pub(super) async fn write(
 }
 
 /// Gives the row up: the next round (of any process) may take it at once.
-pub(super) async fn release(
-    db: &impl ConnectionTrait,
-    id: Uuid,
-    token: Uuid,
-) -> Result<(), DbErr> {
+pub(super) async fn release(db: &impl ConnectionTrait, id: Uuid, token: Uuid) -> Result<(), DbErr> {
     provider_batches::Entity::update_many()
-        .col_expr(provider_batches::Column::RunToken, Expr::value(Option::<Uuid>::None))
+        .col_expr(
+            provider_batches::Column::RunToken,
+            Expr::value(Option::<Uuid>::None),
+        )
         .col_expr(
             provider_batches::Column::LeaseUntil,
             Expr::value(Option::<Timestamp>::None),

@@ -72,14 +72,17 @@ pub(super) async fn settle(
     let prices = batch_prices(submitter, running.values()).await?;
     let ended_at = Timestamp::now();
     let since = row.uploading_at.unwrap_or(row.created_at);
-    let latency = Duration::from_micros(u64::try_from(ended_at.micros() - since.micros()).unwrap_or(0));
+    let latency =
+        Duration::from_micros(u64::try_from(ended_at.micros() - since.micros()).unwrap_or(0));
     let mut ends = Vec::with_capacity(running.len());
     for (id, answer) in answers {
         let Some(attempt) = running.get(&id) else {
             continue;
         };
-        let (Some(job), Some(price)) = (jobs.get(&attempt.job_id), prices.get(&attempt.model_price_id))
-        else {
+        let (Some(job), Some(price)) = (
+            jobs.get(&attempt.job_id),
+            prices.get(&attempt.model_price_id),
+        ) else {
             continue;
         };
         let Ok(input) = serde_json::from_value::<JobInput>(job.input.0.clone()) else {
@@ -102,7 +105,10 @@ pub(super) async fn settle(
         );
         if fate == Fate::Unknown {
             let error = report.error.clone().unwrap_or_else(|| {
-                JobError::new(JobErrorCode::OutcomeUnknown, "the provider batch's fate is unknown")
+                JobError::new(
+                    JobErrorCode::OutcomeUnknown,
+                    "the provider batch's fate is unknown",
+                )
             });
             report.wait = false;
             outcome = JobOutcome::Failed(error);

@@ -10,8 +10,8 @@ use crate::jobs::input::JobInput;
 use crate::jobs::queue::{
     self, AttemptStart, Claim, JobError, JobErrorCode, StartedAttempt, abandon_claim,
 };
-use crate::llm::batches::{BatchApi, BatchItem};
 use crate::llm::ChatRequest;
+use crate::llm::batches::{BatchApi, BatchItem};
 use entity::{
     BatchMode, BatchStatus, JobStatus, ProviderBatchState, Timestamp, attempts, batches, jobs,
     provider_batches,
@@ -148,7 +148,7 @@ async fn submit_one(submitter: &Submitter, batch: &batches::Model) -> Result<usi
         )
         .col_expr(
             jobs::Column::StartedAt,
-            Func::coalesce([Expr::col(jobs::Column::StartedAt).into(), Expr::value(now)]).into(),
+            Func::coalesce([Expr::col(jobs::Column::StartedAt), Expr::value(now)]).into(),
         )
         .col_expr(jobs::Column::UpdatedAt, Expr::value(now))
         .filter(jobs::Column::Id.is_in(ids))
@@ -189,8 +189,7 @@ async fn submit_one(submitter: &Submitter, batch: &batches::Model) -> Result<usi
             }
         })
         .collect();
-    let pairs: Vec<(&Claim, &AttemptStart)> =
-        runnable.iter().copied().zip(starts.iter()).collect();
+    let pairs: Vec<(&Claim, &AttemptStart)> = runnable.iter().copied().zip(starts.iter()).collect();
     let started = queue::start_attempts_in(&transaction, &pairs).await?;
     let mut going: Vec<(&Claim, StartedAttempt)> = Vec::new();
     let mut held_back: Vec<(&Claim, StartedAttempt)> = Vec::new();
@@ -244,9 +243,7 @@ async fn submit_one(submitter: &Submitter, batch: &batches::Model) -> Result<usi
             .await?;
         attempts::Entity::update_many()
             .col_expr(attempts::Column::ProviderBatchId, Expr::value(row_id))
-            .filter(
-                attempts::Column::Id.is_in(going.iter().map(|(_, started)| started.attempt.id)),
-            )
+            .filter(attempts::Column::Id.is_in(going.iter().map(|(_, started)| started.attempt.id)))
             .exec(&transaction)
             .await?;
     }

@@ -99,7 +99,8 @@ impl BatchApi for AnthropicClient {
         encoded: &[Vec<u8>],
         _input_file: Option<&str>,
     ) -> Result<Submitted, ProviderError> {
-        let mut body = Vec::with_capacity(encoded.iter().map(|item| item.len() + 1).sum::<usize>() + 16);
+        let mut body =
+            Vec::with_capacity(encoded.iter().map(|item| item.len() + 1).sum::<usize>() + 16);
         body.extend_from_slice(b"{\"requests\":[");
         for (index, item) in encoded.iter().enumerate() {
             if index > 0 {
@@ -181,7 +182,8 @@ impl BatchApi for AnthropicClient {
     async fn cancel(&self, id: &str) -> Result<(), ProviderError> {
         let _: BatchObject = self
             .json(
-                self.http.post(&format!("{}/{id}/cancel", self.batches_url())),
+                self.http
+                    .post(&format!("{}/{id}/cancel", self.batches_url())),
                 "a message batch",
             )
             .await?;

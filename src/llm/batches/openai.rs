@@ -288,9 +288,7 @@ impl BatchApi for OpenAiClient {
         let bodies = batch
             .results
             .iter()
-            .map(|file| {
-                self.authorised(self.http.get(&self.url(&format!("files/{file}/content"))))
-            })
+            .map(|file| self.authorised(self.http.get(&self.url(&format!("files/{file}/content")))))
             .collect();
         Ok(ResultLines::new(
             &self.name,

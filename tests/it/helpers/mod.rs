@@ -30,9 +30,8 @@ mod jobs;
 mod tenants;
 
 pub use app::{
-    spawn_app_beside,
     ADMIN_TOKEN, AppOptions, RunningSimulator, TestApp, simulated_models, spawn_app,
-    spawn_app_with, test_worker_settings, wait_until_serving,
+    spawn_app_beside, spawn_app_with, test_worker_settings, wait_until_serving,
 };
 pub use backends::{Backend, TestDatabase};
 pub use graphql::{decimal, error_code};

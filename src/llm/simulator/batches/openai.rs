@@ -490,9 +490,18 @@ async fn list_files(State(sim): State<Simulator>, Query(query): Query<FileListQu
     let mut files: Vec<&super::File> = store
         .files
         .values()
-        .filter(|file| query.purpose.as_deref().is_none_or(|purpose| file.purpose == purpose))
+        .filter(|file| {
+            query
+                .purpose
+                .as_deref()
+                .is_none_or(|purpose| file.purpose == purpose)
+        })
         .collect();
-    files.sort_by(|a, b| b.created_at.cmp(&a.created_at).then_with(|| b.id.cmp(&a.id)));
+    files.sort_by(|a, b| {
+        b.created_at
+            .cmp(&a.created_at)
+            .then_with(|| b.id.cmp(&a.id))
+    });
     if query.order.as_deref() == Some("asc") {
         files.reverse();
     }
