@@ -138,6 +138,18 @@ struct WorkerArgs {
           default_value_t = crate::config::DEFAULT_UNSUBSCRIBED_SOCKET_TIMEOUT.as_secs(),
           value_parser = clap::value_parser!(u64).range(1..))]
     unsubscribed_socket_timeout_seconds: u64,
+    /// Read each submitted provider batch (PROVIDER_BATCH items at the provider's batch
+    /// API) every S seconds until it ends.
+    #[arg(long, env = "JOBLEDGER_PROVIDER_BATCH_POLL_SECONDS", value_name = "S",
+          default_value_t = crate::jobs::provider_batches::DEFAULT_POLL.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..))]
+    provider_batch_poll_seconds: u64,
+    /// A provider batch the provider cannot be read about for S seconds has an unknown
+    /// fate: its items end with the cost bound of an unknown outcome (reconcilable).
+    #[arg(long, env = "JOBLEDGER_PROVIDER_BATCH_UNKNOWN_AFTER_SECONDS", value_name = "S",
+          default_value_t = crate::jobs::provider_batches::DEFAULT_UNKNOWN_AFTER.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..))]
+    provider_batch_unknown_after_seconds: u64,
     /// Live connections (WebSocket connections and SSE streams) the API holds open at
     /// once across all clients; past it a new one is refused with 503.
     #[arg(long, env = "JOBLEDGER_MAX_LIVE_CONNECTIONS", value_name = "N",
@@ -237,6 +249,10 @@ impl WorkerArgs {
                     unsubscribed_socket_timeout: Duration::from_secs(
                         self.unsubscribed_socket_timeout_seconds,
                     ),
+                },
+                provider_batches: crate::jobs::provider_batches::ProviderBatchSettings {
+                    poll: Duration::from_secs(self.provider_batch_poll_seconds),
+                    unknown_after: Duration::from_secs(self.provider_batch_unknown_after_seconds),
                 },
             },
             allow_private_webhooks: self.allow_private_webhooks,

@@ -85,6 +85,8 @@ pub struct OperationsSettings {
     pub retention: Option<std::time::Duration>,
     /// The bounds on the API's live connections.
     pub live: LiveConnectionSettings,
+    /// How the provider-batch submitter polls, and when it gives a batch up as unknown.
+    pub provider_batches: crate::jobs::provider_batches::ProviderBatchSettings,
 }
 
 /// The bounds on the API's live connections (WebSocket connections, SSE streams)

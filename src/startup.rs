@@ -12,6 +12,7 @@ use crate::config::providers;
 use crate::graphql;
 use crate::http::{self, HttpState};
 use crate::jobs::flow::FlowLimits;
+use crate::jobs::provider_batches::Submitter;
 use crate::jobs::worker::Worker;
 use crate::llm::simulator::Simulator;
 use crate::metrics::Metrics;
@@ -44,6 +45,7 @@ pub struct Application {
     /// The origins whose pages may call the API.
     browser_origins: http::BrowserOrigins,
     worker: Option<Worker>,
+    submitter: Option<Submitter>,
     simulator: Option<BuiltInSimulator>,
     relay: NotificationRelay,
     admin_token_generated: bool,
@@ -137,15 +139,27 @@ impl Application {
                 std::process::id(),
                 &uuid::Uuid::new_v4().simple().to_string()[..8]
             );
-            Worker::new(
+            // Every worker process submits provider batches too, each row owned by one
+            // process at a time.
+            let submitter = Submitter::new(
+                worker_db.clone(),
+                bus.clone(),
+                providers.clone(),
+                settings.operations.provider_batches,
+                worker_settings.charging,
+                id.clone(),
+            );
+            let worker = Worker::new(
                 id,
                 worker_db,
                 bus.clone(),
                 providers.clone(),
                 worker_settings,
                 metrics.clone(),
-            )
+            );
+            (worker, submitter)
         });
+        let (worker, submitter) = worker.unzip();
         let listener = match settings.listen {
             Some(address) => Some(TcpListener::bind(address).await?),
             None => None,
@@ -162,6 +176,7 @@ impl Application {
             live_connections: settings.operations.live,
             browser_origins: http::BrowserOrigins::new(&settings.cors_origins),
             worker,
+            submitter,
             simulator,
             relay,
             admin_token_generated,
@@ -215,6 +230,12 @@ impl Application {
         let mut tasks = Tasks::default();
         if let Some(worker) = self.worker {
             tasks.spawn("the workers", worker.run(shutdown.child_token()));
+        }
+        if let Some(submitter) = self.submitter {
+            tasks.spawn(
+                "the provider-batch submitter",
+                submitter.run(shutdown.child_token()),
+            );
         }
         if let Some(retention) = self.retention {
             tasks.spawn(

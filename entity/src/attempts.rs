@@ -35,6 +35,8 @@ pub struct Model {
     pub delivered_output_tokens: Option<i64>,
     /// The price row this attempt was priced with.
     pub model_price_id: Uuid,
+    /// The provider batch the attempt went out in; `None` for a realtime call.
+    pub provider_batch_id: Option<Uuid>,
     pub latency_ms: Option<i64>,
     pub started_at: Timestamp,
     pub finished_at: Option<Timestamp>,

@@ -22,6 +22,7 @@ pub mod jobs;
 mod json_text;
 pub mod ledger_entries;
 pub mod model_prices;
+pub mod provider_batches;
 pub mod rate_limit_buckets;
 pub mod tenant_limits;
 pub mod tenants;
@@ -34,5 +35,6 @@ pub use json_text::JsonText;
 pub use timestamp::Timestamp;
 pub use values::{
     ApiKeyRole, AttemptOutcome, BatchMode, BatchStatus, BucketScope, EventKind, JobErrorCode,
-    JobStatus, LedgerEntryKind, ReservationStatus, WebhookDeliveryStatus, WebhookEvent,
+    JobStatus, LedgerEntryKind, ProviderBatchState, ReservationStatus, WebhookDeliveryStatus,
+    WebhookEvent,
 };

@@ -54,6 +54,61 @@ pub enum BatchMode {
     ProviderBatch,
 }
 
+/// Where a provider batch is in its life (see `docs/provider-batches.md`).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum, Serialize, Deserialize,
+)]
+#[sea_orm(rs_type = "String", db_type = "String(StringLen::None)")]
+pub enum ProviderBatchState {
+    /// Its row and its items' attempts are written; nothing was sent yet.
+    #[sea_orm(string_value = "preparing")]
+    Preparing,
+    /// The upload is under way or was: the provider may have the batch.
+    #[sea_orm(string_value = "uploading")]
+    Uploading,
+    /// The provider took it and named it; polled until it ends.
+    #[sea_orm(string_value = "submitted")]
+    Submitted,
+    /// The tenant cancelled; the provider was asked to cancel it, and it is polled
+    /// until it ends.
+    #[sea_orm(string_value = "cancelling")]
+    Cancelling,
+    /// The provider says it ended; its results are being settled.
+    #[sea_orm(string_value = "ended")]
+    Ended,
+    /// Every item of it is settled.
+    #[sea_orm(string_value = "settled")]
+    Settled,
+    /// Nothing of it was sent (cancelled while preparing).
+    #[sea_orm(string_value = "abandoned")]
+    Abandoned,
+    /// The provider could not be read about it for longer than the bound: its items
+    /// ended with the cost bound of an unknown outcome.
+    #[sea_orm(string_value = "unknown")]
+    Unknown,
+}
+
+impl ProviderBatchState {
+    /// Whether nothing more happens to it.
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Settled | Self::Abandoned | Self::Unknown)
+    }
+
+    /// The state as stored and as the API and metrics name it, in lower case.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Preparing => "preparing",
+            Self::Uploading => "uploading",
+            Self::Submitted => "submitted",
+            Self::Cancelling => "cancelling",
+            Self::Ended => "ended",
+            Self::Settled => "settled",
+            Self::Abandoned => "abandoned",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
 /// Where a batch is in its life.
 #[derive(
     Clone, Copy, Debug, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum, Serialize, Deserialize,

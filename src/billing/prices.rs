@@ -227,6 +227,26 @@ impl ModelPrice {
     pub fn customer_charge(&self, usage: &TokenUsage) -> Credits {
         self.customer.cost(usage)
     }
+
+    /// This version as a PROVIDER_BATCH item is billed by: the batch rates on both
+    /// sides, in place of the list and customer rates (same id: an attempt still
+    /// names the version it was priced with, and `attempts.provider_batch_id` tells
+    /// that it went through the batch API). Cached input tokens are priced as input:
+    /// batch prices carry no cached rate, so the cost is never understated. `None`
+    /// when the model has no batch price.
+    pub fn batch_view(&self) -> Option<Self> {
+        let batch = self.batch?;
+        let rates = |rates: BatchRates| Rates {
+            input: rates.input,
+            cached_input: rates.input,
+            output: rates.output,
+        };
+        Some(Self {
+            provider: rates(batch.provider),
+            customer: rates(batch.customer),
+            ..self.clone()
+        })
+    }
 }
 
 impl From<model_prices::Model> for ModelPrice {

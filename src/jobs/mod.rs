@@ -13,6 +13,7 @@ pub mod lifecycle;
 pub mod observe;
 pub mod parameters;
 pub mod parts;
+pub mod provider_batches;
 pub mod queue;
 pub mod reach;
 pub mod rerun;

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 /// The API version this client's request and answer shapes follow. Anthropic requires
 /// the header and keeps old versions stable, so a fixed date is what we want.
-const API_VERSION: &str = "2023-06-01";
+pub(super) const API_VERSION: &str = "2023-06-01";
 
 /// Anthropic sends its request id (`req_…`) under this name, errors included.
 const REQUEST_ID_HEADERS: &[&str] = &["request-id"];
@@ -24,10 +24,10 @@ const JSON_INSTRUCTION: &str = "Reply with JSON only, valid against this JSON Sc
 /// Anthropic's Messages API, or a server speaking it, at `base_url`.
 #[derive(Clone)]
 pub struct AnthropicClient {
-    name: String,
-    messages_url: String,
-    api_key: Option<String>,
-    http: http::Transport,
+    pub(super) name: String,
+    pub(super) messages_url: String,
+    pub(super) api_key: Option<String>,
+    pub(super) http: http::Transport,
 }
 
 impl AnthropicClient {
@@ -52,7 +52,7 @@ impl AnthropicClient {
         self
     }
 
-    fn body(request: &ChatRequest) -> Value {
+    pub(super) fn body(request: &ChatRequest) -> Value {
         // Anthropic takes only user and assistant turns; instructions go in the
         // top-level `system`, so system and developer messages are lifted there, in
         // order, wherever they stood in the conversation.
@@ -104,6 +104,48 @@ impl std::fmt::Debug for AnthropicClient {
             .field("messages_url", &self.messages_url)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .finish_non_exhaustive()
+    }
+}
+
+impl AnthropicClient {
+    /// The completion a message `body` holds: a message batch's result carries one
+    /// for each request that succeeded.
+    pub(super) fn completion_of(
+        provider: &str,
+        body: &[u8],
+        request_id: Option<String>,
+    ) -> Result<Completion, ProviderError> {
+        let parsed: MessagesResponse = serde_json::from_slice(body).map_err(|error| {
+            http::unusable_answer(
+                provider,
+                "the answer is not a message",
+                &error,
+                request_id.as_deref(),
+            )
+        })?;
+        let usage = parsed.usage.ok_or_else(|| ProviderError::OutcomeUnknown {
+            message: "the answer carries no usage".to_owned(),
+        })?;
+        // Thinking and tool-use blocks are not part of the reply text.
+        let mut text = String::new();
+        let mut tool_calls = Vec::new();
+        for block in parsed.content {
+            match block.kind.as_str() {
+                "text" => text.extend(block.text),
+                "tool_use" => tool_calls.push(ToolCall {
+                    id: block.id,
+                    name: block.name.unwrap_or_default(),
+                    arguments: block.input.unwrap_or_else(|| json!({})).to_string(),
+                }),
+                _ => {}
+            }
+        }
+        Ok(Completion {
+            text,
+            tool_calls,
+            usage: usage.token_usage(),
+            request_id: request_id.or(parsed.id),
+        })
     }
 }
 
@@ -176,6 +218,10 @@ impl Provider for AnthropicClient {
         PromptCounting::Bytes(Some(Shape::Anthropic))
     }
 
+    fn batch_api(&self) -> Option<&dyn super::batches::BatchApi> {
+        Some(self)
+    }
+
     async fn complete(&self, request: &ChatRequest) -> Result<Completion, ProviderError> {
         let answer = self.http.send(self.call(Self::body(request))).await?;
         let header_request_id = answer.request_id(REQUEST_ID_HEADERS);
@@ -183,37 +229,7 @@ impl Provider for AnthropicClient {
             let request_id = header_request_id.or_else(|| error_body_request_id(&answer.body));
             return Err(answer.into_error(&self.name, request_id));
         }
-        let parsed: MessagesResponse = serde_json::from_slice(&answer.body).map_err(|error| {
-            http::unusable_answer(
-                &self.name,
-                "the answer is not a message",
-                &error,
-                header_request_id.as_deref(),
-            )
-        })?;
-        let usage = parsed.usage.ok_or_else(|| ProviderError::OutcomeUnknown {
-            message: "the answer carries no usage".to_owned(),
-        })?;
-        // Thinking and tool-use blocks are not part of the reply text.
-        let mut text = String::new();
-        let mut tool_calls = Vec::new();
-        for block in parsed.content {
-            match block.kind.as_str() {
-                "text" => text.extend(block.text),
-                "tool_use" => tool_calls.push(ToolCall {
-                    id: block.id,
-                    name: block.name.unwrap_or_default(),
-                    arguments: block.input.unwrap_or_else(|| json!({})).to_string(),
-                }),
-                _ => {}
-            }
-        }
-        Ok(Completion {
-            text,
-            tool_calls,
-            usage: usage.token_usage(),
-            request_id: header_request_id.or(parsed.id),
-        })
+        Self::completion_of(&self.name, &answer.body, header_request_id)
     }
 
     async fn stream(

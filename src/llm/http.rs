@@ -48,6 +48,24 @@ impl Transport {
         response.map_err(classify_send_error)
     }
 
+    /// A GET of `url`.
+    pub(super) fn get(&self, url: &str) -> RequestBuilder {
+        self.client.get(url)
+    }
+
+    /// Sends `call`: a successful answer comes back unread, for its body to be read
+    /// as a stream (a provider batch's results); an error status is read in full.
+    pub(super) async fn open(
+        &self,
+        call: RequestBuilder,
+    ) -> Result<Result<reqwest::Response, Answer>, ProviderError> {
+        let response = self.head(call).await?;
+        if response.status().is_success() {
+            return Ok(Ok(response));
+        }
+        Answer::read(response).await.map(Err)
+    }
+
     /// Sends `call` and reads the whole answer, whatever its status.
     pub(super) async fn send(&self, call: RequestBuilder) -> Result<Answer, ProviderError> {
         let response = self.head(call).await?;
@@ -235,6 +253,23 @@ impl Answer {
             }
         }
     }
+}
+
+/// The error a provider's answer of `status` with `body` stands for, as
+/// [`Answer::into_error`] tells it: for a request of a batch, whose answer comes back
+/// inside the batch's results.
+pub(super) fn error_of(
+    provider: &str,
+    status: u16,
+    body: Vec<u8>,
+    request_id: Option<String>,
+) -> ProviderError {
+    Answer {
+        status: StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        headers: HeaderMap::new(),
+        body,
+    }
+    .into_error(provider, request_id)
 }
 
 /// A successful answer we cannot use (not the JSON it should be, or a stream that

@@ -2,6 +2,7 @@
 //! names to providers, and the simulator used when no provider is configured.
 
 pub mod anthropic;
+pub mod batches;
 mod counting;
 mod http;
 pub mod openai;
@@ -92,11 +93,16 @@ pub trait Provider: Send + Sync + std::fmt::Debug {
     /// The provider's name as recorded on attempts (`openai`, `anthropic`, `simulator`).
     fn name(&self) -> &str;
 
+    /// The provider's batch API, through which jobledger sends PROVIDER_BATCH items;
+    /// `None` for a provider without one (createBatch then refuses PROVIDER_BATCH).
+    fn batch_api(&self) -> Option<&dyn batches::BatchApi> {
+        None
+    }
+
     /// Whether jobledger sends this provider's PROVIDER_BATCH items through its batch
-    /// API. None does yet: the submitter that uploads provider batches is still to
-    /// come, so createBatch refuses PROVIDER_BATCH for every provider until it does.
+    /// API.
     fn submits_batches(&self) -> bool {
-        false
+        self.batch_api().is_some()
     }
 
     /// How this provider counts the prompt tokens of a call to `model`, which a job's

@@ -18,10 +18,10 @@ const REQUEST_ID_HEADERS: &[&str] = &["x-request-id", "request-id"];
 /// e.g. `https://api.openai.com/v1`).
 #[derive(Clone)]
 pub struct OpenAiClient {
-    name: String,
-    base_url: String,
-    api_key: Option<String>,
-    http: http::Transport,
+    pub(super) name: String,
+    pub(super) base_url: String,
+    pub(super) api_key: Option<String>,
+    pub(super) http: http::Transport,
     /// The built-in simulator, whose usage follows its own rule, not the model's.
     simulator: bool,
 }
@@ -63,7 +63,7 @@ impl OpenAiClient {
         self
     }
 
-    fn body(&self, request: &ChatRequest) -> Value {
+    pub(super) fn body(&self, request: &ChatRequest) -> Value {
         let messages: Vec<Value> = request
             .messages
             .iter()
@@ -85,6 +85,47 @@ impl OpenAiClient {
         request.parameters.add_to_openai(&mut body);
         request.tools.add_to_openai(&mut body);
         body
+    }
+}
+
+impl OpenAiClient {
+    /// The completion a chat completion `body` holds: a provider batch's result line
+    /// carries one for each request that succeeded.
+    pub(super) fn completion_of(
+        provider: &str,
+        body: &[u8],
+        request_id: Option<String>,
+    ) -> Result<Completion, ProviderError> {
+        let parsed: ChatResponse = serde_json::from_slice(body).map_err(|error| {
+            http::unusable_answer(
+                provider,
+                "the answer is not a chat completion",
+                &error,
+                request_id.as_deref(),
+            )
+        })?;
+        let usage = parsed.usage.ok_or_else(|| ProviderError::OutcomeUnknown {
+            message: "the answer carries no usage".to_owned(),
+        })?;
+        let (text, tool_calls) = match parsed.choices.into_iter().next() {
+            Some(choice) => (
+                choice.message.content.unwrap_or_default(),
+                choice
+                    .message
+                    .tool_calls
+                    .into_iter()
+                    .flatten()
+                    .map(ToolCall::from)
+                    .collect(),
+            ),
+            None => (String::new(), Vec::new()),
+        };
+        Ok(Completion {
+            text,
+            tool_calls,
+            usage: usage.token_usage(),
+            request_id: request_id.or(parsed.id),
+        })
     }
 }
 
@@ -176,42 +217,17 @@ impl Provider for OpenAiClient {
         }
     }
 
+    fn batch_api(&self) -> Option<&dyn super::batches::BatchApi> {
+        Some(self)
+    }
+
     async fn complete(&self, request: &ChatRequest) -> Result<Completion, ProviderError> {
         let answer = self.http.send(self.call(self.body(request))).await?;
         let header_request_id = answer.request_id(REQUEST_ID_HEADERS);
         if !answer.status.is_success() {
             return Err(answer.into_error(&self.name, header_request_id));
         }
-        let parsed: ChatResponse = serde_json::from_slice(&answer.body).map_err(|error| {
-            http::unusable_answer(
-                &self.name,
-                "the answer is not a chat completion",
-                &error,
-                header_request_id.as_deref(),
-            )
-        })?;
-        let usage = parsed.usage.ok_or_else(|| ProviderError::OutcomeUnknown {
-            message: "the answer carries no usage".to_owned(),
-        })?;
-        let (text, tool_calls) = match parsed.choices.into_iter().next() {
-            Some(choice) => (
-                choice.message.content.unwrap_or_default(),
-                choice
-                    .message
-                    .tool_calls
-                    .into_iter()
-                    .flatten()
-                    .map(ToolCall::from)
-                    .collect(),
-            ),
-            None => (String::new(), Vec::new()),
-        };
-        Ok(Completion {
-            text,
-            tool_calls,
-            usage: usage.token_usage(),
-            request_id: header_request_id.or(parsed.id),
-        })
+        Self::completion_of(&self.name, &answer.body, header_request_id)
     }
 
     async fn stream(

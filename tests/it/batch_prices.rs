@@ -1,7 +1,7 @@
 //! Batch prices in the price map: what an item of a PROVIDER_BATCH batch costs through
 //! the provider's batch API. Built-in models have half their list price; the config
 //! file sets or sells them per model; they are versioned with the price; and
-//! createBatch refuses PROVIDER_BATCH from the price map and the provider's capability.
+//! createBatch takes PROVIDER_BATCH only for a model with a batch price.
 
 use crate::helpers::{
     ADMIN_TOKEN, AppOptions, Backend, TestApp, decimal, error_code, spawn_app_with,
@@ -93,11 +93,14 @@ async fn built_in_models_have_half_price_batch_prices(backend: Backend) {
     assert_eq!(rates(&mini["batchPrice"]), (d("0.09375"), d("0.375")));
     assert!(mini["customerBatchPrice"].is_null());
 
-    // A batch price alone does not make PROVIDER_BATCH run: the provider's batch API
-    // has no submitter yet, and the refusal says so.
-    let refused = create_provider_batch(&app, &tenant.key, "gpt-4o-mini").await;
-    assert_eq!(error_code(&refused), "VALIDATION", "{refused}");
-    assert!(message(&refused).contains("no batch API"), "{refused}");
+    // With a batch price and a provider whose batch API jobledger submits to (the
+    // simulator serves OpenAI's), PROVIDER_BATCH is taken.
+    let created = create_provider_batch(&app, &tenant.key, "gpt-4o-mini").await;
+    assert!(created["errors"].is_null(), "{created}");
+    assert_eq!(
+        created["data"]["createBatch"]["batch"]["mode"],
+        "PROVIDER_BATCH"
+    );
 }
 
 /// A config file: gpt-4o-mini's batch price from the file, a model without a batch
@@ -186,9 +189,8 @@ async fn configured_batch_prices_are_sold_by_the_policy_and_versioned(backend: B
     let refused = create_provider_batch(&app, &tenant.key, "sim-batchless").await;
     assert_eq!(error_code(&refused), "VALIDATION", "{refused}");
     assert!(message(&refused).contains("no batch price"), "{refused}");
-    let refused = create_provider_batch(&app, &tenant.key, "sim-sold").await;
-    assert_eq!(error_code(&refused), "VALIDATION", "{refused}");
-    assert!(message(&refused).contains("no batch API"), "{refused}");
+    let created = create_provider_batch(&app, &tenant.key, "sim-sold").await;
+    assert!(created["errors"].is_null(), "{created}");
 
     // The same file again stores nothing new; a new batch price is a new version, and
     // the old version keeps the batch price it had.

@@ -50,6 +50,7 @@ mod parts;
 mod processes;
 mod properties;
 mod protocol_model;
+mod provider_batches;
 mod providers;
 mod reruns;
 mod retention;

@@ -23,7 +23,7 @@ use crate::jobs::input::{
 use crate::jobs::labels::Labels;
 use crate::jobs::parts::check_model_takes;
 use crate::llm::ProviderRegistry;
-use entity::{BatchStatus, EventKind, JobStatus, JsonText, Timestamp, batches, jobs};
+use entity::{BatchMode, BatchStatus, EventKind, JobStatus, JsonText, Timestamp, batches, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait, IntoActiveModel,
@@ -324,6 +324,16 @@ async fn write_chunk(
                 batch.model
             ))
         })?;
+    // A PROVIDER_BATCH item is held, charged and billed at the batch price.
+    let price = match batch.mode {
+        BatchMode::Realtime => price,
+        BatchMode::ProviderBatch => price.batch_view().ok_or_else(|| {
+            ServiceError::validation(format!(
+                "model {:?} has no batch price any more: PROVIDER_BATCH cannot run it",
+                batch.model
+            ))
+        })?,
+    };
     // Before anything is held: an item the model cannot run would fail every attempt.
     let counting = crate::jobs::tokens::counting_for(providers, &batch.model);
     for item in items {

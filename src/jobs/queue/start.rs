@@ -10,7 +10,7 @@ use crate::jobs::budget::{self, Spent};
 use crate::jobs::events;
 use entity::{AttemptOutcome, EventKind, Timestamp, attempts, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait};
-use sea_orm::{ActiveValue::Set, DatabaseConnection, DbErr, EntityTrait};
+use sea_orm::{ActiveValue::Set, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait};
 use serde_json::json;
 use std::collections::HashMap;
 use uuid::Uuid;
@@ -32,6 +32,17 @@ pub async fn start_attempts(
     starts: &[(&Claim, &AttemptStart)],
 ) -> Result<Vec<Option<StartedAttempt>>, DbErr> {
     let transaction = begin_write(db).await?;
+    let started = start_attempts_in(&transaction, starts).await?;
+    transaction.commit().await?;
+    Ok(started)
+}
+
+/// [`start_attempts`] in the caller's write transaction, for a writer that records
+/// more in it (the provider-batch submitter writes its row with the attempts).
+pub async fn start_attempts_in(
+    transaction: &impl ConnectionTrait,
+    starts: &[(&Claim, &AttemptStart)],
+) -> Result<Vec<Option<StartedAttempt>>, DbErr> {
     let now = Timestamp::now();
     // Locks every job still owned, and reserves the seq of its event.
     let locked: HashMap<Uuid, jobs::Model> =
@@ -41,7 +52,7 @@ pub async fn start_attempts(
                 jobs::Column::LastEventSeq,
                 Expr::col(jobs::Column::LastEventSeq).add(1),
             )
-            .exec_with_returning(&transaction)
+            .exec_with_returning(transaction)
             .await?
             .into_iter()
             .map(|job| (job.id, job))
@@ -55,7 +66,6 @@ pub async fn start_attempts(
         })
         .collect();
     if owned.is_empty() {
-        transaction.rollback().await?;
         return Ok(starts.iter().map(|_| None).collect());
     }
     let job_ids: Vec<Uuid> = owned.keys().copied().collect();
@@ -63,8 +73,8 @@ pub async fn start_attempts(
     // at shutdown does not count against maxAttempts but is still a row of its own.
     // The fenced UPDATE above holds the jobs' row locks, so numbering and the budget
     // check cannot race.
-    let spent = Spent::load_many(&transaction, &job_ids).await?;
-    let holds = budget::open_holds(&transaction, &job_ids).await?;
+    let spent = Spent::load_many(transaction, &job_ids).await?;
+    let holds = budget::open_holds(transaction, &job_ids).await?;
     let mut rows = Vec::with_capacity(owned.len());
     // Per job: whether the call may not be made for want of budget.
     let mut budget_spent: HashMap<Uuid, bool> = HashMap::with_capacity(owned.len());
@@ -79,7 +89,7 @@ pub async fn start_attempts(
         rows.push(attempt_row(claim, start, job, &earlier, spent_already, now));
     }
     let inserted: HashMap<Uuid, attempts::Model> = attempts::Entity::insert_many(rows)
-        .exec_with_returning(&transaction)
+        .exec_with_returning(transaction)
         .await?
         .into_iter()
         .map(|attempt| (attempt.job_id, attempt))
@@ -98,7 +108,7 @@ pub async fn start_attempts(
             );
         }
     }
-    progress.apply(&transaction).await?;
+    progress.apply(transaction).await?;
     let started_events = starts.iter().filter_map(|(claim, _)| {
         let job = *owned.get(&claim.job.id)?;
         let number = inserted.get(&job.id)?.number;
@@ -108,12 +118,11 @@ pub async fn start_attempts(
             Some(json!({"attempt": number})),
         ))
     });
-    let mut notices: HashMap<Uuid, _> = events::append_many(&transaction, started_events)
+    let mut notices: HashMap<Uuid, _> = events::append_many(transaction, started_events)
         .await?
         .into_iter()
         .map(|notice| (notice.job_id, notice))
         .collect();
-    transaction.commit().await?;
     Ok(starts
         .iter()
         .map(|(claim, _)| {
@@ -172,6 +181,7 @@ fn attempt_row(
         customer_charge_nanos: Set(Some(customer_charge)),
         delivered_output_tokens: Set(None),
         model_price_id: Set(start.price.id),
+        provider_batch_id: Set(None),
         latency_ms: Set(None),
         started_at: Set(now),
         finished_at: Set(None),

@@ -372,6 +372,40 @@ impl CallFacts<'_> {
     }
 }
 
+/// Judges one request of a provider batch as a call of the worker is judged: `answer`
+/// is the completion or the provider's error its result line carried; a request the
+/// provider never ran (expired, cancelled, missing from the results) comes as
+/// [`ProviderError::NotSent`], a wait that spends no attempt. `latency`: from the
+/// upload to the batch's end.
+#[allow(clippy::too_many_arguments)]
+pub fn judge_batch_request(
+    claim: &Claim,
+    attempt: &attempts::Model,
+    price: &ModelPrice,
+    input: &JobInput,
+    bound: CallBound,
+    charging: ChargingPolicy,
+    latency: Duration,
+    ended_at: Timestamp,
+    answer: Result<Completion, ProviderError>,
+) -> (AttemptReport, JobOutcome) {
+    let chain = ModelChain::of_job(&claim.job);
+    let facts = CallFacts {
+        claim,
+        attempt,
+        price,
+        input,
+        bound,
+        chain: &chain,
+        pauses: &[],
+        charging,
+        latency,
+        ended_at,
+        streamed_bytes: 0,
+    };
+    facts.judge(CallEnd::Answered(answer))
+}
+
 /// What a tenant may read of a provider's refusal. Authentication and configuration
 /// errors (401, 403, 404) are the operator's to fix and their text can carry a
 /// fragment of our key or our account: the operator finds it in the log instead.

@@ -11,6 +11,8 @@ mod finisher;
 mod judge;
 mod pacing;
 
+pub use judge::judge_batch_request;
+
 use super::flow::FlowLimits;
 use super::input::JobInput;
 use super::leases::LeaseKeeper;

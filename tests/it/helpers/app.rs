@@ -137,6 +137,17 @@ pub async fn spawn_app_with_simulator(
     spawn_app_on(database, simulator, options).await
 }
 
+/// Starts the application on a random port beside `simulator`, which a test started
+/// first (to write its address into a config file, say).
+pub async fn spawn_app_beside(
+    backend: Backend,
+    simulator: RunningSimulator,
+    options: AppOptions,
+) -> TestApp {
+    let database = TestDatabase::create(&backend).await;
+    spawn_app_on(database, simulator, options).await
+}
+
 /// Polls `/healthz` of a `jobledger serve` child listening on `address` until it
 /// answers (bounded: 30 s).
 pub async fn wait_until_serving(address: SocketAddr) {
@@ -163,8 +174,12 @@ pub struct RunningSimulator {
 impl RunningSimulator {
     /// A new simulator on 127.0.0.1 and a free port.
     pub async fn start() -> Self {
+        Self::start_with(Simulator::new()).await
+    }
+
+    /// `simulator` on 127.0.0.1 and a free port (one with its own batch delay, say).
+    pub async fn start_with(simulator: Simulator) -> Self {
         let stop = CancellationToken::new();
-        let simulator = Simulator::new();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         tokio::spawn(

@@ -31,7 +31,8 @@ mod tenants;
 
 pub use app::{
     ADMIN_TOKEN, AppOptions, RunningSimulator, TestApp, simulated_models, spawn_app,
-    spawn_app_with, spawn_app_with_simulator, test_worker_settings, wait_until_serving,
+    spawn_app_beside, spawn_app_with, spawn_app_with_simulator, test_worker_settings,
+    wait_until_serving,
 };
 pub use backends::{Backend, TestDatabase};
 pub use graphql::{decimal, error_code};

@@ -83,9 +83,12 @@ impl ClaimRequest<'static> {
 /// A due job of a batch being cancelled is not claimed: the cancel closes the batch
 /// first and then cancels its items a few hundred at a time, so without this the
 /// workers went on starting items it had not reached yet (paid calls the customer
-/// had asked to stop). The batches' cancel sweep ends them.
-const NOT_IN_A_CANCELLED_BATCH: &str = "(jobs.batch_id IS NULL OR NOT EXISTS (
-    SELECT 1 FROM batches WHERE batches.id = jobs.batch_id AND batches.cancel_requested))";
+/// had asked to stop). The batches' cancel sweep ends them. Nor is an item of a
+/// PROVIDER_BATCH batch: it goes out through its provider's batch API, at the batch
+/// price its hold was taken at (`jobs::provider_batches`).
+const NOT_HELD_BY_ITS_BATCH: &str = "(jobs.batch_id IS NULL OR NOT EXISTS (
+    SELECT 1 FROM batches WHERE batches.id = jobs.batch_id
+      AND (batches.cancel_requested OR batches.mode = 'provider_batch')))";
 
 /// What a claim took, and what kept due jobs queued.
 #[derive(Debug, Default)]

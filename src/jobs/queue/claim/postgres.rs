@@ -3,7 +3,7 @@
 //! or take the same job.
 
 use super::visit::Visit;
-use super::{Candidate, NOT_IN_A_CANCELLED_BATCH, Round};
+use super::{Candidate, NOT_HELD_BY_ITS_BATCH, Round};
 use crate::db::POSTGRES_CLOCK;
 use entity::jobs;
 use sea_orm::{
@@ -42,7 +42,7 @@ fn due() -> String {
         WHERE jobs.tenant_id = visit.tenant_id AND jobs.model = visit.model
           AND jobs.priority = visit.priority
           AND jobs.status = 'queued' AND jobs.next_run_at <= $1
-          AND {NOT_IN_A_CANCELLED_BATCH}
+          AND {NOT_HELD_BY_ITS_BATCH}
         ORDER BY jobs.next_run_at, jobs.id
         LIMIT $2
         FOR UPDATE SKIP LOCKED

@@ -2,7 +2,7 @@
 //! holds the database's write lock, so nothing interleaves).
 
 use super::visit::Visit;
-use super::{Candidate, NOT_IN_A_CANCELLED_BATCH, Round};
+use super::{Candidate, NOT_HELD_BY_ITS_BATCH, Round};
 use crate::db::Parameters;
 use entity::{JobStatus, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait};
@@ -33,7 +33,7 @@ pub async fn due_jobs(
                         SELECT id, tenant_id, model, priority, next_run_at, token_bound FROM jobs
                         WHERE tenant_id = {tenant} AND model = {model} AND priority = {priority}
                           AND status = 'queued' AND next_run_at <= {now}
-                          AND {NOT_IN_A_CANCELLED_BATCH}
+                          AND {NOT_HELD_BY_ITS_BATCH}
                         ORDER BY next_run_at, id LIMIT {limit})",
                     tenant = parameters.bind(visit.tenant_id),
                     model = parameters.bind(visit.model.clone()),

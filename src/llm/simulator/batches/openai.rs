@@ -47,7 +47,9 @@ pub(super) fn router() -> Router<Simulator> {
     Router::new()
         .route(
             "/v1/files",
-            post(upload).layer(DefaultBodyLimit::max(OPENAI_FILE_BYTES + MULTIPART_SLACK)),
+            post(upload)
+                .get(list_files)
+                .layer(DefaultBodyLimit::max(OPENAI_FILE_BYTES + MULTIPART_SLACK)),
         )
         .route("/v1/files/{id}", get(file))
         .route("/v1/files/{id}/content", get(file_content))
@@ -458,6 +460,63 @@ async fn list(State(sim): State<Simulator>, Query(query): Query<ListQuery>) -> R
         "object": "list",
         "first_id": batches.first().map(|batch| &batch.id),
         "last_id": batches.last().map(|batch| &batch.id),
+        "has_more": has_more,
+        "data": data,
+    }))
+    .into_response()
+}
+
+/// The query of `GET /v1/files`, as OpenAI reads it.
+#[derive(Deserialize)]
+struct FileListQuery {
+    purpose: Option<String>,
+    /// 1 to 10,000; 10,000 when not given (OpenAI's).
+    limit: Option<usize>,
+    /// `desc` (newest first, the default) or `asc`.
+    order: Option<String>,
+    after: Option<String>,
+}
+
+/// `GET /v1/files`: the stored files (uploads and results), of one purpose if asked,
+/// in pages after the file `after` — what a client that lost track of an upload
+/// (it crashed before reading the answer) finds it by.
+async fn list_files(State(sim): State<Simulator>, Query(query): Query<FileListQuery>) -> Response {
+    if let Some(order) = query.order.as_deref()
+        && !matches!(order, "asc" | "desc")
+    {
+        return refused(StatusCode::BAD_REQUEST, "order must be \"asc\" or \"desc\"");
+    }
+    let store = sim.store();
+    let mut files: Vec<&super::File> = store
+        .files
+        .values()
+        .filter(|file| {
+            query
+                .purpose
+                .as_deref()
+                .is_none_or(|purpose| file.purpose == purpose)
+        })
+        .collect();
+    files.sort_by(|a, b| {
+        b.created_at
+            .cmp(&a.created_at)
+            .then_with(|| b.id.cmp(&a.id))
+    });
+    if query.order.as_deref() == Some("asc") {
+        files.reverse();
+    }
+    let (files, has_more) = page(
+        files,
+        |file| file.id.as_str(),
+        query.limit.unwrap_or(10_000).clamp(1, 10_000),
+        query.after.as_deref(),
+        None,
+    );
+    let data: Vec<Value> = files.iter().map(|file| file_object(file)).collect();
+    Json(json!({
+        "object": "list",
+        "first_id": files.first().map(|file| &file.id),
+        "last_id": files.last().map(|file| &file.id),
         "has_more": has_more,
         "data": data,
     }))

@@ -1,0 +1,119 @@
+//! The provider-batch submitter: a closed PROVIDER_BATCH batch's queued items go to
+//! their provider's batch API (OpenAI Batch, Anthropic Message Batches) at the batch
+//! price, and every item is settled exactly once from the provider's results.
+//!
+//! Every worker process runs it; each provider batch row is owned by one process at
+//! a time, through its `run_token` and `lease_until`, as a job claim is. The steps,
+//! each fenced by the owner's token (see `docs/provider-batches.md`):
+//!
+//! 1. [`submit`]: in one transaction, a batch's due queued items (within the
+//!    provider's limits of requests and bytes) are claimed, their attempts started
+//!    (`RUNNING`, the item's run token being the provider batch's id) and the
+//!    provider batch row written, `preparing` — before anything is sent. Then the row
+//!    becomes `uploading` and the upload is made; its answer makes it `submitted`.
+//! 2. A row left `uploading` by a crash is searched for at the provider before
+//!    anything is sent again ([`crate::llm::batches::BatchApi::find`]): found, it is
+//!    `submitted`; OpenAI's input file found without its batch, the batch is created
+//!    from it; nothing found, the upload is made again, under the same row.
+//! 3. [`poll`]: a `submitted` row is read every poll interval; on `cancelBatch` the
+//!    provider is asked to cancel it; once ended, its results are streamed and each
+//!    line settles its attempt through the worker's own judge and finish, fenced by
+//!    the attempt's run token ([`settle`]), so a line read twice settles nothing twice.
+//! 4. A row the provider cannot be read about for longer than the unknown-fate bound
+//!    ends `unknown`: its attempts end `UNKNOWN` with their cost bounds, reconcilable
+//!    as any unknown attempt, and its items fail rather than go out again.
+
+mod poll;
+mod rows;
+mod settle;
+mod submit;
+
+use crate::billing::ChargingPolicy;
+use crate::bus::EventBus;
+use crate::llm::ProviderRegistry;
+use sea_orm::DatabaseConnection;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// How often the submitter looks for closed batches with queued items and for rows
+/// due a look: a closed batch's items go out within about this.
+const TICK: Duration = Duration::from_secs(1);
+
+/// The submitter's settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProviderBatchSettings {
+    /// How often a submitted provider batch is read (`--provider-batch-poll-seconds`).
+    pub poll: Duration,
+    /// How long a provider batch may go without the provider answering about it
+    /// before its items' fates are unknown (`--provider-batch-unknown-after-seconds`).
+    pub unknown_after: Duration,
+}
+
+/// 30 s, as the flag's default.
+pub const DEFAULT_POLL: Duration = Duration::from_secs(30);
+/// 24 hours: the providers' completion window. A provider unreachable that long
+/// about a batch has let it expire or lost it.
+pub const DEFAULT_UNKNOWN_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
+
+impl Default for ProviderBatchSettings {
+    fn default() -> Self {
+        Self {
+            poll: DEFAULT_POLL,
+            unknown_after: DEFAULT_UNKNOWN_AFTER,
+        }
+    }
+}
+
+/// What every step works with.
+#[derive(Clone)]
+pub struct Submitter {
+    db: DatabaseConnection,
+    bus: EventBus,
+    providers: ProviderRegistry,
+    settings: ProviderBatchSettings,
+    charging: ChargingPolicy,
+    /// Recorded on the attempts it starts, as a worker's id is.
+    worker_id: String,
+}
+
+impl Submitter {
+    pub fn new(
+        db: DatabaseConnection,
+        bus: EventBus,
+        providers: ProviderRegistry,
+        settings: ProviderBatchSettings,
+        charging: ChargingPolicy,
+        worker_id: String,
+    ) -> Self {
+        Self {
+            db,
+            bus,
+            providers,
+            settings,
+            charging,
+            worker_id,
+        }
+    }
+
+    /// Submits, polls and settles until `stop` is cancelled. A step that fails is
+    /// logged and tried again on a later tick: every step starts from the rows.
+    pub async fn run(self, stop: CancellationToken) {
+        tracing::info!(worker.id = %self.worker_id, poll_seconds = self.settings.poll.as_secs(), "provider-batch submitter started");
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if let Err(error) = self.round(&stop).await {
+                tracing::warn!(error = %error, "provider-batch round failed; it runs again shortly");
+            }
+        }
+    }
+
+    async fn round(&self, stop: &CancellationToken) -> Result<(), sea_orm::DbErr> {
+        submit::submit_closed_batches(self, stop).await?;
+        poll::advance_due_rows(self, stop).await
+    }
+}

@@ -1,0 +1,603 @@
+//! Steps 2 to 4 on a row: upload it, find its upload again after a crash, poll it,
+//! cancel it, settle its results, or give its items unknown fates.
+
+use super::settle::{self, CHUNK, Fate, not_run};
+use super::submit::{chat_request, custom_id};
+use super::{Submitter, rows};
+use crate::jobs::input::JobInput;
+use crate::llm::batches::{BatchItem, Found, ItemResult, RemoteBatch, RemoteState};
+use crate::llm::{Completion, Provider, ProviderError};
+use entity::{
+    AttemptOutcome, ProviderBatchState, Timestamp, attempts, batches, jobs, provider_batches,
+};
+use sea_orm::sea_query::{Expr, ExprTrait};
+use sea_orm::{ColumnTrait, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// How far back of an upload's start a search for it looks: the providers' clocks
+/// and ours differ, and OpenAI dates to the second.
+const SEARCH_SLACK: chrono::Duration = chrono::Duration::seconds(10);
+/// The longest wait between two tries after the provider failed to answer.
+const MAX_BACKOFF: Duration = Duration::from_secs(600);
+
+/// Looks at every due row whose lease is free, one step each.
+pub(super) async fn advance_due_rows(
+    submitter: &Submitter,
+    stop: &CancellationToken,
+) -> Result<(), DbErr> {
+    for due in rows::due(&submitter.db).await? {
+        if stop.is_cancelled() {
+            break;
+        }
+        let token = Uuid::new_v4();
+        let Some(row) = rows::take(&submitter.db, due.id, token).await? else {
+            continue;
+        };
+        if let Err(error) = advance(submitter, &row, token).await {
+            tracing::warn!(provider_batch.id = %row.id, error = %error, "a provider batch step failed; it is tried again");
+        }
+        rows::release(&submitter.db, row.id, token).await?;
+    }
+    Ok(())
+}
+
+/// The provider the row was uploaded to, if this process still routes its model
+/// there and it has a batch API.
+fn provider_of(submitter: &Submitter, row: &provider_batches::Model) -> Option<Arc<dyn Provider>> {
+    submitter
+        .providers
+        .provider_for(&row.model)
+        .filter(|provider| provider.name() == row.provider && provider.batch_api().is_some())
+}
+
+async fn advance(
+    submitter: &Submitter,
+    row: &provider_batches::Model,
+    token: Uuid,
+) -> Result<(), DbErr> {
+    let Some(provider) = provider_of(submitter, row) else {
+        let error = ProviderError::NotSent {
+            message: format!(
+                "this process routes {:?} to no batch API of provider {:?}",
+                row.model, row.provider
+            ),
+        };
+        return unreadable(submitter, row, token, &error).await;
+    };
+    let cancelled = batches::Entity::find_by_id(row.batch_id)
+        .one(&submitter.db)
+        .await?
+        .is_some_and(|batch| batch.cancel_requested);
+    match row.state {
+        ProviderBatchState::Preparing if cancelled => abandon(submitter, row, token).await,
+        ProviderBatchState::Preparing => upload(submitter, row, token, &provider).await,
+        ProviderBatchState::Uploading => recover(submitter, row, token, &provider).await,
+        ProviderBatchState::Submitted | ProviderBatchState::Cancelling => {
+            poll(submitter, row, token, &provider, cancelled).await
+        }
+        ProviderBatchState::Ended => settle_results(submitter, row, token, &provider, None).await,
+        ProviderBatchState::Settled
+        | ProviderBatchState::Abandoned
+        | ProviderBatchState::Unknown => Ok(()),
+    }
+}
+
+fn backend(submitter: &Submitter) -> sea_orm::DbBackend {
+    submitter.db.get_database_backend()
+}
+
+/// The fenced update of the row by `token`.
+fn fenced(
+    submitter: &Submitter,
+    row: &provider_batches::Model,
+    token: Uuid,
+) -> sea_orm::UpdateMany<provider_batches::Entity> {
+    rows::fenced(backend(submitter), row.id, token)
+}
+
+fn state(state: ProviderBatchState) -> Expr {
+    Expr::value(state)
+}
+
+fn after(delay: Duration) -> Timestamp {
+    Timestamp::now().plus(chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX))
+}
+
+/// The requests of the row's attempts still running, in attempt order.
+async fn items(
+    submitter: &Submitter,
+    row: &provider_batches::Model,
+) -> Result<Vec<BatchItem>, DbErr> {
+    let attempts = attempts::Entity::find()
+        .filter(attempts::Column::ProviderBatchId.eq(row.id))
+        .filter(attempts::Column::Outcome.eq(AttemptOutcome::Running))
+        .order_by_asc(attempts::Column::Id)
+        .all(&submitter.db)
+        .await?;
+    let mut jobs: HashMap<Uuid, jobs::Model> = HashMap::with_capacity(attempts.len());
+    for ids in attempts.chunks(CHUNK) {
+        jobs.extend(
+            jobs::Entity::find()
+                .filter(jobs::Column::Id.is_in(ids.iter().map(|attempt| attempt.job_id)))
+                .all(&submitter.db)
+                .await?
+                .into_iter()
+                .map(|job| (job.id, job)),
+        );
+    }
+    Ok(attempts
+        .iter()
+        .filter_map(|attempt| {
+            let job = jobs.get(&attempt.job_id)?;
+            let input: JobInput = serde_json::from_value(job.input.0.clone()).ok()?;
+            Some(BatchItem {
+                custom_id: custom_id(attempt.id),
+                request: chat_request(job, &input),
+            })
+        })
+        .collect())
+}
+
+/// `preparing` → `uploading` (fenced, and only while no other upload of the provider
+/// is in flight), then the upload.
+pub(super) async fn upload(
+    submitter: &Submitter,
+    row: &provider_batches::Model,
+    token: Uuid,
+    provider: &Arc<dyn Provider>,
+) -> Result<(), DbErr> {
+    let api = provider.batch_api().expect("a provider with a batch API");
+    let items = items(submitter, row).await?;
+    if items.is_empty() {
+        // Every attempt was settled (a cancel) before anything was sent.
+        return finish_row(submitter, row, token, ProviderBatchState::Abandoned).await;
+    }
+    let encoded: Vec<Vec<u8>> = items.iter().map(|item| api.encode(item)).collect();
+    let begin = fenced(submitter, row, token)
+        .col_expr(
+            provider_batches::Column::State,
+            state(ProviderBatchState::Uploading),
+        )
+        .col_expr(
+            provider_batches::Column::UploadingAt,
+            Expr::value(Timestamp::now()),
+        )
+        .filter(provider_batches::Column::State.eq(ProviderBatchState::Preparing));
+    let row = match rows::write(&submitter.db, begin).await {
+        Ok(Some(row)) => row,
+        Ok(None) => return Ok(()),
+        // Another upload of this provider is in flight: this one waits its turn, so
+        // that a crash can always tell which provider batch was whose.
+        Err(error) if crate::db::is_unique_violation(&error) => {
+            let wait = fenced(submitter, row, token).col_expr(
+                provider_batches::Column::NextPollAt,
+                Expr::value(after(Duration::from_secs(1))),
+            );
+            rows::write(&submitter.db, wait).await?;
+            return Ok(());
+        }
+        Err(error) => return Err(error),
+    };
+    send(submitter, &row, token, provider, &encoded, None).await
+}
+
+/// Makes the upload (or, with `input_file`, creates the batch from OpenAI's file) and
+/// records what the provider answered.
+async fn send(
+    submitter: &Submitter,
+    row: &provider_batches::Model,
+    token: Uuid,
+    provider: &Arc<dyn Provider>,
+    encoded: &[Vec<u8>],
+    input_file: Option<&str>,
+) -> Result<(), DbErr> {
+    let api = provider.batch_api().expect("a provider with a batch API");
+    tracing::info!(provider_batch.id = %row.id, provider = %row.provider, items = encoded.len(), "uploading a provider batch");
+    match api.submit(row.id, encoded, input_file).await {
+        Ok(submitted) => {
+            record_submitted(
+                submitter,
+                row,
+                token,
+                &submitted.batch,
+                submitted.input_file_id,
+            )
+            .await
+        }
+        // Nothing reached the provider: back to preparing, uploaded again later.
+        Err(error @ ProviderError::NotSent { .. }) => {
+            let back = fenced(submitter, row, token)
+                .col_expr(
+                    provider_batches::Column::State,
+                    state(ProviderBatchState::Preparing),
+                )
+                .col_expr(
+                    provider_batches::Column::UploadingAt,
+                    Expr::value(Option::<Timestamp>::None),
+                )
+                .col_expr(
+                    provider_batches::Column::LastError,
+                    Expr::value(error.to_string()),
+                )
+                .col_expr(
+                    provider_batches::Column::NextPollAt,
+                    Expr::value(after(backoff(submitter, row))),
+                )
+                .col_expr(
+                    provider_batches::Column::Polls,
+                    Expr::col(provider_batches::Column::Polls).add(1),
+                );
+            rows::write(&submitter.db, back).await?;
+            Ok(())
+        }
+        // The provider refused the batch: nothing of it exists there, and the same
+        // requests would be refused again. Each item is judged by that refusal.
+        Err(ProviderError::Permanent {
+            status,
+            message,
+            request_id,
+        }) => {
+            tracing::error!(provider_batch.id = %row.id, status, error = %message, "the provider refused the batch");
+            settle::settle_all_running(
+                submitter,
+                row,
+                || {
+                    Err(ProviderError::Permanent {
+                        status,
+                        message: message.clone(),
+                        request_id: request_id.clone(),
+                    })
+                },
+                Fate::Known,
+            )
+            .await?;
+            finish_row(submitter, row, token, ProviderBatchState::Settled).await
+        }
+        // The provider may have the batch: found again before anything is re-sent.
+        Err(error) => unreadable(submitter, row, token, &error).await,
+    }
+}
+
+async fn record_submitted(
+    submitter: &Submitter,
+    row: &provider_batches::Model,
+    token: Uuid,
+    remote: &RemoteBatch,
+    input_file_id: Option<String>,
+) -> Result<(), DbErr> {
+    let now = Timestamp::now();
+    let update = fenced(submitter, row, token)
+        .col_expr(
+            provider_batches::Column::State,
+            state(ProviderBatchState::Submitted),
+        )
+        .col_expr(
+            provider_batches::Column::ProviderBatchId,
+            Expr::value(remote.id.clone()),
+        )
+        .col_expr(
+            provider_batches::Column::InputFileId,
+            Expr::value(input_file_id.or_else(|| row.input_file_id.clone())),
+        )
+        .col_expr(provider_batches::Column::SubmittedAt, Expr::value(now))
+        .col_expr(provider_batches::Column::LastReadAt, Expr::value(now))
+        .col_expr(
+            provider_batches::Column::LastError,
+            Expr::value(Option::<String>::None),
+        )
+        .col_expr(provider_batches::Column::Polls, Expr::value(0))
+        .col_expr(
+            provider_batches::Column::NextPollAt,
+            Expr::value(after(submitter.settings.poll)),
+        );
+    if rows::write(&submitter.db, update).await?.is_some() {
+        tracing::info!(provider_batch.id = %row.id, provider = %row.provider, provider_batch = %remote.id, "provider batch submitted");
+    }
+    Ok(())
+}
+
+/// A row left `uploading`: the provider is searched for the upload before anything is
+/// sent again.
+async fn recover(
+    submitter: &Submitter,
+    row: &provider_batches::Model,
+    token: Uuid,
+    provider: &Arc<dyn Provider>,
+) -> Result<(), DbErr> {
+    let api = provider.batch_api().expect("a provider with a batch API");
+    let began = row.uploading_at.unwrap_or(row.created_at);
+    let since = began.to_datetime() - SEARCH_SLACK;
+    // The provider's batches some row of ours recorded: one created since the upload
+    // began was recorded since, too.
+    let known: HashSet<String> = provider_batches::Entity::find()
+        .select_only()
+        .column(provider_batches::Column::ProviderBatchId)
+        .filter(provider_batches::Column::Provider.eq(&row.provider))
+        .filter(provider_batches::Column::ProviderBatchId.is_not_null())
+        .filter(provider_batches::Column::SubmittedAt.gte(Timestamp::from(since - SEARCH_SLACK)))
+        .into_tuple::<Option<String>>()
+        .all(&submitter.db)
+        .await?
+        .into_iter()
+        .flatten()
+        .collect();
+    match api.find(row.id, since, &known).await {
+        Ok(Found::Batch(remote)) => {
+            tracing::warn!(provider_batch.id = %row.id, provider_batch = %remote.id, "found the upload again after it was lost");
+            record_submitted(submitter, row, token, &remote, None).await
+        }
+        Ok(Found::InputFile(file)) => {
+            tracing::warn!(provider_batch.id = %row.id, file = %file, "found the input file without its batch; creating the batch from it");
+            send(submitter, row, token, provider, &[], Some(&file)).await
+        }
+        Ok(Found::Nothing) => {
+            tracing::warn!(provider_batch.id = %row.id, "the provider has nothing of the upload; uploading again");
+            let items = items(submitter, row).await?;
+            if items.is_empty() {
+                return finish_row(submitter, row, token, ProviderBatchState::Abandoned).await;
+            }
+            let encoded: Vec<Vec<u8>> = items.iter().map(|item| api.encode(item)).collect();
+            send(submitter, row, token, provider, &encoded, None).await
+        }
+        Err(error) => unreadable(submitter, row, token, &error).await,
+    }
+}
+
+/// A submitted row: cancelled at the provider when its batch was, read, and settled
+/// once ended.
+async fn poll(
+    submitter: &Submitter,
+    row: &provider_batches::Model,
+    token: Uuid,
+    provider: &Arc<dyn Provider>,
+    cancelled: bool,
+) -> Result<(), DbErr> {
+    let api = provider.batch_api().expect("a provider with a batch API");
+    let Some(id) = row.provider_batch_id.clone() else {
+        return Ok(());
+    };
+    if cancelled && !row.cancel_sent {
+        if let Err(error) = api.cancel(&id).await {
+            return unreadable(submitter, row, token, &error).await;
+        }
+        let sent = fenced(submitter, row, token)
+            .col_expr(provider_batches::Column::CancelSent, Expr::value(true))
+            .col_expr(
+                provider_batches::Column::State,
+                state(ProviderBatchState::Cancelling),
+            );
+        rows::write(&submitter.db, sent).await?;
+        tracing::info!(provider_batch.id = %row.id, provider_batch = %id, "asked the provider to cancel the provider batch");
+    }
+    let remote = match api.read(&id).await {
+        Ok(remote) => remote,
+        Err(error) => return unreadable(submitter, row, token, &error).await,
+    };
+    let now = Timestamp::now();
+    if remote.state != RemoteState::Ended {
+        let next = fenced(submitter, row, token)
+            .col_expr(provider_batches::Column::LastReadAt, Expr::value(now))
+            .col_expr(
+                provider_batches::Column::LastError,
+                Expr::value(Option::<String>::None),
+            )
+            .col_expr(
+                provider_batches::Column::Polls,
+                Expr::col(provider_batches::Column::Polls).add(1),
+            )
+            .col_expr(
+                provider_batches::Column::NextPollAt,
+                Expr::value(after(submitter.settings.poll)),
+            );
+        rows::write(&submitter.db, next).await?;
+        return Ok(());
+    }
+    let ended = fenced(submitter, row, token)
+        .col_expr(
+            provider_batches::Column::State,
+            state(ProviderBatchState::Ended),
+        )
+        .col_expr(provider_batches::Column::EndedAt, Expr::value(now))
+        .col_expr(provider_batches::Column::LastReadAt, Expr::value(now));
+    let Some(row) = rows::write(&submitter.db, ended).await? else {
+        return Ok(());
+    };
+    tracing::info!(provider_batch.id = %row.id, provider_batch = %id, "provider batch ended; settling its results");
+    settle_results(submitter, &row, token, provider, Some(remote)).await
+}
+
+/// What a result line's outcome is, as the judge reads an answer.
+fn answer_of(result: ItemResult) -> Result<Completion, ProviderError> {
+    match result {
+        ItemResult::Succeeded(completion) => Ok(completion),
+        ItemResult::Errored(error) => Err(error),
+        ItemResult::Expired => not_run("the provider batch expired before the request ran"),
+        ItemResult::Cancelled => not_run("the provider batch was cancelled before the request ran"),
+    }
+}
+
+/// Streams an ended batch's results, settling them a chunk at a time; then the
+/// attempts it holds no line for (treated as expired), and the row is `settled`.
+async fn settle_results(
+    submitter: &Submitter,
+    row: &provider_batches::Model,
+    token: Uuid,
+    provider: &Arc<dyn Provider>,
+    remote: Option<RemoteBatch>,
+) -> Result<(), DbErr> {
+    let api = provider.batch_api().expect("a provider with a batch API");
+    let remote = match remote {
+        Some(remote) => remote,
+        None => {
+            let Some(id) = &row.provider_batch_id else {
+                return Ok(());
+            };
+            match api.read(id).await {
+                Ok(remote) => remote,
+                Err(error) => return unreadable(submitter, row, token, &error).await,
+            }
+        }
+    };
+    let mut lines = match api.results(&remote).await {
+        Ok(lines) => lines,
+        Err(error) => return unreadable(submitter, row, token, &error).await,
+    };
+    let mut chunk = Vec::with_capacity(CHUNK);
+    let mut settled = 0;
+    loop {
+        match lines.next().await {
+            Ok(Some(line)) => match Uuid::try_parse(&line.custom_id) {
+                Ok(attempt) => chunk.push((attempt, answer_of(line.result))),
+                Err(_) => {
+                    tracing::warn!(provider_batch.id = %row.id, custom_id = %line.custom_id, "a result names no attempt of ours; ignored");
+                }
+            },
+            Ok(None) => break,
+            Err(error) => {
+                settle::settle(submitter, row, std::mem::take(&mut chunk), Fate::Known).await?;
+                return unreadable(submitter, row, token, &error).await;
+            }
+        }
+        if chunk.len() == CHUNK {
+            settled +=
+                settle::settle(submitter, row, std::mem::take(&mut chunk), Fate::Known).await?;
+            // Renews the lease: a large batch's results take a while.
+            if rows::write(&submitter.db, fenced(submitter, row, token))
+                .await?
+                .is_none()
+            {
+                return Ok(());
+            }
+        }
+    }
+    settled += settle::settle(submitter, row, chunk, Fate::Known).await?;
+    let missing = settle::settle_all_running(
+        submitter,
+        row,
+        || not_run("the provider batch ended without a result for the request"),
+        Fate::Known,
+    )
+    .await?;
+    if missing > 0 {
+        tracing::warn!(provider_batch.id = %row.id, missing, "the provider batch ended without results for some requests; they go out again");
+    }
+    tracing::info!(provider_batch.id = %row.id, settled = settled + missing, "provider batch settled");
+    finish_row(submitter, row, token, ProviderBatchState::Settled).await
+}
+
+/// A row cancelled before anything was sent: its attempts end unsent (their jobs
+/// cancelled), and it is `abandoned`.
+async fn abandon(
+    submitter: &Submitter,
+    row: &provider_batches::Model,
+    token: Uuid,
+) -> Result<(), DbErr> {
+    settle::settle_all_running(
+        submitter,
+        row,
+        || not_run("the batch was cancelled before its provider batch was sent"),
+        Fate::Known,
+    )
+    .await?;
+    finish_row(submitter, row, token, ProviderBatchState::Abandoned).await
+}
+
+async fn finish_row(
+    submitter: &Submitter,
+    row: &provider_batches::Model,
+    token: Uuid,
+    to: ProviderBatchState,
+) -> Result<(), DbErr> {
+    // A row whose attempts are not all settled yet (another transaction holds one)
+    // stays as it is and is looked at again.
+    if settle::any_running(submitter, row).await? {
+        let again = fenced(submitter, row, token).col_expr(
+            provider_batches::Column::NextPollAt,
+            Expr::value(after(Duration::from_secs(1))),
+        );
+        rows::write(&submitter.db, again).await?;
+        return Ok(());
+    }
+    let update = fenced(submitter, row, token)
+        .col_expr(provider_batches::Column::State, state(to))
+        .col_expr(
+            provider_batches::Column::EndedAt,
+            Expr::value(row.ended_at.unwrap_or_else(Timestamp::now)),
+        );
+    rows::write(&submitter.db, update).await?;
+    Ok(())
+}
+
+/// The wait before the next try after `row`'s provider failed to answer: doubling
+/// from one second with each failure, up to the poll interval's tenfold (at most
+/// ten minutes).
+fn backoff(submitter: &Submitter, row: &provider_batches::Model) -> Duration {
+    let cap = (submitter.settings.poll * 10).min(MAX_BACKOFF);
+    let exponent = u32::try_from(row.polls.clamp(0, 16)).unwrap_or(16);
+    Duration::from_secs(1 << exponent).min(cap)
+}
+
+/// The provider could not be read about the row (or refused to say): tried again
+/// after a backoff, unless it has been silent past the unknown-fate bound.
+async fn unreadable(
+    submitter: &Submitter,
+    row: &provider_batches::Model,
+    token: Uuid,
+    error: &ProviderError,
+) -> Result<(), DbErr> {
+    let now = Timestamp::now();
+    let silent =
+        Duration::from_micros(u64::try_from(now.micros() - row.last_read_at.micros()).unwrap_or(0));
+    if silent >= submitter.settings.unknown_after {
+        return unknown(submitter, row, token, silent).await;
+    }
+    tracing::warn!(provider_batch.id = %row.id, provider = %row.provider, error = %error, "the provider could not be read about a provider batch; trying again");
+    let update = fenced(submitter, row, token)
+        .col_expr(
+            provider_batches::Column::LastError,
+            Expr::value(crate::jobs::queue::storable_text(error.to_string())),
+        )
+        .col_expr(
+            provider_batches::Column::Polls,
+            Expr::col(provider_batches::Column::Polls).add(1),
+        )
+        .col_expr(
+            provider_batches::Column::NextPollAt,
+            Expr::value(after(backoff(submitter, row))),
+        );
+    rows::write(&submitter.db, update).await?;
+    Ok(())
+}
+
+/// Past the bound: every attempt still running ends `UNKNOWN` with its cost bound
+/// (within its item's hold), and the row is `unknown`.
+async fn unknown(
+    submitter: &Submitter,
+    row: &provider_batches::Model,
+    token: Uuid,
+    silent: Duration,
+) -> Result<(), DbErr> {
+    let message = format!(
+        "provider {} could not be read about its batch for {} s, past the bound of {} s: what it did with the request is unknown",
+        row.provider,
+        silent.as_secs(),
+        submitter.settings.unknown_after.as_secs()
+    );
+    tracing::error!(provider_batch.id = %row.id, provider = %row.provider, silent_seconds = silent.as_secs(), "a provider batch's fate is unknown; its items end with their cost bounds");
+    settle::settle_all_running(
+        submitter,
+        row,
+        || {
+            Err(ProviderError::OutcomeUnknown {
+                message: message.clone(),
+            })
+        },
+        Fate::Unknown,
+    )
+    .await?;
+    finish_row(submitter, row, token, ProviderBatchState::Unknown).await
+}

@@ -1,0 +1,119 @@
+//! Provider batch rows: who owns one (a lease and a run token, as a job claim), and
+//! the fenced updates its owner makes.
+
+use crate::db::POSTGRES_CLOCK;
+use entity::{ProviderBatchState, Timestamp, provider_batches};
+use sea_orm::sea_query::{Expr, ExprTrait, SimpleExpr};
+use sea_orm::{
+    ColumnTrait, Condition, ConnectionTrait, DbBackend, DbErr, EntityTrait, QueryFilter,
+    QueryOrder, QuerySelect, UpdateMany,
+};
+use std::time::Duration;
+use uuid::Uuid;
+
+/// How long a row is owned without renewal; every step renews it, and settling a
+/// batch's results renews it chunk by chunk.
+pub(super) const ROW_LEASE: Duration = Duration::from_secs(120);
+/// Rows one round looks at.
+const ROWS_PER_ROUND: u64 = 50;
+
+/// The states in which a row still has something to do.
+pub(super) const OPEN: [ProviderBatchState; 5] = [
+    ProviderBatchState::Preparing,
+    ProviderBatchState::Uploading,
+    ProviderBatchState::Submitted,
+    ProviderBatchState::Cancelling,
+    ProviderBatchState::Ended,
+];
+
+/// Now, as leases are judged: by PostgreSQL's clock there (as job leases are), by
+/// this process's on SQLite, which has one process.
+fn now(backend: DbBackend) -> SimpleExpr {
+    if backend == DbBackend::Postgres {
+        Expr::cust(POSTGRES_CLOCK)
+    } else {
+        Expr::value(Timestamp::now())
+    }
+}
+
+/// A lease that nobody holds (never taken, or lapsed).
+fn free(backend: DbBackend) -> Condition {
+    Condition::any()
+        .add(provider_batches::Column::LeaseUntil.is_null())
+        .add(Expr::col(provider_batches::Column::LeaseUntil).lt(now(backend)))
+}
+
+/// The open rows due a look whose lease is free, oldest first.
+pub(super) async fn due(db: &impl ConnectionTrait) -> Result<Vec<provider_batches::Model>, DbErr> {
+    provider_batches::Entity::find()
+        .filter(provider_batches::Column::State.is_in(OPEN))
+        .filter(provider_batches::Column::NextPollAt.lte(Timestamp::now()))
+        .filter(free(db.get_database_backend()))
+        .order_by_asc(provider_batches::Column::NextPollAt)
+        .limit(ROWS_PER_ROUND)
+        .all(db)
+        .await
+}
+
+/// Takes the row under `token` if its lease is free; the row as taken.
+pub(super) async fn take(
+    db: &impl ConnectionTrait,
+    id: Uuid,
+    token: Uuid,
+) -> Result<Option<provider_batches::Model>, DbErr> {
+    let backend = db.get_database_backend();
+    Ok(provider_batches::Entity::update_many()
+        .col_expr(provider_batches::Column::RunToken, Expr::value(token))
+        .col_expr(
+            provider_batches::Column::LeaseUntil,
+            crate::db::lease_until(backend, ROW_LEASE),
+        )
+        .filter(provider_batches::Column::Id.eq(id))
+        .filter(provider_batches::Column::State.is_in(OPEN))
+        .filter(free(backend))
+        .exec_with_returning(db)
+        .await?
+        .into_iter()
+        .next())
+}
+
+/// An update of the row that matches only while `token` owns it; it renews the lease.
+pub(super) fn fenced(
+    backend: DbBackend,
+    id: Uuid,
+    token: Uuid,
+) -> UpdateMany<provider_batches::Entity> {
+    provider_batches::Entity::update_many()
+        .col_expr(
+            provider_batches::Column::LeaseUntil,
+            crate::db::lease_until(backend, ROW_LEASE),
+        )
+        .filter(provider_batches::Column::Id.eq(id))
+        .filter(provider_batches::Column::RunToken.eq(token))
+}
+
+/// Runs a fenced update; the row as written, `None` when the token lost it.
+pub(super) async fn write(
+    db: &impl ConnectionTrait,
+    update: UpdateMany<provider_batches::Entity>,
+) -> Result<Option<provider_batches::Model>, DbErr> {
+    Ok(update.exec_with_returning(db).await?.into_iter().next())
+}
+
+/// Gives the row up: the next round (of any process) may take it at once.
+pub(super) async fn release(db: &impl ConnectionTrait, id: Uuid, token: Uuid) -> Result<(), DbErr> {
+    provider_batches::Entity::update_many()
+        .col_expr(
+            provider_batches::Column::RunToken,
+            Expr::value(Option::<Uuid>::None),
+        )
+        .col_expr(
+            provider_batches::Column::LeaseUntil,
+            Expr::value(Option::<Timestamp>::None),
+        )
+        .filter(provider_batches::Column::Id.eq(id))
+        .filter(provider_batches::Column::RunToken.eq(token))
+        .exec(db)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,268 @@
+//! Settling a provider batch's attempts: each through the worker's own judge and the
+//! queue's fenced finish, so the charge, the release, the events and the batch's
+//! counters move exactly once per attempt — a result line read again finds its
+//! attempt finished, or its job no longer run by this token, and changes nothing.
+
+use super::Submitter;
+use crate::billing::{Credits, ModelPrice};
+use crate::jobs::input::JobInput;
+use crate::jobs::queue::{
+    AttemptEnd, AttemptReport, Claim, JobError, JobErrorCode, JobOutcome, StartedAttempt,
+    finish_attempts,
+};
+use crate::jobs::tokens::counting_for;
+use crate::jobs::worker::judge_batch_request;
+use crate::llm::{Completion, ProviderError};
+use entity::{AttemptOutcome, Timestamp, attempts, jobs, model_prices, provider_batches};
+use sea_orm::{ColumnTrait, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use std::collections::HashMap;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// Attempts settled per transaction.
+pub(super) const CHUNK: usize = 500;
+
+/// What an attempt's answer means here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Fate {
+    /// A result line (or its absence) told how the request ended.
+    Known,
+    /// Nobody can tell: the attempt ends `UNKNOWN` with its cost bound, and its job
+    /// fails rather than go out again, which could bill it twice.
+    Unknown,
+}
+
+/// The answer of a request the provider never ran.
+pub(super) fn not_run(why: &str) -> Result<Completion, ProviderError> {
+    Err(ProviderError::NotSent {
+        message: why.to_owned(),
+    })
+}
+
+/// Settles the attempts of `row` named in `answers` (by attempt id) that still run;
+/// how many it settled.
+pub(super) async fn settle(
+    submitter: &Submitter,
+    row: &provider_batches::Model,
+    answers: Vec<(Uuid, Result<Completion, ProviderError>)>,
+    fate: Fate,
+) -> Result<usize, DbErr> {
+    if answers.is_empty() {
+        return Ok(0);
+    }
+    let ids: Vec<Uuid> = answers.iter().map(|(id, _)| *id).collect();
+    let running: HashMap<Uuid, attempts::Model> = attempts::Entity::find()
+        .filter(attempts::Column::Id.is_in(ids))
+        .filter(attempts::Column::ProviderBatchId.eq(row.id))
+        .filter(attempts::Column::Outcome.eq(AttemptOutcome::Running))
+        .all(&submitter.db)
+        .await?
+        .into_iter()
+        .map(|attempt| (attempt.id, attempt))
+        .collect();
+    if running.is_empty() {
+        return Ok(0);
+    }
+    let jobs: HashMap<Uuid, jobs::Model> = jobs::Entity::find()
+        .filter(jobs::Column::Id.is_in(running.values().map(|attempt| attempt.job_id)))
+        .all(&submitter.db)
+        .await?
+        .into_iter()
+        .map(|job| (job.id, job))
+        .collect();
+    let prices = batch_prices(submitter, running.values()).await?;
+    let ended_at = Timestamp::now();
+    let since = row.uploading_at.unwrap_or(row.created_at);
+    let latency =
+        Duration::from_micros(u64::try_from(ended_at.micros() - since.micros()).unwrap_or(0));
+    let mut ends = Vec::with_capacity(running.len());
+    for (id, answer) in answers {
+        let Some(attempt) = running.get(&id) else {
+            continue;
+        };
+        let (Some(job), Some(price)) = (
+            jobs.get(&attempt.job_id),
+            prices.get(&attempt.model_price_id),
+        ) else {
+            continue;
+        };
+        let Ok(input) = serde_json::from_value::<JobInput>(job.input.0.clone()) else {
+            continue;
+        };
+        let claim = Claim {
+            job: job.clone(),
+            run_token: attempt.run_token,
+            tenant_rate: Default::default(),
+        };
+        let bound = input.call_bound(counting_for(&submitter.providers, &job.model));
+        let (mut report, mut outcome) = judge_batch_request(
+            &claim,
+            attempt,
+            price,
+            &input,
+            bound,
+            submitter.charging,
+            latency,
+            ended_at,
+            answer,
+        );
+        if fate == Fate::Unknown {
+            let error = report.error.clone().unwrap_or_else(|| {
+                JobError::new(
+                    JobErrorCode::OutcomeUnknown,
+                    "the provider batch's fate is unknown",
+                )
+            });
+            report.wait = false;
+            outcome = JobOutcome::Failed(error);
+        }
+        ends.push(AttemptEnd {
+            claim,
+            attempt: attempt.clone(),
+            price: price.clone(),
+            report,
+            outcome,
+        });
+    }
+    finish(submitter, &ends).await
+}
+
+/// Finishes `ends` in one transaction and publishes their events; how many finished.
+async fn finish(submitter: &Submitter, ends: &[AttemptEnd]) -> Result<usize, DbErr> {
+    if ends.is_empty() {
+        return Ok(0);
+    }
+    let answers = finish_attempts(&submitter.db, ends).await?;
+    let mut settled = 0;
+    for notices in answers.into_iter().flatten() {
+        settled += 1;
+        submitter.bus.publish(notices);
+    }
+    Ok(settled)
+}
+
+/// The batch view of each price version the attempts were priced with.
+async fn batch_prices<'a>(
+    submitter: &Submitter,
+    attempts: impl Iterator<Item = &'a attempts::Model>,
+) -> Result<HashMap<Uuid, ModelPrice>, DbErr> {
+    let mut ids: Vec<Uuid> = attempts.map(|attempt| attempt.model_price_id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(model_prices::Entity::find()
+        .filter(model_prices::Column::Id.is_in(ids))
+        .all(&submitter.db)
+        .await?
+        .into_iter()
+        .filter_map(|row| {
+            let price = ModelPrice::from(row);
+            Some((price.id, price.batch_view()?))
+        })
+        .collect())
+}
+
+/// Settles, `CHUNK` at a time, every attempt of `row` still running with the same
+/// answer (a request the provider never ran, or an unknown fate); how many.
+pub(super) async fn settle_all_running(
+    submitter: &Submitter,
+    row: &provider_batches::Model,
+    answer: impl Fn() -> Result<Completion, ProviderError>,
+    fate: Fate,
+) -> Result<usize, DbErr> {
+    let mut settled = 0;
+    let mut after = Uuid::nil();
+    loop {
+        let ids: Vec<Uuid> = attempts::Entity::find()
+            .select_only()
+            .column(attempts::Column::Id)
+            .filter(attempts::Column::ProviderBatchId.eq(row.id))
+            .filter(attempts::Column::Outcome.eq(AttemptOutcome::Running))
+            .filter(attempts::Column::Id.gt(after))
+            .order_by_asc(attempts::Column::Id)
+            .limit(CHUNK as u64)
+            .into_tuple()
+            .all(&submitter.db)
+            .await?;
+        let Some(last) = ids.last().copied() else {
+            return Ok(settled);
+        };
+        after = last;
+        let answers = ids.into_iter().map(|id| (id, answer())).collect();
+        settled += settle(submitter, row, answers, fate).await?;
+    }
+}
+
+/// Whether any attempt of `row` still runs.
+pub(super) async fn any_running(
+    submitter: &Submitter,
+    row: &provider_batches::Model,
+) -> Result<bool, DbErr> {
+    Ok(attempts::Entity::find()
+        .select_only()
+        .column(attempts::Column::Id)
+        .filter(attempts::Column::ProviderBatchId.eq(row.id))
+        .filter(attempts::Column::Outcome.eq(AttemptOutcome::Running))
+        .limit(1)
+        .into_tuple::<Uuid>()
+        .one(&submitter.db)
+        .await?
+        .is_some())
+}
+
+/// Ends at once the attempts started and never sent: the tenant cancelled the item
+/// meanwhile (the judge's wait becomes the cancel), or its budget of paid calls is
+/// spent (failed, not billed).
+pub(super) async fn held_back(
+    submitter: &Submitter,
+    price: &ModelPrice,
+    inputs: &HashMap<Uuid, JobInput>,
+    held: Vec<(&Claim, StartedAttempt)>,
+) -> Result<(), DbErr> {
+    let now = Timestamp::now();
+    let mut ends = Vec::with_capacity(held.len());
+    for (claim, started) in held {
+        let Some(input) = inputs.get(&claim.job.id) else {
+            continue;
+        };
+        let (report, outcome) = if started.budget_spent {
+            let error = JobError::new(
+                JobErrorCode::PaidCallLimit,
+                "the item's hold has no paid call left for it",
+            );
+            let report = AttemptReport {
+                outcome: AttemptOutcome::PermanentError,
+                usage: None,
+                not_billed: true,
+                customer_charge: Credits::ZERO,
+                delivered_output_tokens: None,
+                error: Some(error.clone()),
+                provider_request_id: None,
+                latency: Duration::ZERO,
+                ended_at: now,
+                model_paused_until: None,
+                wait: false,
+            };
+            (report, JobOutcome::Failed(error))
+        } else {
+            judge_batch_request(
+                claim,
+                &started.attempt,
+                price,
+                input,
+                input.call_bound(counting_for(&submitter.providers, &claim.job.model)),
+                submitter.charging,
+                Duration::ZERO,
+                now,
+                not_run("cancelled before it was sent"),
+            )
+        };
+        ends.push(AttemptEnd {
+            claim: claim.clone(),
+            attempt: started.attempt,
+            price: price.clone(),
+            report,
+            outcome,
+        });
+    }
+    finish(submitter, &ends).await.map(|_| ())
+}

@@ -1,0 +1,273 @@
+//! Anthropic's Message Batches: one `POST /v1/messages/batches` with every request
+//! and its custom id; the results are one JSONL body once the batch has ended.
+//! A message batch carries nothing of ours but the custom ids, which only its results
+//! show: after a crash it is found as the one batch created since the upload began
+//! that no row of ours records (see [`super::BatchApi::find`]).
+
+use super::lines::ResultLines;
+use super::{
+    BatchApi, BatchItem, BatchLimits, Found, ItemResult, RemoteBatch, RemoteState, ResultLine,
+    Submitted, unreadable,
+};
+use crate::llm::ProviderError;
+use crate::llm::anthropic::{API_VERSION, AnthropicClient};
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::collections::HashSet;
+use uuid::Uuid;
+
+/// Anthropic's limits on one batch: 100,000 requests in 256 MB.
+const LIMITS: BatchLimits = BatchLimits {
+    requests: 100_000,
+    bytes: 256 * 1000 * 1000,
+};
+/// Batches one list call asks for (Anthropic's largest page).
+const PAGE: usize = 100;
+
+#[derive(Deserialize)]
+struct BatchObject {
+    id: String,
+    processing_status: String,
+    created_at: DateTime<Utc>,
+    results_url: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct BatchList {
+    data: Vec<BatchObject>,
+    #[serde(default)]
+    has_more: bool,
+    last_id: Option<String>,
+}
+
+fn remote(object: BatchObject) -> RemoteBatch {
+    let state = match object.processing_status.as_str() {
+        "ended" => RemoteState::Ended,
+        "canceling" => RemoteState::Cancelling,
+        _ => RemoteState::InProgress,
+    };
+    RemoteBatch {
+        id: object.id,
+        state,
+        created_at: object.created_at,
+        ours: None,
+        results: object.results_url.into_iter().collect(),
+    }
+}
+
+impl AnthropicClient {
+    fn batches_url(&self) -> String {
+        format!("{}/batches", self.messages_url)
+    }
+
+    fn authorised(&self, call: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        let call = call.header("anthropic-version", API_VERSION);
+        match &self.api_key {
+            Some(key) => call.header("x-api-key", key),
+            None => call,
+        }
+    }
+
+    async fn json<T: serde::de::DeserializeOwned>(
+        &self,
+        call: reqwest::RequestBuilder,
+        what: &str,
+    ) -> Result<T, ProviderError> {
+        let answer = self.http.send(self.authorised(call)).await?;
+        if !answer.status.is_success() {
+            return Err(answer.into_error(&self.name, None));
+        }
+        serde_json::from_slice(&answer.body).map_err(|error| unreadable(what, &error))
+    }
+}
+
+#[async_trait::async_trait]
+impl BatchApi for AnthropicClient {
+    fn limits(&self) -> BatchLimits {
+        LIMITS
+    }
+
+    fn encode(&self, item: &BatchItem) -> Vec<u8> {
+        let request = json!({"custom_id": item.custom_id, "params": Self::body(&item.request)});
+        serde_json::to_vec(&request).expect("a request serializes")
+    }
+
+    async fn submit(
+        &self,
+        _ours: Uuid,
+        encoded: &[Vec<u8>],
+        _input_file: Option<&str>,
+    ) -> Result<Submitted, ProviderError> {
+        let mut body =
+            Vec::with_capacity(encoded.iter().map(|item| item.len() + 1).sum::<usize>() + 16);
+        body.extend_from_slice(b"{\"requests\":[");
+        for (index, item) in encoded.iter().enumerate() {
+            if index > 0 {
+                body.push(b',');
+            }
+            body.extend_from_slice(item);
+        }
+        body.extend_from_slice(b"]}");
+        let created: BatchObject = self
+            .json(
+                self.http
+                    .post(&self.batches_url())
+                    .header("content-type", "application/json")
+                    .body(body),
+                "a message batch",
+            )
+            .await?;
+        Ok(Submitted {
+            batch: remote(created),
+            input_file_id: None,
+        })
+    }
+
+    async fn find(
+        &self,
+        _ours: Uuid,
+        since: DateTime<Utc>,
+        known: &HashSet<String>,
+    ) -> Result<Found, ProviderError> {
+        let mut after: Option<String> = None;
+        let mut candidates = Vec::new();
+        loop {
+            let mut query = vec![("limit", PAGE.to_string())];
+            query.extend(after.clone().map(|after| ("after_id", after)));
+            let page: BatchList = self
+                .json(
+                    self.http.get(&self.batches_url()).query(&query),
+                    "a message batch list",
+                )
+                .await?;
+            let mut older = false;
+            for object in page.data {
+                if object.created_at < since {
+                    older = true;
+                    continue;
+                }
+                if !known.contains(&object.id) {
+                    candidates.push(remote(object));
+                }
+            }
+            match page.last_id {
+                Some(last) if page.has_more && !older => after = Some(last),
+                _ => break,
+            }
+        }
+        match candidates.len() {
+            0 => Ok(Found::Nothing),
+            1 => Ok(Found::Batch(candidates.remove(0))),
+            // Someone else creates batches with our key: which one is ours cannot be
+            // told before their results, so the upload stays unfound (and its items'
+            // bounds held) rather than be guessed.
+            many => Err(unreadable(
+                "more than one message batch nobody recorded since the upload began",
+                &many,
+            )),
+        }
+    }
+
+    async fn read(&self, id: &str) -> Result<RemoteBatch, ProviderError> {
+        let object: BatchObject = self
+            .json(
+                self.http.get(&format!("{}/{id}", self.batches_url())),
+                "a message batch",
+            )
+            .await?;
+        Ok(remote(object))
+    }
+
+    async fn cancel(&self, id: &str) -> Result<(), ProviderError> {
+        let _: BatchObject = self
+            .json(
+                self.http
+                    .post(&format!("{}/{id}/cancel", self.batches_url())),
+                "a message batch",
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn results(&self, batch: &RemoteBatch) -> Result<ResultLines, ProviderError> {
+        let url = batch
+            .results
+            .first()
+            .cloned()
+            .unwrap_or_else(|| format!("{}/{}/results", self.batches_url(), batch.id));
+        Ok(ResultLines::new(
+            &self.name,
+            self.http.clone(),
+            vec![self.authorised(self.http.get(&url))],
+            parse_line,
+        ))
+    }
+}
+
+#[derive(Deserialize)]
+struct Line {
+    custom_id: String,
+    result: LineResult,
+}
+
+#[derive(Deserialize)]
+struct LineResult {
+    #[serde(rename = "type")]
+    kind: String,
+    message: Option<Value>,
+    error: Option<Value>,
+}
+
+/// The status an errored request's error body stands for (Anthropic's error types).
+fn status_of(error: &Value) -> u16 {
+    let kind = error
+        .pointer("/error/type")
+        .or_else(|| error.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    match kind {
+        "invalid_request_error" => 400,
+        "authentication_error" => 401,
+        "permission_error" => 403,
+        "not_found_error" => 404,
+        "request_too_large" => 413,
+        "rate_limit_error" => 429,
+        "overloaded_error" => 529,
+        _ => 500,
+    }
+}
+
+fn parse_line(provider: &str, line: &[u8]) -> Result<ResultLine, ProviderError> {
+    let line: Line =
+        serde_json::from_slice(line).map_err(|error| unreadable("a result line", &error))?;
+    let result = match line.result.kind.as_str() {
+        "succeeded" => {
+            let body = serde_json::to_vec(&line.result.message.unwrap_or(Value::Null))
+                .expect("JSON serializes");
+            match AnthropicClient::completion_of(provider, &body, None) {
+                Ok(completion) => ItemResult::Succeeded(completion),
+                Err(error) => ItemResult::Errored(error),
+            }
+        }
+        "errored" => {
+            let error = line.result.error.unwrap_or(Value::Null);
+            let request_id = error
+                .get("request_id")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            let status = status_of(&error);
+            let body = serde_json::to_vec(&error).expect("JSON serializes");
+            ItemResult::Errored(crate::llm::http::error_of(
+                provider, status, body, request_id,
+            ))
+        }
+        "canceled" => ItemResult::Cancelled,
+        // `expired`, and any result type we do not know: not processed.
+        _ => ItemResult::Expired,
+    };
+    Ok(ResultLine {
+        custom_id: line.custom_id,
+        result,
+    })
+}

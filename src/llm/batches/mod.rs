@@ -1,0 +1,152 @@
+//! Providers' batch APIs — OpenAI Batch and Anthropic Message Batches — as one
+//! interface: submit many requests at once, find a submission again after a crash,
+//! read its state, cancel it, and stream its results line by line.
+//!
+//! Requests are named by custom ids the caller chooses (at most 64 characters of
+//! `[A-Za-z0-9_-]`, Anthropic's rule), and every result line carries its custom id.
+
+mod anthropic;
+mod lines;
+mod openai;
+
+use super::{ChatRequest, Completion, ProviderError};
+use chrono::{DateTime, Utc};
+use std::collections::HashSet;
+use uuid::Uuid;
+
+pub use lines::ResultLines;
+
+/// One request of a provider batch.
+#[derive(Clone, Debug)]
+pub struct BatchItem {
+    pub custom_id: String,
+    pub request: ChatRequest,
+}
+
+/// How much one provider batch may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchLimits {
+    pub requests: usize,
+    /// Bytes of the upload (OpenAI: the input file; Anthropic: the creation body).
+    pub bytes: usize,
+}
+
+/// Where the provider says a batch is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemoteState {
+    InProgress,
+    Cancelling,
+    /// Every request has its result (succeeded, errored, expired or cancelled).
+    Ended,
+}
+
+/// A provider batch as its provider reports it.
+#[derive(Clone, Debug)]
+pub struct RemoteBatch {
+    pub id: String,
+    pub state: RemoteState,
+    pub created_at: DateTime<Utc>,
+    /// OpenAI: the id jobledger put in its metadata.
+    pub ours: Option<Uuid>,
+    /// Where its results are read from (OpenAI: the output and error files;
+    /// Anthropic: the results URL).
+    pub results: Vec<String>,
+}
+
+/// What became of one request of a batch.
+#[derive(Debug)]
+pub enum ItemResult {
+    /// Answered, with usage: billed at the batch price.
+    Succeeded(Completion),
+    /// The provider answered the request with an error: not billed.
+    Errored(ProviderError),
+    /// Not processed before the batch's window ended: not billed.
+    Expired,
+    /// Not processed because the batch was cancelled: not billed.
+    Cancelled,
+}
+
+/// One line of a batch's results.
+#[derive(Debug)]
+pub struct ResultLine {
+    pub custom_id: String,
+    pub result: ItemResult,
+}
+
+/// What a search for an upload after a crash found.
+#[derive(Clone, Debug)]
+pub enum Found {
+    /// The provider has the batch.
+    Batch(RemoteBatch),
+    /// OpenAI: the input file is there, the batch was never created from it.
+    InputFile(String),
+    /// The provider has nothing of it: the upload never landed.
+    Nothing,
+}
+
+/// A provider's answer to a submission.
+#[derive(Clone, Debug)]
+pub struct Submitted {
+    pub batch: RemoteBatch,
+    /// OpenAI: the input file it was created from.
+    pub input_file_id: Option<String>,
+}
+
+/// A provider's batch API.
+#[async_trait::async_trait]
+pub trait BatchApi: Send + Sync {
+    /// How much one batch may hold.
+    fn limits(&self) -> BatchLimits;
+
+    /// `item` as it goes into the upload: the bytes counted against
+    /// [`BatchLimits::bytes`] (one JSON line, or one element of the requests array).
+    fn encode(&self, item: &BatchItem) -> Vec<u8>;
+
+    /// Submits the encoded items as one batch named `ours`; with `input_file` (OpenAI,
+    /// found again after a crash) the batch is created from that file instead of a new
+    /// upload.
+    async fn submit(
+        &self,
+        ours: Uuid,
+        encoded: &[Vec<u8>],
+        input_file: Option<&str>,
+    ) -> Result<Submitted, ProviderError>;
+
+    /// Looks for the upload named `ours`, made at `since` or after, among the
+    /// provider's batches. `known` holds the batches some other upload of ours
+    /// recorded already: with Anthropic, whose batches carry nothing of ours, the one
+    /// batch created since that nobody recorded is it (at most one upload of a
+    /// provider is in flight at a time).
+    async fn find(
+        &self,
+        ours: Uuid,
+        since: DateTime<Utc>,
+        known: &HashSet<String>,
+    ) -> Result<Found, ProviderError>;
+
+    /// The batch as the provider reports it now.
+    async fn read(&self, id: &str) -> Result<RemoteBatch, ProviderError>;
+
+    /// Asks the provider to cancel the batch; what it finished before stays finished.
+    async fn cancel(&self, id: &str) -> Result<(), ProviderError>;
+
+    /// The results of an ended batch, read as a stream, line by line.
+    async fn results(&self, batch: &RemoteBatch) -> Result<ResultLines, ProviderError>;
+}
+
+/// A custom id as both providers accept it.
+pub fn valid_custom_id(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+/// A provider batch API answer that is not what it should be: a fault of the
+/// provider (or of whatever answered), worth reading again later.
+fn unreadable(what: &str, detail: &dyn std::fmt::Display) -> ProviderError {
+    tracing::warn!(detail = %detail, "unreadable provider batch answer: {what}");
+    ProviderError::OutcomeUnknown {
+        message: format!("unreadable provider batch answer: {what}"),
+    }
+}
