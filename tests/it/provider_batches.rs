@@ -354,7 +354,10 @@ async fn a_provider_batch_of_forty_settles_every_item_once(backend: Backend, sha
     // The errored request: failed, one attempt, nothing billed.
     let errored = item("doc-0");
     assert_eq!(errored.status, JobStatus::Failed);
-    assert_eq!(errored.error_code, Some(entity::JobErrorCode::ProviderRejected));
+    assert_eq!(
+        errored.error_code,
+        Some(entity::JobErrorCode::ProviderRejected)
+    );
     let tried = of(errored);
     assert_eq!(tried.len(), 1);
     assert_eq!(tried[0].provider_cost_nanos, Some(0));
