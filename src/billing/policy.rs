@@ -105,6 +105,25 @@ impl CallBound {
         }
     }
 
+    /// This bound kept within `tokens`, the bound the job was held for when it was
+    /// created ([`Self::tokens`] of the API's count). A worker counts the prompt by
+    /// its own provider's rule, which may count more than the API's (another config,
+    /// the built-in simulator); the hold covers only what the API counted, and usage
+    /// reported above a bound is cut to it, so the call is bounded by the smaller.
+    pub fn within(self, tokens: Option<i64>) -> Self {
+        let Some(tokens) = tokens.and_then(|tokens| u64::try_from(tokens).ok()) else {
+            return self;
+        };
+        let input_tokens = self
+            .input_tokens
+            .min(tokens.saturating_sub(self.max_output_tokens));
+        Self {
+            input_tokens,
+            input_estimate: self.input_estimate.min(input_tokens),
+            ..self
+        }
+    }
+
     /// Every token the call may use: what a tokens-per-minute limit counts it as.
     pub fn tokens(self) -> i64 {
         i64::try_from(self.input_tokens.saturating_add(self.max_output_tokens)).unwrap_or(i64::MAX)
@@ -398,6 +417,22 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_workers_bound_stays_within_what_the_job_was_held_for() {
+        let bound = CallBound {
+            input_tokens: 4_000,
+            input_estimate: 1_000,
+            max_output_tokens: 500,
+        };
+        let held = bound.within(Some(1_500));
+        assert_eq!(held.input_tokens, 1_000);
+        assert_eq!(held.input_estimate, 1_000);
+        assert_eq!(held.max_output_tokens, 500);
+        assert_eq!(bound.within(Some(2_000)).input_estimate, 1_000);
+        assert_eq!(bound.within(Some(10_000)), bound);
+        assert_eq!(bound.within(None), bound);
     }
 
     #[test]

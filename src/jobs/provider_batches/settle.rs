@@ -94,7 +94,9 @@ pub(super) async fn settle(
             run_token: attempt.run_token,
             tenant_rate: Default::default(),
         };
-        let bound = input.call_bound(counting_for(&submitter.providers, &job.model));
+        let bound = input
+            .call_bound(counting_for(&submitter.providers, &job.model))
+            .within(job.token_bound);
         let (mut report, mut outcome) = judge_batch_request(
             &claim,
             attempt,
@@ -249,7 +251,9 @@ pub(super) async fn held_back(
                 &started.attempt,
                 price,
                 input,
-                input.call_bound(counting_for(&submitter.providers, &claim.job.model)),
+                input
+                    .call_bound(counting_for(&submitter.providers, &claim.job.model))
+                    .within(claim.job.token_bound),
                 submitter.charging,
                 Duration::ZERO,
                 now,

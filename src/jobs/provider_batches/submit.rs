@@ -174,10 +174,12 @@ async fn submit_one(submitter: &Submitter, batch: &batches::Model) -> Result<usi
     let starts: Vec<AttemptStart> = runnable
         .iter()
         .map(|claim| {
-            let bound = inputs[&claim.job.id].call_bound(crate::jobs::tokens::counting_for(
-                &submitter.providers,
-                &claim.job.model,
-            ));
+            let bound = inputs[&claim.job.id]
+                .call_bound(crate::jobs::tokens::counting_for(
+                    &submitter.providers,
+                    &claim.job.model,
+                ))
+                .within(claim.job.token_bound);
             AttemptStart {
                 worker_id: submitter.worker_id.clone(),
                 provider: Some(provider.name().to_owned()),

@@ -21,7 +21,7 @@ use super::queue::{
     self, AttemptStart, Claim, ClaimRequest, Claimed, JobError, JobErrorCode, StartedAttempt,
     TenantCursor,
 };
-use crate::billing::{AttemptEnding, CallBound, ChargingPolicy, ModelPrice, prices};
+use crate::billing::{AttemptEnding, CallBound, ChargingPolicy, Credits, ModelPrice, prices};
 use crate::bus::{EventBus, TopicReceiver};
 use crate::llm::{Provider, ProviderRegistry};
 use crate::metrics::Metrics;
@@ -385,25 +385,35 @@ impl Worker {
             .providers
             .provider_for(&claim.job.model)
             .filter(|_| claim.job.simulated || !inner.providers.simulates(&claim.job.model));
-        let bound = input.call_bound(
-            provider
-                .as_ref()
-                .map_or(crate::llm::PromptCounting::Bytes(None), |provider| {
-                    provider.prompt_counting(&claim.job.model)
-                }),
-        );
+        let bound = input
+            .call_bound(
+                provider
+                    .as_ref()
+                    .map_or(crate::llm::PromptCounting::Bytes(None), |provider| {
+                        provider.prompt_counting(&claim.job.model)
+                    }),
+            )
+            .within(claim.job.token_bound);
         let charging = inner.settings.charging;
+        // Without a provider nothing is sent, so nothing can be billed: the attempt's
+        // bounds are zero, and no budget can refuse a start that only records why the
+        // job fails (the bytes rule above would count more than the API held for).
+        let (provider_cost_bound, customer_charge_bound, customer_charge_if_lost) =
+            if provider.is_some() {
+                (
+                    bound.provider_cost(&price),
+                    bound.customer_cost(&price),
+                    charging.customer_charge(&price, bound, AttemptEnding::Unknown, None),
+                )
+            } else {
+                (Credits::ZERO, Credits::ZERO, Credits::ZERO)
+            };
         let start = AttemptStart {
             worker_id: inner.id.clone(),
             provider: provider.as_ref().map(|provider| provider.name().to_owned()),
-            provider_cost_bound: bound.provider_cost(&price),
-            customer_charge_bound: bound.customer_cost(&price),
-            customer_charge_if_lost: charging.customer_charge(
-                &price,
-                bound,
-                AttemptEnding::Unknown,
-                None,
-            ),
+            provider_cost_bound,
+            customer_charge_bound,
+            customer_charge_if_lost,
             price,
         };
         let notices = inner.bus.watch_job(claim.job.id);

@@ -152,7 +152,6 @@ async fn create_batch_is_idempotent_and_refuses_what_it_cannot_honour(backend: B
     other["maxOutputTokens"] = json!(60);
     assert_eq!(error_code(&create(other).await), "IDEMPOTENCY_CONFLICT");
     for (field, value) in [
-        ("mode", json!("PROVIDER_BATCH")),
         ("deadline", json!("2020-01-01T00:00:00Z")),
         ("model", json!("no-such-model")),
         ("maxOutputTokens", json!(0)),
