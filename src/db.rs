@@ -343,3 +343,13 @@ impl Parameters {
         Statement::from_sql_and_values(self.backend, sql, self.values)
     }
 }
+
+/// Text from outside (a provider's message or request id) as a text column can hold
+/// it on both backends: NUL characters replaced by U+FFFD.
+pub fn storable_text(text: String) -> String {
+    if text.contains('\0') {
+        text.replace('\0', "\u{FFFD}")
+    } else {
+        text
+    }
+}

@@ -18,7 +18,7 @@ use crate::billing::batch_totals::BatchTotals;
 use crate::billing::ledger::{self, Resolution};
 use crate::billing::{Credits, limits};
 use crate::jobs::lifecycle;
-use crate::jobs::queue::JobErrorCode;
+use entity::JobErrorCode;
 use entity::{AttemptOutcome, ReservationStatus, attempts, credit_reservations, jobs};
 use sea_orm::{ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QueryOrder};
 use std::collections::HashMap;

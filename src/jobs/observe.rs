@@ -3,10 +3,11 @@
 //! committed events), so that recording costs the hot path no query.
 
 use super::flow::Deferral;
-use super::queue::{AttemptEnd, Claim, JobErrorCode};
+use super::queue::{AttemptEnd, Claim};
 use crate::billing::Credits;
 use crate::bus::{EventBus, EventNotice};
 use crate::metrics::{AttemptFinished, LiveState, Metrics, StoredState};
+use entity::JobErrorCode;
 use entity::{AttemptOutcome, EventKind, JobStatus, Timestamp, jobs, tenants};
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, PaginatorTrait, QueryFilter};

@@ -177,7 +177,7 @@ mtype:attempt = {
     ATTEMPT_RUNNING, ATTEMPT_SUCCEEDED, RETRYABLE_ERROR, PERMANENT_ERROR,
     INVALID_OUTPUT, UNKNOWN, ATTEMPT_CANCELLED, LEASE_EXPIRED
 };
-/* queue::JobOutcome, as Worker::judge asks for it. */
+/* lifecycle::JobOutcome, as Worker::judge asks for it. */
 mtype:job_outcome = { SUCCEED, RETRY, HAND_BACK, WAIT, FAIL, CANCEL };
 
 /* ---- the job row -------------------------------------------------------------- */

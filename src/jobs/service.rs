@@ -6,6 +6,7 @@ use super::fallbacks::ModelChain;
 use super::flow;
 use super::input::{self, Deadline, NewJob};
 use super::labels::{self, Label};
+use super::lifecycle::{self, Cancel};
 use super::reach::JobReach;
 use crate::billing::{Credits, alerts};
 use crate::billing::{ledger, limits, prices, token_spend};
@@ -545,8 +546,8 @@ pub async fn cancel_job(
         .ok_or(ServiceError::NotFound)?;
     let bump_seq = Expr::col(jobs::Column::LastEventSeq).add(1);
     let mut notices: Vec<EventNotice> = Vec::new();
-    let job = match current.status {
-        JobStatus::Queued => {
+    let job = match lifecycle::cancel(current.status, current.cancel_requested) {
+        Cancel::Ends => {
             let job = jobs::Entity::update_many()
                 .col_expr(jobs::Column::Status, Expr::value(JobStatus::Cancelled))
                 .col_expr(jobs::Column::CancelRequested, Expr::value(true))
@@ -565,7 +566,7 @@ pub async fn cancel_job(
             budget::resolve_hold(&transaction, &job, None, &spent).await?;
             job
         }
-        JobStatus::Running if !current.cancel_requested => {
+        Cancel::Asks => {
             let job = jobs::Entity::update_many()
                 .col_expr(jobs::Column::CancelRequested, Expr::value(true))
                 .col_expr(jobs::Column::UpdatedAt, Expr::value(now))
@@ -578,8 +579,7 @@ pub async fn cancel_job(
                 .push(events::append(&transaction, &job, EventKind::CancelRequested, None).await?);
             job
         }
-        // Already finished, or already asked to cancel.
-        _ => current,
+        Cancel::Nothing => current,
     };
     transaction.commit().await?;
     if !notices.is_empty() {

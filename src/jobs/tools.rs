@@ -2,9 +2,10 @@
 //! (OpenAI's shape), and judging the tool calls of a reply against them.
 
 use super::input::{check_json, check_response_schema};
-use super::queue::{JobError, JobErrorCode};
 use crate::error::ServiceError;
+use crate::jobs::lifecycle::JobError;
 use crate::llm::{Tool, ToolCall, ToolChoice, Tools};
+use entity::JobErrorCode;
 use serde_json::{Value, json};
 
 /// Most tools one job may offer: OpenAI's own limit.

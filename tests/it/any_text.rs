@@ -4,7 +4,7 @@
 
 use crate::helpers::{ADMIN_TOKEN, AppOptions, Backend, error_code, job_input, spawn_app_with};
 use crate::invariants::assert_billing_invariants;
-use jobledger::jobs::queue::storable_text;
+use jobledger::db::storable_text;
 use serde_json::json;
 use std::time::Duration;
 

@@ -5,11 +5,10 @@
 use crate::fencing::{attempt_start, success_report};
 use crate::helpers::{AppOptions, Backend, TestApp, job_input, spawn_app_with};
 use crate::invariants::assert_billing_invariants;
+use entity::JobErrorCode;
 use entity::{JobStatus, Timestamp, charges, jobs};
-use jobledger::jobs::queue::{
-    self, AttemptEnd, AttemptStart, Claim, ClaimRequest, JobError, JobErrorCode, JobOutcome,
-    StartedAttempt,
-};
+use jobledger::jobs::lifecycle::{JobError, JobOutcome};
+use jobledger::jobs::queue::{self, AttemptEnd, AttemptStart, Claim, ClaimRequest, StartedAttempt};
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter};
 use serde_json::json;

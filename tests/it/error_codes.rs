@@ -83,7 +83,7 @@ fn the_errors_table_lists_every_code_of_the_schema_and_no_other() {
 /// What a job or attempt row stores is what the schema's enum names.
 #[test]
 fn stored_job_error_codes_are_the_schema_names() {
-    use jobledger::jobs::queue::JobErrorCode;
+    use entity::JobErrorCode;
     let stored: BTreeSet<String> = JobErrorCode::ALL
         .iter()
         .map(|code| code.as_str().to_owned())

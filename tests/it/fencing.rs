@@ -5,16 +5,15 @@ use crate::helpers::{
     AppOptions, Backend, TestApp, job_input, spawn_app_with, test_worker_settings,
 };
 use crate::invariants::assert_billing_invariants;
+use entity::JobErrorCode;
 use entity::{
     AttemptOutcome, JobStatus, ReservationStatus, Timestamp, attempts, charges,
     credit_reservations, job_events, jobs, ledger_entries,
 };
 use jobledger::billing::{Credits, ModelPrice, prices};
 use jobledger::jobs::input::JobInput;
-use jobledger::jobs::queue::{
-    self, AttemptReport, AttemptStart, Claim, ClaimRequest, JobError, JobErrorCode, JobOutcome,
-    Renewal,
-};
+use jobledger::jobs::lifecycle::{AttemptReport, JobError, JobOutcome};
+use jobledger::jobs::queue::{self, AttemptStart, Claim, ClaimRequest, Renewal};
 use jobledger::jobs::worker::{Worker, WorkerSettings};
 use jobledger::llm::TokenUsage;
 use sea_orm::sea_query::Expr;

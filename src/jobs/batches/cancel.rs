@@ -10,9 +10,10 @@ use crate::bus::{EventBus, EventNotice};
 use crate::db::begin_write;
 use crate::error::ServiceError;
 use crate::jobs::budget::{self, Spent};
+use crate::jobs::lifecycle::{self, Cancel};
 use crate::jobs::{events, observe};
 use crate::metrics::Metrics;
-use entity::{EventKind, JobStatus, Timestamp, batches, jobs};
+use entity::{JobStatus, Timestamp, batches, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait, LockBehavior, LockType};
 use sea_orm::{
     ColumnTrait, DatabaseConnection, DbBackend, EntityTrait, PaginatorTrait, QueryFilter,
@@ -124,7 +125,7 @@ async fn cancel_items(
 fn unfinished(batch_id: Uuid) -> sea_orm::Select<jobs::Entity> {
     jobs::Entity::find()
         .filter(jobs::Column::BatchId.eq(batch_id))
-        .filter(jobs::Column::Status.is_in([JobStatus::Queued, JobStatus::Running]))
+        .filter(jobs::Column::Status.is_in(lifecycle::CANCELLABLE))
         .filter(jobs::Column::CancelRequested.eq(false))
 }
 
@@ -173,7 +174,7 @@ async fn cancel_some(
             Expr::col(jobs::Column::LastEventSeq).add(1),
         )
         .filter(jobs::Column::Id.is_in(ids))
-        .filter(jobs::Column::Status.is_in([JobStatus::Queued, JobStatus::Running]))
+        .filter(jobs::Column::Status.is_in(lifecycle::CANCELLABLE))
         .filter(jobs::Column::CancelRequested.eq(false))
         .exec_with_returning(&transaction)
         .await?;
@@ -187,12 +188,19 @@ async fn cancel_some(
     let notices = events::append_many(
         &transaction,
         changed.iter().map(|job| {
-            let kind = if job.status == JobStatus::Cancelled {
-                EventKind::Cancelled
+            // The row as changed: a cancel that ended the job, or one that asked it.
+            let asked = if job.status == JobStatus::Cancelled {
+                Cancel::Ends
             } else {
-                EventKind::CancelRequested
+                Cancel::Asks
             };
-            (job, kind, None)
+            (
+                job,
+                asked
+                    .event()
+                    .expect("a changed row's cancel writes an event"),
+                None,
+            )
         }),
     )
     .await?;

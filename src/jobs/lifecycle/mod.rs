@@ -16,6 +16,7 @@
 //! | the lease lapsed | [`after_lost_lease`] (from `queue/rescue.rs`) | cancelled, queued again, or failed |
 //! | the claim cannot run | [`abandoned`] (from `queue::abandon_claim`) | failed `NOT_RUNNABLE` or as named |
 //! | queued past its deadline | [`past_deadline`] (from `queue/deadlines.rs`) | failed `DEADLINE_EXCEEDED` |
+//! | the tenant cancelled it | [`cancel`] (from `service::cancel_job`, `batches/cancel.rs`) | cancelled now, asked to stop, or left as it is |
 
 use crate::backoff::{Backoff, Jitter};
 use crate::billing::Credits;
@@ -23,14 +24,16 @@ use crate::billing::ledger::Resolution;
 use crate::jobs::budget::Spent;
 use crate::jobs::fallbacks::ModelChain;
 use crate::jobs::input::{DEFAULT_DEADLINE, Deadline};
-use crate::jobs::queue::{AttemptReport, JobError, JobErrorCode, JobOutcome};
-use entity::{AttemptOutcome, EventKind, JobStatus, Timestamp, jobs};
+use entity::{AttemptOutcome, EventKind, JobErrorCode, JobStatus, Timestamp, jobs};
 use serde_json::{Value, json};
 use std::time::Duration;
 use uuid::Uuid;
 
+mod outcome;
 #[cfg(test)]
 mod tests;
+
+pub use outcome::{AttemptReport, JobError, JobOutcome};
 
 /// Replies that may fail a job's response schema before it fails for good: the first
 /// try and two retries, within `maxAttempts`.
@@ -271,6 +274,44 @@ pub fn past_deadline() -> Transition {
         JobErrorCode::DeadlineExceeded,
         "the job's deadline passed before it could finish",
     ))
+}
+
+/// What a tenant's cancel does to a job, decided on its locked row: `cancelJob` and a
+/// batch's cancel both ask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cancel {
+    /// Queued (or waiting for a retry): cancelled at once, its hold resolved for what
+    /// earlier attempts charged.
+    Ends,
+    /// Running: marked `cancel_requested`; its worker aborts the call and finishes the
+    /// attempt as cancelled.
+    Asks,
+    /// Finished, or already asked: left as it is.
+    Nothing,
+}
+
+/// The statuses in which a cancel changes a job (`Ends` or `Asks`): the bulk cancel
+/// selects by them.
+pub const CANCELLABLE: [JobStatus; 2] = [JobStatus::Queued, JobStatus::Running];
+
+/// What a cancel does to a job in `status`.
+pub fn cancel(status: JobStatus, cancel_requested: bool) -> Cancel {
+    match status {
+        JobStatus::Queued => Cancel::Ends,
+        JobStatus::Running if !cancel_requested => Cancel::Asks,
+        _ => Cancel::Nothing,
+    }
+}
+
+impl Cancel {
+    /// The event the cancel writes, if it changes the job.
+    pub fn event(self) -> Option<EventKind> {
+        match self {
+            Self::Ends => Some(EventKind::Cancelled),
+            Self::Asks => Some(EventKind::CancelRequested),
+            Self::Nothing => None,
+        }
+    }
 }
 
 /// The instant by which `job` must have finished. A job without one finished before

@@ -559,7 +559,7 @@ async fn unreadable(
     let update = fenced(submitter, row, token)
         .col_expr(
             provider_batches::Column::LastError,
-            Expr::value(crate::jobs::queue::storable_text(error.to_string())),
+            Expr::value(crate::db::storable_text(error.to_string())),
         )
         .col_expr(
             provider_batches::Column::Polls,

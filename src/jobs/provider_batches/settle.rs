@@ -6,13 +6,12 @@
 use super::Submitter;
 use crate::billing::{Credits, ModelPrice};
 use crate::jobs::input::JobInput;
-use crate::jobs::queue::{
-    AttemptEnd, AttemptReport, Claim, JobError, JobErrorCode, JobOutcome, StartedAttempt,
-    finish_attempts,
-};
+use crate::jobs::lifecycle::{AttemptReport, JobError, JobOutcome};
+use crate::jobs::queue::{AttemptEnd, Claim, StartedAttempt, finish_attempts};
 use crate::jobs::tokens::counting_for;
 use crate::jobs::worker::judge_batch_request;
 use crate::llm::{Completion, ProviderError};
+use entity::JobErrorCode;
 use entity::{AttemptOutcome, Timestamp, attempts, jobs, model_prices, provider_batches};
 use sea_orm::{ColumnTrait, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use std::collections::HashMap;

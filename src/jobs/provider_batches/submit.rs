@@ -7,11 +7,11 @@ use super::{Submitter, poll, settle};
 use crate::billing::{AttemptEnding, prices};
 use crate::db::begin_write;
 use crate::jobs::input::JobInput;
-use crate::jobs::queue::{
-    self, AttemptStart, Claim, JobError, JobErrorCode, StartedAttempt, abandon_claim,
-};
+use crate::jobs::lifecycle::JobError;
+use crate::jobs::queue::{self, AttemptStart, Claim, StartedAttempt, abandon_claim};
 use crate::llm::ChatRequest;
 use crate::llm::batches::{BatchApi, BatchItem};
+use entity::JobErrorCode;
 use entity::{
     BatchMode, BatchStatus, JobStatus, ProviderBatchState, Timestamp, attempts, batches, jobs,
     provider_batches,

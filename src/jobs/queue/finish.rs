@@ -4,17 +4,16 @@
 //! one transaction with a few statements for all of them; each job is still fenced by
 //! its own run token and settled exactly once.
 
-use super::{
-    AttemptReport, Claim, JobError, JobOutcome, apply, fenced_update_of_all, releasing_update,
-    storable_text,
-};
+use super::{Claim, apply, fenced_update_of_all, releasing_update};
 use crate::billing::batch_totals::BatchTotals;
 use crate::billing::{Credits, ModelPrice};
 use crate::bus::EventNotice;
+use crate::db::storable_text;
 use crate::db::{Values, begin_write};
 use crate::jobs::budget::{self, Spent};
 use crate::jobs::events;
 use crate::jobs::lifecycle::{self, Transition};
+use crate::jobs::lifecycle::{AttemptReport, JobError, JobOutcome};
 use entity::{JsonText, Timestamp, attempts, jobs};
 use sea_orm::sea_query::Expr;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait};

@@ -8,12 +8,10 @@
 
 use crate::billing::{Credits, ModelPrice};
 use crate::bus::EventNotice;
-use crate::jobs::lifecycle::Transition;
-use crate::llm::TokenUsage;
-use entity::{AttemptOutcome, JobStatus, JsonText, Timestamp, attempts, jobs};
+use crate::jobs::lifecycle::{JobError, Transition};
+use entity::{JobStatus, JsonText, Timestamp, attempts, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait, LockBehavior, LockType, Query};
 use sea_orm::{ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, QueryFilter};
-use serde_json::Value;
 use std::collections::HashMap;
 use std::time::Duration;
 use uuid::Uuid;
@@ -274,91 +272,3 @@ pub struct StartedAttempt {
 
 /// The provider name recorded on an attempt whose model no provider serves.
 pub const UNROUTED_PROVIDER: &str = "unrouted";
-
-/// What became of the provider call, for the attempt row.
-#[derive(Clone, Debug)]
-pub struct AttemptReport {
-    pub outcome: AttemptOutcome,
-    /// Usage the provider reported; with it the cost is exact.
-    pub usage: Option<TokenUsage>,
-    /// True when the request cannot have been billed (never sent, or refused with an
-    /// error status): the cost is then exactly zero.
-    pub not_billed: bool,
-    /// What the customer pays for this attempt, by the charging policy.
-    pub customer_charge: Credits,
-    /// Output streamed to the client, when the call streamed any.
-    pub delivered_output_tokens: Option<u64>,
-    pub error: Option<JobError>,
-    pub provider_request_id: Option<String>,
-    pub latency: Duration,
-    /// When the call ended: the attempt's `finished_at`, and the instant a retry's
-    /// backoff counts from (the finisher may write it a little later).
-    pub ended_at: Timestamp,
-    /// The provider answered 429: the model is paused for every worker until then.
-    pub model_paused_until: Option<Timestamp>,
-    /// The provider refused the call without doing any work (a wait): the attempt
-    /// does not count against `maxAttempts`, whatever becomes of the job.
-    pub wait: bool,
-}
-
-/// A machine-readable code and a human message.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct JobError {
-    pub code: JobErrorCode,
-    pub message: String,
-}
-
-impl JobError {
-    /// An error with one of the codes jobledger uses. The message may quote a
-    /// provider, so a NUL character in it (which PostgreSQL text cannot hold) becomes
-    /// U+FFFD.
-    pub fn new(code: JobErrorCode, message: impl Into<String>) -> Self {
-        Self {
-            code,
-            message: storable_text(message.into()),
-        }
-    }
-}
-
-/// Text from outside (a provider's message or request id) as a text column can hold
-/// it on both backends: NUL characters replaced by U+FFFD.
-pub fn storable_text(text: String) -> String {
-    if text.contains('\0') {
-        text.replace('\0', "\u{FFFD}")
-    } else {
-        text
-    }
-}
-
-/// The codes a failed job or attempt carries (stored in `error_code`).
-pub use entity::JobErrorCode;
-
-/// What becomes of the job after the attempt.
-#[derive(Clone, Debug)]
-pub enum JobOutcome {
-    /// The result is accepted; the customer is charged what the attempts carry.
-    Succeeded { result: Value },
-    /// Queued again, to be claimed at `at`; on `model` when it is a fallback other
-    /// than the model just called.
-    Retry {
-        at: Timestamp,
-        model: Option<String>,
-    },
-    /// Failed for good; the hold is settled for what the attempts charged, if
-    /// anything, and released otherwise.
-    Failed(JobError),
-    /// Cancelled as the tenant asked; the hold is resolved as for `Failed`.
-    Cancelled,
-    /// Given back at once because the worker is shutting down: queued again, and the
-    /// attempt does not count against `maxAttempts`.
-    HandBack,
-    /// Queued again at `at` after a call the provider refused without doing any work
-    /// (a rate limit, an overload with `Retry-After`, a connection refused before the
-    /// request was sent). Nothing was billed, so like a hand-back the attempt does not
-    /// count against `maxAttempts`; the job's deadline bounds how long it waits. On
-    /// `model` as for `Retry`.
-    Wait {
-        at: Timestamp,
-        model: Option<String>,
-    },
-}

@@ -1,11 +1,12 @@
 //! Taking back jobs whose attempt stopped renewing its lease.
 
-use super::{Claim, JobErrorCode, apply, lock_claimed, releasing_update};
+use super::{Claim, apply, lock_claimed, releasing_update};
 use crate::bus::EventNotice;
 use crate::db::begin_write;
 use crate::jobs::budget::{self, Spent};
 use crate::jobs::events;
 use crate::jobs::lifecycle;
+use entity::JobErrorCode;
 use entity::{AttemptOutcome, JobStatus, Timestamp, attempts, jobs};
 use sea_orm::sea_query::Expr;
 use sea_orm::{

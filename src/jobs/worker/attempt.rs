@@ -13,10 +13,9 @@ use crate::jobs::fallbacks::ModelChain;
 use crate::jobs::flow;
 use crate::jobs::leases::LeaseHold;
 use crate::jobs::lifecycle::deadline_of;
+use crate::jobs::lifecycle::{AttemptReport, JobOutcome};
 use crate::jobs::observe;
-use crate::jobs::queue::{
-    self, AttemptEnd, AttemptReport, Claim, JobOutcome, Renewal, StartedAttempt,
-};
+use crate::jobs::queue::{self, AttemptEnd, Claim, Renewal, StartedAttempt};
 use crate::llm::{ChatRequest, Provider};
 use entity::{EventKind, Timestamp};
 use sea_orm::{DatabaseConnection, DbErr};

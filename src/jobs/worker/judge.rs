@@ -8,9 +8,11 @@ use crate::jobs::fallbacks::ModelChain;
 use crate::jobs::flow;
 use crate::jobs::input::JobInput;
 use crate::jobs::lifecycle::Schedule;
-use crate::jobs::queue::{AttemptReport, Claim, JobError, JobErrorCode, JobOutcome};
+use crate::jobs::lifecycle::{AttemptReport, JobError, JobOutcome};
+use crate::jobs::queue::Claim;
 use crate::llm::TokenUsage;
 use crate::llm::{Completion, ProviderError};
+use entity::JobErrorCode;
 use entity::{AttemptOutcome, Timestamp, attempts};
 use std::time::Duration;
 

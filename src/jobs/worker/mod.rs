@@ -18,13 +18,14 @@ use super::input::JobInput;
 use super::leases::LeaseKeeper;
 use super::observe;
 use super::queue::{
-    self, AttemptStart, Claim, ClaimRequest, Claimed, JobError, JobErrorCode, StartedAttempt,
-    TenantCursor,
+    self, AttemptStart, Claim, ClaimRequest, Claimed, StartedAttempt, TenantCursor,
 };
 use crate::billing::{AttemptEnding, CallBound, ChargingPolicy, Credits, ModelPrice, prices};
 use crate::bus::{EventBus, TopicReceiver};
+use crate::jobs::lifecycle::JobError;
 use crate::llm::{Provider, ProviderRegistry};
 use crate::metrics::Metrics;
+use entity::JobErrorCode;
 use entity::Timestamp;
 use finisher::Finisher;
 use pacing::{PauseWrites, TokenReturns};

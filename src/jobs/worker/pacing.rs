@@ -5,7 +5,8 @@
 
 use super::Worker;
 use crate::jobs::flow::{self, BucketKey, CallUse};
-use crate::jobs::queue::{self, AttemptReport, Claim};
+use crate::jobs::lifecycle::AttemptReport;
+use crate::jobs::queue::{self, Claim};
 use entity::Timestamp;
 use sea_orm::DatabaseConnection;
 use std::collections::HashMap;

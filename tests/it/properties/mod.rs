@@ -18,13 +18,15 @@ mod releases;
 mod sequences;
 
 use crate::helpers::{Backend, TestDatabase};
+use entity::JobErrorCode;
 use entity::{AttemptOutcome, JobStatus, Timestamp, jobs};
 use jobledger::billing::ledger::{self};
 use jobledger::billing::{Credits, ModelPrice, prices};
 use jobledger::db::begin_write;
 use jobledger::error::ServiceError;
 use jobledger::jobs::input::{JobInput, JobRequest, NewJob};
-use jobledger::jobs::queue::{AttemptReport, AttemptStart, JobError, JobErrorCode, JobOutcome};
+use jobledger::jobs::lifecycle::{AttemptReport, JobError, JobOutcome};
+use jobledger::jobs::queue::AttemptStart;
 use jobledger::llm::TokenUsage;
 use rust_decimal::Decimal;
 use sea_orm::sea_query::Expr;
