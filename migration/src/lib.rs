@@ -5,6 +5,8 @@
 
 pub use sea_orm_migration::prelude::*;
 
+mod steps;
+
 mod m20261130_000001_create_core_tables;
 mod m20261130_000002_attempt_reconciliations;
 mod m20261130_000003_jobs_tenant_created_at_index;

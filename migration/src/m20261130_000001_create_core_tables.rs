@@ -2,6 +2,7 @@
 //! ledger, job events and model prices. Money is BIGINT nano-credits and time BIGINT
 //! microseconds since the Unix epoch on both backends.
 
+use crate::steps::{create_index, drop_table, foreign_key, index};
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
@@ -35,11 +36,10 @@ impl MigrationTrait for Migration {
                     .col(string(ApiKeys::KeyPrefix))
                     .col(big_integer(ApiKeys::CreatedAt))
                     .col(big_integer_null(ApiKeys::RevokedAt))
-                    .foreign_key(
-                        ForeignKey::create()
-                            .from(ApiKeys::Table, ApiKeys::TenantId)
-                            .to(Tenants::Table, Tenants::Id),
-                    )
+                    .foreign_key(&mut foreign_key(
+                        (ApiKeys::Table, ApiKeys::TenantId),
+                        (Tenants::Table, Tenants::Id),
+                    ))
                     .to_owned(),
             )
             .await?;
@@ -97,11 +97,10 @@ impl MigrationTrait for Migration {
                     .col(big_integer(Jobs::UpdatedAt))
                     .col(big_integer_null(Jobs::StartedAt))
                     .col(big_integer_null(Jobs::FinishedAt))
-                    .foreign_key(
-                        ForeignKey::create()
-                            .from(Jobs::Table, Jobs::TenantId)
-                            .to(Tenants::Table, Tenants::Id),
-                    )
+                    .foreign_key(&mut foreign_key(
+                        (Jobs::Table, Jobs::TenantId),
+                        (Tenants::Table, Tenants::Id),
+                    ))
                     .index(
                         Index::create()
                             .name("uq_jobs_tenant_idempotency_key")
@@ -114,26 +113,24 @@ impl MigrationTrait for Migration {
             .await?;
         // The claim query scans queued jobs that are due and running jobs whose lease
         // passed; the listing pages through one tenant's jobs newest first.
-        manager
-            .create_index(
-                Index::create()
-                    .name("ix_jobs_status_next_run_at")
-                    .table(Jobs::Table)
-                    .col(Jobs::Status)
-                    .col(Jobs::NextRunAt)
-                    .to_owned(),
-            )
-            .await?;
-        manager
-            .create_index(
-                Index::create()
-                    .name("ix_jobs_tenant_id_id")
-                    .table(Jobs::Table)
-                    .col(Jobs::TenantId)
-                    .col(Jobs::Id)
-                    .to_owned(),
-            )
-            .await?;
+        create_index(
+            manager,
+            &mut index(
+                "ix_jobs_status_next_run_at",
+                Jobs::Table,
+                [Jobs::Status, Jobs::NextRunAt],
+            ),
+        )
+        .await?;
+        create_index(
+            manager,
+            &mut index(
+                "ix_jobs_tenant_id_id",
+                Jobs::Table,
+                [Jobs::TenantId, Jobs::Id],
+            ),
+        )
+        .await?;
 
         manager
             .create_table(
@@ -160,16 +157,14 @@ impl MigrationTrait for Migration {
                     .col(big_integer_null(Attempts::LatencyMs))
                     .col(big_integer(Attempts::StartedAt))
                     .col(big_integer_null(Attempts::FinishedAt))
-                    .foreign_key(
-                        ForeignKey::create()
-                            .from(Attempts::Table, Attempts::JobId)
-                            .to(Jobs::Table, Jobs::Id),
-                    )
-                    .foreign_key(
-                        ForeignKey::create()
-                            .from(Attempts::Table, Attempts::ModelPriceId)
-                            .to(ModelPrices::Table, ModelPrices::Id),
-                    )
+                    .foreign_key(&mut foreign_key(
+                        (Attempts::Table, Attempts::JobId),
+                        (Jobs::Table, Jobs::Id),
+                    ))
+                    .foreign_key(&mut foreign_key(
+                        (Attempts::Table, Attempts::ModelPriceId),
+                        (ModelPrices::Table, ModelPrices::Id),
+                    ))
                     .index(
                         Index::create()
                             .name("uq_attempts_job_id_number")
@@ -191,11 +186,10 @@ impl MigrationTrait for Migration {
                     .col(string(CreditGrants::IdempotencyKey))
                     .col(text_null(CreditGrants::Reason))
                     .col(big_integer(CreditGrants::CreatedAt))
-                    .foreign_key(
-                        ForeignKey::create()
-                            .from(CreditGrants::Table, CreditGrants::TenantId)
-                            .to(Tenants::Table, Tenants::Id),
-                    )
+                    .foreign_key(&mut foreign_key(
+                        (CreditGrants::Table, CreditGrants::TenantId),
+                        (Tenants::Table, Tenants::Id),
+                    ))
                     .index(
                         Index::create()
                             .name("uq_credit_grants_tenant_idempotency_key")
@@ -220,11 +214,10 @@ impl MigrationTrait for Migration {
                     .col(big_integer(CreditReservations::ReleasedAmountNanos))
                     .col(big_integer(CreditReservations::CreatedAt))
                     .col(big_integer_null(CreditReservations::ResolvedAt))
-                    .foreign_key(
-                        ForeignKey::create()
-                            .from(CreditReservations::Table, CreditReservations::JobId)
-                            .to(Jobs::Table, Jobs::Id),
-                    )
+                    .foreign_key(&mut foreign_key(
+                        (CreditReservations::Table, CreditReservations::JobId),
+                        (Jobs::Table, Jobs::Id),
+                    ))
                     .to_owned(),
             )
             .await?;
@@ -239,16 +232,14 @@ impl MigrationTrait for Migration {
                     .col(uuid(Charges::AttemptId))
                     .col(big_integer(Charges::AmountNanos))
                     .col(big_integer(Charges::CreatedAt))
-                    .foreign_key(
-                        ForeignKey::create()
-                            .from(Charges::Table, Charges::JobId)
-                            .to(Jobs::Table, Jobs::Id),
-                    )
-                    .foreign_key(
-                        ForeignKey::create()
-                            .from(Charges::Table, Charges::AttemptId)
-                            .to(Attempts::Table, Attempts::Id),
-                    )
+                    .foreign_key(&mut foreign_key(
+                        (Charges::Table, Charges::JobId),
+                        (Jobs::Table, Jobs::Id),
+                    ))
+                    .foreign_key(&mut foreign_key(
+                        (Charges::Table, Charges::AttemptId),
+                        (Attempts::Table, Attempts::Id),
+                    ))
                     .to_owned(),
             )
             .await?;
@@ -264,24 +255,22 @@ impl MigrationTrait for Migration {
                     .col(uuid_null(LedgerEntries::JobId))
                     .col(uuid_null(LedgerEntries::GrantId))
                     .col(big_integer(LedgerEntries::CreatedAt))
-                    .foreign_key(
-                        ForeignKey::create()
-                            .from(LedgerEntries::Table, LedgerEntries::TenantId)
-                            .to(Tenants::Table, Tenants::Id),
-                    )
+                    .foreign_key(&mut foreign_key(
+                        (LedgerEntries::Table, LedgerEntries::TenantId),
+                        (Tenants::Table, Tenants::Id),
+                    ))
                     .to_owned(),
             )
             .await?;
-        manager
-            .create_index(
-                Index::create()
-                    .name("ix_ledger_entries_tenant_id_id")
-                    .table(LedgerEntries::Table)
-                    .col(LedgerEntries::TenantId)
-                    .col(LedgerEntries::Id)
-                    .to_owned(),
-            )
-            .await?;
+        create_index(
+            manager,
+            &mut index(
+                "ix_ledger_entries_tenant_id_id",
+                LedgerEntries::Table,
+                [LedgerEntries::TenantId, LedgerEntries::Id],
+            ),
+        )
+        .await?;
 
         manager
             .create_table(
@@ -295,11 +284,10 @@ impl MigrationTrait for Migration {
                     .col(big_integer(JobEvents::At))
                     .col(json_null(JobEvents::Data))
                     .primary_key(Index::create().col(JobEvents::JobId).col(JobEvents::Seq))
-                    .foreign_key(
-                        ForeignKey::create()
-                            .from(JobEvents::Table, JobEvents::JobId)
-                            .to(Jobs::Table, Jobs::Id),
-                    )
+                    .foreign_key(&mut foreign_key(
+                        (JobEvents::Table, JobEvents::JobId),
+                        (Jobs::Table, Jobs::Id),
+                    ))
                     .to_owned(),
             )
             .await?;
@@ -320,9 +308,7 @@ impl MigrationTrait for Migration {
             ApiKeys::Table.into_iden(),
             Tenants::Table.into_iden(),
         ] {
-            manager
-                .drop_table(Table::drop().table(table).to_owned())
-                .await?;
+            drop_table(manager, table).await?;
         }
         Ok(())
     }

@@ -3,6 +3,7 @@
 //! per attempt at most. Money is BIGINT nano-credits and time BIGINT microseconds
 //! since the Unix epoch, as in the first migration.
 
+use crate::steps::{create_index, foreign_key, index};
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
@@ -39,11 +40,10 @@ impl MigrationTrait for Migration {
                             )
                             .to(Attempts::Table, Attempts::Id),
                     )
-                    .foreign_key(
-                        ForeignKey::create()
-                            .from(AttemptReconciliations::Table, AttemptReconciliations::JobId)
-                            .to(Jobs::Table, Jobs::Id),
-                    )
+                    .foreign_key(&mut foreign_key(
+                        (AttemptReconciliations::Table, AttemptReconciliations::JobId),
+                        (Jobs::Table, Jobs::Id),
+                    ))
                     .foreign_key(
                         ForeignKey::create()
                             .from(
@@ -64,16 +64,15 @@ impl MigrationTrait for Migration {
             )
             .await?;
         // Finance reads a tenant's reconciliations newest first.
-        manager
-            .create_index(
-                Index::create()
-                    .name("ix_attempt_reconciliations_tenant_id_id")
-                    .table(AttemptReconciliations::Table)
-                    .col(AttemptReconciliations::TenantId)
-                    .col(AttemptReconciliations::Id)
-                    .to_owned(),
-            )
-            .await
+        create_index(
+            manager,
+            &mut index(
+                "ix_attempt_reconciliations_tenant_id_id",
+                AttemptReconciliations::Table,
+                [AttemptReconciliations::TenantId, AttemptReconciliations::Id],
+            ),
+        )
+        .await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {

@@ -2,6 +2,7 @@
 //! `billingSummary` windows); this index serves them without scanning every job of
 //! the tenant.
 
+use crate::steps::{create_index, drop_index, index};
 use sea_orm_migration::prelude::*;
 
 #[derive(DeriveMigrationName)]
@@ -12,22 +13,12 @@ const INDEX: &str = "ix_jobs_tenant_id_created_at";
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .create_index(
-                Index::create()
-                    .name(INDEX)
-                    .table(Jobs::Table)
-                    .col(Jobs::TenantId)
-                    .col(Jobs::CreatedAt)
-                    .to_owned(),
-            )
-            .await
+        let columns = [Jobs::TenantId, Jobs::CreatedAt];
+        create_index(manager, &mut index(INDEX, Jobs::Table, columns)).await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .drop_index(Index::drop().name(INDEX).table(Jobs::Table).to_owned())
-            .await
+        drop_index(manager, INDEX, Jobs::Table).await
     }
 }
 

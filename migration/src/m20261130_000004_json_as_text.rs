@@ -5,6 +5,7 @@
 //! could not be stored at all. As text, every valid JSON value round-trips exactly.
 //! SQLite already stores these columns as text: nothing changes there.
 
+use crate::steps::execute;
 use sea_orm_migration::prelude::*;
 
 #[derive(DeriveMigrationName)]
@@ -33,12 +34,13 @@ async fn convert(manager: &SchemaManager<'_>, to: &str) -> Result<(), DbErr> {
         return Ok(());
     }
     for (table, column) in JSON_COLUMNS {
-        manager
-            .get_connection()
-            .execute_unprepared(&format!(
+        execute(
+            manager,
+            &[&format!(
                 r#"ALTER TABLE "{table}" ALTER COLUMN "{column}" TYPE {to} USING "{column}"::{to}"#
-            ))
-            .await?;
+            )],
+        )
+        .await?;
     }
     Ok(())
 }

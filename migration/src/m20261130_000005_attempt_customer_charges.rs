@@ -6,6 +6,8 @@
 //! unknown. Existing finished attempts are backfilled from the one charge their job
 //! had, so the sum holds for old jobs too.
 
+use crate::steps::execute;
+use crate::steps::{add_columns, drop_columns};
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
@@ -15,44 +17,32 @@ pub struct Migration;
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         // One column per statement: SQLite alters one thing at a time.
-        for column in [
-            Attempts::CustomerChargeNanos,
-            Attempts::DeliveredOutputTokens,
-        ] {
-            manager
-                .alter_table(
-                    Table::alter()
-                        .table(Attempts::Table)
-                        .add_column(big_integer_null(column))
-                        .to_owned(),
-                )
-                .await?;
-        }
-        manager
-            .get_connection()
-            .execute_unprepared(
-                "UPDATE attempts SET customer_charge_nanos = COALESCE(
+        add_columns(
+            manager,
+            Attempts::Table,
+            [
+                Attempts::CustomerChargeNanos,
+                Attempts::DeliveredOutputTokens,
+            ]
+            .map(big_integer_null),
+        )
+        .await?;
+        execute(manager, &["UPDATE attempts SET customer_charge_nanos = COALESCE(
                     (SELECT charges.amount_nanos FROM charges WHERE charges.attempt_id = attempts.id), 0)
-                 WHERE outcome <> 'running'",
-            )
-            .await?;
+                 WHERE outcome <> 'running'"]).await?;
         Ok(())
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        for column in [
-            Attempts::CustomerChargeNanos,
-            Attempts::DeliveredOutputTokens,
-        ] {
-            manager
-                .alter_table(
-                    Table::alter()
-                        .table(Attempts::Table)
-                        .drop_column(column)
-                        .to_owned(),
-                )
-                .await?;
-        }
+        drop_columns(
+            manager,
+            Attempts::Table,
+            [
+                Attempts::CustomerChargeNanos,
+                Attempts::DeliveredOutputTokens,
+            ],
+        )
+        .await?;
         Ok(())
     }
 }

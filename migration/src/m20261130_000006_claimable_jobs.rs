@@ -4,6 +4,7 @@
 //! jobs by tenant and by lease — so finished jobs, however many, cost them nothing.
 //! The full (status, next_run_at) index they replace covered every job ever run.
 
+use crate::steps::{add_columns, drop_columns};
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
@@ -29,22 +30,13 @@ const INDEXES: &[(&str, &str)] = &[
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         // One column per statement: SQLite alters one thing at a time.
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(Jobs::Table)
-                    .add_column(integer(Jobs::Priority).default(5))
-                    .to_owned(),
-            )
-            .await?;
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(Jobs::Table)
-                    .add_column(big_integer_null(Jobs::RunAt))
-                    .to_owned(),
-            )
-            .await?;
+        add_columns(
+            manager,
+            Jobs::Table,
+            [integer(Jobs::Priority).default(5).take()],
+        )
+        .await?;
+        add_columns(manager, Jobs::Table, [big_integer_null(Jobs::RunAt)]).await?;
         let db = manager.get_connection();
         for (name, definition) in INDEXES {
             db.execute_unprepared(&format!("CREATE INDEX {name} {definition}"))
@@ -64,16 +56,7 @@ impl MigrationTrait for Migration {
         for (name, _) in INDEXES {
             db.execute_unprepared(&format!("DROP INDEX {name}")).await?;
         }
-        for column in [Jobs::RunAt, Jobs::Priority] {
-            manager
-                .alter_table(
-                    Table::alter()
-                        .table(Jobs::Table)
-                        .drop_column(column)
-                        .to_owned(),
-                )
-                .await?;
-        }
+        drop_columns(manager, Jobs::Table, [Jobs::RunAt, Jobs::Priority]).await?;
         Ok(())
     }
 }

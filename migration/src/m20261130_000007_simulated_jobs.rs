@@ -3,6 +3,7 @@
 //! and charge real prices for a simulated reply — when the API had routed it to a real
 //! provider. Jobs from before default to `false`: a worker never simulates them.
 
+use crate::steps::{add_columns, drop_columns};
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
@@ -11,25 +12,12 @@ pub struct Migration;
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(Jobs::Table)
-                    .add_column(boolean(Jobs::Simulated).default(false))
-                    .to_owned(),
-            )
-            .await
+        let simulated = boolean(Jobs::Simulated).default(false).take();
+        add_columns(manager, Jobs::Table, [simulated]).await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(Jobs::Table)
-                    .drop_column(Jobs::Simulated)
-                    .to_owned(),
-            )
-            .await
+        drop_columns(manager, Jobs::Table, [Jobs::Simulated]).await
     }
 }
 

@@ -2,63 +2,30 @@
 //! last used; and the index account streams re-read a tenant's recent events by
 //! after missing notices.
 
+use crate::steps::{add_columns, create_index, drop_columns, drop_index, index};
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
 pub struct Migration;
 
+const INDEX: &str = "ix_job_events_tenant_at";
+
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        // One column per statement: SQLite alters one thing at a time.
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(ApiKeys::Table)
-                    .add_column(string(ApiKeys::Name).default(""))
-                    .to_owned(),
-            )
-            .await?;
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(ApiKeys::Table)
-                    .add_column(big_integer_null(ApiKeys::LastUsedAt))
-                    .to_owned(),
-            )
-            .await?;
-        manager
-            .create_index(
-                Index::create()
-                    .name("ix_job_events_tenant_at")
-                    .table(JobEvents::Table)
-                    .col(JobEvents::TenantId)
-                    .col(JobEvents::At)
-                    .to_owned(),
-            )
-            .await
+        let columns = [
+            string(ApiKeys::Name).default("").take(),
+            big_integer_null(ApiKeys::LastUsedAt),
+        ];
+        add_columns(manager, ApiKeys::Table, columns).await?;
+        let columns = [JobEvents::TenantId, JobEvents::At];
+        create_index(manager, &mut index(INDEX, JobEvents::Table, columns)).await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .drop_index(
-                Index::drop()
-                    .name("ix_job_events_tenant_at")
-                    .table(JobEvents::Table)
-                    .to_owned(),
-            )
-            .await?;
-        for column in [ApiKeys::LastUsedAt, ApiKeys::Name] {
-            manager
-                .alter_table(
-                    Table::alter()
-                        .table(ApiKeys::Table)
-                        .drop_column(column)
-                        .to_owned(),
-                )
-                .await?;
-        }
-        Ok(())
+        drop_index(manager, INDEX, JobEvents::Table).await?;
+        let columns = [ApiKeys::LastUsedAt, ApiKeys::Name];
+        drop_columns(manager, ApiKeys::Table, columns).await
     }
 }
 

@@ -5,6 +5,7 @@
 //! locks that row: checking a cap there needs no lock of its own, so concurrent
 //! creates cannot both pass it. Holds open when this migration runs are not counted.
 
+use crate::steps::{add_columns, drop_columns, drop_table, foreign_key};
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
@@ -29,52 +30,42 @@ impl MigrationTrait for Migration {
                     ))
                     .col(big_integer_null(TenantLimits::SpendLimitReachedDay))
                     .col(big_integer_null(TenantLimits::SpendLimitReachedMonth))
-                    .foreign_key(
-                        ForeignKey::create()
-                            .from(TenantLimits::Table, TenantLimits::TenantId)
-                            .to(Tenants::Table, Tenants::Id),
-                    )
+                    .foreign_key(&mut foreign_key(
+                        (TenantLimits::Table, TenantLimits::TenantId),
+                        (Tenants::Table, Tenants::Id),
+                    ))
                     .to_owned(),
             )
             .await?;
         // One column per statement: SQLite alters one thing at a time.
-        for column in [
-            Tenants::SpendDayStartsAt,
-            Tenants::SpendDayNanos,
-            Tenants::SpendMonthStartsAt,
-            Tenants::SpendMonthNanos,
-        ] {
-            manager
-                .alter_table(
-                    Table::alter()
-                        .table(Tenants::Table)
-                        .add_column(big_integer(column).default(0))
-                        .to_owned(),
-                )
-                .await?;
-        }
+        add_columns(
+            manager,
+            Tenants::Table,
+            [
+                Tenants::SpendDayStartsAt,
+                Tenants::SpendDayNanos,
+                Tenants::SpendMonthStartsAt,
+                Tenants::SpendMonthNanos,
+            ]
+            .map(|column| big_integer(column).default(0).take()),
+        )
+        .await?;
         Ok(())
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        for column in [
-            Tenants::SpendMonthNanos,
-            Tenants::SpendMonthStartsAt,
-            Tenants::SpendDayNanos,
-            Tenants::SpendDayStartsAt,
-        ] {
-            manager
-                .alter_table(
-                    Table::alter()
-                        .table(Tenants::Table)
-                        .drop_column(column)
-                        .to_owned(),
-                )
-                .await?;
-        }
-        manager
-            .drop_table(Table::drop().table(TenantLimits::Table).to_owned())
-            .await
+        drop_columns(
+            manager,
+            Tenants::Table,
+            [
+                Tenants::SpendMonthNanos,
+                Tenants::SpendMonthStartsAt,
+                Tenants::SpendDayNanos,
+                Tenants::SpendDayStartsAt,
+            ],
+        )
+        .await?;
+        drop_table(manager, TenantLimits::Table).await
     }
 }
 

@@ -3,6 +3,7 @@
 //! A delivery row is written in the same transaction as the fact it reports; the
 //! dispatcher claims due rows with a lease, so a crash neither loses nor invents one.
 
+use crate::steps::{create_index, drop_table, foreign_key, index};
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
@@ -22,23 +23,18 @@ impl MigrationTrait for Migration {
                     .col(text(Webhooks::Secret))
                     .col(big_integer(Webhooks::CreatedAt))
                     .col(big_integer_null(Webhooks::DeletedAt))
-                    .foreign_key(
-                        ForeignKey::create()
-                            .from(Webhooks::Table, Webhooks::TenantId)
-                            .to(Tenants::Table, Tenants::Id),
-                    )
+                    .foreign_key(&mut foreign_key(
+                        (Webhooks::Table, Webhooks::TenantId),
+                        (Tenants::Table, Tenants::Id),
+                    ))
                     .to_owned(),
             )
             .await?;
-        manager
-            .create_index(
-                Index::create()
-                    .name("ix_webhooks_tenant")
-                    .table(Webhooks::Table)
-                    .col(Webhooks::TenantId)
-                    .to_owned(),
-            )
-            .await?;
+        create_index(
+            manager,
+            &mut index("ix_webhooks_tenant", Webhooks::Table, [Webhooks::TenantId]),
+        )
+        .await?;
         manager
             .create_table(
                 Table::create()
@@ -57,43 +53,36 @@ impl MigrationTrait for Migration {
                     .col(text_null(WebhookDeliveries::LastError))
                     .col(big_integer(WebhookDeliveries::CreatedAt))
                     .col(big_integer_null(WebhookDeliveries::DeliveredAt))
-                    .foreign_key(
-                        ForeignKey::create()
-                            .from(WebhookDeliveries::Table, WebhookDeliveries::WebhookId)
-                            .to(Webhooks::Table, Webhooks::Id),
-                    )
+                    .foreign_key(&mut foreign_key(
+                        (WebhookDeliveries::Table, WebhookDeliveries::WebhookId),
+                        (Webhooks::Table, Webhooks::Id),
+                    ))
                     .to_owned(),
             )
             .await?;
-        manager
-            .create_index(
-                Index::create()
-                    .name("ix_webhook_deliveries_tenant")
-                    .table(WebhookDeliveries::Table)
-                    .col(WebhookDeliveries::TenantId)
-                    .col(WebhookDeliveries::Id)
-                    .to_owned(),
-            )
-            .await?;
-        manager
-            .create_index(
-                Index::create()
-                    .name("ix_webhook_deliveries_due")
-                    .table(WebhookDeliveries::Table)
-                    .col(WebhookDeliveries::Status)
-                    .col(WebhookDeliveries::NextAttemptAt)
-                    .to_owned(),
-            )
-            .await
+        create_index(
+            manager,
+            &mut index(
+                "ix_webhook_deliveries_tenant",
+                WebhookDeliveries::Table,
+                [WebhookDeliveries::TenantId, WebhookDeliveries::Id],
+            ),
+        )
+        .await?;
+        create_index(
+            manager,
+            &mut index(
+                "ix_webhook_deliveries_due",
+                WebhookDeliveries::Table,
+                [WebhookDeliveries::Status, WebhookDeliveries::NextAttemptAt],
+            ),
+        )
+        .await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .drop_table(Table::drop().table(WebhookDeliveries::Table).to_owned())
-            .await?;
-        manager
-            .drop_table(Table::drop().table(Webhooks::Table).to_owned())
-            .await
+        drop_table(manager, WebhookDeliveries::Table).await?;
+        drop_table(manager, Webhooks::Table).await
     }
 }
 

@@ -10,6 +10,8 @@
 //!   tenant's models one by one and pass over a paused or spent model's backlog with
 //!   one index probe instead of reading it.
 
+use crate::steps::drop_table;
+use crate::steps::{add_columns, drop_columns};
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
@@ -36,14 +38,7 @@ impl MigrationTrait for Migration {
                     .to_owned(),
             )
             .await?;
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(Jobs::Table)
-                    .add_column(big_integer_null(Jobs::TokenBound))
-                    .to_owned(),
-            )
-            .await?;
+        add_columns(manager, Jobs::Table, [big_integer_null(Jobs::TokenBound)]).await?;
         let db = manager.get_connection();
         db.execute_unprepared(
             "CREATE INDEX ix_jobs_queued_by_model \
@@ -63,17 +58,8 @@ impl MigrationTrait for Migration {
         .await?;
         db.execute_unprepared("DROP INDEX ix_jobs_queued_by_model")
             .await?;
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(Jobs::Table)
-                    .drop_column(Jobs::TokenBound)
-                    .to_owned(),
-            )
-            .await?;
-        manager
-            .drop_table(Table::drop().table(RateLimitBuckets::Table).to_owned())
-            .await?;
+        drop_columns(manager, Jobs::Table, [Jobs::TokenBound]).await?;
+        drop_table(manager, RateLimitBuckets::Table).await?;
         Ok(())
     }
 }

@@ -11,6 +11,7 @@
 //! past its expiry is never held even before the sweep got to it, and the sweep finds
 //! the tenants it has work for through a partial index that holds only them.
 
+use crate::steps::{add_columns, drop_columns, execute};
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
@@ -19,87 +20,42 @@ pub struct Migration;
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        // One column per statement: SQLite alters one thing at a time.
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(CreditGrants::Table)
-                    .add_column(big_integer_null(CreditGrants::ExpiresAt))
-                    .to_owned(),
-            )
-            .await?;
-        for column in [CreditGrants::ConsumedNanos, CreditGrants::ExpiredNanos] {
-            manager
-                .alter_table(
-                    Table::alter()
-                        .table(CreditGrants::Table)
-                        .add_column(big_integer(column).default(0))
-                        .to_owned(),
-                )
-                .await?;
-        }
-        for column in [Tenants::ExpiredNanos, Tenants::AttributedNanos] {
-            manager
-                .alter_table(
-                    Table::alter()
-                        .table(Tenants::Table)
-                        .add_column(big_integer(column).default(0))
-                        .to_owned(),
-                )
-                .await?;
-        }
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(Tenants::Table)
-                    .add_column(big_integer_null(Tenants::NextExpiryAt))
-                    .to_owned(),
-            )
-            .await?;
-        manager
-            .get_connection()
-            .execute_unprepared(
+        let grant_columns = [
+            big_integer_null(CreditGrants::ExpiresAt),
+            big_integer(CreditGrants::ConsumedNanos).default(0).take(),
+            big_integer(CreditGrants::ExpiredNanos).default(0).take(),
+        ];
+        add_columns(manager, CreditGrants::Table, grant_columns).await?;
+        let tenant_columns = [
+            big_integer(Tenants::ExpiredNanos).default(0).take(),
+            big_integer(Tenants::AttributedNanos).default(0).take(),
+            big_integer_null(Tenants::NextExpiryAt),
+        ];
+        add_columns(manager, Tenants::Table, tenant_columns).await?;
+        execute(
+            manager,
+            &[
                 "CREATE INDEX ix_tenants_next_expiry ON tenants (next_expiry_at) \
-                 WHERE next_expiry_at IS NOT NULL",
-            )
-            .await?;
-        Ok(())
+               WHERE next_expiry_at IS NOT NULL",
+            ],
+        )
+        .await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .get_connection()
-            .execute_unprepared("DROP INDEX ix_tenants_next_expiry")
-            .await?;
-        for column in [
+        execute(manager, &["DROP INDEX ix_tenants_next_expiry"]).await?;
+        let tenant_columns = [
             Tenants::NextExpiryAt,
             Tenants::AttributedNanos,
             Tenants::ExpiredNanos,
-        ] {
-            manager
-                .alter_table(
-                    Table::alter()
-                        .table(Tenants::Table)
-                        .drop_column(column)
-                        .to_owned(),
-                )
-                .await?;
-        }
-        for column in [
+        ];
+        drop_columns(manager, Tenants::Table, tenant_columns).await?;
+        let grant_columns = [
             CreditGrants::ExpiredNanos,
             CreditGrants::ConsumedNanos,
             CreditGrants::ExpiresAt,
-        ] {
-            manager
-                .alter_table(
-                    Table::alter()
-                        .table(CreditGrants::Table)
-                        .drop_column(column)
-                        .to_owned(),
-                )
-                .await?;
-        }
-        Ok(())
+        ];
+        drop_columns(manager, CreditGrants::Table, grant_columns).await
     }
 }
 

@@ -1,6 +1,7 @@
 //! A tenant's keys are listed and counted (the cap on live keys checks it at every
 //! `createApiKey`) by `tenant_id`; this index serves both without scanning every key.
 
+use crate::steps::{create_index, drop_index, index};
 use sea_orm_migration::prelude::*;
 
 #[derive(DeriveMigrationName)]
@@ -11,22 +12,12 @@ const INDEX: &str = "ix_api_keys_tenant_id";
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .create_index(
-                Index::create()
-                    .name(INDEX)
-                    .table(ApiKeys::Table)
-                    .col(ApiKeys::TenantId)
-                    .col(ApiKeys::CreatedAt)
-                    .to_owned(),
-            )
-            .await
+        let columns = [ApiKeys::TenantId, ApiKeys::CreatedAt];
+        create_index(manager, &mut index(INDEX, ApiKeys::Table, columns)).await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .drop_index(Index::drop().name(INDEX).table(ApiKeys::Table).to_owned())
-            .await
+        drop_index(manager, INDEX, ApiKeys::Table).await
     }
 }
 

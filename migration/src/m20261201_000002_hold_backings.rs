@@ -8,6 +8,7 @@
 //! `credit_reservations.backed_nanos` caches a hold's backing, so that resolving it
 //! knows, without a read, that an expiry is due.
 
+use crate::steps::{add_columns, drop_columns, drop_table, execute, foreign_key};
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
@@ -16,22 +17,20 @@ pub struct Migration;
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(CreditGrants::Table)
-                    .add_column(boolean(CreditGrants::Lapsed).default(false))
-                    .to_owned(),
-            )
-            .await?;
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(CreditReservations::Table)
-                    .add_column(big_integer(CreditReservations::BackedNanos).default(0))
-                    .to_owned(),
-            )
-            .await?;
+        add_columns(
+            manager,
+            CreditGrants::Table,
+            [boolean(CreditGrants::Lapsed).default(false).take()],
+        )
+        .await?;
+        add_columns(
+            manager,
+            CreditReservations::Table,
+            [big_integer(CreditReservations::BackedNanos)
+                .default(0)
+                .take()],
+        )
+        .await?;
         manager
             .create_table(
                 Table::create()
@@ -44,16 +43,14 @@ impl MigrationTrait for Migration {
                     .col(big_integer(HoldBackings::ConsumedNanos).default(0))
                     .col(big_integer(HoldBackings::ExpiredNanos).default(0))
                     .col(boolean(HoldBackings::Resolved).default(false))
-                    .foreign_key(
-                        ForeignKey::create()
-                            .from(HoldBackings::Table, HoldBackings::GrantId)
-                            .to(CreditGrants::Table, CreditGrants::Id),
-                    )
-                    .foreign_key(
-                        ForeignKey::create()
-                            .from(HoldBackings::Table, HoldBackings::ReservationId)
-                            .to(CreditReservations::Table, CreditReservations::Id),
-                    )
+                    .foreign_key(&mut foreign_key(
+                        (HoldBackings::Table, HoldBackings::GrantId),
+                        (CreditGrants::Table, CreditGrants::Id),
+                    ))
+                    .foreign_key(&mut foreign_key(
+                        (HoldBackings::Table, HoldBackings::ReservationId),
+                        (CreditReservations::Table, CreditReservations::Id),
+                    ))
                     .to_owned(),
             )
             .await?;
@@ -81,29 +78,15 @@ impl MigrationTrait for Migration {
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .get_connection()
-            .execute_unprepared("DROP INDEX ix_credit_reservations_held")
-            .await?;
-        manager
-            .drop_table(Table::drop().table(HoldBackings::Table).to_owned())
-            .await?;
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(CreditReservations::Table)
-                    .drop_column(CreditReservations::BackedNanos)
-                    .to_owned(),
-            )
-            .await?;
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(CreditGrants::Table)
-                    .drop_column(CreditGrants::Lapsed)
-                    .to_owned(),
-            )
-            .await?;
+        execute(manager, &["DROP INDEX ix_credit_reservations_held"]).await?;
+        drop_table(manager, HoldBackings::Table).await?;
+        drop_columns(
+            manager,
+            CreditReservations::Table,
+            [CreditReservations::BackedNanos],
+        )
+        .await?;
+        drop_columns(manager, CreditGrants::Table, [CreditGrants::Lapsed]).await?;
         Ok(())
     }
 }

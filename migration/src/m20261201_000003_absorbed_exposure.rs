@@ -4,6 +4,7 @@
 //! tenant's spend caps bound what it can make the operator absorb, not only what it
 //! pays.
 
+use crate::steps::{add_columns, drop_columns};
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
@@ -12,25 +13,15 @@ pub struct Migration;
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(CreditReservations::Table)
-                    .add_column(big_integer(CreditReservations::AbsorbedNanos).default(0))
-                    .to_owned(),
-            )
-            .await
+        let absorbed = big_integer(CreditReservations::AbsorbedNanos)
+            .default(0)
+            .take();
+        add_columns(manager, CreditReservations::Table, [absorbed]).await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(CreditReservations::Table)
-                    .drop_column(CreditReservations::AbsorbedNanos)
-                    .to_owned(),
-            )
-            .await
+        let columns = [CreditReservations::AbsorbedNanos];
+        drop_columns(manager, CreditReservations::Table, columns).await
     }
 }
 

@@ -6,6 +6,7 @@
 //! ordinary jobs that name their batch and their `custom_id`, unique within it, which
 //! makes a re-sent chunk harmless.
 
+use crate::steps::{add_columns, drop_columns, drop_table, foreign_key};
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
@@ -40,30 +41,15 @@ impl MigrationTrait for Migration {
                     .col(big_integer(Batches::UpdatedAt))
                     .col(big_integer_null(Batches::ClosedAt))
                     .col(big_integer_null(Batches::FinishedAt))
-                    .foreign_key(
-                        ForeignKey::create()
-                            .from(Batches::Table, Batches::TenantId)
-                            .to(Tenants::Table, Tenants::Id),
-                    )
+                    .foreign_key(&mut foreign_key(
+                        (Batches::Table, Batches::TenantId),
+                        (Tenants::Table, Tenants::Id),
+                    ))
                     .to_owned(),
             )
             .await?;
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(Jobs::Table)
-                    .add_column(uuid_null(Jobs::BatchId))
-                    .to_owned(),
-            )
-            .await?;
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(Jobs::Table)
-                    .add_column(string_null(Jobs::CustomId))
-                    .to_owned(),
-            )
-            .await?;
+        add_columns(manager, Jobs::Table, [uuid_null(Jobs::BatchId)]).await?;
+        add_columns(manager, Jobs::Table, [string_null(Jobs::CustomId)]).await?;
         let connection = manager.get_connection();
         for statement in [
             // A key names one batch of a tenant; a batches page lists them newest first.
@@ -92,19 +78,8 @@ impl MigrationTrait for Migration {
         ] {
             connection.execute_unprepared(statement).await?;
         }
-        for column in [Jobs::CustomId, Jobs::BatchId] {
-            manager
-                .alter_table(
-                    Table::alter()
-                        .table(Jobs::Table)
-                        .drop_column(column)
-                        .to_owned(),
-                )
-                .await?;
-        }
-        manager
-            .drop_table(Table::drop().table(Batches::Table).to_owned())
-            .await
+        drop_columns(manager, Jobs::Table, [Jobs::CustomId, Jobs::BatchId]).await?;
+        drop_table(manager, Batches::Table).await
     }
 }
 

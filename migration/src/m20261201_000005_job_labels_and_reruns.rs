@@ -8,6 +8,7 @@
 //! A rerun is a new job with the input of a finished one; `jobs.rerun_of` names that
 //! one.
 
+use crate::steps::{add_columns, create_index, drop_columns, drop_table, foreign_key, index};
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
@@ -28,51 +29,36 @@ impl MigrationTrait for Migration {
                     .col(string(JobLabels::Value))
                     // One value per key and job: a job's labels are a map.
                     .primary_key(Index::create().col(JobLabels::JobId).col(JobLabels::Key))
-                    .foreign_key(
-                        ForeignKey::create()
-                            .from(JobLabels::Table, JobLabels::JobId)
-                            .to(Jobs::Table, Jobs::Id),
-                    )
+                    .foreign_key(&mut foreign_key(
+                        (JobLabels::Table, JobLabels::JobId),
+                        (Jobs::Table, Jobs::Id),
+                    ))
                     .to_owned(),
             )
             .await?;
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(Jobs::Table)
-                    .add_column(uuid_null(Jobs::RerunOf))
-                    .to_owned(),
-            )
-            .await?;
+        add_columns(manager, Jobs::Table, [uuid_null(Jobs::RerunOf)]).await?;
         // jobs(label:) pages a tenant's jobs with one label newest first: equality on the
         // first three columns, then job ids in order. `rerun_of` is only read from the
         // rerun's own row, so it has no index.
-        manager
-            .create_index(
-                Index::create()
-                    .name(LABEL_INDEX)
-                    .table(JobLabels::Table)
-                    .col(JobLabels::TenantId)
-                    .col(JobLabels::Key)
-                    .col(JobLabels::Value)
-                    .col(JobLabels::JobId)
-                    .to_owned(),
-            )
-            .await
+        create_index(
+            manager,
+            &mut index(
+                LABEL_INDEX,
+                JobLabels::Table,
+                [
+                    JobLabels::TenantId,
+                    JobLabels::Key,
+                    JobLabels::Value,
+                    JobLabels::JobId,
+                ],
+            ),
+        )
+        .await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(Jobs::Table)
-                    .drop_column(Jobs::RerunOf)
-                    .to_owned(),
-            )
-            .await?;
-        manager
-            .drop_table(Table::drop().table(JobLabels::Table).to_owned())
-            .await
+        drop_columns(manager, Jobs::Table, [Jobs::RerunOf]).await?;
+        drop_table(manager, JobLabels::Table).await
     }
 }
 

@@ -7,6 +7,8 @@
 //! from when they could first start, so that every runnable job has one. Finished jobs
 //! keep none: nothing reads it for them.
 
+use crate::steps::execute;
+use crate::steps::{add_columns, drop_columns};
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
@@ -20,14 +22,7 @@ const DAY_MICROS: i64 = 24 * 60 * 60 * 1_000_000;
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(Jobs::Table)
-                    .add_column(big_integer_null(Jobs::Deadline))
-                    .to_owned(),
-            )
-            .await?;
+        add_columns(manager, Jobs::Table, [big_integer_null(Jobs::Deadline)]).await?;
         let db = manager.get_connection();
         db.execute_unprepared(&format!(
             "UPDATE jobs SET deadline = {DAY_MICROS} + CASE
@@ -44,18 +39,8 @@ impl MigrationTrait for Migration {
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .get_connection()
-            .execute_unprepared(&format!("DROP INDEX {INDEX}"))
-            .await?;
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(Jobs::Table)
-                    .drop_column(Jobs::Deadline)
-                    .to_owned(),
-            )
-            .await?;
+        execute(manager, &[&format!("DROP INDEX {INDEX}")]).await?;
+        drop_columns(manager, Jobs::Table, [Jobs::Deadline]).await?;
         Ok(())
     }
 }

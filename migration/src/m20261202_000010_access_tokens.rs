@@ -7,6 +7,7 @@
 //! made together cannot pass the cap. A token minted with an API key names it, and
 //! dies with it: revoking a leaked key must not leave a day of tokens it minted.
 
+use crate::steps::{create_index, drop_table, foreign_key, index};
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
@@ -32,31 +33,27 @@ impl MigrationTrait for Migration {
                     .col(big_integer(AccessTokens::SpentNanos).default(0))
                     .col(big_integer(AccessTokens::CreatedAt))
                     .col(big_integer(AccessTokens::ExpiresAt))
-                    .foreign_key(
-                        ForeignKey::create()
-                            .from(AccessTokens::Table, AccessTokens::TenantId)
-                            .to(Tenants::Table, Tenants::Id),
-                    )
+                    .foreign_key(&mut foreign_key(
+                        (AccessTokens::Table, AccessTokens::TenantId),
+                        (Tenants::Table, Tenants::Id),
+                    ))
                     .to_owned(),
             )
             .await?;
         // Each mint deletes its tenant's expired tokens: a range of this index.
-        manager
-            .create_index(
-                Index::create()
-                    .name(EXPIRY_INDEX)
-                    .table(AccessTokens::Table)
-                    .col(AccessTokens::TenantId)
-                    .col(AccessTokens::ExpiresAt)
-                    .to_owned(),
-            )
-            .await
+        create_index(
+            manager,
+            &mut index(
+                EXPIRY_INDEX,
+                AccessTokens::Table,
+                [AccessTokens::TenantId, AccessTokens::ExpiresAt],
+            ),
+        )
+        .await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .drop_table(Table::drop().table(AccessTokens::Table).to_owned())
-            .await
+        drop_table(manager, AccessTokens::Table).await
     }
 }
 

@@ -2,6 +2,7 @@
 //! together) and the most output tokens one call may ask for. They are versioned with
 //! the price, since a provider changes both at once, and null where they are unknown.
 
+use crate::steps::{add_columns, drop_columns};
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
@@ -11,30 +12,22 @@ pub struct Migration;
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         // One column per statement: SQLite alters a table one column at a time.
-        for column in [ModelPrices::ContextWindow, ModelPrices::MaxOutputTokens] {
-            manager
-                .alter_table(
-                    Table::alter()
-                        .table(ModelPrices::Table)
-                        .add_column(big_integer_null(column))
-                        .to_owned(),
-                )
-                .await?;
-        }
+        add_columns(
+            manager,
+            ModelPrices::Table,
+            [ModelPrices::ContextWindow, ModelPrices::MaxOutputTokens].map(big_integer_null),
+        )
+        .await?;
         Ok(())
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        for column in [ModelPrices::ContextWindow, ModelPrices::MaxOutputTokens] {
-            manager
-                .alter_table(
-                    Table::alter()
-                        .table(ModelPrices::Table)
-                        .drop_column(column)
-                        .to_owned(),
-                )
-                .await?;
-        }
+        drop_columns(
+            manager,
+            ModelPrices::Table,
+            [ModelPrices::ContextWindow, ModelPrices::MaxOutputTokens],
+        )
+        .await?;
         Ok(())
     }
 }

@@ -3,6 +3,7 @@
 //! tokens. Versioned with the price; null where the model has no batch price (its
 //! provider has no batch API, or none is known), which refuses PROVIDER_BATCH.
 
+use crate::steps::{add_columns, drop_columns};
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
@@ -19,30 +20,12 @@ const COLUMNS: [ModelPrices; 4] = [
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         // One column per statement: SQLite alters a table one column at a time.
-        for column in COLUMNS {
-            manager
-                .alter_table(
-                    Table::alter()
-                        .table(ModelPrices::Table)
-                        .add_column(big_integer_null(column))
-                        .to_owned(),
-                )
-                .await?;
-        }
+        add_columns(manager, ModelPrices::Table, COLUMNS.map(big_integer_null)).await?;
         Ok(())
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        for column in COLUMNS {
-            manager
-                .alter_table(
-                    Table::alter()
-                        .table(ModelPrices::Table)
-                        .drop_column(column)
-                        .to_owned(),
-                )
-                .await?;
-        }
+        drop_columns(manager, ModelPrices::Table, COLUMNS).await?;
         Ok(())
     }
 }

@@ -5,6 +5,8 @@
 //! the model actually called. A partial index finds the queued jobs with a chain on
 //! a model, to move them off it when its provider pauses it.
 
+use crate::steps::execute;
+use crate::steps::{add_columns, drop_columns};
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
@@ -16,37 +18,17 @@ const INDEX: &str = "ix_jobs_queued_chained";
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(Jobs::Table)
-                    .add_column(text_null(Jobs::ModelChain))
-                    .to_owned(),
-            )
-            .await?;
+        add_columns(manager, Jobs::Table, [text_null(Jobs::ModelChain)]).await?;
         // Both backends take a partial index in this SQL.
-        manager
-            .get_connection()
-            .execute_unprepared(&format!(
+        execute(manager, &[&format!(
                 "CREATE INDEX {INDEX} ON jobs (model, id) WHERE status = 'queued' AND model_chain IS NOT NULL"
-            ))
-            .await?;
+            )]).await?;
         Ok(())
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .get_connection()
-            .execute_unprepared(&format!("DROP INDEX {INDEX}"))
-            .await?;
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(Jobs::Table)
-                    .drop_column(Jobs::ModelChain)
-                    .to_owned(),
-            )
-            .await
+        execute(manager, &[&format!("DROP INDEX {INDEX}")]).await?;
+        drop_columns(manager, Jobs::Table, [Jobs::ModelChain]).await
     }
 }
 

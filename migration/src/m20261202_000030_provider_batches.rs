@@ -10,6 +10,7 @@
 //! upload — the only way to find an Anthropic batch again, since it carries no
 //! metadata.
 
+use crate::steps::{add_columns, drop_columns, drop_table, foreign_key};
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
@@ -43,22 +44,19 @@ impl MigrationTrait for Migration {
                     .col(big_integer_null(ProviderBatches::UploadingAt))
                     .col(big_integer_null(ProviderBatches::SubmittedAt))
                     .col(big_integer_null(ProviderBatches::EndedAt))
-                    .foreign_key(
-                        ForeignKey::create()
-                            .from(ProviderBatches::Table, ProviderBatches::BatchId)
-                            .to(Batches::Table, Batches::Id),
-                    )
+                    .foreign_key(&mut foreign_key(
+                        (ProviderBatches::Table, ProviderBatches::BatchId),
+                        (Batches::Table, Batches::Id),
+                    ))
                     .to_owned(),
             )
             .await?;
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(Attempts::Table)
-                    .add_column(uuid_null(Attempts::ProviderBatchId))
-                    .to_owned(),
-            )
-            .await?;
+        add_columns(
+            manager,
+            Attempts::Table,
+            [uuid_null(Attempts::ProviderBatchId)],
+        )
+        .await?;
         let connection = manager.get_connection();
         for statement in [
             // A batch's provider batches, for the console and the batch's reads.
@@ -86,17 +84,8 @@ impl MigrationTrait for Migration {
         connection
             .execute_unprepared("DROP INDEX ix_attempts_provider_batch")
             .await?;
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(Attempts::Table)
-                    .drop_column(Attempts::ProviderBatchId)
-                    .to_owned(),
-            )
-            .await?;
-        manager
-            .drop_table(Table::drop().table(ProviderBatches::Table).to_owned())
-            .await
+        drop_columns(manager, Attempts::Table, [Attempts::ProviderBatchId]).await?;
+        drop_table(manager, ProviderBatches::Table).await
     }
 }
 

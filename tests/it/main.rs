@@ -43,6 +43,7 @@ mod jobs;
 mod labels;
 mod limits;
 mod loaders;
+mod migrations;
 mod models;
 mod operations;
 mod parameters;
