@@ -93,6 +93,17 @@ struct DatabaseArgs {
 struct WorkerArgs {
     #[command(flatten)]
     database: DatabaseArgs,
+    /// A direct PostgreSQL URL for the one session connection that LISTENs, when
+    /// `--database-url` goes through a transaction-mode pooler (PgBouncer). Set, the
+    /// pools send no startup options, which a pooler refuses. Unset: the same as
+    /// `--database-url`.
+    #[arg(
+        long,
+        env = "JOBLEDGER_LISTEN_DATABASE_URL",
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    listen_database_url: Option<String>,
     /// Concurrent attempts in this process; 0 runs no workers.
     #[arg(long, env = "JOBLEDGER_WORKERS", default_value_t = 32)]
     workers: usize,
@@ -226,6 +237,7 @@ impl WorkerArgs {
             cors_origins,
             worker: self.settings(),
             database_url: self.database.database_url,
+            listen_database_url: self.listen_database_url,
             admin_token: crate::config::admin_token_from_env()?,
             providers: ProviderSettings {
                 timeouts: Timeouts {

@@ -26,6 +26,10 @@ pub struct Settings {
     /// Where the API listens; `None` runs workers only.
     pub listen: Option<SocketAddr>,
     pub database_url: String,
+    /// The direct PostgreSQL URL of the LISTEN connection when `database_url` goes
+    /// through a transaction-mode pooler (`--listen-database-url`); `None`: the pools'
+    /// own URL, reached directly.
+    pub listen_database_url: Option<String>,
     /// `None`: generate one and show it once. From the environment it has passed
     /// [`admin_token`].
     pub admin_token: Option<String>,

@@ -48,6 +48,22 @@ pub async fn connect(url: &str) -> Result<DatabaseConnection, DbErr> {
 
 /// [`connect`] with a pool of at most `size` connections.
 pub async fn connect_sized(url: &str, size: u32) -> Result<DatabaseConnection, DbErr> {
+    connect_pool(url, size, Reach::Direct).await
+}
+
+/// How a process's pools reach PostgreSQL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reach {
+    /// Straight to the server: each connection asks for the idle-in-transaction
+    /// timeout in its startup packet as well.
+    Direct,
+    /// Through a transaction-mode pooler, which refuses startup options: the timeout
+    /// comes from the database's own setting, written at migrate.
+    Pooler,
+}
+
+/// A pool of at most `size` connections reaching `url` as `reach` says.
+pub async fn connect_pool(url: &str, size: u32, reach: Reach) -> Result<DatabaseConnection, DbErr> {
     let mut options = ConnectOptions::new(url);
     options
         .max_connections(size)
@@ -61,13 +77,19 @@ pub async fn connect_sized(url: &str, size: u32) -> Result<DatabaseConnection, D
                 .busy_timeout(SQLITE_BUSY_TIMEOUT)
                 .foreign_keys(true)
         })
-        .map_sqlx_postgres_opts(|options: PgConnectOptions| {
-            options.options([(
+        .map_sqlx_postgres_opts(move |options: PgConnectOptions| match reach {
+            Reach::Direct => options.options([(
                 "idle_in_transaction_session_timeout",
-                format!("{}ms", IDLE_IN_TRANSACTION_TIMEOUT.as_millis()),
-            )])
+                idle_in_transaction_timeout(),
+            )]),
+            Reach::Pooler => options,
         });
     Database::connect(options).await
+}
+
+/// [`IDLE_IN_TRANSACTION_TIMEOUT`] as PostgreSQL reads a setting.
+fn idle_in_transaction_timeout() -> String {
+    format!("{}ms", IDLE_IN_TRANSACTION_TIMEOUT.as_millis())
 }
 
 /// Key of the PostgreSQL advisory lock that serialises migrations ("jobledgr" in ASCII).
@@ -93,7 +115,30 @@ pub async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
             .await?;
     }
     Migrator::up(transaction.inner(), None).await?;
-    transaction.commit().await
+    transaction.commit().await?;
+    if db.get_database_backend() == DbBackend::Postgres {
+        set_database_timeout(db).await;
+    }
+    Ok(())
+}
+
+/// Makes [`IDLE_IN_TRANSACTION_TIMEOUT`] the database's own default, so that
+/// connections through a pooler, which cannot ask for it at startup, have it too. Only
+/// the database's owner (or a superuser) may: for anyone else it is a warning, and
+/// pooled connections then go without it.
+async fn set_database_timeout(db: &DatabaseConnection) {
+    let statement = format!(
+        "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET idle_in_transaction_session_timeout = %L', \
+         current_database(), '{}'); END $$",
+        idle_in_transaction_timeout()
+    );
+    if let Err(error) = db.execute_unprepared(&statement).await {
+        tracing::warn!(
+            error = %error,
+            "could not make the idle-in-transaction timeout the database's default; \
+             connections through a pooler go without it"
+        );
+    }
 }
 
 /// How many migrations this binary knows that the database has not applied, from one

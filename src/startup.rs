@@ -9,6 +9,7 @@ use crate::bus::relay::NotificationRelay;
 use crate::config::Settings;
 use crate::config::file::{ConfigError, ConfigFile};
 use crate::config::providers;
+use crate::db::{BACKGROUND_POOL_SIZE, POOL_SIZE, Reach};
 use crate::graphql;
 use crate::http::{self, HttpState};
 use crate::jobs::flow::FlowLimits;
@@ -32,6 +33,10 @@ pub enum StartupError {
     Io(#[from] std::io::Error),
     #[error("{0}")]
     Config(#[from] ConfigError),
+    #[error(
+        "--listen-database-url is for PostgreSQL behind a pooler: both it and --database-url must be postgres:// URLs"
+    )]
+    ListenDatabaseUrl,
 }
 
 /// A built application, ready to run.
@@ -74,7 +79,12 @@ impl Application {
             Some(config) => config.prices(settings.customer_markup)?,
             None => prices::built_in_prices(settings.customer_markup),
         };
-        let db = crate::db::connect(&settings.database_url).await?;
+        let reach = match &settings.listen_database_url {
+            None => Reach::Direct,
+            Some(url) if is_postgres(url) && is_postgres(&settings.database_url) => Reach::Pooler,
+            Some(_) => return Err(StartupError::ListenDatabaseUrl),
+        };
+        let db = crate::db::connect_pool(&settings.database_url, POOL_SIZE, reach).await?;
         crate::db::migrate(&db).await?;
         prices::sync_prices(&db, &price_list).await?;
 
@@ -83,7 +93,7 @@ impl Application {
             _ => (AdminToken::generate(), true),
         };
         let bus = EventBus::default();
-        let relay = NotificationRelay::listen(&db).await?;
+        let relay = NotificationRelay::listen(&db, settings.listen_database_url.clone()).await?;
         // A process that calls real providers only has no simulator listening beside it.
         let (simulator_url, simulator) = match &settings.providers.simulator_url {
             Some(url) => (Some(url.clone()), None),
@@ -98,7 +108,9 @@ impl Application {
         // Workers get a pool of their own when the API shares the process: no burst of
         // API requests can then delay a lease renewal or an attempt's settlement.
         let own_worker_db = match (&settings.worker, &settings.listen) {
-            (Some(_), Some(_)) => Some(crate::db::connect(&settings.database_url).await?),
+            (Some(_), Some(_)) => {
+                Some(crate::db::connect_pool(&settings.database_url, POOL_SIZE, reach).await?)
+            }
             _ => None,
         };
         let worker_db = own_worker_db.clone().unwrap_or_else(|| db.clone());
@@ -106,7 +118,7 @@ impl Application {
         // a burst of API requests must not make them fail, nor they slow the API.
         let own_background_db = match &settings.listen {
             Some(_) => Some(
-                crate::db::connect_sized(&settings.database_url, crate::db::BACKGROUND_POOL_SIZE)
+                crate::db::connect_pool(&settings.database_url, BACKGROUND_POOL_SIZE, reach)
                     .await?,
             ),
             None => None,
@@ -364,4 +376,8 @@ impl BuiltInSimulator {
         tracing::info!(address = %address, "built-in LLM simulator started");
         Ok((address, Self { stop, task }))
     }
+}
+
+fn is_postgres(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
 }

@@ -358,6 +358,7 @@ fn in_process_settings(
     Settings {
         listen,
         database_url: database.url.clone(),
+        listen_database_url: None,
         admin_token: Some("benchmark-admin-token-with-32-characters".to_owned()),
         worker,
         providers: ProviderSettings::default(),

@@ -117,16 +117,28 @@ pub async fn notify_revoked_key(db: &impl ConnectionTrait, key_id: Uuid) -> Resu
 /// Feeds what other processes stored into this process's bus: a LISTEN connection on
 /// PostgreSQL, a shared poll of the events table on SQLite.
 pub enum NotificationRelay {
-    Postgres(PgListener),
-    Sqlite { last_row: i64 },
+    Postgres {
+        listener: PgListener,
+        /// Where the LISTEN connection goes: a direct URL when the pools go through a
+        /// transaction-mode pooler (a pooler hands a session's server connection to
+        /// other clients between transactions, and notifications with it); `None`:
+        /// a connection like the pool's.
+        url: Option<String>,
+    },
+    Sqlite {
+        last_row: i64,
+    },
 }
 
 impl NotificationRelay {
     /// Starts listening (PostgreSQL) or marks where the poll starts (SQLite). Either
     /// way nothing committed after this returns is missed.
-    pub async fn listen(db: &DatabaseConnection) -> Result<Self, DbErr> {
+    pub async fn listen(db: &DatabaseConnection, url: Option<String>) -> Result<Self, DbErr> {
         match db.get_database_backend() {
-            DbBackend::Postgres => Ok(Self::Postgres(listen(db).await?)),
+            DbBackend::Postgres => Ok(Self::Postgres {
+                listener: listen(db, url.as_deref()).await?,
+                url,
+            }),
             _ => Ok(Self::Sqlite {
                 last_row: latest_row(db).await?,
             }),
@@ -137,16 +149,21 @@ impl NotificationRelay {
     /// reconnecting after a lost connection.
     pub async fn run(self, db: DatabaseConnection, bus: EventBus, shutdown: CancellationToken) {
         match self {
-            Self::Postgres(listener) => relay_notifications(db, listener, bus, shutdown).await,
+            Self::Postgres { listener, url } => {
+                relay_notifications(db, url, listener, bus, shutdown).await
+            }
             Self::Sqlite { last_row } => poll_sqlite(db, last_row, bus, shutdown).await,
         }
     }
 }
 
-async fn listen(db: &DatabaseConnection) -> Result<PgListener, DbErr> {
-    let mut listener = PgListener::connect_with(db.get_postgres_connection_pool())
-        .await
-        .map_err(|error| DbErr::Custom(format!("LISTEN connection failed: {error}")))?;
+async fn listen(db: &DatabaseConnection, url: Option<&str>) -> Result<PgListener, DbErr> {
+    let listener = match url {
+        Some(url) => PgListener::connect(url).await,
+        None => PgListener::connect_with(db.get_postgres_connection_pool()).await,
+    };
+    let mut listener =
+        listener.map_err(|error| DbErr::Custom(format!("LISTEN connection failed: {error}")))?;
     listener
         .listen_all([CHANNEL, REVOCATIONS])
         .await
@@ -156,6 +173,7 @@ async fn listen(db: &DatabaseConnection) -> Result<PgListener, DbErr> {
 
 async fn relay_notifications(
     db: DatabaseConnection,
+    url: Option<String>,
     mut listener: PgListener,
     bus: EventBus,
     shutdown: CancellationToken,
@@ -195,7 +213,7 @@ async fn relay_notifications(
                         _ = shutdown.cancelled() => return,
                         _ = tokio::time::sleep(RECONNECT_DELAY) => {}
                     }
-                    match listen(&db).await {
+                    match listen(&db, url.as_deref()).await {
                         Ok(listener) => break listener,
                         Err(error) => {
                             tracing::warn!(error = %error, "listening again failed; retrying")

@@ -57,6 +57,7 @@ fn settings(folder: &std::path::Path, config: std::path::PathBuf) -> Settings {
     Settings {
         listen: None,
         database_url: format!("sqlite:{}", folder.join("never.db").display()),
+        listen_database_url: None,
         admin_token: None,
         worker: None,
         providers: ProviderSettings::default(),

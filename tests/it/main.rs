@@ -48,6 +48,7 @@ mod models;
 mod operations;
 mod parameters;
 mod parts;
+mod pooler;
 mod processes;
 mod properties;
 mod protocol_model;

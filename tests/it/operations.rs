@@ -34,6 +34,7 @@ impl WorkerProcess {
         let settings = Settings {
             listen: None,
             database_url: app.database_url(),
+            listen_database_url: None,
             admin_token: Some(ADMIN_TOKEN.to_owned()),
             worker: Some(test_worker_settings()),
             providers: ProviderSettings {

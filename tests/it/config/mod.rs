@@ -79,6 +79,7 @@ fn settings_without_database() -> Settings {
     Settings {
         listen: None,
         database_url: "sqlite:/nonexistent-folder/jobledger.db".to_owned(),
+        listen_database_url: None,
         admin_token: None,
         worker: None,
         providers: ProviderSettings::default(),

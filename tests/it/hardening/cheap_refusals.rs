@@ -201,6 +201,7 @@ async fn metrics_move_off_the_api_port() {
     let settings = jobledger::config::Settings {
         listen: Some("127.0.0.1:0".parse().unwrap()),
         database_url: database.url.clone(),
+        listen_database_url: None,
         admin_token: Some(crate::helpers::ADMIN_TOKEN.to_owned()),
         worker: None,
         providers: jobledger::config::ProviderSettings::default(),

@@ -216,6 +216,7 @@ async fn spawn_app_at(
     let settings = Settings {
         listen: Some("127.0.0.1:0".parse().unwrap()),
         database_url: url.to_owned(),
+        listen_database_url: None,
         admin_token: Some(ADMIN_TOKEN.to_owned()),
         worker: options.worker,
         providers: ProviderSettings {
