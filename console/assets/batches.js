@@ -21,6 +21,11 @@ const BATCH = `query Batch($id: UUID!) {
     id name mode model status cancelRequested itemCount createdAt closedAt finishedAt
     counts { queued running succeeded failed cancelled }
     reserved providerCost providerCostUpperBound customerCharge
+    providerBatches {
+      id provider state providerBatchId itemCount costBound createdAt submittedAt endedAt
+      outcomes { outcome count }
+    }
+    realtimeComparison { answers charged atRealtimePrice saving }
   }
 }`;
 
@@ -98,6 +103,9 @@ export function renderBatch(root, { id }) {
   const summary = h('div', {});
   const progress = h('div', {});
   const money = h('div', {});
+  const uploads = h('div', {});
+  const uploadsSection = h('section', { 'aria-labelledby': 'batch-uploads-title', hidden: true },
+    h('h2', { id: 'batch-uploads-title' }, 'Provider batches'), uploads);
   const items = h('div', {});
   const actionMessage = h('div', { role: 'status' });
   const liveState = h('p', { class: 'live-state', role: 'status', 'data-testid': 'live-state' });
@@ -112,7 +120,7 @@ export function renderBatch(root, { id }) {
       [['Name', batch.name ?? '—'],
         ['Status', h('span', { 'data-testid': 'batch-status' }, statusBadge(batch.status),
           batch.cancelRequested ? ' (cancelled)' : '')],
-        ['Mode', batch.mode],
+        ['Mode', h('span', { 'data-testid': 'batch-mode' }, batch.mode)],
         ['Model', batch.model],
         ['Items', h('span', { 'data-testid': 'item-count' }, String(batch.itemCount))],
         ['Created', time(batch.createdAt)],
@@ -142,6 +150,8 @@ export function renderBatch(root, { id }) {
     ].map(([term, value]) => [h('dt', {}, term), h('dd', {}, value)])),
     h('label', { for: 'batch-spend' }, `Charged ${share}% of charged + still reserved`),
     h('meter', { id: 'batch-spend', class: 'batch-progress', min: 0, max: 100, value: share }, `${share}%`));
+    uploadsSection.hidden = batch.mode !== 'PROVIDER_BATCH';
+    if (!uploadsSection.hidden) replace(uploads, providerBatches(batch));
   }
 
   function actions() {
@@ -203,6 +213,7 @@ export function renderBatch(root, { id }) {
       h('h2', { id: 'batch-progress-title' }, 'Progress'), progress),
     h('section', { 'aria-labelledby': 'batch-money-title' },
       h('h2', { id: 'batch-money-title' }, 'Credits'), money),
+    uploadsSection,
     h('section', { 'aria-labelledby': 'batch-items-title' },
       h('h2', { id: 'batch-items-title' }, 'Items'), items));
 
@@ -238,6 +249,40 @@ export function renderBatch(root, { id }) {
     stop();
     stopState();
   };
+}
+
+/**
+ * A PROVIDER_BATCH batch's uploads to the provider's batch API with their state and
+ * attempts by outcome, and its answers priced at the batch and the realtime price.
+ */
+function providerBatches(batch) {
+  const comparison = batch.realtimeComparison;
+  const outcomes = (upload) => upload.outcomes.length === 0 ? 'none yet'
+    : upload.outcomes.map(({ outcome, count }) => `${outcome} ${count}`).join(', ');
+  return [
+    batch.providerBatches.length === 0
+      ? notice('Nothing sent to the provider yet: the items go out once the batch is closed.')
+      : table('Uploads to the provider’s batch API, oldest first', [
+        'Provider batch', 'Provider', 'State', 'Provider’s id', 'Items', 'Attempts by outcome', 'Cost bound', 'Submitted', 'Ended',
+      ], batch.providerBatches.map((upload) => [
+        h('span', { class: 'mono' }, upload.id),
+        upload.provider,
+        statusBadge(upload.state),
+        h('span', { class: 'mono' }, upload.providerBatchId ?? '—'),
+        String(upload.itemCount),
+        outcomes(upload),
+        credits(upload.costBound),
+        time(upload.submittedAt),
+        time(upload.endedAt),
+      ]), { testId: 'provider-batches' }),
+    comparison && h('h3', {}, 'Against the realtime price'),
+    comparison && h('dl', { class: 'facts', 'data-testid': 'realtime-comparison' }, [
+      ['Answers compared', h('span', { 'data-testid': 'comparison-answers' }, String(comparison.answers))],
+      ['Charged for them at the batch price', h('span', { 'data-testid': 'comparison-charged' }, credits(comparison.charged))],
+      ['The same usage at the realtime price', h('span', { 'data-testid': 'comparison-realtime' }, credits(comparison.atRealtimePrice))],
+      ['Saving against realtime', h('span', { 'data-testid': 'comparison-saving' }, credits(comparison.saving))],
+    ].map(([term, value]) => [h('dt', {}, term), h('dd', {}, value)])),
+  ];
 }
 
 /**

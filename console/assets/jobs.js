@@ -5,6 +5,7 @@ import { gql } from './api.js';
 import { h, notice, replace, statusBadge, table, time } from './dom.js';
 import { onConnectionState, subscribe } from './live.js';
 import { credits } from './money.js';
+import { newJobForm } from './new-job.js';
 
 const STATUSES = ['QUEUED', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED'];
 const PAGE_SIZE = 20;
@@ -20,47 +21,6 @@ const JOBS = `query Jobs($first: Int, $after: String, $status: JobStatus, $label
 const ACCOUNT_JOB_UPDATES = `subscription AccountJobUpdates {
   accountJobUpdates { seq jobId kind status at }
 }`;
-
-const CREATE_JOB = `mutation CreateJob($input: CreateJobInput!) {
-  createJob(input: $input) { replayed job { id status } }
-}`;
-
-/** Models with built-in prices; the field takes any model the server serves. */
-const KNOWN_MODELS = ['gpt-4o-mini', 'gpt-4o', 'claude-3-5-haiku-latest', 'claude-sonnet-4-5'];
-
-/** A folded form that creates a job (createJob) and opens its page. */
-function newJobForm() {
-  const model = h('input', { id: 'job-model', name: 'model', list: 'job-models', value: KNOWN_MODELS[0], required: true, autocomplete: 'off' });
-  const prompt = h('textarea', { id: 'job-prompt', name: 'prompt', rows: 3, required: true });
-  const maxOutputTokens = h('input', { id: 'job-max-tokens', name: 'maxOutputTokens', type: 'number', min: 1, value: 200, required: true });
-  const stream = h('input', { id: 'job-stream', name: 'streamOutput', type: 'checkbox', checked: true });
-  const message = h('div', {});
-  // One idempotency key per intended job: a double submit creates one job.
-  let idempotencyKey = `console-${crypto.randomUUID()}`;
-  return h('details', { class: 'new-job' }, h('summary', {}, 'New job'),
-    h('form', { class: 'stack', onsubmit: async (event) => {
-      event.preventDefault();
-      try {
-        const { createJob } = await gql(CREATE_JOB, { input: {
-          idempotencyKey,
-          model: model.value.trim(),
-          messages: [{ role: 'user', content: prompt.value }],
-          maxOutputTokens: Number(maxOutputTokens.value),
-          streamOutput: stream.checked,
-        } });
-        idempotencyKey = `console-${crypto.randomUUID()}`;
-        location.hash = `#/jobs/${createJob.job.id}`;
-      } catch (error) {
-        replace(message, notice(`Could not create the job: ${error.message}`, 'error'));
-      }
-    } },
-    h('label', { for: 'job-model' }, 'Model'), model,
-    h('datalist', { id: 'job-models' }, KNOWN_MODELS.map((name) => h('option', { value: name }))),
-    h('label', { for: 'job-prompt' }, 'Prompt'), prompt,
-    h('label', { for: 'job-max-tokens' }, 'Most output tokens'), maxOutputTokens,
-    h('label', { class: 'inline' }, stream, ' Stream the output to its page'),
-    h('button', { type: 'submit' }, 'Create job'), message));
-}
 
 /** The list's filters and page survive going to a job and back (not a sign-out). */
 const listState = { status: '', label: null, cursors: [null] };

@@ -12,7 +12,9 @@ mod keys;
 mod loaders;
 mod models;
 mod mutation;
+mod provider_batches;
 mod query;
+mod quotes;
 mod scalars;
 mod spans;
 mod spend_limits;
@@ -46,6 +48,7 @@ pub struct QueryRoot(
     spend_limits::LimitsQuery,
     webhooks::WebhookQuery,
     models::ModelQuery,
+    quotes::QuoteQuery,
 );
 
 /// The root of every change: jobs, tenants and credits, and API keys.

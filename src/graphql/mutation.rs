@@ -13,6 +13,7 @@ use crate::error::ServiceError;
 use crate::jobs::input::{IdempotencyKey, JobRequest, MessageRequest, NewJob};
 use crate::jobs::parameters::ParameterRequest;
 use crate::jobs::parts::{PartRequest, PartType};
+use crate::jobs::reach::JobReach;
 use crate::jobs::tools::ToolRequest;
 use crate::jobs::{rerun, service};
 use crate::llm::TokenUsage;
@@ -155,6 +156,58 @@ pub struct CreateJobInput {
     pub fallback_models: Option<Vec<String>>,
 }
 
+/// `input` checked as `createJob` checks it, for the caller's `reach`: its labels
+/// stamped with an access token's own, its key in the token's namespace.
+pub(super) fn new_job(
+    context: &Context<'_>,
+    reach: &JobReach,
+    input: CreateJobInput,
+) -> async_graphql::Result<NewJob> {
+    let labels = reach.stamp(
+        input
+            .labels
+            .unwrap_or_default()
+            .into_iter()
+            .map(|label| (label.key, label.value))
+            .collect(),
+    )?;
+    let mut new = NewJob::parse(JobRequest {
+        idempotency_key: reach.sent_key(input.idempotency_key),
+        model: input.model,
+        messages: input
+            .messages
+            .into_iter()
+            .map(MessageInput::into_request)
+            .collect(),
+        max_output_tokens: input.max_output_tokens,
+        response_schema: input.response_schema.map(|json| json.0),
+        max_attempts: input.max_attempts,
+        retry_unknown_outcome: input.retry_unknown_outcome,
+        metadata: input.metadata.map(|json| json.0),
+        stream_output: input.stream_output,
+        priority: input.priority,
+        run_at: input.run_at.map(Timestamp::from),
+        deadline: input.deadline.map(Timestamp::from),
+        default_deadline: app(context).default_deadline,
+        charging: app(context).charging,
+        labels,
+        fallback_models: input.fallback_models.unwrap_or_default(),
+        parameters: ParameterRequest {
+            temperature: input.temperature,
+            top_p: input.top_p,
+            stop: input.stop,
+            seed: input.seed.map(i64::from),
+            provider_options: input.provider_options.map(|json| json.0),
+        },
+        tools: ToolRequest {
+            tools: input.tools.map(|json| json.0),
+            tool_choice: input.tool_choice.map(|json| json.0),
+        },
+    })?;
+    new.idempotency_key = reach.own_key(new.idempotency_key);
+    Ok(new)
+}
+
 /// The job, and whether an earlier request with the same key created it.
 #[derive(SimpleObject)]
 pub struct CreateJobPayload {
@@ -269,48 +322,7 @@ impl JobMutation {
         let began = std::time::Instant::now();
         let principal = principal(context)?;
         let (tenant_id, reach) = principal.job_access(AccessScope::CreateJobs)?;
-        let labels = reach.stamp(
-            input
-                .labels
-                .unwrap_or_default()
-                .into_iter()
-                .map(|label| (label.key, label.value))
-                .collect(),
-        )?;
-        let mut new = NewJob::parse(JobRequest {
-            idempotency_key: reach.sent_key(input.idempotency_key),
-            model: input.model,
-            messages: input
-                .messages
-                .into_iter()
-                .map(MessageInput::into_request)
-                .collect(),
-            max_output_tokens: input.max_output_tokens,
-            response_schema: input.response_schema.map(|json| json.0),
-            max_attempts: input.max_attempts,
-            retry_unknown_outcome: input.retry_unknown_outcome,
-            metadata: input.metadata.map(|json| json.0),
-            stream_output: input.stream_output,
-            priority: input.priority,
-            run_at: input.run_at.map(Timestamp::from),
-            deadline: input.deadline.map(Timestamp::from),
-            default_deadline: app(context).default_deadline,
-            charging: app(context).charging,
-            labels,
-            fallback_models: input.fallback_models.unwrap_or_default(),
-            parameters: ParameterRequest {
-                temperature: input.temperature,
-                top_p: input.top_p,
-                stop: input.stop,
-                seed: input.seed.map(i64::from),
-                provider_options: input.provider_options.map(|json| json.0),
-            },
-            tools: ToolRequest {
-                tools: input.tools.map(|json| json.0),
-                tool_choice: input.tool_choice.map(|json| json.0),
-            },
-        })?;
-        new.idempotency_key = reach.own_key(new.idempotency_key);
+        let new = new_job(context, &reach, input)?;
         let app = app(context);
         let created = match &principal {
             Principal::Token(grant) => {

@@ -15,6 +15,7 @@ pub mod parameters;
 pub mod parts;
 pub mod provider_batches;
 pub mod queue;
+pub mod quote;
 pub mod reach;
 pub mod rerun;
 pub mod retention;

@@ -3,13 +3,12 @@
 use super::budget::{self, Spent};
 use super::events;
 use super::fallbacks::ModelChain;
-use super::flow;
 use super::input::{self, Deadline, NewJob};
 use super::labels::{self, Label};
 use super::lifecycle::{self, Cancel};
 use super::reach::JobReach;
-use crate::billing::{Credits, alerts};
-use crate::billing::{ledger, limits, prices, token_spend};
+use crate::billing::alerts;
+use crate::billing::{ledger, limits, token_spend};
 use crate::bus::{EventBus, EventNotice};
 use crate::db::begin_write;
 use crate::error::ServiceError;
@@ -108,43 +107,13 @@ async fn create(
             None => Err(input::past_deadline()),
         };
     }
-    let chain = ModelChain::new(new.model.clone(), new.fallback_models.clone());
-    let simulated = providers.simulates(&new.model);
-    // Any model of the chain may make any of the paid calls: the hold is sized for
-    // the dearest, and every model must be able to take the call at all. Each
-    // model's prompt is counted by the rule of the provider serving it.
-    let mut hold = Credits::ZERO;
-    let mut token_bound: i64 = 0;
-    for model in chain.models() {
-        if !providers.serves(model) {
-            return Err(ServiceError::validation(format!(
-                "model {model:?} is not served: no configured provider routes it"
-            )));
-        }
-        // A worker simulates a job only if the API admitted it for the simulator:
-        // a chain that mixed the two would fail its real or its simulated models.
-        if providers.simulates(model) != simulated {
-            return Err(ServiceError::validation(format!(
-                "fallback model {model:?} is served by the simulator and {:?} is not, or the reverse",
-                new.model
-            )));
-        }
-        let price = prices::price_at(db, model, now).await?.ok_or_else(|| {
-            ServiceError::validation(format!("model {model:?} has no price and cannot be run"))
-        })?;
-        let bound = new
-            .input
-            .call_bound(super::tokens::counting_for(providers, model));
-        price.limits.check_call(model, bound)?;
-        token_bound = Ord::max(token_bound, bound.tokens());
-        hold = hold.max(new.charging.job_hold(
-            bound,
-            &price,
-            new.max_attempts,
-            new.input.stream_output,
-        ));
-    }
-    let first_model = first_free_model(db, &chain, now).await?;
+    let super::quote::JobQuote {
+        hold,
+        model: first_model,
+        token_bound,
+        simulated,
+        ..
+    } = super::quote::quote(db, providers, &new, now).await?;
     let transaction = begin_write(db).await?;
     let starts_at = new.run_at.map_or(now, |run_at| Ord::max(run_at, now));
     let row = jobs::ActiveModel {
@@ -181,7 +150,9 @@ async fn create(
         custom_id: Set(None),
         rerun_of: Set(new.rerun_of),
         deadline: Set(Some(new.deadline.instant(starts_at))),
-        model_chain: Set(chain.to_column()),
+        model_chain: Set(
+            ModelChain::new(new.model.clone(), new.fallback_models.clone()).to_column(),
+        ),
     };
     // A key used before inserts nothing; on PostgreSQL an insert racing with another
     // one of the same key waits for it to commit, so the job it made is there to read.
@@ -247,28 +218,6 @@ async fn create(
         job,
         replayed: false,
     })
-}
-
-/// The model a new job starts on: its own, unless the provider paused it and a
-/// fallback is free, as for a job already queued when the pause came
-/// (`queue::move_off_paused_model`).
-async fn first_free_model(
-    db: &DatabaseConnection,
-    chain: &ModelChain,
-    now: Timestamp,
-) -> Result<String, ServiceError> {
-    let own = chain.own();
-    if chain.fallbacks().is_empty() {
-        return Ok(own.to_owned());
-    }
-    let paused = flow::storage::paused_models(db, chain.models(), now).await?;
-    if !paused.iter().any(|(model, _)| model == own) {
-        return Ok(own.to_owned());
-    }
-    Ok(chain
-        .next(own, &paused, now)
-        .filter(|next| next.paused_until.is_none())
-        .map_or_else(|| own.to_owned(), |next| next.model))
 }
 
 /// Queues `spend_limit.reached` for a create a cap refused (once per period), in a

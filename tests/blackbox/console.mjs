@@ -525,6 +525,81 @@ await check('a job with fallback models shows its chain, its deadline and the mo
   await shot('job-fallback');
 });
 
+// ---- the new-job form (after billing, for its ledger check as above) -------------------
+const MODELS = '{ models { name price { inputPerMillion outputPerMillion } } }';
+const HELD = `query Held($id: UUID!) {
+  job(id: $id) { status model labels { key value } reservation { amount } input }
+}`;
+/** A PNG's signature and header, 1024 × 1024: all a provider's count needs. */
+function png() {
+  const header = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0, 0, 0, 0x0d, 0x49, 0x48, 0x44, 0x52]);
+  const size = Buffer.alloc(8);
+  size.writeUInt32BE(1024, 0);
+  size.writeUInt32BE(1024, 4);
+  return Buffer.concat([header, size, Buffer.from([8, 6, 0, 0, 0, 0, 0, 0, 0])]);
+}
+
+await check('the new-job form offers the served models with their prices, quotes the hold and creates the job it quoted', async () => {
+  await page.getByRole('link', { name: 'Jobs', exact: true }).click();
+  await page.getByText('New job').click();
+  const { models } = await api(tenantKey, MODELS);
+  const options = page.locator('#job-model option');
+  await until('the models to be listed', async () => (await options.count()) === models.length);
+  for (const [index, model] of models.entries()) {
+    const text = await options.nth(index).innerText();
+    assert(text.startsWith(model.name) && text.includes(`${model.price.inputPerMillion} cr`), `option ${index}: ${text}`);
+  }
+  await page.locator('#job-model').selectOption('gpt-4o');
+  await page.locator('#job-prompt').fill('Describe the picture [mock:delay_ms=300]');
+  await page.locator('#job-max-tokens').fill('150');
+  const amount = page.getByTestId('job-hold-amount');
+  await amount.waitFor();
+  const first = await amount.innerText();
+  // More output tokens: the quote follows the input.
+  await page.locator('#job-max-tokens').fill('400');
+  await until('the hold to be quoted again', async () => (await amount.count()) === 1 && (await amount.innerText()) !== first);
+  const textOnly = await amount.innerText();
+  assert(nanos(textOnly) > nanos(first), `hold ${first} then ${textOnly}`);
+  await page.locator('#job-temperature').fill('0.4');
+  await page.locator('#job-seed').fill('7');
+  await page.locator('#job-stop').fill('THE END');
+  for (const [index, [key, value]] of [['user', 'u-form'], ['doc', 'form-1']].entries()) {
+    await page.getByRole('button', { name: 'Add label' }).click();
+    await page.locator(`#job-label-key-${index}`).fill(key);
+    await page.locator(`#job-label-value-${index}`).fill(value);
+  }
+  await page.getByText('at most 5.0 MiB').waitFor();
+  await page.locator('#job-image').setInputFiles({ name: 'square.png', mimeType: 'image/png', buffer: png() });
+  await page.getByTestId('job-image-state').filter({ hasText: 'square.png' }).waitFor();
+  // The image adds its tiles to the bound.
+  await until('the hold with the image', async () => (await amount.count()) === 1 && nanos(await amount.innerText()) > nanos(textOnly));
+  await page.waitForTimeout(500);
+  const quoted = await amount.innerText();
+  await shot('new-job');
+  await page.getByRole('button', { name: 'Create job' }).click();
+  await page.getByTestId('job-labels').waitFor();
+  const id = page.url().split('/').pop();
+  const { job } = await api(tenantKey, HELD, { id });
+  assert(nanos(job.reservation.amount) === nanos(quoted), `held ${job.reservation.amount}, quoted ${quoted}`);
+  assert(job.model === 'gpt-4o', `model ${job.model}`);
+  const shown = await page.getByTestId('job-labels').innerText();
+  assert(shown.includes('user=u-form') && shown.includes('doc=form-1'), `labels: ${shown}`);
+  const input = typeof job.input === 'string' ? JSON.parse(job.input) : job.input;
+  const parts = JSON.stringify(input.messages);
+  assert(parts.includes('image/png'), `the image part was sent: ${parts.slice(0, 300)}`);
+  const sent = JSON.stringify(input);
+  assert(sent.includes('0.4') && sent.includes('THE END'), `parameters: ${sent.slice(0, 500)}`);
+  await page.getByTestId('result').waitFor();
+});
+await check('the new-job form shows why an input cannot be held', async () => {
+  await page.getByRole('link', { name: 'Jobs', exact: true }).click();
+  await page.getByText('New job').click();
+  await page.locator('#job-prompt').fill('Too hot');
+  await page.locator('#job-temperature').fill('9');
+  await page.getByTestId('job-hold').filter({ hasText: 'No hold:' }).waitFor();
+});
+await accessible('new-job');
+
 // ---- batches ----------------------------------------------------------------------------
 const CREATE_BATCH = `mutation CreateBatch($input: CreateBatchInput!) {
   createBatch(input: $input) { batch { id } }
@@ -610,6 +685,45 @@ await check('another batch is cancelled from its page', async () => {
   await shot('batch-cancelled');
 });
 
+const PROVIDER_BATCH = `query ProviderBatch($id: UUID!) {
+  batch(id: $id) {
+    status mode counts { succeeded }
+    providerBatches { id state itemCount outcomes { outcome count } }
+    realtimeComparison { answers charged atRealtimePrice saving }
+  }
+}`;
+await check('a finished PROVIDER_BATCH batch shows its mode, its provider batches and its saving against realtime', async () => {
+  const { createBatch } = await api(tenantKey, CREATE_BATCH, { input: {
+    idempotencyKey: 'console-provider-batch', name: 'console-provider-batch', mode: 'PROVIDER_BATCH',
+    model: 'gpt-4o-mini', maxOutputTokens: 50,
+  } });
+  const id = createBatch.batch.id;
+  await api(tenantKey, ADD_ITEMS, { batchId: id, items: [1, 2, 3].map((number) => ({
+    customId: `provider-${number}`, messages: [{ role: 'user', content: `Provider batch item ${number}` }],
+  })) });
+  await page.goto(`${base}/#/batches/${id}`);
+  await page.getByTestId('batch-mode').filter({ hasText: 'PROVIDER_BATCH' }).waitFor();
+  await page.getByText('Nothing sent to the provider yet').waitFor();
+  await api(tenantKey, 'mutation($id: UUID!) { closeBatch(id: $id) { status } }', { id });
+  await page.getByTestId('batch-status').filter({ hasText: 'FINISHED' }).waitFor({ timeout: 60_000 });
+  const { batch } = await api(tenantKey, PROVIDER_BATCH, { id });
+  assert(batch.counts.succeeded === 3 && batch.providerBatches.length >= 1, JSON.stringify(batch));
+  const rows = page.getByTestId('provider-batches').locator('tbody tr');
+  await until('every provider batch to be listed settled', async () =>
+    (await rows.count()) === batch.providerBatches.length && (await rows.first().innerText()).includes('SETTLED'));
+  const row = await rows.first().innerText();
+  assert(row.includes(batch.providerBatches[0].id) && row.includes('SUCCEEDED 3'), `row: ${row}`);
+  const comparison = batch.realtimeComparison;
+  assert(comparison.answers === 3 && nanos(comparison.saving) > 0n, JSON.stringify(comparison));
+  for (const [testId, value] of [['comparison-charged', comparison.charged], ['comparison-realtime', comparison.atRealtimePrice], ['comparison-saving', comparison.saving]]) {
+    const shown = await page.getByTestId(testId).innerText();
+    assert(nanos(shown) === nanos(value), `${testId}: shown ${shown}, API ${value}`);
+  }
+  await shot('batch-provider');
+});
+await accessible('batch-provider');
+await fits('batch-provider', 768);
+
 // ---- admin -------------------------------------------------------------------------------
 await check('the admin signs in and sees tenants with their balances', async () => {
   await page.getByRole('button', { name: 'Sign out' }).click();
@@ -620,9 +734,11 @@ await check('the admin signs in and sees tenants with their balances', async () 
   await shot('admin-tenants');
 });
 await accessible('admin-tenants');
+// The tenant's newest job: the first row of the admin's first page of its jobs.
+const { jobs: { edges: [{ node: { id: newestJob } }] } } = await api(tenantKey, '{ jobs(first: 1) { edges { node { id } } } }');
 await check('the admin grants credits and reads the tenant’s jobs and keys', async () => {
   await page.getByRole('link', { name: 'acme-console' }).click();
-  await page.getByTestId('jobs-table').getByRole('row').filter({ hasText: fastJob }).waitFor();
+  await page.getByTestId('jobs-table').getByRole('row').filter({ hasText: newestJob }).waitFor();
   await page.getByTestId('keys-table').waitFor();
   await page.locator('#grant-amount').fill('5.5');
   await page.locator('#grant-amount').press('Enter');
@@ -652,7 +768,7 @@ await check('the admin grants credits and reads the tenant’s jobs and keys', a
 });
 await accessible('admin-tenant');
 await check('the admin opens a tenant’s job read-only', async () => {
-  await page.getByRole('link', { name: fastJob }).click();
+  await page.getByRole('link', { name: newestJob }).click();
   await page.getByTestId('attempts-table').waitFor();
   assert(await page.getByRole('button', { name: 'Cancel job' }).count() === 0, 'no cancel for an admin');
 });

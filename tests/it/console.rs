@@ -31,6 +31,8 @@ async fn serve() -> Served {
     command
         .args(["serve", "--listen", &address.to_string()])
         .args(["--database-url", &database_url])
+        // PROVIDER_BATCH batches settle within seconds.
+        .args(["--provider-batch-poll-seconds", "1"])
         .env("JOBLEDGER_ADMIN_TOKEN", ADMIN_TOKEN)
         .env("RUST_LOG", "warn")
         .kill_on_drop(true);
@@ -98,6 +100,8 @@ async fn the_console_works_in_a_real_browser() {
         "batches",
         "batch",
         "batch-cancelled",
+        "batch-provider",
+        "new-job",
         "billing",
         "job-rerun",
         "admin-tenants",

@@ -36,13 +36,13 @@ on_both_backends!(
 
 /// The two shapes, as the models the config file routes to them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Shape {
+pub enum Shape {
     OpenAi,
     Anthropic,
 }
 
 impl Shape {
-    fn model(self) -> &'static str {
+    pub fn model(self) -> &'static str {
         match self {
             Self::OpenAi => "sim-oai",
             Self::Anthropic => "sim-ant",
@@ -108,14 +108,14 @@ fn options(config: &std::path::Path, unknown_after: Duration) -> AppOptions {
     }
 }
 
-struct Setup {
-    app: TestApp,
-    tenant: TestTenant,
+pub struct Setup {
+    pub app: TestApp,
+    pub tenant: TestTenant,
     _folder: tempfile::TempDir,
     config: std::path::PathBuf,
 }
 
-async fn setup(backend: Backend, batch_delay: Duration, unknown_after: Duration) -> Setup {
+pub async fn setup(backend: Backend, batch_delay: Duration, unknown_after: Duration) -> Setup {
     let simulator =
         RunningSimulator::start_with(Simulator::new().with_batch_delay(batch_delay)).await;
     let folder = tempfile::tempdir().unwrap();
@@ -130,7 +130,7 @@ async fn setup(backend: Backend, batch_delay: Duration, unknown_after: Duration)
     }
 }
 
-async fn create_provider_batch(app: &TestApp, tenant: &TestTenant, shape: Shape) -> Uuid {
+pub async fn create_provider_batch(app: &TestApp, tenant: &TestTenant, shape: Shape) -> Uuid {
     let input = json!({"idempotencyKey": format!("pb-{}", shape.model()), "mode": "PROVIDER_BATCH",
         "model": shape.model(), "maxOutputTokens": 50});
     let response = app
@@ -146,7 +146,7 @@ async fn create_provider_batch(app: &TestApp, tenant: &TestTenant, shape: Shape)
 
 /// `count` items; item 0 is refused by the provider inside the batch, item 1 expires
 /// in the first provider batch that holds it, when asked.
-fn items(count: usize, faults: bool) -> Vec<Value> {
+pub fn items(count: usize, faults: bool) -> Vec<Value> {
     (0..count)
         .map(|n| {
             let fault = match n {
@@ -174,14 +174,14 @@ fn simulator_address(app: &TestApp) -> String {
         .to_owned()
 }
 
-async fn close(app: &TestApp, tenant: &TestTenant, id: Uuid) {
+pub async fn close(app: &TestApp, tenant: &TestTenant, id: Uuid) {
     let closed = app
         .operation(Some(&tenant.key), "CloseBatch", json!({"id": id}))
         .await;
     assert!(closed["errors"].is_null(), "{closed}");
 }
 
-async fn items_of(app: &TestApp, id: Uuid) -> Vec<jobs::Model> {
+pub async fn items_of(app: &TestApp, id: Uuid) -> Vec<jobs::Model> {
     jobs::Entity::find()
         .filter(jobs::Column::BatchId.eq(id))
         .all(&app.app.db)
@@ -189,7 +189,7 @@ async fn items_of(app: &TestApp, id: Uuid) -> Vec<jobs::Model> {
         .unwrap()
 }
 
-async fn attempts_of(app: &TestApp, job_ids: &[Uuid]) -> Vec<attempts::Model> {
+pub async fn attempts_of(app: &TestApp, job_ids: &[Uuid]) -> Vec<attempts::Model> {
     attempts::Entity::find()
         .filter(attempts::Column::JobId.is_in(job_ids.iter().copied()))
         .all(&app.app.db)
@@ -197,7 +197,7 @@ async fn attempts_of(app: &TestApp, job_ids: &[Uuid]) -> Vec<attempts::Model> {
         .unwrap()
 }
 
-async fn rows_of(app: &TestApp, id: Uuid) -> Vec<provider_batches::Model> {
+pub async fn rows_of(app: &TestApp, id: Uuid) -> Vec<provider_batches::Model> {
     provider_batches::Entity::find()
         .filter(provider_batches::Column::BatchId.eq(id))
         .all(&app.app.db)

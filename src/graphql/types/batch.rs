@@ -2,8 +2,9 @@
 
 use super::{JobConnection, JobEdge, JobStatus, PageInfo, money, time};
 use crate::graphql::app;
+use crate::graphql::provider_batches::{ProviderBatch, RealtimeComparisonView};
 use crate::graphql::scalars::Amount;
-use crate::jobs::batches::{self, BatchView};
+use crate::jobs::batches::{self, BatchView, provider_view};
 use crate::page::PageRequest;
 use async_graphql::{Context, Enum, Object, SimpleObject};
 use chrono::{DateTime, Utc};
@@ -165,6 +166,30 @@ impl Batch {
     /// Σ the items' charges.
     async fn customer_charge(&self) -> Amount {
         money(self.0.customer_charge_nanos)
+    }
+
+    /// PROVIDER_BATCH: the uploads to the provider's batch API that carried its
+    /// items, oldest first, with their state and their attempts by outcome; empty
+    /// for a REALTIME batch and before the batch is closed.
+    async fn provider_batches(
+        &self,
+        context: &Context<'_>,
+    ) -> async_graphql::Result<Vec<ProviderBatch>> {
+        let views = provider_view::provider_batches_of(&app(context).db, &self.0).await?;
+        Ok(views.into_iter().map(ProviderBatch::from).collect())
+    }
+
+    /// PROVIDER_BATCH: its accepted answers as charged, against what the same usage
+    /// is charged at the realtime price, and the saving. Null for a REALTIME batch.
+    async fn realtime_comparison(
+        &self,
+        context: &Context<'_>,
+    ) -> async_graphql::Result<Option<RealtimeComparisonView>> {
+        if self.0.mode != entity::BatchMode::ProviderBatch {
+            return Ok(None);
+        }
+        let comparison = provider_view::realtime_comparison(&app(context).db, &self.0).await?;
+        Ok(Some(comparison.into()))
     }
 
     /// The items as jobs, in the order they were added, `first` at a time (at most

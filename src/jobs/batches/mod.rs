@@ -9,6 +9,7 @@
 
 pub mod cancel;
 pub mod items;
+pub mod provider_view;
 pub mod results;
 pub mod updates;
 
