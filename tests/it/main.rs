@@ -47,6 +47,7 @@ mod models;
 mod operations;
 mod parameters;
 mod parts;
+mod prices_import;
 mod processes;
 mod properties;
 mod protocol_model;
