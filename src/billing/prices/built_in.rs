@@ -14,8 +14,10 @@ pub const DEFAULT_CUSTOMER_MARKUP: &str = "1.25";
 /// Where the built-in OpenAI prices and limits come from.
 const OPENAI_SOURCE: &str =
     "openai.com/api/pricing and the model pages, list prices as of 2026-12-02";
-/// The OpenAI models with no cached-input discount: cached input is billed as input.
-const OPENAI_UNCACHED_SOURCE: &str = "openai.com/api/pricing and the model pages (no cached-input discount), list prices as of 2026-12-02";
+/// Where the prices and limits of the Anthropic models released after the pricing
+/// page above was read come from: the price map LiteLLM publishes, which agrees with
+/// that page on every model both list.
+const ANTHROPIC_MAP_SOURCE: &str = "Anthropic list prices as LiteLLM's model_prices_and_context_window.json (litellm 1.110.2) gives them, as of 2026-12-02";
 /// Where the built-in Anthropic prices and limits come from.
 const ANTHROPIC_SOURCE: &str =
     "anthropic.com/pricing (cache reads at 0.1x input) and the models overview, as of 2026-12-02";
@@ -91,24 +93,6 @@ const BUILT_IN_PRICES: &[(&str, &str, &str, &str, u32, u32, &str)] = &[
         200_000,
         100_000,
         OPENAI_SOURCE,
-    ),
-    (
-        "o1-pro",
-        "150.00",
-        "150.00",
-        "600.00",
-        200_000,
-        100_000,
-        OPENAI_UNCACHED_SOURCE,
-    ),
-    (
-        "o3-pro",
-        "20.00",
-        "20.00",
-        "80.00",
-        200_000,
-        100_000,
-        OPENAI_UNCACHED_SOURCE,
     ),
     (
         "o3-mini",
@@ -191,6 +175,42 @@ const BUILT_IN_PRICES: &[(&str, &str, &str, &str, u32, u32, &str)] = &[
         64_000,
         ANTHROPIC_SOURCE,
     ),
+    (
+        "claude-opus-4-6",
+        "5.00",
+        "0.50",
+        "25.00",
+        1_000_000,
+        128_000,
+        ANTHROPIC_MAP_SOURCE,
+    ),
+    (
+        "claude-opus-4-7",
+        "5.00",
+        "0.50",
+        "25.00",
+        1_000_000,
+        128_000,
+        ANTHROPIC_MAP_SOURCE,
+    ),
+    (
+        "claude-opus-4-8",
+        "5.00",
+        "0.50",
+        "25.00",
+        1_000_000,
+        128_000,
+        ANTHROPIC_MAP_SOURCE,
+    ),
+    (
+        "claude-sonnet-4-6",
+        "3.00",
+        "0.30",
+        "15.00",
+        1_000_000,
+        128_000,
+        ANTHROPIC_MAP_SOURCE,
+    ),
 ];
 
 /// The batch rates of a built-in model at `rates`, its list rates.
@@ -249,16 +269,18 @@ mod tests {
             "gpt-4.1-mini",
             "gpt-4.1-nano",
             "o1",
-            "o1-pro",
             "o3",
-            "o3-pro",
             "o3-mini",
             "o4-mini",
             "claude-opus-4-0",
             "claude-opus-4-1",
             "claude-opus-4-5",
+            "claude-opus-4-6",
+            "claude-opus-4-7",
+            "claude-opus-4-8",
             "claude-sonnet-4-0",
             "claude-sonnet-4-5",
+            "claude-sonnet-4-6",
             "claude-haiku-4-5",
         ] {
             assert!(
