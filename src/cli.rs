@@ -1,4 +1,5 @@
-//! The `jobledger` command line: `serve`, `worker`, `migrate` and `mock-llm`.
+//! The `jobledger` command line: `serve`, `worker`, `migrate`, `mock-llm`, `audit`,
+//! `prices import` and `bench`.
 
 use crate::billing::ChargingPolicy;
 use crate::config::{
@@ -39,6 +40,9 @@ enum Command {
     /// one line per invariant. Exit code 0: all hold; 1: a violation was found; 2: the
     /// audit could not run (database unreachable, missing or not migrated).
     Audit(DatabaseArgs),
+    /// Model prices.
+    #[command(subcommand)]
+    Prices(PricesCommand),
     /// Measure the queue: claim latency against backlog size, drain rate next to a
     /// bare-SQL queue, createJob latency. Prints a Markdown table; each scenario runs on
     /// a database of its own (a temporary SQLite file; on PostgreSQL, one created on
@@ -79,6 +83,31 @@ struct BenchArgs {
     /// Items of the batch scenario's batch (default 200,000; 2,000 with --smoke).
     #[arg(long, env = "JOBLEDGER_BENCH_ITEMS", value_name = "N")]
     items: Option<u64>,
+}
+
+#[derive(Debug, Subcommand)]
+enum PricesCommand {
+    /// Add or version model prices from a price map in the JSON format LiteLLM
+    /// publishes (`model_prices_and_context_window.json`). Chat models of `openai`,
+    /// OpenAI-compatible providers and `anthropic` are stored as new price versions
+    /// where they changed; a model the config file prices keeps its price, and a
+    /// version an attempt used is never rewritten. Prints one line per entry (added,
+    /// new version, unchanged, kept, skipped and why) and a summary. Exit code 0: the
+    /// map was imported (skipped entries included); 1: the file cannot be read or is
+    /// not a price map, and nothing was stored; 2: the database cannot be used.
+    Import(ImportArgs),
+}
+
+#[derive(Debug, Args)]
+struct ImportArgs {
+    /// The price map (JSON).
+    file: PathBuf,
+    #[command(flatten)]
+    database: DatabaseArgs,
+    /// The config file whose `customer_markup` sets what tenants pay for the imported
+    /// models (else 1.25 times the provider's price).
+    #[arg(long, env = "JOBLEDGER_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -354,6 +383,7 @@ impl Cli {
                     std::fs::write(&path, bench::to_json(&figures, scale).to_string())?;
                 }
             }
+            Command::Prices(PricesCommand::Import(args)) => std::process::exit(import(args).await),
             Command::Audit(args) => {
                 use crate::billing::audit;
                 // One read-only snapshot; the exit code tells "the books are wrong" (1)
@@ -383,6 +413,58 @@ impl Cli {
             }
         }
         Ok(())
+    }
+}
+
+/// `prices import`: prints the report, and returns the exit code.
+async fn import(args: ImportArgs) -> i32 {
+    use crate::billing::prices::import;
+    let markup = match &args.config {
+        Some(path) => match crate::config::file::ConfigFile::load(path) {
+            Ok(config) => config.customer_markup,
+            Err(error) => {
+                eprintln!("error: {error}");
+                return 1;
+            }
+        },
+        None => None,
+    }
+    .unwrap_or_else(|| {
+        Decimal::from_str_exact(crate::billing::prices::DEFAULT_CUSTOMER_MARKUP)
+            .expect("the default markup is a decimal")
+    });
+    let file = args.file.display().to_string();
+    let entries = match std::fs::read_to_string(&args.file)
+        .map_err(|error| error.to_string())
+        .and_then(|text| import::parse_map(&text, markup, &file).map_err(|error| error.to_string()))
+    {
+        Ok(entries) => entries,
+        Err(error) => {
+            eprintln!("error: {file}: {error}; nothing was imported");
+            return 1;
+        }
+    };
+    let report = async {
+        let db = crate::db::connect(&args.database.database_url).await?;
+        crate::db::migrate(&db).await?;
+        let report = import::import_prices(&db, entries).await;
+        db.close().await.ok();
+        report
+    }
+    .await;
+    match report {
+        Ok(report) => {
+            print!("{report}");
+            match std::io::Write::flush(&mut std::io::stdout()) {
+                Ok(()) => 0,
+                Err(_) => 1,
+            }
+        }
+        Err(error) => {
+            // Whatever was stored before the error stays: importing again completes it.
+            eprintln!("error: the database cannot be used: {error}");
+            2
+        }
     }
 }
 

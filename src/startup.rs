@@ -105,6 +105,7 @@ impl Application {
         };
         let providers =
             providers::provider_registry(&settings, config.as_ref(), simulator_url.as_deref());
+        providers.set_imported_families(prices::routes::imported_families(&db).await?);
         // Workers get a pool of their own when the API shares the process: no burst of
         // API requests can then delay a lease renewal or an attempt's settlement.
         let own_worker_db = match (&settings.worker, &settings.listen) {
@@ -284,6 +285,14 @@ impl Application {
                 background_db.clone(),
                 self.app.bus.clone(),
                 self.app.metrics.clone(),
+                shutdown.child_token(),
+            ),
+        );
+        tasks.spawn(
+            "the imported models' routes",
+            prices::routes::run(
+                background_db.clone(),
+                self.app.providers.clone(),
                 shutdown.child_token(),
             ),
         );

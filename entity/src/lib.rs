@@ -35,6 +35,6 @@ pub use json_text::JsonText;
 pub use timestamp::Timestamp;
 pub use values::{
     ApiKeyRole, AttemptOutcome, BatchMode, BatchStatus, BucketScope, EventKind, JobErrorCode,
-    JobStatus, LedgerEntryKind, ProviderBatchState, ReservationStatus, WebhookDeliveryStatus,
-    WebhookEvent,
+    JobStatus, LedgerEntryKind, PriceOrigin, ProviderBatchState, ProviderFamily, ReservationStatus,
+    WebhookDeliveryStatus, WebhookEvent,
 };

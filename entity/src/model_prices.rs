@@ -1,7 +1,7 @@
 //! Versioned, effective-dated prices per model: what the provider charges us and
 //! what we charge the customer, in nano-credits per million tokens.
 
-use crate::Timestamp;
+use crate::{PriceOrigin, ProviderFamily, Timestamp};
 use sea_orm::entity::prelude::*;
 
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
@@ -33,6 +33,10 @@ pub struct Model {
     pub customer_batch_input_nanos_per_million: Option<i64>,
     pub customer_batch_output_nanos_per_million: Option<i64>,
     pub created_at: Timestamp,
+    /// Where this version came from.
+    pub origin: PriceOrigin,
+    /// The family serving the model, for an imported model; `None`: by its name.
+    pub provider_family: Option<ProviderFamily>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -251,6 +251,39 @@ pub enum WebhookDeliveryStatus {
     Failed,
 }
 
+/// Where a price version came from. At start, a built-in price never replaces an
+/// imported one, and an import never replaces a config file's price: the config file
+/// wins over an import, which wins over the built-in list.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum, Serialize, Deserialize,
+)]
+#[sea_orm(rs_type = "String", db_type = "String(StringLen::None)")]
+pub enum PriceOrigin {
+    /// The list compiled into the binary.
+    #[sea_orm(string_value = "built_in")]
+    BuiltIn,
+    /// The config file (`--config`).
+    #[sea_orm(string_value = "config")]
+    Config,
+    /// `jobledger prices import`.
+    #[sea_orm(string_value = "import")]
+    Import,
+}
+
+/// The API family that serves a model whose name does not tell it (an imported one).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum, Serialize, Deserialize,
+)]
+#[sea_orm(rs_type = "String", db_type = "String(StringLen::None)")]
+pub enum ProviderFamily {
+    /// The OpenAI-compatible provider.
+    #[sea_orm(string_value = "openai")]
+    OpenAi,
+    /// Anthropic.
+    #[sea_orm(string_value = "anthropic")]
+    Anthropic,
+}
+
 /// Whose budget a rate-limit bucket holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, EnumIter, DeriveActiveEnum)]
 #[sea_orm(rs_type = "String", db_type = "String(StringLen::None)")]

@@ -31,6 +31,7 @@ mod m20261202_000011_model_limits;
 mod m20261202_000012_batch_prices;
 mod m20261202_000020_fallback_models;
 mod m20261202_000030_provider_batches;
+mod m20261202_000040_price_origins;
 
 /// Applies jobledger's migrations in order.
 pub struct Migrator;
@@ -63,6 +64,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261202_000012_batch_prices::Migration),
             Box::new(m20261202_000020_fallback_models::Migration),
             Box::new(m20261202_000030_provider_batches::Migration),
+            Box::new(m20261202_000040_price_origins::Migration),
         ]
     }
 }

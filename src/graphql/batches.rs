@@ -6,6 +6,7 @@ use super::{app, principal};
 use crate::billing::reports::ReportScope;
 use crate::jobs::batches::items::{self, ItemRequest};
 use crate::jobs::batches::{self, BatchRequest, NewBatch, cancel};
+use crate::jobs::parameters::ParameterRequest;
 use crate::jobs::tools::ToolRequest;
 use async_graphql::{Context, InputObject, Json, Object, SimpleObject};
 use chrono::{DateTime, Utc};
@@ -39,6 +40,16 @@ pub struct CreateBatchInput {
     pub tools: Option<Json<serde_json::Value>>,
     /// Whether and which tool the model must call, as createJob's.
     pub tool_choice: Option<Json<serde_json::Value>>,
+    /// Sampling temperature of every item's calls, as createJob's.
+    pub temperature: Option<f64>,
+    /// Nucleus sampling of every item's calls, as createJob's.
+    pub top_p: Option<f64>,
+    /// Sequences that end every item's reply, as createJob's.
+    pub stop: Option<Vec<String>>,
+    /// The seed of every item's calls, as createJob's (dropped for Anthropic).
+    pub seed: Option<i32>,
+    /// Other fields of every item's provider request body, checked as createJob's.
+    pub provider_options: Option<Json<serde_json::Value>>,
 }
 
 /// One item: a job of the batch, named by the client.
@@ -97,6 +108,13 @@ impl BatchMutation {
                 tools: input.tools.map(|json| json.0),
                 tool_choice: input.tool_choice.map(|json| json.0),
             },
+        })?
+        .with_parameters(ParameterRequest {
+            temperature: input.temperature,
+            top_p: input.top_p,
+            stop: input.stop,
+            seed: input.seed.map(i64::from),
+            provider_options: input.provider_options.map(|json| json.0),
         })?;
         let app = app(context);
         let created = batches::create_batch(&app.db, &app.providers, tenant_id, new).await?;

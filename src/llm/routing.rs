@@ -2,14 +2,15 @@
 //!
 //! A model name is routed, first match wins: an exact name from the config file, then
 //! the longest matching prefix pattern (`"gpt-4o*"`) from the config file, then its
-//! family's provider from the environment (`OPENAI_*`, `ANTHROPIC_*`), then the
+//! family's provider from the environment (`OPENAI_*`, `ANTHROPIC_*`) — the family an
+//! imported price names, else the one the name tells — then the
 //! fallback: the built-in simulator, but only while no real provider is configured.
 //! Once one is, a model no route claims is served by nobody and refused at createJob —
 //! never simulated and charged at real prices.
 
 use super::Provider;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 /// A model name (`llama3-local`) or a prefix pattern (`gpt-*`, or `*` for every model).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -93,6 +94,9 @@ pub struct ProviderRegistry {
     /// Longest prefix first, so the most specific pattern wins.
     prefixes: Vec<(String, Arc<dyn Provider>)>,
     families: Vec<(ModelFamily, Arc<dyn Provider>)>,
+    /// The family of each imported model whose name does not tell it, shared by every
+    /// clone and replaced as the price table is read again.
+    imported: Arc<RwLock<HashMap<String, ModelFamily>>>,
     fallback: Option<Arc<dyn Provider>>,
 }
 
@@ -104,8 +108,18 @@ impl ProviderRegistry {
             exact: HashMap::new(),
             prefixes: Vec::new(),
             families: Vec::new(),
+            imported: Arc::default(),
             fallback,
         }
+    }
+
+    /// Replaces the families imported models are served by (every clone sees them).
+    pub fn set_imported_families(&self, families: HashMap<String, ModelFamily>) {
+        // A poisoned lock only means a panic while replacing the map: the map is whole.
+        *self
+            .imported
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = families;
     }
 
     /// Sends the models `pattern` matches to `provider`, ahead of every family route.
@@ -164,7 +178,13 @@ impl ProviderRegistry {
         {
             return Some(provider.clone());
         }
-        let family = ModelFamily::of(model);
+        let imported = self
+            .imported
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(model)
+            .copied();
+        let family = imported.or_else(|| ModelFamily::of(model));
         self.families
             .iter()
             .find(|(candidate, _)| Some(*candidate) == family)
@@ -249,6 +269,24 @@ mod tests {
         assert_eq!(name("mistral"), "simulator");
         assert!(registry.is_unrouted("mistral"));
         assert!(!registry.is_unrouted("o3-mini"));
+    }
+
+    #[test]
+    fn an_imported_family_routes_a_name_of_no_family() {
+        let registry = ProviderRegistry::new(None)
+            .route(ModelFamily::OpenAi, Arc::new(Named("openai-env")))
+            .route(ModelFamily::Anthropic, Arc::new(Named("anthropic-env")));
+        let clone = registry.clone();
+        assert!(!registry.serves("chatgpt-4o-latest"));
+        registry.set_imported_families(HashMap::from([
+            ("chatgpt-4o-latest".to_owned(), ModelFamily::OpenAi),
+            ("gpt-like-claude".to_owned(), ModelFamily::Anthropic),
+        ]));
+        let name = |model| clone.provider_for(model).unwrap().name().to_owned();
+        assert_eq!(name("chatgpt-4o-latest"), "openai-env");
+        // The imported family wins over the name's.
+        assert_eq!(name("gpt-like-claude"), "anthropic-env");
+        assert_eq!(name("gpt-4o"), "openai-env");
     }
 
     #[test]

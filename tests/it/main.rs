@@ -49,6 +49,7 @@ mod operations;
 mod parameters;
 mod parts;
 mod pooler;
+mod prices_import;
 mod processes;
 mod properties;
 mod protocol_model;

@@ -1,6 +1,7 @@
 //! Job parameters (`temperature`, `topP`, `stop`, `seed`, `providerOptions`): they
 //! reach the provider as sent, in each provider's shape; options that would change
-//! what a call may cost are refused; and they are part of the request a key names.
+//! what a call may cost are refused; and they are part of the request a key names —
+//! a job's, and a batch's for each of its items.
 
 use crate::helpers::{AppOptions, Backend, error_code, job_input, spawn_app, spawn_app_with};
 use jobledger::llm::anthropic::AnthropicClient;
@@ -13,6 +14,7 @@ on_both_backends!(
     parameters_reach_the_provider_as_sent,
     cost_changing_options_are_refused_before_anything_is_held,
     parameters_are_part_of_the_request_a_key_names,
+    batch_items_are_called_with_the_batch_parameters,
 );
 
 fn with_parameters(key: &str) -> Value {
@@ -181,4 +183,81 @@ async fn parameters_are_part_of_the_request_a_key_names(backend: Backend) {
         input["data"]["job"]["input"]["parameters"]["temperature"], 0.25,
         "{input}"
     );
+}
+
+/// A createBatch with every parameter of `with_parameters`, under `key`.
+fn batch_with_parameters(key: &str) -> Value {
+    let job = with_parameters(key);
+    let mut input = json!({"idempotencyKey": key, "model": "gpt-4o-mini", "maxOutputTokens": 50});
+    for field in ["temperature", "topP", "stop", "seed", "providerOptions"] {
+        input[field] = job[field].clone();
+    }
+    json!({"input": input})
+}
+
+async fn batch_items_are_called_with_the_batch_parameters(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let created = app
+        .operation(
+            Some(&tenant.key),
+            "CreateBatch",
+            batch_with_parameters("params"),
+        )
+        .await;
+    assert!(created["errors"].is_null(), "{created}");
+    let batch: uuid::Uuid = created["data"]["createBatch"]["batch"]["id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // The parameters are part of the batch a key names.
+    let replay = app
+        .operation(
+            Some(&tenant.key),
+            "CreateBatch",
+            batch_with_parameters("params"),
+        )
+        .await;
+    assert_eq!(replay["data"]["createBatch"]["replayed"], true, "{replay}");
+    for (field, value) in [("temperature", json!(0.3)), ("seed", json!(43))] {
+        let mut changed = batch_with_parameters("params");
+        changed["input"][field] = value;
+        let response = app
+            .operation(Some(&tenant.key), "CreateBatch", changed)
+            .await;
+        assert_eq!(
+            error_code(&response),
+            "IDEMPOTENCY_CONFLICT",
+            "{field}: {response}"
+        );
+    }
+    // They are checked as a job's.
+    let mut refused = batch_with_parameters("refused");
+    refused["input"]["providerOptions"] = json!({"n": 4});
+    let response = app
+        .operation(Some(&tenant.key), "CreateBatch", refused)
+        .await;
+    assert_eq!(error_code(&response), "VALIDATION", "{response}");
+    let items = ["oslo", "lima"].map(|city| {
+        json!({"customId": city, "messages": [{"role": "user", "content": format!("Weather in {city}?")}]})
+    });
+    let added = crate::batches::add_items(&app, &tenant, batch, &items).await;
+    assert!(added["errors"].is_null(), "{added}");
+    let closed = app
+        .operation(Some(&tenant.key), "CloseBatch", json!({"id": batch}))
+        .await;
+    assert!(closed["errors"].is_null(), "{closed}");
+    crate::batches::wait_until_finished(&app, &tenant, batch, Duration::from_secs(60)).await;
+    let calls = app.simulator.calls();
+    assert_eq!(calls.len(), 2, "one call per item");
+    for call in &calls {
+        let sent = &call.request;
+        assert_eq!(sent["temperature"], 0.25, "{sent}");
+        assert_eq!(sent["top_p"], 0.5, "{sent}");
+        assert_eq!(sent["stop"], json!(["END", "\n\n"]), "{sent}");
+        assert_eq!(sent["seed"], 42, "{sent}");
+        assert_eq!(sent["user"], "end-user-7", "{sent}");
+        assert_eq!(sent["logit_bias"], json!({"50256": -100}), "{sent}");
+    }
 }

@@ -554,6 +554,8 @@ impl Checker<'_> {
             batch,
             limits: price.limits,
             source: price.source.clone(),
+            origin: price.origin,
+            family: None,
         })
     }
 }

@@ -15,6 +15,7 @@ use crate::billing::prices::{self, BatchRates, ConfiguredPrice, ListPrice, Rates
 use crate::jobs::flow::RateLimit;
 use crate::llm::routing::ModelPattern;
 use check::Checker;
+use entity::PriceOrigin;
 use raw::RawFile;
 use rust_decimal::Decimal;
 use std::collections::BTreeMap;
@@ -129,6 +130,16 @@ pub enum CustomerPolicy {
     Price(Rates),
 }
 
+impl ModelConfig {
+    /// Whether the entry says anything of what the model costs or sells for.
+    fn sets_prices(&self) -> bool {
+        self.price.is_some()
+            || self.batch_price.is_some()
+            || self.customer_batch_price.is_some()
+            || self.customer != CustomerPolicy::GlobalMarkup
+    }
+}
+
 impl ConfigFile {
     /// Reads and validates `path`; API keys come from the process environment.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -191,9 +202,17 @@ impl ConfigFile {
                         .source
                         .clone()
                         .unwrap_or_else(|| format!("config file {}", self.path.display())),
+                    origin: PriceOrigin::Config,
                 },
+                // A built-in price the file sells its own way is the file's; one it
+                // only routes or rate-limits stays built in (an import may replace it).
                 (None, Some(built_in)) => ListPrice {
                     batch: config.batch_price.or(built_in.batch),
+                    origin: if config.sets_prices() {
+                        PriceOrigin::Config
+                    } else {
+                        PriceOrigin::BuiltIn
+                    },
                     ..(*built_in).clone()
                 },
                 // Routed only; refused at createJob unless a price exists in the database.

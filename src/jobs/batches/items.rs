@@ -271,7 +271,7 @@ fn parse_items(
                 response_schema: settings.response_schema.clone(),
                 metadata: request.metadata,
                 stream_output: false,
-                parameters: Default::default(),
+                parameters: settings.parameters.clone(),
                 tools: settings.tools.clone(),
             },
             max_attempts: settings.max_attempts,

@@ -21,8 +21,9 @@ use crate::billing::Credits;
 use crate::billing::batch_totals::BatchTotals;
 use crate::db::begin_write;
 use crate::error::ServiceError;
+use crate::jobs::parameters::{ParameterRequest, parse_parameters};
 use crate::jobs::tools::{ToolRequest, parse_tools};
-use crate::llm::{ProviderRegistry, Tools};
+use crate::llm::{Parameters, ProviderRegistry, Tools};
 use entity::{BatchMode, BatchStatus, JsonText, Timestamp, batches, jobs};
 use sea_orm::sea_query::{Expr, Func, OnConflict};
 use sea_orm::{
@@ -73,6 +74,9 @@ pub struct BatchSettings {
     /// that batches created before tools existed keep their fingerprints.
     #[serde(default, skip_serializing_if = "Tools::is_empty")]
     pub tools: Tools,
+    /// Sent with every call of every item; absent when none were given, as for tools.
+    #[serde(default, skip_serializing_if = "Parameters::is_empty")]
+    pub parameters: Parameters,
 }
 
 /// A createBatch request that passed every check.
@@ -126,8 +130,17 @@ impl NewBatch {
                 deadline: request.deadline,
                 metadata: request.metadata,
                 tools,
+                parameters: Parameters::default(),
             },
         })
+    }
+
+    /// The batch with `temperature`, `topP`, `stop`, `seed` and `providerOptions` for
+    /// every call of every item, checked as a job's; part of the fingerprint like
+    /// every setting.
+    pub fn with_parameters(mut self, request: ParameterRequest) -> Result<Self, ServiceError> {
+        self.settings.parameters = parse_parameters(request)?;
+        Ok(self)
     }
 
     /// SHA-256 of everything the request asks for: two requests with one idempotency

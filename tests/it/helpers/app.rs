@@ -35,6 +35,10 @@ pub struct AppOptions {
     /// Anthropic's shape. Off: every model reaches it in OpenAI's shape. On, Anthropic
     /// is a configured provider, so models of no provider are not served.
     pub anthropic_shape: bool,
+    /// `gpt-*`/`o*` models (and models imported as OpenAI's) reach the simulator
+    /// through a configured OpenAI-compatible provider (`OPENAI_BASE_URL`). On, a real
+    /// provider is configured, so models of no provider are not served.
+    pub openai_endpoint: bool,
 }
 
 impl Default for AppOptions {
@@ -46,6 +50,7 @@ impl Default for AppOptions {
             allow_private_webhooks: true,
             cors_origins: Vec::new(),
             anthropic_shape: false,
+            openai_endpoint: false,
         }
     }
 }
@@ -224,6 +229,10 @@ async fn spawn_app_at(
             anthropic: options.anthropic_shape.then(|| ProviderEndpoint {
                 base_url: format!("http://{}", simulator.address),
                 api_key: Some("sk-ant-test".to_owned()),
+            }),
+            openai: options.openai_endpoint.then(|| ProviderEndpoint {
+                base_url: format!("http://{}/v1", simulator.address),
+                api_key: Some("sk-test".to_owned()),
             }),
             ..ProviderSettings::default()
         },

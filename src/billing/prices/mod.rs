@@ -1,17 +1,28 @@
 //! Model prices: what the provider bills us and what we bill the customer.
 //!
 //! Prices live in `model_prices` as versions. A price change inserts a new version; an
-//! attempt stores the version it was priced with, so past rows never change.
+//! attempt stores the version it was priced with, so past rows never change. Prices
+//! come from the built-in list ([`built_in`]), the config file, and price maps an
+//! operator imports ([`import`]); [`store`] decides which of them a new version may
+//! replace.
+
+mod built_in;
+pub mod import;
+pub mod routes;
+mod store;
+
+pub use built_in::{
+    BUILT_IN_BATCH_DISCOUNT, DEFAULT_CUSTOMER_MARKUP, built_in_batch, built_in_list,
+    built_in_prices,
+};
+pub use store::{Stored, store_price, sync_prices};
 
 use super::{CallBound, Credits};
 use crate::error::ServiceError;
 use crate::llm::TokenUsage;
-use entity::{Timestamp, model_prices};
+use entity::{PriceOrigin, ProviderFamily, Timestamp, model_prices};
 use rust_decimal::Decimal;
-use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QueryOrder,
-};
-use std::str::FromStr;
+use sea_orm::{ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QueryOrder};
 use uuid::Uuid;
 
 /// Credits per million tokens.
@@ -278,7 +289,8 @@ impl From<model_prices::Model> for ModelPrice {
     }
 }
 
-/// A model's price as configured (built in or from a config file), before it is stored.
+/// A model's price as configured (built in, from a config file or from an imported
+/// price map), before it is stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfiguredPrice {
     pub model: String,
@@ -287,145 +299,11 @@ pub struct ConfiguredPrice {
     pub batch: Option<BatchPrice>,
     pub limits: ModelLimits,
     pub source: String,
+    pub origin: PriceOrigin,
+    /// The family serving the model, when its name does not tell (an imported model);
+    /// `None`: by its name.
+    pub family: Option<ProviderFamily>,
 }
-
-/// The factor the customer pays over the provider's price when no price says otherwise.
-pub const DEFAULT_CUSTOMER_MARKUP: &str = "1.25";
-
-/// Where the built-in OpenAI prices and limits come from.
-const OPENAI_SOURCE: &str =
-    "openai.com/api/pricing and the model pages, list prices as of 2026-12-02";
-/// Where the built-in Anthropic prices and limits come from.
-const ANTHROPIC_SOURCE: &str =
-    "anthropic.com/pricing (cache reads at 0.1x input) and the models overview, as of 2026-12-02";
-
-/// What a built-in model's batch price is of its list price: OpenAI's Batch API and
-/// Anthropic's Message Batches both bill half the list price for input and output,
-/// and every built-in model is one of theirs.
-pub const BUILT_IN_BATCH_DISCOUNT: &str = "0.5";
-
-/// Provider list prices in USD (one credit = one US dollar) per million tokens, and
-/// limits in tokens: (model, input, cached input, output, context window, most output,
-/// source).
-const BUILT_IN_PRICES: &[(&str, &str, &str, &str, u32, u32, &str)] = &[
-    (
-        "gpt-4o-mini",
-        "0.15",
-        "0.075",
-        "0.60",
-        128_000,
-        16_384,
-        OPENAI_SOURCE,
-    ),
-    (
-        "gpt-4o",
-        "2.50",
-        "1.25",
-        "10.00",
-        128_000,
-        16_384,
-        OPENAI_SOURCE,
-    ),
-    (
-        "gpt-4.1",
-        "2.00",
-        "0.50",
-        "8.00",
-        1_047_576,
-        32_768,
-        OPENAI_SOURCE,
-    ),
-    (
-        "gpt-4.1-mini",
-        "0.40",
-        "0.10",
-        "1.60",
-        1_047_576,
-        32_768,
-        OPENAI_SOURCE,
-    ),
-    (
-        "gpt-4.1-nano",
-        "0.10",
-        "0.025",
-        "0.40",
-        1_047_576,
-        32_768,
-        OPENAI_SOURCE,
-    ),
-    (
-        "o3",
-        "2.00",
-        "0.50",
-        "8.00",
-        200_000,
-        100_000,
-        OPENAI_SOURCE,
-    ),
-    (
-        "o3-mini",
-        "1.10",
-        "0.55",
-        "4.40",
-        200_000,
-        100_000,
-        OPENAI_SOURCE,
-    ),
-    (
-        "o4-mini",
-        "1.10",
-        "0.275",
-        "4.40",
-        200_000,
-        100_000,
-        OPENAI_SOURCE,
-    ),
-    (
-        "claude-3-5-haiku-latest",
-        "0.80",
-        "0.08",
-        "4.00",
-        200_000,
-        8_192,
-        ANTHROPIC_SOURCE,
-    ),
-    (
-        "claude-haiku-4-5",
-        "1.00",
-        "0.10",
-        "5.00",
-        200_000,
-        64_000,
-        ANTHROPIC_SOURCE,
-    ),
-    (
-        "claude-sonnet-4-0",
-        "3.00",
-        "0.30",
-        "15.00",
-        200_000,
-        64_000,
-        ANTHROPIC_SOURCE,
-    ),
-    (
-        "claude-sonnet-4-5",
-        "3.00",
-        "0.30",
-        "15.00",
-        200_000,
-        64_000,
-        ANTHROPIC_SOURCE,
-    ),
-    (
-        "claude-opus-4-1",
-        "15.00",
-        "1.50",
-        "75.00",
-        200_000,
-        32_000,
-        ANTHROPIC_SOURCE,
-    ),
-];
 
 /// A provider's list price for one model, before a customer price policy applies.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -436,6 +314,7 @@ pub struct ListPrice {
     pub batch: Option<BatchRates>,
     pub limits: ModelLimits,
     pub source: String,
+    pub origin: PriceOrigin,
 }
 
 impl ListPrice {
@@ -452,52 +331,10 @@ impl ListPrice {
             }),
             limits: self.limits,
             source: self.source.clone(),
+            origin: self.origin,
+            family: None,
         }
     }
-}
-
-/// The batch rates of a built-in model at `rates`, its list rates.
-pub fn built_in_batch(rates: &Rates) -> BatchRates {
-    let factor = Decimal::from_str(BUILT_IN_BATCH_DISCOUNT).expect("the discount is a decimal");
-    BatchRates::discounted(rates, factor).expect("half a price fits")
-}
-
-/// The built-in provider list prices.
-pub fn built_in_list() -> Vec<ListPrice> {
-    BUILT_IN_PRICES
-        .iter()
-        .map(
-            |(model, input, cached_input, output, context_window, max_output, source)| {
-                let rate = |text: &str| {
-                    let value = Decimal::from_str(text).expect("built-in prices are decimals");
-                    PricePerMillion(Credits::from_decimal(value).expect("built-in prices fit"))
-                };
-                let provider = Rates {
-                    input: rate(input),
-                    cached_input: rate(cached_input),
-                    output: rate(output),
-                };
-                ListPrice {
-                    model: (*model).to_owned(),
-                    provider,
-                    batch: Some(built_in_batch(&provider)),
-                    limits: ModelLimits {
-                        context_window: Some(*context_window),
-                        max_output_tokens: Some(*max_output),
-                    },
-                    source: (*source).to_owned(),
-                }
-            },
-        )
-        .collect()
-}
-
-/// The built-in price list, with customer prices at `markup` times the provider's.
-pub fn built_in_prices(markup: Decimal) -> Vec<ConfiguredPrice> {
-    built_in_list()
-        .iter()
-        .map(|price| price.marked_up(markup))
-        .collect()
 }
 
 /// Customer rates at `markup` times the provider's rates (saturating at the largest
@@ -519,63 +356,6 @@ pub fn checked_marked_up(provider: &Rates, markup: Decimal) -> Option<Rates> {
         cached_input: provider.cached_input.scaled(markup)?,
         output: provider.output.scaled(markup)?,
     })
-}
-
-/// Stores each configured price as a new version when it differs from the model's
-/// newest stored version. Several processes may do this at once: the unique
-/// (model, version) index lets one of them win and the others skip.
-pub async fn sync_prices(
-    db: &impl ConnectionTrait,
-    prices: &[ConfiguredPrice],
-) -> Result<(), DbErr> {
-    let now = Timestamp::now();
-    for price in prices {
-        let newest = model_prices::Entity::find()
-            .filter(model_prices::Column::Model.eq(&price.model))
-            .order_by_desc(model_prices::Column::Version)
-            .one(db)
-            .await?;
-        if let Some(row) = &newest {
-            let stored = ModelPrice::from(row.clone());
-            if stored.provider == price.provider
-                && stored.customer == price.customer
-                && stored.batch == price.batch
-                && stored.limits == price.limits
-            {
-                continue;
-            }
-        }
-        let version = newest.map_or(1, |row| row.version + 1);
-        let batch_nanos = |rate: fn(&BatchPrice) -> PricePerMillion| {
-            price.batch.as_ref().map(|batch| rate(batch).0.nanos())
-        };
-        let row = model_prices::ActiveModel {
-            id: Set(Uuid::now_v7()),
-            model: Set(price.model.clone()),
-            version: Set(version),
-            provider_input_nanos_per_million: Set(price.provider.input.0.nanos()),
-            provider_cached_input_nanos_per_million: Set(price.provider.cached_input.0.nanos()),
-            provider_output_nanos_per_million: Set(price.provider.output.0.nanos()),
-            customer_input_nanos_per_million: Set(price.customer.input.0.nanos()),
-            customer_cached_input_nanos_per_million: Set(price.customer.cached_input.0.nanos()),
-            customer_output_nanos_per_million: Set(price.customer.output.0.nanos()),
-            effective_from: Set(now),
-            source: Set(price.source.clone()),
-            context_window: Set(price.limits.context_window.map(i64::from)),
-            max_output_tokens: Set(price.limits.max_output_tokens.map(i64::from)),
-            provider_batch_input_nanos_per_million: Set(batch_nanos(|b| b.provider.input)),
-            provider_batch_output_nanos_per_million: Set(batch_nanos(|b| b.provider.output)),
-            customer_batch_input_nanos_per_million: Set(batch_nanos(|b| b.customer.input)),
-            customer_batch_output_nanos_per_million: Set(batch_nanos(|b| b.customer.output)),
-            created_at: Set(now),
-        };
-        match model_prices::Entity::insert(row).exec(db).await {
-            Ok(_) => tracing::info!(model = %price.model, version, "stored a new price version"),
-            Err(error) if crate::db::is_unique_violation(&error) => {}
-            Err(error) => return Err(error),
-        }
-    }
-    Ok(())
 }
 
 /// The price in force for `model` at `at`: the newest version already effective.
@@ -614,6 +394,7 @@ pub async fn prices_at(db: &impl ConnectionTrait, at: Timestamp) -> Result<Vec<M
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::str::FromStr;
 
     fn per_million(text: &str) -> PricePerMillion {
         PricePerMillion(Credits::from_decimal(Decimal::from_str(text).unwrap()).unwrap())
