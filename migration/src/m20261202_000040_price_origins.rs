@@ -4,6 +4,7 @@
 //! `anthropic`; null: by its name, as before). Existing rows are config rows when their
 //! source names a config file, built-in ones otherwise.
 
+use crate::steps::{add_columns, drop_columns};
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
@@ -12,23 +13,11 @@ pub struct Migration;
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        // One column per statement: SQLite alters a table one column at a time.
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(ModelPrices::Table)
-                    .add_column(string(ModelPrices::Origin).default("built_in"))
-                    .to_owned(),
-            )
-            .await?;
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(ModelPrices::Table)
-                    .add_column(string_null(ModelPrices::ProviderFamily))
-                    .to_owned(),
-            )
-            .await?;
+        let columns = [
+            string(ModelPrices::Origin).default("built_in").take(),
+            string_null(ModelPrices::ProviderFamily),
+        ];
+        add_columns(manager, ModelPrices::Table, columns).await?;
         manager
             .exec_stmt(
                 Query::update()
@@ -41,17 +30,8 @@ impl MigrationTrait for Migration {
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        for column in [ModelPrices::ProviderFamily, ModelPrices::Origin] {
-            manager
-                .alter_table(
-                    Table::alter()
-                        .table(ModelPrices::Table)
-                        .drop_column(column)
-                        .to_owned(),
-                )
-                .await?;
-        }
-        Ok(())
+        let columns = [ModelPrices::ProviderFamily, ModelPrices::Origin];
+        drop_columns(manager, ModelPrices::Table, columns).await
     }
 }
 
