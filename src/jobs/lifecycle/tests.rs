@@ -747,3 +747,15 @@ fn a_job_without_a_deadline_gets_the_default_from_its_creation() {
     );
     assert_eq!(deadline_of(&job()), at(3600));
 }
+
+#[test]
+fn a_lapsed_lease_of_an_item_in_a_live_provider_batch_is_not_lost() {
+    use entity::ProviderBatchState::*;
+    assert!(lease_is_lost(None), "a realtime attempt");
+    for live in [Preparing, Uploading, Submitted, Cancelling, Ended] {
+        assert!(!lease_is_lost(Some(live)), "{live:?}");
+    }
+    for ended in [Settled, Abandoned, Unknown] {
+        assert!(lease_is_lost(Some(ended)), "{ended:?}");
+    }
+}

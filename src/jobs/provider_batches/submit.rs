@@ -32,7 +32,7 @@ pub const MAX_ITEMS_PER_PROVIDER_BATCH: u64 = 10_000;
 /// provider's completion window and a day more. The submitter settles it long
 /// before (its unknown-fate bound ends it); the lease is what lets the job rescue
 /// take it back if the provider batch row itself was lost.
-const ITEM_LEASE: Duration = Duration::from_secs(48 * 60 * 60);
+pub(crate) const ITEM_LEASE: Duration = Duration::from_secs(48 * 60 * 60);
 
 /// Submits the due queued items of every closed, uncancelled PROVIDER_BATCH batch.
 pub(super) async fn submit_closed_batches(
