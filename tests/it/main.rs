@@ -50,6 +50,7 @@ mod parts;
 mod processes;
 mod properties;
 mod protocol_model;
+mod provider_batch_crash;
 mod provider_batch_upkeep;
 mod provider_batches;
 mod providers;
