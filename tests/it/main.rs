@@ -62,6 +62,7 @@ mod simulator;
 mod start_messages;
 mod streaming;
 mod structured;
+mod submitter_model;
 mod subscriptions;
 mod tools;
 mod traces;
