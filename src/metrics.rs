@@ -76,6 +76,21 @@ pub const TENANTS_LOW_CREDIT: &str = "jobledger_tenants_low_credit";
 /// process that answers its scrape while its database is away still pages.
 pub const DATABASE_UP: &str = "jobledger_database_up";
 
+/// Provider batch rows by `state` (`preparing`, `uploading`, `submitted`,
+/// `cancelling`, `ended`, `settled`, `abandoned`, `unknown`; the same figure from
+/// every process: use `max`).
+pub const PROVIDER_BATCHES: &str = "jobledger_provider_batches";
+/// Items of closed PROVIDER_BATCH batches not finished yet: queued for a provider
+/// batch, or in one waiting for its results (the same figure from every process).
+pub const PROVIDER_BATCH_ITEMS_WAITING: &str = "jobledger_provider_batch_items_waiting";
+/// Seconds since the oldest of those items' batch was closed; 0 when none waits.
+pub const PROVIDER_BATCH_OLDEST_ITEM_AGE: &str =
+    "jobledger_provider_batch_oldest_waiting_item_age_seconds";
+/// Seconds since the oldest provider batch that has not ended yet (preparing to
+/// submitted, or cancelling) was created; 0 when there is none. Past the providers'
+/// completion window (24 h) something is wrong: the alert on it pages.
+pub const PROVIDER_BATCH_OLDEST_AGE: &str = "jobledger_provider_batch_oldest_open_age_seconds";
+
 /// Every metric name this process exposes, for documentation and tests.
 pub const ALL: &[&str] = &[
     JOBS_CREATED,
@@ -100,6 +115,10 @@ pub const ALL: &[&str] = &[
     POOL_CONNECTIONS_IN_USE,
     TENANTS_LOW_CREDIT,
     DATABASE_UP,
+    PROVIDER_BATCHES,
+    PROVIDER_BATCH_ITEMS_WAITING,
+    PROVIDER_BATCH_OLDEST_ITEM_AGE,
+    PROVIDER_BATCH_OLDEST_AGE,
 ];
 
 /// Histogram buckets, in seconds: from a fast database query to a long model call.
@@ -251,6 +270,19 @@ impl Metrics {
                 DATABASE_UP,
                 "Whether this process could read the database at its last scrape",
             ),
+            (PROVIDER_BATCHES, "Provider batches by state"),
+            (
+                PROVIDER_BATCH_ITEMS_WAITING,
+                "Items of closed PROVIDER_BATCH batches waiting to be sent or for their results",
+            ),
+            (
+                PROVIDER_BATCH_OLDEST_ITEM_AGE,
+                "Seconds since the batch of the oldest item waiting for a provider batch was closed",
+            ),
+            (
+                PROVIDER_BATCH_OLDEST_AGE,
+                "Seconds since the oldest provider batch not ended yet was created",
+            ),
         ] {
             recorder.describe_gauge(name.into(), None, SharedString::const_str(help));
         }
@@ -393,6 +425,17 @@ impl Metrics {
         self.gauge(JOBS_RUNNING, &[]).set(state.running as f64);
         self.gauge(TENANTS_LOW_CREDIT, &[])
             .set(state.tenants_low_credit as f64);
+        let batches = &state.provider_batches;
+        for (provider_state, count) in &batches.by_state {
+            self.gauge(PROVIDER_BATCHES, &[("state", provider_state.as_str())])
+                .set(*count as f64);
+        }
+        self.gauge(PROVIDER_BATCH_ITEMS_WAITING, &[])
+            .set(batches.items_waiting as f64);
+        self.gauge(PROVIDER_BATCH_OLDEST_ITEM_AGE, &[])
+            .set(batches.oldest_item_wait.as_secs_f64());
+        self.gauge(PROVIDER_BATCH_OLDEST_AGE, &[])
+            .set(batches.oldest_open_age.as_secs_f64());
     }
 
     /// Sets the gauges this process knows without a query, at scrape time.
@@ -458,6 +501,19 @@ pub struct StoredState {
     pub scheduled: u64,
     pub running: u64,
     pub tenants_low_credit: u64,
+    pub provider_batches: ProviderBatchGauges,
+}
+
+/// The provider-batch gauges, read from the database with the others.
+#[derive(Clone, Debug, Default)]
+pub struct ProviderBatchGauges {
+    /// Every state with its count of rows, zeros included, so that each series exists.
+    pub by_state: Vec<(entity::ProviderBatchState, u64)>,
+    pub items_waiting: u64,
+    /// Since the oldest waiting item's batch was closed.
+    pub oldest_item_wait: Duration,
+    /// Since the oldest provider batch not ended yet was created.
+    pub oldest_open_age: Duration,
 }
 
 /// The gauges this process knows in memory, read at each scrape.

@@ -3,7 +3,10 @@
 //! measured in the same run — `createJob` at concurrency 32, and a bare multi-row
 //! `INSERT` of the same job rows (every column of `jobs`, chunks of 1,000 on 4
 //! connections, nothing else written) — then the drain of that batch by one process
-//! with the built-in simulator, until the batch is FINISHED.
+//! with the built-in simulator, until the batch is FINISHED. Then the same items as a
+//! PROVIDER_BATCH batch through the simulator's batch API, from the first
+//! `addBatchItems` to FINISHED in one process (API, workers and submitter), with what
+//! the customer is charged per item against the realtime batch.
 
 use super::scratch::{Engine, ScratchDatabase};
 use super::{BenchError, Figure, Scale, audited, in_process_settings, seed};
@@ -33,6 +36,9 @@ const WORKERS: usize = 32;
 const READS: usize = 51;
 /// How long the drain may make no progress before the benchmark gives up.
 const STALL: Duration = Duration::from_secs(60);
+/// How often the provider-batch run's submitter reads its provider batch (the
+/// simulator's batches end a second after their creation).
+const PROVIDER_BATCH_POLL: Duration = Duration::from_millis(500);
 /// What every item asks (the benchmark's job prompt, so that holds are the seeded ones).
 const CONTENT: &str = "Summarise: the quarter went well.";
 
@@ -92,9 +98,12 @@ pub async fn run(engine: &Engine, scale: Scale) -> Result<Vec<Figure>, BenchErro
     let items = scale.batch_items.max(1);
     let bare = bare_insert(engine, items).await?;
     let creates = create_jobs(engine, scale.batch_creates.max(CREATE_CONCURRENCY)).await?;
-    let (enqueued, read_ms, drained) = enqueue_and_drain(engine, items).await?;
+    let (enqueued, read_ms, drained, realtime_charge) = enqueue_and_drain(engine, items).await?;
+    let (through_provider, provider_charge) = provider_batch(engine, items).await?;
     let create_name = format!("createJob at concurrency {CREATE_CONCURRENCY} (batch baseline)");
     let bare_name = format!("bare SQL multi-row INSERT of {items} job rows");
+    let drain_name = format!("drain of a batch of {items} items until FINISHED");
+    let realtime_charge_name = format!("customer charge per item, realtime batch of {items}");
     Ok(vec![
         Figure {
             engine: name,
@@ -133,12 +142,194 @@ pub async fn run(engine: &Engine, scale: Scale) -> Result<Vec<Figure>, BenchErro
         },
         Figure {
             engine: name,
-            name: format!("drain of a batch of {items} items until FINISHED"),
+            name: drain_name.clone(),
             value: drained,
             unit: "items/s",
             ratio: None,
         },
+        Figure {
+            engine: name,
+            name: format!(
+                "PROVIDER_BATCH of {items} items through the simulator's batch API, end to end"
+            ),
+            value: through_provider,
+            unit: "items/s",
+            ratio: Some((through_provider / drained, drain_name)),
+        },
+        Figure {
+            engine: name,
+            name: realtime_charge_name.clone(),
+            value: realtime_charge,
+            unit: "µcredits",
+            ratio: None,
+        },
+        Figure {
+            engine: name,
+            name: format!("customer charge per item, PROVIDER_BATCH of {items}"),
+            value: provider_charge,
+            unit: "µcredits",
+            ratio: Some((provider_charge / realtime_charge, realtime_charge_name)),
+        },
     ])
+}
+
+/// Millionths of a credit per item of what `batch` charged.
+fn charge_per_item(batch: &batches::Model, items: u64) -> f64 {
+    batch.customer_charge_nanos as f64 / 1_000.0 / items as f64
+}
+
+/// The workers of a draining process.
+fn drain_workers() -> WorkerSettings {
+    WorkerSettings {
+        concurrency: WORKERS,
+        lease: Duration::from_secs(30),
+        attempt_timeout: Duration::from_secs(60),
+        shutdown_grace: Duration::from_secs(30),
+        tenant_concurrency: None,
+        poll_interval: Duration::from_millis(500),
+        charging: crate::billing::ChargingPolicy::default(),
+        flow: Default::default(),
+    }
+}
+
+/// `addBatchItems` of `items` items to `batch_id`, in chunks of [`CHUNK`] from
+/// [`CLIENTS`] concurrent clients.
+async fn add_items(
+    client: &reqwest::Client,
+    address: SocketAddr,
+    key: &str,
+    batch_id: &str,
+    items: u64,
+) -> Result<(), BenchError> {
+    let next = Arc::new(AtomicU64::new(0));
+    let clients = (0..CLIENTS).map(|_| {
+        let next = next.clone();
+        async move {
+            loop {
+                let chunk = next.fetch_add(1, Ordering::Relaxed);
+                let first = chunk * CHUNK;
+                if first >= items {
+                    return Ok::<(), BenchError>(());
+                }
+                let chunk_items: Vec<Value> = (first..(first + CHUNK).min(items))
+                    .map(|item| {
+                        json!({
+                            "customId": format!("item-{item}"),
+                            "messages": [{"role": "user", "content": CONTENT}],
+                        })
+                    })
+                    .collect();
+                let expected = chunk_items.len() as u64;
+                let answer = graphql(
+                    client,
+                    address,
+                    key,
+                    "mutation($batchId: UUID!, $items: [BatchItemInput!]!) {
+                        addBatchItems(batchId: $batchId, items: $items) { added }
+                    }",
+                    json!({"batchId": batch_id, "items": chunk_items}),
+                )
+                .await?;
+                if answer["addBatchItems"]["added"].as_u64() != Some(expected) {
+                    return Err(failed(format!("addBatchItems answered {answer}")));
+                }
+            }
+        }
+    });
+    for result in futures_util::future::join_all(clients).await {
+        result?;
+    }
+    Ok(())
+}
+
+/// Polls the batch until it is FINISHED, failing when it makes no progress for
+/// [`STALL`] or the process running it stopped.
+async fn until_finished(
+    database: &ScratchDatabase,
+    batch_id: Uuid,
+    items: u64,
+    running: &ServerTask,
+) -> Result<batches::Model, BenchError> {
+    let (mut done, mut progress_at) = (0, Instant::now());
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let batch = batches::Entity::find_by_id(batch_id)
+            .one(&database.db)
+            .await?
+            .ok_or_else(|| failed("the batch is gone"))?;
+        if batch.status == BatchStatus::Finished {
+            if batch.succeeded != items as i64 {
+                return Err(failed(format!(
+                    "{} of {items} items succeeded (failed {}, cancelled {})",
+                    batch.succeeded, batch.failed, batch.cancelled
+                )));
+            }
+            return Ok(batch);
+        }
+        let now_done = batch.succeeded + batch.failed + batch.cancelled;
+        if now_done > done {
+            (done, progress_at) = (now_done, Instant::now());
+        } else if progress_at.elapsed() > STALL {
+            return Err(failed(format!(
+                "the batch's drain stalled at {done} of {items} items"
+            )));
+        }
+        if running.is_finished() {
+            return Err(failed("the worker process stopped"));
+        }
+    }
+}
+
+/// Items per second of a PROVIDER_BATCH batch of `items` items from its first
+/// `addBatchItems` to FINISHED, in one process with the API, the workers and the
+/// submitter, its provider batches through the built-in simulator's batch API; and
+/// the customer charge per item, in millionths of a credit.
+async fn provider_batch(engine: &Engine, items: u64) -> Result<(f64, f64), BenchError> {
+    let database = ScratchDatabase::create(engine).await?;
+    let (_, key) = seed::funded_tenant(&database.db, "provider-batcher", items).await?;
+    let listen = "127.0.0.1:0".parse().expect("a socket address");
+    let mut settings = in_process_settings(&database, Some(listen), Some(drain_workers()));
+    settings.operations.provider_batches.poll = PROVIDER_BATCH_POLL;
+    let application = Application::build(settings).await?;
+    let address = application
+        .address()
+        .ok_or_else(|| failed("the API did not bind"))?;
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(application.run(shutdown.clone()));
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    let created = graphql(
+        &client,
+        address,
+        &key,
+        "mutation($input: CreateBatchInput!) { createBatch(input: $input) { batch { id } } }",
+        json!({"input": {
+            "idempotencyKey": "bench-provider-batch",
+            "mode": "PROVIDER_BATCH",
+            "model": seed::MODEL,
+            "maxOutputTokens": 64,
+        }}),
+    )
+    .await?;
+    let batch_id = created["createBatch"]["batch"]["id"]
+        .as_str()
+        .ok_or_else(|| failed(format!("createBatch answered {created}")))?
+        .to_owned();
+    add_items(&client, address, &key, &batch_id, items).await?;
+    graphql(
+        &client,
+        address,
+        &key,
+        "mutation($id: UUID!) { closeBatch(id: $id) { status } }",
+        json!({"id": batch_id}),
+    )
+    .await?;
+    let batch_uuid = Uuid::parse_str(&batch_id).map_err(failed)?;
+    let batch = until_finished(&database, batch_uuid, items, &running).await?;
+    let rate = items as f64 / started.elapsed().as_secs_f64();
+    stop(shutdown, running).await?;
+    audited(database).await?;
+    Ok((rate, charge_per_item(&batch, items)))
 }
 
 /// Rows per second of the bare insert: the batch's job rows, every column of `jobs`,
@@ -329,8 +520,12 @@ async fn create_jobs(engine: &Engine, count: u64) -> Result<f64, BenchError> {
 }
 
 /// Items per second of enqueueing `items` over GraphQL, the milliseconds of one read
-/// of the full batch (what `batch(id)` runs), and items per second of the drain.
-async fn enqueue_and_drain(engine: &Engine, items: u64) -> Result<(f64, f64, f64), BenchError> {
+/// of the full batch (what `batch(id)` runs), items per second of the drain, and the
+/// customer charge per item, in millionths of a credit.
+async fn enqueue_and_drain(
+    engine: &Engine,
+    items: u64,
+) -> Result<(f64, f64, f64, f64), BenchError> {
     let database = ScratchDatabase::create(engine).await?;
     let (tenant_id, key) = seed::funded_tenant(&database.db, "batcher", items).await?;
     let (address, shutdown, running) = serve_api(&database).await?;
@@ -352,46 +547,8 @@ async fn enqueue_and_drain(engine: &Engine, items: u64) -> Result<(f64, f64, f64
         .as_str()
         .ok_or_else(|| failed(format!("createBatch answered {created}")))?
         .to_owned();
-    let next = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
-    let clients = (0..CLIENTS).map(|_| {
-        let (client, key, next, batch_id) =
-            (client.clone(), key.clone(), next.clone(), batch_id.clone());
-        async move {
-            loop {
-                let chunk = next.fetch_add(1, Ordering::Relaxed);
-                let first = chunk * CHUNK;
-                if first >= items {
-                    return Ok::<(), BenchError>(());
-                }
-                let chunk_items: Vec<Value> = (first..(first + CHUNK).min(items))
-                    .map(|item| {
-                        json!({
-                            "customId": format!("item-{item}"),
-                            "messages": [{"role": "user", "content": CONTENT}],
-                        })
-                    })
-                    .collect();
-                let expected = chunk_items.len() as u64;
-                let answer = graphql(
-                    &client,
-                    address,
-                    &key,
-                    "mutation($batchId: UUID!, $items: [BatchItemInput!]!) {
-                        addBatchItems(batchId: $batchId, items: $items) { added }
-                    }",
-                    json!({"batchId": batch_id, "items": chunk_items}),
-                )
-                .await?;
-                if answer["addBatchItems"]["added"].as_u64() != Some(expected) {
-                    return Err(failed(format!("addBatchItems answered {answer}")));
-                }
-            }
-        }
-    });
-    for result in futures_util::future::join_all(clients).await {
-        result?;
-    }
+    add_items(&client, address, &key, &batch_id, items).await?;
     let enqueued = items as f64 / started.elapsed().as_secs_f64();
     let batch_uuid = Uuid::parse_str(&batch_id).map_err(failed)?;
     let mut reads = Vec::with_capacity(READS);
@@ -412,52 +569,14 @@ async fn enqueue_and_drain(engine: &Engine, items: u64) -> Result<(f64, f64, f64
     .await?;
     stop(shutdown, running).await?;
 
-    let batch_id = batch_uuid;
-    let worker = WorkerSettings {
-        concurrency: WORKERS,
-        lease: Duration::from_secs(30),
-        attempt_timeout: Duration::from_secs(60),
-        shutdown_grace: Duration::from_secs(30),
-        tenant_concurrency: None,
-        poll_interval: Duration::from_millis(500),
-        charging: crate::billing::ChargingPolicy::default(),
-        flow: Default::default(),
-    };
     let application =
-        Application::build(in_process_settings(&database, None, Some(worker))).await?;
+        Application::build(in_process_settings(&database, None, Some(drain_workers()))).await?;
     let shutdown = CancellationToken::new();
     let started = Instant::now();
     let running = tokio::spawn(application.run(shutdown.clone()));
-    let (mut done, mut progress_at) = (0, Instant::now());
-    let batch = loop {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let batch = batches::Entity::find_by_id(batch_id)
-            .one(&database.db)
-            .await?
-            .ok_or_else(|| failed("the batch is gone"))?;
-        if batch.status == BatchStatus::Finished {
-            break batch;
-        }
-        let now_done = batch.succeeded + batch.failed + batch.cancelled;
-        if now_done > done {
-            (done, progress_at) = (now_done, Instant::now());
-        } else if progress_at.elapsed() > STALL {
-            return Err(failed(format!(
-                "the batch's drain stalled at {done} of {items} items"
-            )));
-        }
-        if running.is_finished() {
-            return Err(failed("the worker process stopped"));
-        }
-    };
+    let batch = until_finished(&database, batch_uuid, items, &running).await?;
     let drained = items as f64 / started.elapsed().as_secs_f64();
     stop(shutdown, running).await?;
-    if batch.succeeded != items as i64 {
-        return Err(failed(format!(
-            "{} of {items} items succeeded (failed {}, cancelled {})",
-            batch.succeeded, batch.failed, batch.cancelled
-        )));
-    }
     audited(database).await?;
-    Ok((enqueued, read_ms, drained))
+    Ok((enqueued, read_ms, drained, charge_per_item(&batch, items)))
 }

@@ -6,11 +6,18 @@ use super::flow::Deferral;
 use super::queue::{AttemptEnd, Claim};
 use crate::billing::Credits;
 use crate::bus::{EventBus, EventNotice};
-use crate::metrics::{AttemptFinished, LiveState, Metrics, StoredState};
+use crate::metrics::{AttemptFinished, LiveState, Metrics, ProviderBatchGauges, StoredState};
 use entity::JobErrorCode;
-use entity::{AttemptOutcome, EventKind, JobStatus, Timestamp, jobs, tenants};
+use entity::{
+    AttemptOutcome, BatchMode, BatchStatus, EventKind, JobStatus, ProviderBatchState, Timestamp,
+    batches, jobs, provider_batches, tenants,
+};
 use sea_orm::sea_query::{Expr, ExprTrait};
-use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, PaginatorTrait, QueryFilter};
+use sea_orm::{
+    ColumnTrait, DatabaseConnection, DbErr, EntityTrait, Iterable, PaginatorTrait, QueryFilter,
+    QuerySelect, QueryTrait,
+};
+use std::collections::HashMap;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -160,6 +167,74 @@ pub async fn stored_state(db: &DatabaseConnection) -> Result<StoredState, DbErr>
             )
             .count(db)
             .await?,
+        provider_batches: provider_batch_gauges(db).await?,
+    })
+}
+
+/// Provider batch rows by state, the items of closed PROVIDER_BATCH batches still
+/// waiting, and how long the oldest of those and the oldest open row have waited.
+async fn provider_batch_gauges(db: &DatabaseConnection) -> Result<ProviderBatchGauges, DbErr> {
+    let counted: HashMap<ProviderBatchState, i64> = provider_batches::Entity::find()
+        .select_only()
+        .column(provider_batches::Column::State)
+        .column_as(Expr::col(provider_batches::Column::Id).count(), "rows")
+        .group_by(provider_batches::Column::State)
+        .into_tuple::<(ProviderBatchState, i64)>()
+        .all(db)
+        .await?
+        .into_iter()
+        .collect();
+    let by_state = ProviderBatchState::iter()
+        .map(|state| {
+            let rows = counted.get(&state).copied().unwrap_or(0);
+            (state, u64::try_from(rows).unwrap_or(0))
+        })
+        .collect();
+    // A closed batch has unfinished items by definition: it is `finished` once none is.
+    let closed = || {
+        batches::Entity::find()
+            .filter(batches::Column::Mode.eq(BatchMode::ProviderBatch))
+            .filter(batches::Column::Status.eq(BatchStatus::Closed))
+    };
+    let items_waiting = jobs::Entity::find()
+        .filter(jobs::Column::Status.is_in([JobStatus::Queued, JobStatus::Running]))
+        .filter(
+            jobs::Column::BatchId.in_subquery(
+                closed()
+                    .select_only()
+                    .column(batches::Column::Id)
+                    .into_query(),
+            ),
+        )
+        .count(db)
+        .await?;
+    let oldest_closed: Option<Timestamp> = closed()
+        .select_only()
+        .expr(Expr::col(batches::Column::ClosedAt).min())
+        .into_tuple::<Option<Timestamp>>()
+        .one(db)
+        .await?
+        .flatten();
+    let oldest_open: Option<Timestamp> = provider_batches::Entity::find()
+        .select_only()
+        .expr(Expr::col(provider_batches::Column::CreatedAt).min())
+        .filter(
+            provider_batches::Column::State.is_in(
+                ProviderBatchState::iter()
+                    .filter(|state| !state.is_final() && *state != ProviderBatchState::Ended),
+            ),
+        )
+        .into_tuple::<Option<Timestamp>>()
+        .one(db)
+        .await?
+        .flatten();
+    let now = Timestamp::now();
+    let age = |since: Option<Timestamp>| since.map_or(Duration::ZERO, |since| elapsed(since, now));
+    Ok(ProviderBatchGauges {
+        by_state,
+        items_waiting,
+        oldest_item_wait: age(oldest_closed),
+        oldest_open_age: age(oldest_open),
     })
 }
 

@@ -5,7 +5,10 @@
  * and abandon_claim in finish.rs, expire_leases in expiry.rs; claim and claim_in_turn
  * in claim/mod.rs), src/jobs/worker/ (the judgement in judge.rs), src/jobs/service.rs,
  * src/jobs/budget.rs and src/billing/ledger.rs; a comment at
- * each step names the Rust function it stands for.
+ * each step names the Rust function it stands for. The provider-batch submitter, which
+ * runs an item's attempt in a provider batch instead of a worker's call, has a model
+ * of its own beside its code (provider_batches/protocol.pml): the two share only the
+ * lease rescue, whose rule for items in a live provider batch that model checks.
  *
  * WHAT IS MODELLED
  *   One job with its credit hold, two workers, the lease sweeper and the tenant.

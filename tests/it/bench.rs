@@ -112,9 +112,26 @@ async fn the_batch_benchmark_enqueues_and_drains_a_batch() {
         "addBatchItems, 3000 items, 4 clients",
         "addBatchItems, 3000 items, vs bare SQL",
         "drain of a batch of 3000 items until FINISHED",
+        "PROVIDER_BATCH of 3000 items through the simulator's batch API, end to end",
+        "customer charge per item, realtime batch of 3000",
+        "customer charge per item, PROVIDER_BATCH of 3000",
     ] {
         assert!(measure(name)["value"].as_f64().unwrap() > 0.0, "{name}");
     }
+    // At the batch price (half the list price), with the customer price policy applied
+    // to it, an item costs the customer half what it costs in a realtime batch.
+    let saving = &measure("customer charge per item, PROVIDER_BATCH of 3000")["ratio"];
+    assert_eq!(
+        saving["of"],
+        "customer charge per item, realtime batch of 3000"
+    );
+    let ratio = saving["value"].as_f64().unwrap();
+    assert!((0.45..=0.55).contains(&ratio), "{saving}");
+    assert_eq!(
+        measure("PROVIDER_BATCH of 3000 items through the simulator's batch API, end to end")["ratio"]
+            ["of"],
+        "drain of a batch of 3000 items until FINISHED"
+    );
     let versus_create = &measure("addBatchItems, 3000 items, 4 clients")["ratio"];
     assert_eq!(
         versus_create["of"],

@@ -58,6 +58,7 @@ fn the_alert_rules_are_valid() {
         "JobledgerLeaseExpirations",
         "JobledgerWebhookFailures",
         "JobledgerTenantsLowOnCredit",
+        "JobledgerProviderBatchOverdue",
     ] {
         assert!(alerts.contains(expected), "{expected} missing");
     }

@@ -105,7 +105,7 @@ fn value(text: &str, series: &str) -> Decimal {
 /// A scrape once each of `gauges` shows its value: the gauges kept in the database
 /// are read by a background refresher every few seconds, not by the scrape (bounded:
 /// 10 s).
-async fn scrape_settled(address: SocketAddr, gauges: &[(&str, i64)]) -> String {
+pub async fn scrape_settled(address: SocketAddr, gauges: &[(&str, i64)]) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let text = scrape(address).await;

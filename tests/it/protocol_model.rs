@@ -104,9 +104,20 @@ impl Search {
 /// Builds the verifier for the model with `defines`, runs `search`, and returns
 /// pan's report.
 fn verify(search: Search, defines: &[&str]) -> String {
+    verify_model(MODEL, search.gcc_flags(), search.pan_flags(), defines)
+}
+
+/// Builds the verifier for `model` with `defines` and `gcc_flags`, runs it with
+/// `pan_flags`, and returns pan's report.
+pub fn verify_model(
+    model: &str,
+    gcc_flags: &[&str],
+    pan_flags: &[&str],
+    defines: &[&str],
+) -> String {
     let directory = tempfile::tempdir().expect("a temporary directory");
     let dir = directory.path();
-    std::fs::copy(MODEL, dir.join("protocol.pml")).expect("the model is readable");
+    std::fs::copy(model, dir.join("protocol.pml")).expect("the model is readable");
     let defines = defines.iter().map(|define| format!("-D{define}"));
     run(
         dir,
@@ -116,9 +127,9 @@ fn verify(search: Search, defines: &[&str]) -> String {
             .chain(defines)
             .chain(["protocol.pml".to_owned()]),
     );
-    let gcc_flags = ["-O0", "-w"].iter().chain(search.gcc_flags());
+    let gcc_flags = ["-O0", "-w"].iter().chain(gcc_flags);
     run(dir, "gcc", gcc_flags.chain(&["-o", "pan", "pan.c"]));
-    run(dir, dir.join("pan"), search.pan_flags())
+    run(dir, dir.join("pan"), pan_flags)
 }
 
 /// Runs `program` in `dir` and returns what it printed; panics if it is missing or
@@ -149,7 +160,7 @@ fn run(
 }
 
 /// The number of errors pan reports.
-fn errors(report: &str) -> u64 {
+pub fn errors(report: &str) -> u64 {
     report
         .split_once("errors: ")
         .and_then(|(_, rest)| rest.split_whitespace().next())

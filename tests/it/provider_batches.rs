@@ -36,13 +36,13 @@ on_both_backends!(
 
 /// The two shapes, as the models the config file routes to them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Shape {
+pub(crate) enum Shape {
     OpenAi,
     Anthropic,
 }
 
 impl Shape {
-    pub fn model(self) -> &'static str {
+    pub(crate) fn model(self) -> &'static str {
         match self {
             Self::OpenAi => "sim-oai",
             Self::Anthropic => "sim-ant",
@@ -50,7 +50,7 @@ impl Shape {
     }
 
     /// The provider as `/_mock/batches` names it.
-    fn api(self) -> &'static str {
+    pub(crate) fn api(self) -> &'static str {
         match self {
             Self::OpenAi => "openai",
             Self::Anthropic => "anthropic",
@@ -108,14 +108,18 @@ fn options(config: &std::path::Path, unknown_after: Duration) -> AppOptions {
     }
 }
 
-pub struct Setup {
-    pub app: TestApp,
-    pub tenant: TestTenant,
-    _folder: tempfile::TempDir,
-    config: std::path::PathBuf,
+pub(crate) struct Setup {
+    pub(crate) app: TestApp,
+    pub(crate) tenant: TestTenant,
+    pub(crate) _folder: tempfile::TempDir,
+    pub(crate) config: std::path::PathBuf,
 }
 
-pub async fn setup(backend: Backend, batch_delay: Duration, unknown_after: Duration) -> Setup {
+pub(crate) async fn setup(
+    backend: Backend,
+    batch_delay: Duration,
+    unknown_after: Duration,
+) -> Setup {
     let simulator =
         RunningSimulator::start_with(Simulator::new().with_batch_delay(batch_delay)).await;
     let folder = tempfile::tempdir().unwrap();
@@ -130,7 +134,11 @@ pub async fn setup(backend: Backend, batch_delay: Duration, unknown_after: Durat
     }
 }
 
-pub async fn create_provider_batch(app: &TestApp, tenant: &TestTenant, shape: Shape) -> Uuid {
+pub(crate) async fn create_provider_batch(
+    app: &TestApp,
+    tenant: &TestTenant,
+    shape: Shape,
+) -> Uuid {
     let input = json!({"idempotencyKey": format!("pb-{}", shape.model()), "mode": "PROVIDER_BATCH",
         "model": shape.model(), "maxOutputTokens": 50});
     let response = app
@@ -146,7 +154,7 @@ pub async fn create_provider_batch(app: &TestApp, tenant: &TestTenant, shape: Sh
 
 /// `count` items; item 0 is refused by the provider inside the batch, item 1 expires
 /// in the first provider batch that holds it, when asked.
-pub fn items(count: usize, faults: bool) -> Vec<Value> {
+pub(crate) fn items(count: usize, faults: bool) -> Vec<Value> {
     (0..count)
         .map(|n| {
             let fault = match n {
@@ -162,26 +170,26 @@ pub fn items(count: usize, faults: bool) -> Vec<Value> {
         .collect()
 }
 
-async fn mock_batches(app: &TestApp) -> Vec<Value> {
+pub(crate) async fn mock_batches(app: &TestApp) -> Vec<Value> {
     let url = format!("http://{}/_mock/batches", simulator_address(app));
     reqwest::get(url).await.unwrap().json().await.unwrap()
 }
 
-fn simulator_address(app: &TestApp) -> String {
+pub(crate) fn simulator_address(app: &TestApp) -> String {
     app.simulator_url()
         .trim_start_matches("http://")
         .trim_end_matches("/v1")
         .to_owned()
 }
 
-pub async fn close(app: &TestApp, tenant: &TestTenant, id: Uuid) {
+pub(crate) async fn close(app: &TestApp, tenant: &TestTenant, id: Uuid) {
     let closed = app
         .operation(Some(&tenant.key), "CloseBatch", json!({"id": id}))
         .await;
     assert!(closed["errors"].is_null(), "{closed}");
 }
 
-pub async fn items_of(app: &TestApp, id: Uuid) -> Vec<jobs::Model> {
+pub(crate) async fn items_of(app: &TestApp, id: Uuid) -> Vec<jobs::Model> {
     jobs::Entity::find()
         .filter(jobs::Column::BatchId.eq(id))
         .all(&app.app.db)
@@ -189,7 +197,7 @@ pub async fn items_of(app: &TestApp, id: Uuid) -> Vec<jobs::Model> {
         .unwrap()
 }
 
-pub async fn attempts_of(app: &TestApp, job_ids: &[Uuid]) -> Vec<attempts::Model> {
+pub(crate) async fn attempts_of(app: &TestApp, job_ids: &[Uuid]) -> Vec<attempts::Model> {
     attempts::Entity::find()
         .filter(attempts::Column::JobId.is_in(job_ids.iter().copied()))
         .all(&app.app.db)
@@ -197,7 +205,7 @@ pub async fn attempts_of(app: &TestApp, job_ids: &[Uuid]) -> Vec<attempts::Model
         .unwrap()
 }
 
-pub async fn rows_of(app: &TestApp, id: Uuid) -> Vec<provider_batches::Model> {
+pub(crate) async fn rows_of(app: &TestApp, id: Uuid) -> Vec<provider_batches::Model> {
     provider_batches::Entity::find()
         .filter(provider_batches::Column::BatchId.eq(id))
         .all(&app.app.db)
@@ -206,7 +214,7 @@ pub async fn rows_of(app: &TestApp, id: Uuid) -> Vec<provider_batches::Model> {
 }
 
 /// Waits until `done` holds of the batch's provider batch rows (bounded: 30 s).
-async fn wait_for_rows(
+pub(crate) async fn wait_for_rows(
     app: &TestApp,
     id: Uuid,
     done: impl Fn(&[provider_batches::Model]) -> bool,
@@ -229,7 +237,11 @@ async fn wait_for_rows(
 /// request an attempt with its exact cost (and no other attempt billed), every
 /// succeeded attempt at half the realtime cost of its usage, every row settled, and
 /// the audit clean.
-async fn assert_settled_once(app: &TestApp, id: Uuid, shape: Shape) -> Vec<attempts::Model> {
+pub(crate) async fn assert_settled_once(
+    app: &TestApp,
+    id: Uuid,
+    shape: Shape,
+) -> Vec<attempts::Model> {
     let items = items_of(app, id).await;
     assert!(
         items.iter().all(|item| item.status.is_terminal()),

@@ -14,6 +14,7 @@
 //! | the worker judged the call's end | [`Schedule`] (from `worker/judge.rs`) | a [`JobOutcome`]: succeeded, retried (backoff, next model, deadline), waiting, handed back, failed, cancelled |
 //! | that outcome meets the locked row | [`after_attempt`] (from `queue/finish.rs`) | the outcome, unless a cancel landed, the invalid-output retries or the paid calls are spent |
 //! | the lease lapsed | [`after_lost_lease`] (from `queue/rescue.rs`) | cancelled, queued again, or failed |
+//! | the lease lapsed while its attempt is in a provider batch that still runs | [`lease_is_lost`] (from `queue/rescue.rs`) | unchanged, its lease renewed: the submitter settles it |
 //! | the claim cannot run | [`abandoned`] (from `queue::abandon_claim`) | failed `NOT_RUNNABLE` or as named |
 //! | queued past its deadline | [`past_deadline`] (from `queue/deadlines.rs`) | failed `DEADLINE_EXCEEDED` |
 //! | the tenant cancelled it | [`cancel`] (from `service::cancel_job`, `batches/cancel.rs`) | cancelled now, asked to stop, or left as it is |
@@ -24,7 +25,9 @@ use crate::billing::ledger::Resolution;
 use crate::jobs::budget::Spent;
 use crate::jobs::fallbacks::ModelChain;
 use crate::jobs::input::{DEFAULT_DEADLINE, Deadline};
-use entity::{AttemptOutcome, EventKind, JobErrorCode, JobStatus, Timestamp, jobs};
+use entity::{
+    AttemptOutcome, EventKind, JobErrorCode, JobStatus, ProviderBatchState, Timestamp, jobs,
+};
 use serde_json::{Value, json};
 use std::time::Duration;
 use uuid::Uuid;
@@ -257,6 +260,16 @@ pub fn after_lost_lease(
     // Queued again at once; an ended job's `next_run_at` says when it was taken back.
     transition.next_run_at = Some(now);
     transition
+}
+
+/// Whether a job whose lease lapsed has lost its attempt. `provider_batch`: the state
+/// of the provider batch its running attempt is in, if it is in one. An item's lease
+/// in a provider batch is only the last resort for a row that was lost: while the row
+/// still has work, the submitter owns the item and settles it from the provider's
+/// results; taking it back would send it again while the provider may still run, and
+/// bill, the request it holds.
+pub fn lease_is_lost(provider_batch: Option<ProviderBatchState>) -> bool {
+    provider_batch.is_none_or(ProviderBatchState::is_final)
 }
 
 /// What becomes of a claimed job that cannot be run at all (its stored input is

@@ -28,6 +28,8 @@ mod rows;
 mod settle;
 mod submit;
 
+pub(crate) use submit::ITEM_LEASE;
+
 use crate::billing::ChargingPolicy;
 use crate::bus::EventBus;
 use crate::llm::ProviderRegistry;

@@ -1,12 +1,12 @@
 //! Steps 2 to 4 on a row: upload it, find its upload again after a crash, poll it,
 //! cancel it, settle its results, or give its items unknown fates.
 
-use super::settle::{self, CHUNK, Fate, not_run};
+use super::settle::{self, CHUNK, Fate, answer_of, not_run};
 use super::submit::{chat_request, custom_id};
 use super::{Submitter, rows};
 use crate::jobs::input::JobInput;
-use crate::llm::batches::{BatchItem, Found, ItemResult, RemoteBatch, RemoteState};
-use crate::llm::{Completion, Provider, ProviderError};
+use crate::llm::batches::{BatchItem, Found, RemoteBatch, RemoteState};
+use crate::llm::{Provider, ProviderError};
 use entity::{
     AttemptOutcome, ProviderBatchState, Timestamp, attempts, batches, jobs, provider_batches,
 };
@@ -197,7 +197,18 @@ async fn send(
 ) -> Result<(), DbErr> {
     let api = provider.batch_api().expect("a provider with a batch API");
     tracing::info!(provider_batch.id = %row.id, provider = %row.provider, items = encoded.len(), "uploading a provider batch");
-    match api.submit(row.id, encoded, input_file).await {
+    let answer = rows::while_owned(
+        &submitter.db,
+        row.id,
+        token,
+        api.submit(row.id, encoded, input_file),
+    )
+    .await;
+    let Some(answer) = answer else {
+        tracing::warn!(provider_batch.id = %row.id, "lost the provider batch during its upload; its next owner finds the upload");
+        return Ok(());
+    };
+    match answer {
         Ok(submitted) => {
             record_submitted(
                 submitter,
@@ -408,16 +419,6 @@ async fn poll(
     };
     tracing::info!(provider_batch.id = %row.id, provider_batch = %id, "provider batch ended; settling its results");
     settle_results(submitter, &row, token, provider, Some(remote)).await
-}
-
-/// What a result line's outcome is, as the judge reads an answer.
-fn answer_of(result: ItemResult) -> Result<Completion, ProviderError> {
-    match result {
-        ItemResult::Succeeded(completion) => Ok(completion),
-        ItemResult::Errored(error) => Err(error),
-        ItemResult::Expired => not_run("the provider batch expired before the request ran"),
-        ItemResult::Cancelled => not_run("the provider batch was cancelled before the request ran"),
-    }
 }
 
 /// Streams an ended batch's results, settling them a chunk at a time; then the

@@ -11,9 +11,10 @@ use sea_orm::{
 use std::time::Duration;
 use uuid::Uuid;
 
-/// How long a row is owned without renewal; every step renews it, and settling a
-/// batch's results renews it chunk by chunk.
-pub(super) const ROW_LEASE: Duration = Duration::from_secs(120);
+/// How long a row is owned without renewal; every step renews it, settling a batch's
+/// results renews it chunk by chunk, and an upload renews it while it runs
+/// ([`while_owned`]). A process that died holding a row holds it up this long.
+pub(super) const ROW_LEASE: Duration = Duration::from_secs(30);
 /// Rows one round looks at.
 const ROWS_PER_ROUND: u64 = 50;
 
@@ -116,4 +117,35 @@ pub(super) async fn release(db: &impl ConnectionTrait, id: Uuid, token: Uuid) ->
         .exec(db)
         .await?;
     Ok(())
+}
+
+/// Runs `work` (an upload, which may take longer than a lease) while renewing the
+/// row's lease, so that no other process takes the row and searches for, or makes
+/// again, an upload still in flight. `None`: the token lost the row meanwhile (its
+/// renewals failed for a lease), and `work` was dropped; the new owner finds what it
+/// sent.
+pub(super) async fn while_owned<T>(
+    db: &impl ConnectionTrait,
+    id: Uuid,
+    token: Uuid,
+    work: impl Future<Output = T>,
+) -> Option<T> {
+    let backend = db.get_database_backend();
+    let renew = async {
+        loop {
+            tokio::time::sleep(ROW_LEASE / 4).await;
+            match write(db, fenced(backend, id, token)).await {
+                Ok(Some(_)) => {}
+                Ok(None) => return,
+                // Tried again at the next beat; the lease outlasts three failures.
+                Err(error) => {
+                    tracing::warn!(provider_batch.id = %id, error = %error, "renewing a provider batch's lease during its upload failed")
+                }
+            }
+        }
+    };
+    tokio::select! {
+        done = work => Some(done),
+        () = renew => None,
+    }
 }

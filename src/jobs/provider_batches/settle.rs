@@ -10,6 +10,7 @@ use crate::jobs::lifecycle::{AttemptReport, JobError, JobOutcome};
 use crate::jobs::queue::{AttemptEnd, Claim, StartedAttempt, finish_attempts};
 use crate::jobs::tokens::counting_for;
 use crate::jobs::worker::judge_batch_request;
+use crate::llm::batches::ItemResult;
 use crate::llm::{Completion, ProviderError};
 use entity::JobErrorCode;
 use entity::{AttemptOutcome, Timestamp, attempts, jobs, model_prices, provider_batches};
@@ -36,6 +37,17 @@ pub(super) fn not_run(why: &str) -> Result<Completion, ProviderError> {
     Err(ProviderError::NotSent {
         message: why.to_owned(),
     })
+}
+
+/// What a result line's outcome is, as the judge reads an answer.
+pub(super) fn answer_of(result: ItemResult) -> Result<Completion, ProviderError> {
+    match result {
+        ItemResult::Succeeded(completion) => Ok(completion),
+        ItemResult::Errored(error) => Err(error),
+        ItemResult::Expired => not_run("the provider batch expired before the request ran"),
+        ItemResult::Cancelled => not_run("the provider batch was cancelled before the request ran"),
+        ItemResult::Unknown(message) => Err(ProviderError::OutcomeUnknown { message }),
+    }
 }
 
 /// Settles the attempts of `row` named in `answers` (by attempt id) that still run;
@@ -96,6 +108,11 @@ pub(super) async fn settle(
         let bound = input
             .call_bound(counting_for(&submitter.providers, &job.model))
             .within(job.token_bound);
+        // An answer that may have been billed without a result (an unknown fate, or a
+        // line that cannot be read) is never sent again: the item fails with the
+        // attempt's cost bound, reconcilable later (invariant 1).
+        let unknown =
+            fate == Fate::Unknown || matches!(answer, Err(ProviderError::OutcomeUnknown { .. }));
         let (mut report, mut outcome) = judge_batch_request(
             &claim,
             attempt,
@@ -107,7 +124,7 @@ pub(super) async fn settle(
             ended_at,
             answer,
         );
-        if fate == Fate::Unknown {
+        if unknown {
             let error = report.error.clone().unwrap_or_else(|| {
                 JobError::new(
                     JobErrorCode::OutcomeUnknown,
@@ -268,4 +285,25 @@ pub(super) async fn held_back(
         });
     }
     finish(submitter, &ends).await.map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Requests the provider never ran go out again (a wait); a result nobody can read
+    /// is an unknown outcome, which [`settle`] never sends again.
+    #[test]
+    fn what_each_result_line_means() {
+        for never_ran in [ItemResult::Expired, ItemResult::Cancelled] {
+            assert!(matches!(
+                answer_of(never_ran),
+                Err(ProviderError::NotSent { .. })
+            ));
+        }
+        assert!(matches!(
+            answer_of(ItemResult::Unknown("a new result type".into())),
+            Err(ProviderError::OutcomeUnknown { .. })
+        ));
+    }
 }

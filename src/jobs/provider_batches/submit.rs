@@ -28,11 +28,14 @@ use uuid::Uuid;
 /// Most items one provider batch takes, below both providers' own limits: its
 /// requests are built in memory for the upload, and its results settle in one pass.
 pub const MAX_ITEMS_PER_PROVIDER_BATCH: u64 = 10_000;
+/// The same on SQLite, whose statements take at most 32,766 parameters: the claim's
+/// transaction starts every item's attempt in one statement (about 25 values each).
+const MAX_ITEMS_PER_PROVIDER_BATCH_SQLITE: u64 = 500;
 /// How long an item in a provider batch is owned without renewal: past the
 /// provider's completion window and a day more. The submitter settles it long
 /// before (its unknown-fate bound ends it); the lease is what lets the job rescue
 /// take it back if the provider batch row itself was lost.
-const ITEM_LEASE: Duration = Duration::from_secs(48 * 60 * 60);
+pub(crate) const ITEM_LEASE: Duration = Duration::from_secs(48 * 60 * 60);
 
 /// Submits the due queued items of every closed, uncancelled PROVIDER_BATCH batch.
 pub(super) async fn submit_closed_batches(
@@ -113,7 +116,11 @@ async fn submit_one(submitter: &Submitter, batch: &batches::Model) -> Result<usi
         .filter(jobs::Column::Status.eq(JobStatus::Queued))
         .filter(jobs::Column::NextRunAt.lte(now))
         .order_by_asc(jobs::Column::Id)
-        .limit(MAX_ITEMS_PER_PROVIDER_BATCH);
+        .limit(if backend == DbBackend::Postgres {
+            MAX_ITEMS_PER_PROVIDER_BATCH
+        } else {
+            MAX_ITEMS_PER_PROVIDER_BATCH_SQLITE
+        });
     // An item admitted for a real provider never goes to the simulator (as a
     // worker's call would not).
     if submitter.providers.simulates(&batch.model) {

@@ -6,8 +6,9 @@ use crate::db::begin_write;
 use crate::jobs::budget::{self, Spent};
 use crate::jobs::events;
 use crate::jobs::lifecycle;
+use crate::jobs::provider_batches::ITEM_LEASE;
 use entity::JobErrorCode;
-use entity::{AttemptOutcome, JobStatus, Timestamp, attempts, jobs};
+use entity::{AttemptOutcome, JobStatus, Timestamp, attempts, jobs, provider_batches};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
     ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
@@ -83,6 +84,32 @@ async fn expire_lease(
         .filter(attempts::Column::RunToken.eq(claim.run_token))
         .one(&transaction)
         .await?;
+    let provider_batch = match lost_attempt
+        .as_ref()
+        .and_then(|attempt| attempt.provider_batch_id)
+    {
+        Some(row) => provider_batches::Entity::find_by_id(row)
+            .one(&transaction)
+            .await?
+            .map(|row| row.state),
+        None => None,
+    };
+    if !lifecycle::lease_is_lost(provider_batch) {
+        // The submitter holds the item: its lease is renewed, so that the sweep does
+        // not meet it again on every pass.
+        jobs::Entity::update_many()
+            .col_expr(
+                jobs::Column::LeaseUntil,
+                crate::db::lease_until(db.get_database_backend(), ITEM_LEASE),
+            )
+            .filter(jobs::Column::Id.eq(job.id))
+            .filter(jobs::Column::RunToken.eq(claim.run_token))
+            .exec(&transaction)
+            .await?;
+        transaction.commit().await?;
+        tracing::warn!(job.id = %job.id, provider_batch = ?provider_batch, "a lapsed lease of an item in a live provider batch was renewed, not taken back");
+        return Ok(None);
+    }
     // The lost attempt keeps the cost bound and the customer charge recorded when it
     // started: its call may have been billed.
     attempts::Entity::update_many()

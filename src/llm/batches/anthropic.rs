@@ -263,11 +263,40 @@ fn parse_line(provider: &str, line: &[u8]) -> Result<ResultLine, ProviderError> 
             ))
         }
         "canceled" => ItemResult::Cancelled,
-        // `expired`, and any result type we do not know: not processed.
-        _ => ItemResult::Expired,
+        "expired" => ItemResult::Expired,
+        // A result type added after this was written may stand for a processed (and
+        // billed) request: its outcome is unknown, not "expired".
+        other => ItemResult::Unknown(format!(
+            "the provider batch answered the request with a result type of {other:?}, which is not known"
+        )),
     };
     Ok(ResultLine {
         custom_id: line.custom_id,
         result,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(kind: &str) -> ItemResult {
+        let line = json!({"custom_id": "a1", "result": {"type": kind}}).to_string();
+        parse_line("anthropic", line.as_bytes()).unwrap().result
+    }
+
+    /// `expired` and `canceled` are requests Anthropic never ran (not billed); a result
+    /// type it may add later is not taken for one of them: it may stand for a billed
+    /// request, so its outcome is unknown.
+    #[test]
+    fn an_unknown_result_type_is_an_unknown_outcome_not_an_expiry() {
+        assert!(matches!(parsed("expired"), ItemResult::Expired));
+        assert!(matches!(parsed("canceled"), ItemResult::Cancelled));
+        match parsed("partially_processed") {
+            ItemResult::Unknown(message) => {
+                assert!(message.contains("partially_processed"), "{message}")
+            }
+            other => panic!("an unknown result type read as {other:?}"),
+        }
+    }
 }

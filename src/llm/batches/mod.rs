@@ -64,6 +64,10 @@ pub enum ItemResult {
     Expired,
     /// Not processed because the batch was cancelled: not billed.
     Cancelled,
+    /// A result we cannot read as any of the above (a result type the provider added
+    /// since): it may have been billed, so it is an unknown outcome, bounded by the
+    /// request's cost bound and reconcilable, never taken for "not billed".
+    Unknown(String),
 }
 
 /// One line of a batch's results.

@@ -25,6 +25,7 @@ macro_rules! on_both_backends {
 
 mod app;
 mod backends;
+mod children;
 mod graphql;
 mod jobs;
 mod tenants;
@@ -35,6 +36,7 @@ pub use app::{
     wait_until_serving,
 };
 pub use backends::{Backend, TestDatabase};
+pub use children::{Client, Processes, free_address, wait_for_http};
 pub use graphql::{decimal, error_code};
 pub use jobs::{event_kinds, job_input, large_job_input, one_job_made_once};
 pub use tenants::TestTenant;

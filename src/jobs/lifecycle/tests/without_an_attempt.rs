@@ -151,3 +151,15 @@ fn a_cancel_ends_a_queued_job_asks_a_running_one_and_leaves_the_rest() {
     assert_eq!(Cancel::Ends.event(), Some(EventKind::Cancelled));
     assert_eq!(Cancel::Asks.event(), Some(EventKind::CancelRequested));
 }
+
+#[test]
+fn a_lapsed_lease_of_an_item_in_a_live_provider_batch_is_not_lost() {
+    use entity::ProviderBatchState::*;
+    assert!(lease_is_lost(None), "a realtime attempt");
+    for live in [Preparing, Uploading, Submitted, Cancelling, Ended] {
+        assert!(!lease_is_lost(Some(live)), "{live:?}");
+    }
+    for ended in [Settled, Abandoned, Unknown] {
+        assert!(lease_is_lost(Some(ended)), "{ended:?}");
+    }
+}
