@@ -29,8 +29,6 @@ pub use finish::{AttemptEnd, abandon_claim, finish_attempt, finish_attempts};
 pub use moves::move_off_paused_model;
 pub use rescue::expire_leases;
 pub use start::{start_attempt, start_attempts, start_attempts_in};
-// A job's fate is decided there; this module writes it.
-pub use crate::jobs::lifecycle::INVALID_OUTPUT_RETRIES;
 
 /// What a lease renewal learned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
