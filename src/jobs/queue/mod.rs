@@ -117,16 +117,6 @@ pub async fn renew_leases(
     Ok(renewed)
 }
 
-/// Extends one attempt's lease: [`renew_leases`] for a single claim.
-pub async fn renew_lease(
-    db: &impl ConnectionTrait,
-    claim: &Claim,
-    lease: Duration,
-) -> Result<Renewal, DbErr> {
-    let renewed = renew_leases(db, &[(claim.job.id, claim.run_token)], lease).await?;
-    Ok(renewed.get(&claim.job.id).copied().unwrap_or(Renewal::Lost))
-}
-
 /// Locks the claimed job for the rest of `transaction` and returns it as it is now;
 /// `None` when the claim no longer owns it.
 async fn lock_claimed(

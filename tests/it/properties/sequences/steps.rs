@@ -457,7 +457,7 @@ impl Sequence {
         let before = snapshot(&self.db).await;
         let price = price_of(&self.price_list, &claim.job).clone();
         assert_eq!(
-            queue::renew_lease(&self.db, &claim, LEASE).await.unwrap(),
+            crate::helpers::renew_lease(&self.db, &claim, LEASE).await,
             Renewal::Lost,
             "{}: a stale claim renewed its lease",
             self.at
