@@ -352,7 +352,7 @@ async fn bare_insert(engine: &Engine, items: u64) -> Result<f64, BenchError> {
     let input = JsonText(serde_json::to_value(&template.input).map_err(failed)?);
     let token_bound = template
         .input
-        .call_bound(crate::llm::PromptCounting::QuarterBytes)
+        .call_bound(crate::llm::PromptCounting::QuarterBytes, &template.model)
         .tokens();
     let columns: Vec<jobs::Column> = jobs::Column::iter().collect();
     let names: Vec<String> = columns

@@ -42,7 +42,7 @@ pub async fn attempt_start(app: &TestApp, claim: &Claim) -> AttemptStart {
         .unwrap();
     let input: JobInput = serde_json::from_value(claim.job.input.0.clone()).unwrap();
     // The tests' models are served by the simulator, which counts a quarter of the bytes.
-    let bound = input.call_bound(jobledger::llm::PromptCounting::QuarterBytes);
+    let bound = input.call_bound(jobledger::llm::PromptCounting::QuarterBytes, "gpt-4o-mini");
     AttemptStart {
         worker_id: "test-worker".into(),
         provider: Some("simulator".into()),

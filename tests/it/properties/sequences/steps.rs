@@ -113,7 +113,7 @@ impl Sequence {
         assert_eq!(
             new.charging.job_hold(
                 new.input
-                    .call_bound(jobledger::llm::PromptCounting::QuarterBytes),
+                    .call_bound(jobledger::llm::PromptCounting::QuarterBytes, "gpt-4o-mini"),
                 price,
                 new.max_attempts,
                 new.input.stream_output,
