@@ -374,7 +374,12 @@ async fn poll(
     };
     if cancelled && !row.cancel_sent {
         if let Err(error) = api.cancel(&id).await {
-            return unreadable(submitter, row, token, &error).await;
+            // A provider refuses to cancel a batch that has ended already (OpenAI: 409):
+            // its results are then what the cancel charges, and they are read below.
+            match api.read(&id).await {
+                Ok(remote) if remote.state == RemoteState::Ended => {}
+                _ => return unreadable(submitter, row, token, &error).await,
+            }
         }
         let sent = fenced(submitter, row, token)
             .col_expr(provider_batches::Column::CancelSent, Expr::value(true))
