@@ -353,12 +353,12 @@ pub async fn begin_write(db: &DatabaseConnection) -> Result<WriteTransaction, Db
 /// The values of a hand-written statement and their numbered placeholders. A
 /// statement that changes or reads many rows by a list of rows uses [`Values`], which
 /// names the list's columns.
-pub struct Parameters {
+pub struct Binds {
     backend: DbBackend,
     values: Vec<sea_orm::Value>,
 }
 
-impl Parameters {
+impl Binds {
     /// No values yet.
     pub fn new(backend: DbBackend) -> Self {
         Self {

@@ -10,7 +10,7 @@
 
 use super::scratch::{Engine, ScratchDatabase};
 use super::{BenchError, Figure, Scale, audited, in_process_settings, seed};
-use crate::db::Parameters;
+use crate::db::Binds;
 use crate::jobs::input::IdempotencyKey;
 use crate::jobs::worker::WorkerSettings;
 use crate::startup::Application;
@@ -352,7 +352,7 @@ async fn bare_insert(engine: &Engine, items: u64) -> Result<f64, BenchError> {
     let input = JsonText(serde_json::to_value(&template.input).map_err(failed)?);
     let token_bound = template
         .input
-        .call_bound(crate::llm::PromptCounting::QuarterBytes)
+        .call_bound(crate::llm::PromptCounting::QuarterBytes, &template.model)
         .tokens();
     let columns: Vec<jobs::Column> = jobs::Column::iter().collect();
     let names: Vec<String> = columns
@@ -391,7 +391,7 @@ async fn bare_insert(engine: &Engine, items: u64) -> Result<f64, BenchError> {
                 let mut index = first;
                 while index < last {
                     let end = (index + per_statement).min(last);
-                    let mut parameters = Parameters::new(db.get_database_backend());
+                    let mut parameters = Binds::new(db.get_database_backend());
                     let rows: Vec<String> = (index..end)
                         .map(|item| {
                             let row = jobs::Model {

@@ -40,7 +40,9 @@ pub async fn funded_tenant(
     // Counted as the built-in simulator counts, which the benchmark runs against.
     let template = job(0);
     let per_job = template.charging.job_hold(
-        template.input.call_bound(PromptCounting::QuarterBytes),
+        template
+            .input
+            .call_bound(PromptCounting::QuarterBytes, &template.model),
         &price,
         template.max_attempts,
         template.input.stream_output,

@@ -10,7 +10,7 @@
 
 use super::Credits;
 use super::ledger::Settlement;
-use crate::db::Parameters;
+use crate::db::Binds;
 use entity::{BatchStatus, JobStatus, Timestamp, batches, jobs};
 use sea_orm::{ConnectionTrait, DbBackend, DbErr, EntityTrait};
 use std::collections::BTreeMap;
@@ -97,7 +97,7 @@ impl BatchTotals {
         let mut finished = Vec::new();
         let now = Timestamp::now();
         for (batch_id, delta) in self.0 {
-            let mut parameters = Parameters::new(backend);
+            let mut parameters = Binds::new(backend);
             let id = parameters.bind(batch_id);
             let at = parameters.bind(now);
             let [succeeded, failed, cancelled, reserved, cost, bound, charge] = [

@@ -98,13 +98,6 @@ pub struct LimitsChange {
     pub low_balance_threshold: LimitChange<Credits>,
 }
 
-/// The per-tenant rate limits the claim enforces; `None` is no limit.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RateLimits {
-    pub requests_per_minute: Option<u32>,
-    pub tokens_per_minute: Option<u32>,
-}
-
 /// Largest per-minute rate accepted: a GraphQL `Int`.
 const MAX_RATE: u32 = i32::MAX as u32;
 
@@ -195,19 +188,6 @@ pub async fn limits_of(db: &impl ConnectionTrait, tenant_id: Uuid) -> Result<Lim
         .unwrap_or_default())
 }
 
-/// The requests and tokens per minute a tenant's jobs may use, for the claim to
-/// enforce.
-pub async fn tenant_rate_limits(
-    db: &impl ConnectionTrait,
-    tenant_id: Uuid,
-) -> Result<RateLimits, DbErr> {
-    let limits = limits_of(db, tenant_id).await?;
-    Ok(RateLimits {
-        requests_per_minute: limits.requests_per_minute,
-        tokens_per_minute: limits.tokens_per_minute,
-    })
-}
-
 /// A tenant's spend in the UTC day and month of an instant.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Spend {
@@ -239,19 +219,6 @@ impl Spend {
             ),
         }
     }
-}
-
-/// A tenant's spend in the UTC day and month of `at`.
-pub async fn spend_at(
-    db: &impl ConnectionTrait,
-    tenant_id: Uuid,
-    at: Timestamp,
-) -> Result<Spend, ServiceError> {
-    let tenant = tenants::Entity::find_by_id(tenant_id)
-        .one(db)
-        .await?
-        .ok_or(ServiceError::NotFound)?;
-    Ok(Spend::of(&tenant, at))
 }
 
 /// Counts a new job's hold into its tenant's spend of the day and month of `created_at`,

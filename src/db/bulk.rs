@@ -94,7 +94,7 @@ where
             let per_statement = (SQLITE_MAX_PLACEHOLDERS / names.len()).max(1);
             let mut values = values.into_iter().peekable();
             while values.peek().is_some() {
-                let mut parameters = super::Parameters::new(backend);
+                let mut parameters = super::Binds::new(backend);
                 let rows: Vec<String> = values
                     .by_ref()
                     .take(per_statement)

@@ -4,13 +4,13 @@
 //! list names its columns `column1`, `column2`, … on both backends, and a statement
 //! that counted them wrong read one column for another without an error.
 
-use super::Parameters;
+use super::Binds;
 use sea_orm::{DbBackend, Statement, Value};
 
 /// The rows, each exactly as wide as the column names (the array length says so), and
 /// any other values the statement binds.
 pub struct Values<const N: usize> {
-    parameters: Parameters,
+    parameters: Binds,
     name: &'static str,
     columns: [&'static str; N],
     rows: Vec<String>,
@@ -20,7 +20,7 @@ impl<const N: usize> Values<N> {
     /// No rows yet, for a table `name` with `columns`.
     pub fn new(backend: DbBackend, name: &'static str, columns: [&'static str; N]) -> Self {
         Self {
-            parameters: Parameters::new(backend),
+            parameters: Binds::new(backend),
             name,
             columns,
             rows: Vec::new(),

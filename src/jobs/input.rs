@@ -157,8 +157,9 @@ impl JobInput {
     /// The most one call for this input can use, its prompt counted by `counting`
     /// (the rule of the provider serving the model): what holds, cost bounds and
     /// the context window check are computed from.
-    pub fn call_bound(&self, counting: PromptCounting) -> CallBound {
-        let prompt = super::tokens::count_prompt(self, counting);
+    /// Media parts count by `model`'s own rule.
+    pub fn call_bound(&self, counting: PromptCounting, model: &str) -> CallBound {
+        let prompt = super::tokens::count_prompt(self, counting, model);
         CallBound {
             input_tokens: prompt.bound,
             input_estimate: prompt.estimate,

@@ -61,6 +61,28 @@ const REFUSED_OPTIONS: &[(&str, &str)] = &[
     ("seed", "use seed"),
 ];
 
+/// The only fields `providerOptions` may set: each is known to leave what a call may
+/// cost within its hold (output stays bounded by `maxOutputTokens`, input by the
+/// messages). Anything else — a provider's server-side tools, faster or regional
+/// tiers, containers, MCP servers, fields not known here — may bill beyond the hold,
+/// so it is refused by name rather than passed on.
+const ALLOWED_OPTIONS: &[&str] = &[
+    "user",
+    "metadata",
+    "store",
+    "parallel_tool_calls",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+    "reasoning_effort",
+    "verbosity",
+    "safety_identifier",
+    "prompt_cache_key",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+];
+
 /// The parameters as a client sent them.
 #[derive(Clone, Debug, Default)]
 pub struct ParameterRequest {
@@ -126,6 +148,15 @@ pub fn parse_parameters(request: ParameterRequest) -> Result<Parameters, Service
                     "providerOptions may not set {name:?}: {why}"
                 )));
             }
+            if let Some(name) = options
+                .keys()
+                .find(|name| !ALLOWED_OPTIONS.contains(&name.as_str()))
+            {
+                return Err(ServiceError::validation(format!(
+                    "providerOptions may not set {name:?}: only fields known to keep a call within its hold are passed on ({})",
+                    ALLOWED_OPTIONS.join(", ")
+                )));
+            }
             options
         }
         Some(_) => {
@@ -173,6 +204,32 @@ mod tests {
         }
         assert!(options(json!({"user": "u-1", "logit_bias": {"50256": -100}})).is_ok());
         assert!(options(json!(["n"])).is_err());
+    }
+
+    #[test]
+    fn options_not_known_to_keep_a_call_within_its_hold_are_refused_by_name() {
+        // Server-side tools, faster or regional tiers, containers and MCP servers each
+        // bill beyond the tokens the hold counts; an unknown field may too.
+        for (name, value) in [
+            (
+                "tools",
+                json!([{"type": "web_search_20250305", "name": "web_search"}]),
+            ),
+            ("speed", json!("fast")),
+            ("inference_geo", json!("us")),
+            ("container", json!("x")),
+            ("mcp_servers", json!([])),
+            ("extra_body", json!({"n": 5})),
+            ("N", json!(5)),
+        ] {
+            let Err(ServiceError::Validation(message)) = options(json!({ name: value })) else {
+                panic!("{name} must be refused");
+            };
+            assert!(message.contains(&format!("{name:?}")), "{message}");
+        }
+        for name in ALLOWED_OPTIONS {
+            assert!(options(json!({ *name: 1 })).is_ok(), "{name} is passed on");
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 /*
  * protocol.pml: a Promela model of jobledger's job / lease / billing protocol,
  * checked with Spin (tests/it/protocol_model.rs runs it). It describes
- * src/jobs/queue/ (renew_lease in mod.rs, start_attempt in start.rs, finish_attempt
+ * src/jobs/queue/ (renew_leases in mod.rs, start_attempt in start.rs, finish_attempt
  * and abandon_claim in finish.rs, expire_leases in expiry.rs; claim and claim_in_turn
  * in claim/mod.rs), src/jobs/worker/ (the judgement in judge.rs), src/jobs/service.rs,
  * src/jobs/budget.rs and src/billing/ledger.rs; a comment at
@@ -424,7 +424,7 @@ waiting:
            wanted = (retry_unknown_outcome -> HAND_BACK : FAIL)
         :: crash()      /* dies during the call */
         :: !renewed ->
-           /* queue::renew_lease (fenced) */
+           /* queue::renew_leases (fenced) */
            atomic {
                renewed = true;
                if

@@ -79,7 +79,7 @@ pub(super) async fn quote(
         })?;
         let bound = new
             .input
-            .call_bound(super::tokens::counting_for(providers, model));
+            .call_bound(super::tokens::counting_for(providers, model), model);
         price.limits.check_call(model, bound)?;
         token_bound = Ord::max(token_bound, bound.tokens());
         input_token_bound = Ord::max(input_token_bound, bound.input_tokens);

@@ -305,9 +305,6 @@ pub struct JobPage {
     pub has_next_page: bool,
 }
 
-/// Most jobs one page may hold: as many as any list's page.
-pub use crate::page::MAX_PAGE_SIZE;
-
 /// What a page of jobs is narrowed to: the caller's reach, and the client's filters.
 #[derive(Clone, Debug, Default)]
 pub struct JobFilter {

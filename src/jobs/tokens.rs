@@ -35,7 +35,7 @@ pub struct PromptTokens {
 }
 
 /// The prompt tokens of `input` under `counting`.
-pub fn count_prompt(input: &JobInput, counting: PromptCounting) -> PromptTokens {
+pub fn count_prompt(input: &JobInput, counting: PromptCounting, model: &str) -> PromptTokens {
     let extra = extra_bytes(input);
     let content_bytes: u64 = input
         .messages
@@ -43,7 +43,10 @@ pub fn count_prompt(input: &JobInput, counting: PromptCounting) -> PromptTokens 
         .flat_map(Message::texts)
         .map(|text| text.len() as u64)
         .sum();
-    let media = counting.media_tokens(input.messages.iter().flat_map(|message| &message.parts));
+    let media = counting.media_tokens(
+        model,
+        input.messages.iter().flat_map(|message| &message.parts),
+    );
     let quarter_bytes = (content_bytes + extra).div_ceil(4);
     let exact = |bound: u64| PromptTokens {
         bound: bound + media,
@@ -203,7 +206,11 @@ mod tests {
     #[test]
     fn openai_counts_with_the_tokenizer_and_its_framing() {
         let job = input("hello world");
-        let tokens = count_prompt(&job, PromptCounting::Tokenizer(Encoding::O200kBase));
+        let tokens = count_prompt(
+            &job,
+            PromptCounting::Tokenizer(Encoding::O200kBase),
+            "gpt-4o",
+        );
         // "You summarise documents for busy readers." is 8 tokens and "hello world" 2
         // in o200k_base; each role one; three per message and three for the reply.
         assert_eq!(tokens.bound, (3 + 1 + 8) + (3 + 1 + 2) + 3);
@@ -221,9 +228,14 @@ mod tests {
             let either = count_prompt(
                 &job,
                 PromptCounting::TokenizerOrQuarterBytes(Encoding::O200kBase),
+                "gpt-4o",
             );
-            let tokenizer = count_prompt(&job, PromptCounting::Tokenizer(Encoding::O200kBase));
-            let simulator = count_prompt(&job, PromptCounting::QuarterBytes);
+            let tokenizer = count_prompt(
+                &job,
+                PromptCounting::Tokenizer(Encoding::O200kBase),
+                "gpt-4o",
+            );
+            let simulator = count_prompt(&job, PromptCounting::QuarterBytes, "gpt-4o");
             assert_eq!(either.bound, tokenizer.bound.max(simulator.bound));
         }
     }
@@ -232,7 +244,7 @@ mod tests {
     fn the_simulator_counts_a_quarter_of_the_bytes() {
         let job = input("héllo");
         let bytes = "You summarise documents for busy readers.".len() + "héllo".len();
-        let tokens = count_prompt(&job, PromptCounting::QuarterBytes);
+        let tokens = count_prompt(&job, PromptCounting::QuarterBytes, "gpt-4o");
         assert_eq!(tokens.bound, (bytes as u64).div_ceil(4));
     }
 
@@ -245,10 +257,11 @@ mod tests {
             prose(5_000),
         ] {
             let job = input(&content);
-            let bytes = count_prompt(&job, PromptCounting::Bytes(None));
+            let bytes = count_prompt(&job, PromptCounting::Bytes(None), "gpt-4o");
             for encoding in [Encoding::O200kBase, Encoding::Cl100kBase] {
                 assert!(
-                    count_prompt(&job, PromptCounting::Tokenizer(encoding)).bound <= bytes.bound
+                    count_prompt(&job, PromptCounting::Tokenizer(encoding), "gpt-4o").bound
+                        <= bytes.bound
                 );
             }
         }
@@ -280,16 +293,21 @@ mod tests {
         let job = input(&prose(20 * 1024));
         let counting = PromptCounting::Tokenizer(Encoding::O200kBase);
         let charged = price.customer_charge(&TokenUsage {
-            input_tokens: count_prompt(&job, counting).bound,
+            input_tokens: count_prompt(&job, counting, "gpt-4o").bound,
             cached_input_tokens: 0,
             output_tokens: u64::from(job.max_output_tokens),
         });
-        let before_bound = job.call_bound(PromptCounting::Bytes(None));
+        let before_bound = job.call_bound(PromptCounting::Bytes(None), "gpt-4o");
         let before = before_bound
             .provider_cost(&price)
             .max(before_bound.customer_cost(&price))
             .times(3);
-        let after = ChargingPolicy::default().job_hold(job.call_bound(counting), &price, 3, false);
+        let after = ChargingPolicy::default().job_hold(
+            job.call_bound(counting, "gpt-4o"),
+            &price,
+            3,
+            false,
+        );
         let ratio = |hold: Credits| hold.nanos() as f64 / charged.nanos() as f64;
         println!(
             "20 KB of English prose, maxAttempts 3: hold ÷ charge {:.2} before, {:.2} after",
@@ -310,7 +328,10 @@ mod tests {
         // 1.20 × the tokenizer's count for this prose (o200k_base makes about five
         // bytes a token of plain English).
         let either = ChargingPolicy::default().job_hold(
-            job.call_bound(PromptCounting::TokenizerOrQuarterBytes(Encoding::O200kBase)),
+            job.call_bound(
+                PromptCounting::TokenizerOrQuarterBytes(Encoding::O200kBase),
+                "gpt-4o",
+            ),
             &price,
             3,
             false,

@@ -62,21 +62,25 @@ impl PromptCounting {
         }
     }
 
-    /// What the media parts among `parts` count as under this rule.
-    pub fn media_tokens<'a>(self, parts: impl IntoIterator<Item = &'a Part> + Clone) -> u64 {
+    /// What the media parts among `parts` count as under this rule, sent to `model`.
+    pub fn media_tokens<'a>(
+        self,
+        model: &str,
+        parts: impl IntoIterator<Item = &'a Part> + Clone,
+    ) -> u64 {
         match self {
             // The simulator counts OpenAI's way in OpenAI's shape.
             Self::Tokenizer(_) | Self::TokenizerOrQuarterBytes(_) | Self::QuarterBytes => {
-                Shape::OpenAi.media_tokens(parts)
+                Shape::OpenAi.media_tokens(model, parts)
             }
-            Self::Bytes(Some(shape)) => shape.media_tokens(parts),
+            Self::Bytes(Some(shape)) => shape.media_tokens(model, parts),
             Self::Bytes(None) => parts
                 .into_iter()
                 .map(|part| {
                     let one = std::iter::once(part);
                     Shape::OpenAi
-                        .media_tokens(one.clone())
-                        .max(Shape::Anthropic.media_tokens(one))
+                        .media_tokens(model, one.clone())
+                        .max(Shape::Anthropic.media_tokens(model, one))
                 })
                 .sum(),
         }

@@ -30,16 +30,23 @@ impl Parameters {
         self == &Self::default()
     }
 
-    /// Adds the parameters to an OpenAI-shaped chat completions body.
+    /// Adds the parameters to an OpenAI-shaped chat completions body. OpenAI's
+    /// reasoning models refuse the sampling parameters and `stop` (a 400 for the
+    /// whole call): for them those are dropped, as a provider that does not take a
+    /// parameter is sent none.
     pub fn add_to_openai(&self, body: &mut Value) {
         self.add_options(body);
+        let samples = !body["model"].as_str().is_some_and(is_reasoning_model);
         let fields = [
-            ("temperature", self.temperature.map(Value::from)),
-            ("top_p", self.top_p.map(Value::from)),
+            (
+                "temperature",
+                self.temperature.filter(|_| samples).map(Value::from),
+            ),
+            ("top_p", self.top_p.filter(|_| samples).map(Value::from)),
             ("seed", self.seed.map(Value::from)),
             (
                 "stop",
-                (!self.stop.is_empty()).then(|| Value::from(self.stop.clone())),
+                (samples && !self.stop.is_empty()).then(|| Value::from(self.stop.clone())),
             ),
         ];
         for (name, value) in fields {
@@ -50,12 +57,18 @@ impl Parameters {
     }
 
     /// Adds the parameters to an Anthropic messages body: `stop` is its
-    /// `stop_sequences`, and it takes no seed.
+    /// `stop_sequences`, and it takes no seed. Its newer models refuse `temperature`
+    /// and `top_p` together: given both, only `temperature` is sent.
     pub fn add_to_anthropic(&self, body: &mut Value) {
         self.add_options(body);
         let fields = [
             ("temperature", self.temperature.map(Value::from)),
-            ("top_p", self.top_p.map(Value::from)),
+            (
+                "top_p",
+                self.top_p
+                    .filter(|_| self.temperature.is_none())
+                    .map(Value::from),
+            ),
             (
                 "stop_sequences",
                 (!self.stop.is_empty()).then(|| Value::from(self.stop.clone())),
@@ -78,6 +91,16 @@ impl Parameters {
             fields.entry(name.clone()).or_insert_with(|| value.clone());
         }
     }
+}
+
+/// OpenAI's reasoning models (the o-series and GPT-5 but its chat model), which take
+/// no sampling parameters.
+fn is_reasoning_model(model: &str) -> bool {
+    let name = model.strip_prefix("ft:").unwrap_or(model);
+    let o_series = name
+        .strip_prefix('o')
+        .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()));
+    o_series || (name.starts_with("gpt-5") && !name.starts_with("gpt-5-chat"))
 }
 
 #[cfg(test)]
@@ -110,8 +133,34 @@ mod tests {
         parameters().add_to_anthropic(&mut anthropic);
         assert_eq!(
             anthropic,
-            json!({"model": "claude-sonnet-4-5", "temperature": 0.2, "top_p": 0.9, "stop_sequences": ["END"], "user": "u-1"})
+            json!({"model": "claude-sonnet-4-5", "temperature": 0.2, "stop_sequences": ["END"], "user": "u-1"}),
+            "temperature wins over top_p"
         );
+        let top_p_alone = Parameters {
+            temperature: None,
+            ..parameters()
+        };
+        let mut anthropic = json!({"model": "claude-sonnet-4-5"});
+        top_p_alone.add_to_anthropic(&mut anthropic);
+        assert_eq!(anthropic["top_p"], json!(0.9));
+    }
+
+    #[test]
+    fn reasoning_models_are_sent_no_sampling_parameters() {
+        for model in ["o1", "o3-mini", "o4-mini", "gpt-5", "gpt-5-mini"] {
+            let mut body = json!({ "model": model });
+            parameters().add_to_openai(&mut body);
+            assert_eq!(
+                body,
+                json!({"model": model, "seed": 7, "user": "u-1"}),
+                "{model}"
+            );
+        }
+        for model in ["gpt-4o", "gpt-4.1-mini", "gpt-5-chat-latest", "omni-local"] {
+            let mut body = json!({ "model": model });
+            parameters().add_to_openai(&mut body);
+            assert_eq!(body["temperature"], json!(0.2), "{model}");
+        }
     }
 
     #[test]

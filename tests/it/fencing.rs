@@ -42,7 +42,7 @@ pub async fn attempt_start(app: &TestApp, claim: &Claim) -> AttemptStart {
         .unwrap();
     let input: JobInput = serde_json::from_value(claim.job.input.0.clone()).unwrap();
     // The tests' models are served by the simulator, which counts a quarter of the bytes.
-    let bound = input.call_bound(jobledger::llm::PromptCounting::QuarterBytes);
+    let bound = input.call_bound(jobledger::llm::PromptCounting::QuarterBytes, "gpt-4o-mini");
     AttemptStart {
         worker_id: "test-worker".into(),
         provider: Some("simulator".into()),
@@ -149,7 +149,7 @@ async fn a_stale_run_token_cannot_renew_start_or_finish(backend: Backend) {
 
     let before = snapshot(&app, job_id).await;
     assert_eq!(
-        queue::renew_lease(db, &stale, LEASE).await.unwrap(),
+        crate::helpers::renew_lease(db, &stale, LEASE).await,
         Renewal::Lost
     );
     assert!(

@@ -71,14 +71,10 @@ async fn admins_set_limits_and_tenants_read_them(backend: Backend) {
         json!({"today": "0", "thisMonth": "0"}),
         "no job yet"
     );
+    let stored = limits::limits_of(&app.app.db, tenant.id).await.unwrap();
     assert_eq!(
-        limits::tenant_rate_limits(&app.app.db, tenant.id)
-            .await
-            .unwrap(),
-        limits::RateLimits {
-            requests_per_minute: Some(60),
-            tokens_per_minute: Some(100_000),
-        }
+        (stored.requests_per_minute, stored.tokens_per_minute),
+        (Some(60), Some(100_000))
     );
 
     // A null clears a limit, an omitted field keeps it.
@@ -348,9 +344,7 @@ async fn caps_reset_at_the_utc_day_and_month_boundaries(backend: Backend) {
     let first = create_at(&app, &tenant, "first", at(3, 10, 23, 58))
         .await
         .unwrap();
-    let spent = limits::spend_at(&app.app.db, tenant.id, at(3, 10, 23, 58))
-        .await
-        .unwrap();
+    let spent = spend_at(&app, tenant.id, at(3, 10, 23, 58)).await;
     let one = spent.today;
     assert!(one.is_positive());
     // Two jobs a day, three a month.
@@ -377,9 +371,7 @@ async fn caps_reset_at_the_utc_day_and_month_boundaries(backend: Backend) {
     create_at(&app, &tenant, "next-day", at(3, 11, 0, 1))
         .await
         .unwrap();
-    let spend = limits::spend_at(&app.app.db, tenant.id, at(3, 11, 0, 1))
-        .await
-        .unwrap();
+    let spend = spend_at(&app, tenant.id, at(3, 11, 0, 1)).await;
     assert_eq!((spend.today, spend.this_month), (one, one + one + one));
     let over_month = create_at(&app, &tenant, "over-month", at(3, 11, 0, 2)).await;
     assert_eq!(refused_period(over_month), limits::SpendPeriod::Month);
@@ -395,9 +387,7 @@ async fn caps_reset_at_the_utc_day_and_month_boundaries(backend: Backend) {
     )
     .await
     .unwrap();
-    let spend = limits::spend_at(&app.app.db, tenant.id, at(3, 11, 0, 3))
-        .await
-        .unwrap();
+    let spend = spend_at(&app, tenant.id, at(3, 11, 0, 3)).await;
     assert_eq!((spend.today, spend.this_month), (one, one + one));
     create_at(&app, &tenant, "room-again", at(3, 11, 0, 3))
         .await
@@ -407,9 +397,7 @@ async fn caps_reset_at_the_utc_day_and_month_boundaries(backend: Backend) {
     create_at(&app, &tenant, "april", at(4, 1, 0, 0))
         .await
         .unwrap();
-    let spend = limits::spend_at(&app.app.db, tenant.id, at(4, 1, 0, 0))
-        .await
-        .unwrap();
+    let spend = spend_at(&app, tenant.id, at(4, 1, 0, 0)).await;
     assert_eq!((spend.today, spend.this_month), (one, one));
 
     // A process whose clock is a minute behind counts into the newest period rather
@@ -417,9 +405,7 @@ async fn caps_reset_at_the_utc_day_and_month_boundaries(backend: Backend) {
     create_at(&app, &tenant, "late-clock", at(3, 31, 23, 59))
         .await
         .unwrap();
-    let spend = limits::spend_at(&app.app.db, tenant.id, at(4, 1, 0, 1))
-        .await
-        .unwrap();
+    let spend = spend_at(&app, tenant.id, at(4, 1, 0, 1)).await;
     assert_eq!((spend.today, spend.this_month), (one + one, one + one));
     assert_billing_invariants(&app.app.db).await;
 }
@@ -506,4 +492,15 @@ async fn absorbed_provider_costs_count_against_the_spend_cap(backend: Backend) {
     let refused = app.create_job(&tenant, lost(3)).await;
     assert_eq!(error_code(&refused), "SPEND_LIMIT_EXCEEDED", "{refused}");
     assert_billing_invariants(&app.app.db).await;
+}
+
+/// The tenant's spend in the UTC day and month of `at`, as its row's counters say.
+async fn spend_at(app: &TestApp, tenant_id: uuid::Uuid, at: Timestamp) -> limits::Spend {
+    use sea_orm::EntityTrait;
+    let tenant = entity::tenants::Entity::find_by_id(tenant_id)
+        .one(&app.app.db)
+        .await
+        .unwrap()
+        .expect("the tenant exists");
+    limits::Spend::of(&tenant, at)
 }

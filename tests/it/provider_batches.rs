@@ -31,6 +31,7 @@ on_both_backends!(
     a_lost_upload_answer_is_found_again_not_sent_twice_openai,
     a_lost_upload_answer_is_found_again_not_sent_twice_anthropic,
     cancel_charges_what_the_provider_finished,
+    a_cancel_after_the_provider_finished_charges_its_results,
     an_unreadable_provider_batch_ends_with_the_unknown_bound,
 );
 
@@ -93,13 +94,13 @@ fn config(folder: &std::path::Path, simulator: &RunningSimulator) -> std::path::
     path
 }
 
-/// Polls every second, and gives a batch up as unknown after `unknown_after`.
-fn options(config: &std::path::Path, unknown_after: Duration) -> AppOptions {
+/// Polls every `poll`, and gives a batch up as unknown after `unknown_after`.
+fn options(config: &std::path::Path, unknown_after: Duration, poll: Duration) -> AppOptions {
     AppOptions {
         config_file: Some(config.to_owned()),
         operations: OperationsSettings {
             provider_batches: ProviderBatchSettings {
-                poll: Duration::from_secs(1),
+                poll,
                 unknown_after,
             },
             ..OperationsSettings::default()
@@ -115,16 +116,26 @@ pub(crate) struct Setup {
     pub(crate) config: std::path::PathBuf,
 }
 
+/// A provider batch setup that polls every second.
 pub(crate) async fn setup(
     backend: Backend,
     batch_delay: Duration,
     unknown_after: Duration,
 ) -> Setup {
+    setup_polling(backend, batch_delay, unknown_after, Duration::from_secs(1)).await
+}
+
+async fn setup_polling(
+    backend: Backend,
+    batch_delay: Duration,
+    unknown_after: Duration,
+    poll: Duration,
+) -> Setup {
     let simulator =
         RunningSimulator::start_with(Simulator::new().with_batch_delay(batch_delay)).await;
     let folder = tempfile::tempdir().unwrap();
     let config = config(folder.path(), &simulator);
-    let app = spawn_app_beside(backend, simulator, options(&config, unknown_after)).await;
+    let app = spawn_app_beside(backend, simulator, options(&config, unknown_after, poll)).await;
     let tenant = app.funded_tenant("acme", "100").await;
     Setup {
         app,
@@ -452,7 +463,10 @@ async fn a_lost_upload_answer_is_found_again_not_sent_twice(backend: Backend, sh
             .unwrap();
     };
     let app = app
-        .restart_after(options(&config, Duration::from_secs(3600)), lost)
+        .restart_after(
+            options(&config, Duration::from_secs(3600), Duration::from_secs(1)),
+            lost,
+        )
         .await;
     let finished = wait_until_finished(&app, &tenant, id, Duration::from_secs(60)).await;
     assert_eq!(finished["counts"]["succeeded"], 10, "{finished}");
@@ -509,6 +523,49 @@ async fn cancel_charges_what_the_provider_finished(backend: Backend) {
     assert_eq!(
         crate::helpers::decimal(&app.balance(&tenant).await["charged"]),
         rust_decimal::Decimal::ZERO
+    );
+}
+
+/// A cancel that reaches the provider after its batch completed (OpenAI refuses it,
+/// 409): the results are read and charged like any others, not retried for ever.
+async fn a_cancel_after_the_provider_finished_charges_its_results(backend: Backend) {
+    let shape = Shape::OpenAi;
+    let Setup { app, tenant, .. } = setup_polling(
+        backend,
+        Duration::from_millis(300),
+        Duration::from_secs(3600),
+        Duration::from_secs(6),
+    )
+    .await;
+    let id = create_provider_batch(&app, &tenant, shape).await;
+    assert!(add_items(&app, &tenant, id, &items(8, false)).await["errors"].is_null());
+    close(&app, &tenant, id).await;
+    wait_for_rows(&app, id, |rows| {
+        rows.iter()
+            .any(|row| row.state == ProviderBatchState::Submitted)
+    })
+    .await;
+    // The provider finishes long before the next poll.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while mock_batches(&app).await[0]["status"] != "completed" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            mock_batches(&app).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let cancelled = app
+        .operation(Some(&tenant.key), "CancelBatch", json!({"id": id}))
+        .await;
+    assert!(cancelled["errors"].is_null(), "{cancelled}");
+    let finished = wait_until_finished(&app, &tenant, id, Duration::from_secs(60)).await;
+    assert_eq!(finished["counts"]["succeeded"], 8, "{finished}");
+    assert!(rows_of(&app, id).await[0].cancel_sent);
+    assert_settled_once(&app, id, shape).await;
+    assert!(
+        crate::helpers::decimal(&app.balance(&tenant).await["charged"])
+            > rust_decimal::Decimal::ZERO
     );
 }
 

@@ -58,7 +58,7 @@ pub(super) async fn audit_batches(
     let backend = db.get_database_backend();
     let mut after: Option<Uuid> = None;
     loop {
-        let mut parameters = crate::db::Parameters::new(backend);
+        let mut parameters = crate::db::Binds::new(backend);
         let condition = match after {
             Some(after) => format!(" WHERE b.id > {}", parameters.bind(after)),
             None => String::new(),

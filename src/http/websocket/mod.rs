@@ -2,7 +2,7 @@
 //!
 //! async-graphql speaks the protocols; this module owns the socket around them: it
 //! caps message sizes before anyone is authenticated, counts the subscriptions a
-//! client starts before async-graphql reads them (see `ledger`), pings idle
+//! client starts before async-graphql reads them (see `subscription_tally`), pings idle
 //! connections and drops dead ones, gives a client a few seconds to authenticate,
 //! closes an authenticated connection that held no subscription for a while (it
 //! answers pings, so nothing else would ever close it; one holding a subscription is
@@ -11,7 +11,7 @@
 //! connection has nothing to subscribe to) and with 4403 when its key is refused or
 //! revoked.
 
-mod ledger;
+mod subscription_tally;
 mod woken;
 
 use super::HttpState;
@@ -30,12 +30,12 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use entity::Timestamp;
 use futures_util::{SinkExt, StreamExt};
-use ledger::SubscriptionLedger;
 use std::net::SocketAddr;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+use subscription_tally::SubscriptionTally;
 use uuid::Uuid;
 use woken::WokenOnly;
 
@@ -152,8 +152,8 @@ async fn serve(
     let heard = heard_at_millis.clone();
     let failed = handshake.clone();
     let overflowed = handshake.clone();
-    let ledger = Arc::new(SubscriptionLedger::default());
-    let counted = ledger.clone();
+    let tally = Arc::new(SubscriptionTally::default());
+    let counted = tally.clone();
     let input = stream
         .take_while(move |frame| {
             if let Err(error) = frame {
@@ -286,7 +286,7 @@ async fn serve(
         tokio::select! {
             message = graphql.next() => match message {
                 Some(WsMessage::Text(text)) => {
-                    ledger.sent(&text);
+                    tally.sent(&text);
                     if sink.send(Message::Text(text.into())).await.is_err() {
                         return;
                     }

@@ -337,7 +337,7 @@ async fn write_chunk(
     // Before anything is held: an item the model cannot run would fail every attempt.
     let counting = crate::jobs::tokens::counting_for(providers, &batch.model);
     for item in items {
-        let bound = item.job.input.call_bound(counting);
+        let bound = item.job.input.call_bound(counting, &batch.model);
         price
             .limits
             .check_call(&batch.model, bound)
@@ -369,7 +369,7 @@ async fn write_chunk(
     let simulated = providers.simulates(&batch.model);
     let mut rows = Vec::with_capacity(fresh.len());
     for item in &fresh {
-        let bound = item.job.input.call_bound(counting);
+        let bound = item.job.input.call_bound(counting, &batch.model);
         let row = job_row(batch, item, simulated, bound.tokens(), now);
         let hold = item.job.charging.job_hold(
             bound,

@@ -2,7 +2,7 @@
 //! topped up by finished calls, and paused by a provider's 429.
 
 use super::{Bucket, BucketKey, BucketScope};
-use crate::db::{Parameters, Values};
+use crate::db::{Binds, Values};
 use entity::{Timestamp, rate_limit_buckets};
 use sea_orm::{ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, QueryFilter};
 
@@ -20,7 +20,7 @@ pub async fn create_missing(
     if keys.is_empty() {
         return Ok(());
     }
-    let mut parameters = Parameters::new(db.get_database_backend());
+    let mut parameters = Binds::new(db.get_database_backend());
     let rows = new_bucket_rows(&mut parameters, keys, now);
     // Only keys with no row are inserted: an insert that meets an existing row
     // waits for a transaction that updated it (a claim writing its levels back), and
@@ -42,7 +42,7 @@ pub async fn create_missing(
 }
 
 /// `(scope, key, refilled_at)` rows of full buckets for `keys`, refilled at `now`.
-fn new_bucket_rows(parameters: &mut Parameters, keys: &[BucketKey], now: Timestamp) -> Vec<String> {
+fn new_bucket_rows(parameters: &mut Binds, keys: &[BucketKey], now: Timestamp) -> Vec<String> {
     keys.iter()
         .map(|key| {
             parameters.row([
@@ -70,7 +70,7 @@ pub async fn lock(
     }
     debug_assert!(keys.windows(2).all(|pair| pair[0] < pair[1]));
     let backend = transaction.get_database_backend();
-    let mut parameters = Parameters::new(backend);
+    let mut parameters = Binds::new(backend);
     let sql = if backend == DbBackend::Postgres {
         let rows: Vec<String> = keys
             .iter()
@@ -138,7 +138,7 @@ pub async fn give_back(
     key: &BucketKey,
     tokens: f64,
 ) -> Result<(), DbErr> {
-    let mut parameters = Parameters::new(db.get_database_backend());
+    let mut parameters = Binds::new(db.get_database_backend());
     let sql = format!(
         "UPDATE rate_limit_buckets SET tokens = tokens + {tokens}
          WHERE scope = {scope} AND key = {key} AND tokens IS NOT NULL",
@@ -163,7 +163,7 @@ pub async fn pause_model(
     } else {
         "MAX"
     };
-    let mut parameters = Parameters::new(backend);
+    let mut parameters = Binds::new(backend);
     let sql = format!(
         "INSERT INTO rate_limit_buckets (scope, key, refilled_at, paused_until)
          VALUES ({scope}, {key}, {now}, {until})

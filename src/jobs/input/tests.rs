@@ -84,7 +84,9 @@ fn the_bytes_bound_counts_bytes_and_overhead() {
     let mut job = request();
     job.messages = vec![MessageRequest::text("user", "héllo")];
     let job = NewJob::parse(job).unwrap();
-    let bound = job.input.call_bound(PromptCounting::Bytes(None));
+    let bound = job
+        .input
+        .call_bound(PromptCounting::Bytes(None), &job.model);
     assert_eq!(
         bound.input_tokens,
         6 + crate::jobs::tokens::MESSAGE_OVERHEAD_TOKENS

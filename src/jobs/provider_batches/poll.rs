@@ -4,6 +4,7 @@
 use super::settle::{self, CHUNK, Fate, answer_of, not_run};
 use super::submit::{chat_request, custom_id};
 use super::{Submitter, rows};
+use crate::backoff::{Backoff, Jitter};
 use crate::jobs::input::JobInput;
 use crate::llm::batches::{BatchItem, Found, RemoteBatch, RemoteState};
 use crate::llm::{Provider, ProviderError};
@@ -373,7 +374,12 @@ async fn poll(
     };
     if cancelled && !row.cancel_sent {
         if let Err(error) = api.cancel(&id).await {
-            return unreadable(submitter, row, token, &error).await;
+            // A provider refuses to cancel a batch that has ended already (OpenAI: 409):
+            // its results are then what the cancel charges, and they are read below.
+            match api.read(&id).await {
+                Ok(remote) if remote.state == RemoteState::Ended => {}
+                _ => return unreadable(submitter, row, token, &error).await,
+            }
         }
         let sent = fenced(submitter, row, token)
             .col_expr(provider_batches::Column::CancelSent, Expr::value(true))
@@ -537,9 +543,13 @@ async fn finish_row(
 /// from one second with each failure, up to the poll interval's tenfold (at most
 /// ten minutes).
 fn backoff(submitter: &Submitter, row: &provider_batches::Model) -> Duration {
-    let cap = (submitter.settings.poll * 10).min(MAX_BACKOFF);
-    let exponent = u32::try_from(row.polls.clamp(0, 16)).unwrap_or(16);
-    Duration::from_secs(1 << exponent).min(cap)
+    let backoff = Backoff {
+        first: Duration::from_secs(1),
+        cap: (submitter.settings.poll * 10).min(MAX_BACKOFF),
+        jitter: Jitter::None,
+    };
+    // `polls` counts the failures before this one.
+    backoff.nominal(u32::try_from(row.polls).unwrap_or(0).saturating_add(1))
 }
 
 /// The provider could not be read about the row (or refused to say): tried again

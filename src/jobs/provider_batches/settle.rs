@@ -106,7 +106,7 @@ pub(super) async fn settle(
             tenant_rate: Default::default(),
         };
         let bound = input
-            .call_bound(counting_for(&submitter.providers, &job.model))
+            .call_bound(counting_for(&submitter.providers, &job.model), &job.model)
             .within(job.token_bound);
         // An answer that may have been billed without a result (an unknown fate, or a
         // line that cannot be read) is never sent again: the item fails with the
@@ -268,7 +268,10 @@ pub(super) async fn held_back(
                 price,
                 input,
                 input
-                    .call_bound(counting_for(&submitter.providers, &claim.job.model))
+                    .call_bound(
+                        counting_for(&submitter.providers, &claim.job.model),
+                        &claim.job.model,
+                    )
                     .within(claim.job.token_bound),
                 submitter.charging,
                 Duration::ZERO,

@@ -182,10 +182,10 @@ async fn submit_one(submitter: &Submitter, batch: &batches::Model) -> Result<usi
         .iter()
         .map(|claim| {
             let bound = inputs[&claim.job.id]
-                .call_bound(crate::jobs::tokens::counting_for(
-                    &submitter.providers,
+                .call_bound(
+                    crate::jobs::tokens::counting_for(&submitter.providers, &claim.job.model),
                     &claim.job.model,
-                ))
+                )
                 .within(claim.job.token_bound);
             AttemptStart {
                 worker_id: submitter.worker_id.clone(),

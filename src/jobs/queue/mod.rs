@@ -29,8 +29,6 @@ pub use finish::{AttemptEnd, abandon_claim, finish_attempt, finish_attempts};
 pub use moves::move_off_paused_model;
 pub use rescue::expire_leases;
 pub use start::{start_attempt, start_attempts, start_attempts_in};
-// A job's fate is decided there; this module writes it.
-pub use crate::jobs::lifecycle::INVALID_OUTPUT_RETRIES;
 
 /// What a lease renewal learned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,16 +115,6 @@ pub async fn renew_leases(
         }
     }
     Ok(renewed)
-}
-
-/// Extends one attempt's lease: [`renew_leases`] for a single claim.
-pub async fn renew_lease(
-    db: &impl ConnectionTrait,
-    claim: &Claim,
-    lease: Duration,
-) -> Result<Renewal, DbErr> {
-    let renewed = renew_leases(db, &[(claim.job.id, claim.run_token)], lease).await?;
-    Ok(renewed.get(&claim.job.id).copied().unwrap_or(Renewal::Lost))
 }
 
 /// Locks the claimed job for the rest of `transaction` and returns it as it is now;

@@ -393,6 +393,7 @@ impl Worker {
                     .map_or(crate::llm::PromptCounting::Bytes(None), |provider| {
                         provider.prompt_counting(&claim.job.model)
                     }),
+                &claim.job.model,
             )
             .within(claim.job.token_bound);
         let charging = inner.settings.charging;

@@ -117,13 +117,123 @@ impl MediaInput {
     }
 }
 
+/// How an OpenAI model counts an image at high detail, by the model (OpenAI's vision
+/// pricing differs by model family, up to 30-fold for the same picture).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OpenAiImages {
+    /// Fitted in 2048 × 2048, its shortest side brought down to 768, then `base`
+    /// tokens and `per_tile` for each 512-pixel tile.
+    Tiles { base: u64, per_tile: u64 },
+    /// One token per 32-pixel patch, at most 1,536 patches (a larger image is scaled
+    /// down to fit), times `per_thousand` / 1000.
+    Patches { per_thousand: u64 },
+}
+
+/// The most patches an image of the patch rule is scaled down to.
+const MAX_PATCHES: u64 = 1536;
+
+impl OpenAiImages {
+    /// The rule of `model`. A model not named here — a fine-tune's base unknown, an
+    /// OpenAI-compatible server's own model — counts by the dearest rule, so that a
+    /// hold is never short of what an OpenAI model would bill.
+    fn of_model(model: &str) -> Self {
+        let name = model.strip_prefix("ft:").unwrap_or(model);
+        let rules: [(&str, Self); 12] = [
+            (
+                "gpt-4o-mini",
+                Self::Tiles {
+                    base: 2833,
+                    per_tile: 5667,
+                },
+            ),
+            ("gpt-4.1-mini", Self::Patches { per_thousand: 1620 }),
+            ("gpt-4.1-nano", Self::Patches { per_thousand: 2460 }),
+            ("gpt-5-mini", Self::Patches { per_thousand: 1620 }),
+            ("gpt-5-nano", Self::Patches { per_thousand: 2460 }),
+            ("o4-mini", Self::Patches { per_thousand: 1720 }),
+            (
+                "o1",
+                Self::Tiles {
+                    base: 75,
+                    per_tile: 150,
+                },
+            ),
+            (
+                "o3",
+                Self::Tiles {
+                    base: 75,
+                    per_tile: 150,
+                },
+            ),
+            (
+                "gpt-5",
+                Self::Tiles {
+                    base: 70,
+                    per_tile: 140,
+                },
+            ),
+            (
+                "gpt-4",
+                Self::Tiles {
+                    base: 85,
+                    per_tile: 170,
+                },
+            ),
+            (
+                "chatgpt-4o",
+                Self::Tiles {
+                    base: 85,
+                    per_tile: 170,
+                },
+            ),
+            (
+                "computer-use",
+                Self::Tiles {
+                    base: 65,
+                    per_tile: 129,
+                },
+            ),
+        ];
+        rules
+            .into_iter()
+            .find(|(prefix, _)| name.starts_with(prefix))
+            .map_or(Self::DEAREST, |(_, rule)| rule)
+    }
+
+    /// The rule that counts every image at the most any counts.
+    const DEAREST: Self = Self::Tiles {
+        base: 2833,
+        per_tile: 5667,
+    };
+
+    fn tokens(self, width: f64, height: f64) -> u64 {
+        match self {
+            Self::Tiles { base, per_tile } => {
+                let fit = (2048.0 / width.max(height)).min(1.0);
+                let (width, height) = (width * fit, height * fit);
+                let shorten = (768.0 / width.min(height)).min(1.0);
+                // Rounded, not raised: a side fitted to 2048 or 768 stays that, whatever the
+                // floating point made of it.
+                let (width, height) = ((width * shorten).round(), (height * shorten).round());
+                let tiles = (width / 512.0).ceil() * (height / 512.0).ceil();
+                base + per_tile * tiles as u64
+            }
+            Self::Patches { per_thousand } => {
+                // A scaled-down image has at most MAX_PATCHES; counting the original's
+                // patches up to it bounds what the provider counts.
+                let patches = ((width / 32.0).ceil() * (height / 32.0).ceil()) as u64;
+                (patches.min(MAX_PATCHES) * per_thousand).div_ceil(1000)
+            }
+        }
+    }
+}
+
 impl Shape {
-    /// What an image of `width` × `height` counts as (OpenAI's high detail: fitted
-    /// in 2048 × 2048, its shortest side brought down to 768, then 85 tokens and 170
-    /// per 512-pixel tile; Anthropic's: long side brought down to 1568, then width ×
-    /// height / 750, rounded up). `None`: an image by URL, counted at the most any
-    /// image counts.
-    pub fn image_tokens(self, size: Option<(u32, u32)>) -> u64 {
+    /// What an image of `width` × `height` counts as sent to `model` (OpenAI's high
+    /// detail by the model's rule, [`OpenAiImages`]; Anthropic's: long side brought
+    /// down to 1568, then width × height / 750, rounded up). `None`: an image by URL,
+    /// counted at the most any image counts.
+    pub fn image_tokens(self, model: &str, size: Option<(u32, u32)>) -> u64 {
         let (width, height) = match (self, size) {
             (_, Some(size)) => size,
             (Self::OpenAi, None) => (768, 2048),
@@ -132,14 +242,14 @@ impl Shape {
         let (width, height) = (f64::from(width), f64::from(height));
         match self {
             Self::OpenAi => {
-                let fit = (2048.0 / width.max(height)).min(1.0);
-                let (width, height) = (width * fit, height * fit);
-                let shorten = (768.0 / width.min(height)).min(1.0);
-                // Rounded, not raised: a side fitted to 2048 or 768 stays that, whatever the
-                // floating point made of it.
-                let (width, height) = ((width * shorten).round(), (height * shorten).round());
-                let tiles = (width / 512.0).ceil() * (height / 512.0).ceil();
-                85 + 170 * tiles as u64
+                let rule = OpenAiImages::of_model(model);
+                match size {
+                    Some(_) => rule.tokens(width, height),
+                    // By URL: the larger of the largest tiled and the largest patched image.
+                    None => rule
+                        .tokens(width, height)
+                        .max(rule.tokens(1536.0 * 32.0, 32.0)),
+                }
             }
             Self::Anthropic => {
                 let fit = (1568.0 / width.max(height)).min(1.0);
@@ -149,13 +259,14 @@ impl Shape {
         }
     }
 
-    /// What the media parts among `parts` count as (text parts count as text).
-    pub fn media_tokens<'a>(self, parts: impl IntoIterator<Item = &'a Part>) -> u64 {
+    /// What the media parts among `parts` count as sent to `model` (text parts count
+    /// as text).
+    pub fn media_tokens<'a>(self, model: &str, parts: impl IntoIterator<Item = &'a Part>) -> u64 {
         parts
             .into_iter()
             .map(|part| match part {
                 Part::Text { .. } => 0,
-                Part::Image { size, .. } => self.image_tokens(*size),
+                Part::Image { size, .. } => self.image_tokens(model, *size),
                 Part::Document { pages, .. } => TOKENS_PER_PDF_PAGE * u64::from(*pages),
             })
             .sum()
@@ -250,15 +361,59 @@ mod tests {
     use super::*;
 
     #[test]
+    fn each_openai_model_counts_images_by_its_own_rule() {
+        let one = Some((1, 1));
+        let square = Some((1024, 1024));
+        let cases = [
+            // Tiles: 1 × 1 is one tile; 1024 × 1024 becomes 768 × 768, four tiles.
+            ("gpt-4o", one, 85 + 170),
+            ("gpt-4o-2024-08-06", square, 85 + 170 * 4),
+            ("gpt-4o-mini", one, 2833 + 5667),
+            ("gpt-4o-mini", square, 2833 + 5667 * 4),
+            ("o1", square, 75 + 150 * 4),
+            ("o3", square, 75 + 150 * 4),
+            ("gpt-5", square, 70 + 140 * 4),
+            // Patches: 1024 × 1024 is 32 × 32 = 1,024 patches, times the multiplier.
+            ("gpt-4.1-mini", square, 1659),
+            ("gpt-4.1-nano", square, 2520),
+            ("o4-mini", square, 1762),
+            // 4096 × 4096 has 16,384 patches; scaled down, at most 1,536.
+            ("gpt-4.1-mini", Some((4096, 4096)), 2489),
+            // Unknown here: the dearest rule.
+            ("my-local-model", one, 2833 + 5667),
+            ("ft:gpt-4o-mini:org::id", one, 2833 + 5667),
+        ];
+        for (model, size, tokens) in cases {
+            assert_eq!(
+                Shape::OpenAi.image_tokens(model, size),
+                tokens,
+                "{model} {size:?}"
+            );
+        }
+        // By URL, at the most any image of the model's rule counts.
+        assert_eq!(Shape::OpenAi.image_tokens("gpt-4o", None), 85 + 170 * 8);
+        assert_eq!(Shape::OpenAi.image_tokens("gpt-4.1-mini", None), 2489);
+    }
+
+    #[test]
     fn openai_counts_tiles_after_its_resizing() {
         // 1024 × 1024 becomes 768 × 768: four tiles.
-        assert_eq!(Shape::OpenAi.image_tokens(Some((1024, 1024))), 85 + 170 * 4);
-        // 2048 × 4096 fits as 1024 × 2048, then 768 × 1536: six tiles.
-        assert_eq!(Shape::OpenAi.image_tokens(Some((2048, 4096))), 85 + 170 * 6);
-        // Small images are not enlarged: one tile.
-        assert_eq!(Shape::OpenAi.image_tokens(Some((100, 80))), 85 + 170);
         assert_eq!(
-            Shape::OpenAi.image_tokens(None),
+            Shape::OpenAi.image_tokens("gpt-4o", Some((1024, 1024))),
+            85 + 170 * 4
+        );
+        // 2048 × 4096 fits as 1024 × 2048, then 768 × 1536: six tiles.
+        assert_eq!(
+            Shape::OpenAi.image_tokens("gpt-4o", Some((2048, 4096))),
+            85 + 170 * 6
+        );
+        // Small images are not enlarged: one tile.
+        assert_eq!(
+            Shape::OpenAi.image_tokens("gpt-4o", Some((100, 80))),
+            85 + 170
+        );
+        assert_eq!(
+            Shape::OpenAi.image_tokens("gpt-4o", None),
             85 + 170 * 8,
             "the most any image counts"
         );
@@ -270,21 +425,28 @@ mod tests {
             (5000, 100),
             (10_000, 10_000),
         ] {
-            assert!(Shape::OpenAi.image_tokens(Some(size)) <= Shape::OpenAi.image_tokens(None));
+            assert!(
+                Shape::OpenAi.image_tokens("gpt-4o", Some(size))
+                    <= Shape::OpenAi.image_tokens("gpt-4o", None)
+            );
         }
     }
 
     #[test]
     fn anthropic_counts_pixels_after_its_resizing() {
-        assert_eq!(Shape::Anthropic.image_tokens(Some((1000, 750))), 1000);
+        assert_eq!(
+            Shape::Anthropic.image_tokens("claude-sonnet-4-5", Some((1000, 750))),
+            1000
+        );
         // 3136 × 1568 comes down to 1568 × 784.
         assert_eq!(
-            Shape::Anthropic.image_tokens(Some((3136, 1568))),
+            Shape::Anthropic.image_tokens("claude-sonnet-4-5", Some((3136, 1568))),
             1568 * 784 / 750 + 1
         );
         for size in [(1, 1), (1568, 1568), (5000, 100), (10_000, 10_000)] {
             assert!(
-                Shape::Anthropic.image_tokens(Some(size)) <= Shape::Anthropic.image_tokens(None)
+                Shape::Anthropic.image_tokens("claude-sonnet-4-5", Some(size))
+                    <= Shape::Anthropic.image_tokens("claude-sonnet-4-5", None)
             );
         }
     }

@@ -87,7 +87,7 @@ impl MessagesRequest {
         let media_tokens = self
             .messages
             .iter()
-            .map(|message| message.content.media_tokens(Shape::Anthropic))
+            .map(|message| message.content.media_tokens(Shape::Anthropic, &self.model))
             .sum();
         Prompt {
             model: self.model,

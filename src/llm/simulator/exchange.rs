@@ -81,13 +81,13 @@ impl Part {
     /// What this part counts as input, by `shape`'s rules: an image by its size
     /// (one whose bytes are not at hand, by URL, at the most an image counts), a PDF
     /// by its pages; text and anything else nothing here.
-    fn media_tokens(&self, shape: Shape) -> u64 {
+    fn media_tokens(&self, shape: Shape, model: &str) -> u64 {
         let image = |bytes: Option<Vec<u8>>| {
             let size = bytes
                 .as_deref()
                 .and_then(image::read_header)
                 .map(|(_, width, height)| (width, height));
-            shape.image_tokens(size)
+            shape.image_tokens(model, size)
         };
         let document = |bytes: Option<Vec<u8>>| {
             bytes
@@ -123,10 +123,13 @@ impl Part {
 
 impl Content {
     /// What the images and documents among the parts count as, by `shape`'s rules.
-    pub(super) fn media_tokens(&self, shape: Shape) -> u64 {
+    pub(super) fn media_tokens(&self, shape: Shape, model: &str) -> u64 {
         match self {
             Self::Text(_) => 0,
-            Self::Parts(parts) => parts.iter().map(|part| part.media_tokens(shape)).sum(),
+            Self::Parts(parts) => parts
+                .iter()
+                .map(|part| part.media_tokens(shape, model))
+                .sum(),
         }
     }
 

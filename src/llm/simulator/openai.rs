@@ -121,7 +121,7 @@ impl ChatRequest {
             .messages
             .iter()
             .filter_map(|message| message.content.as_ref())
-            .map(|content| content.media_tokens(Shape::OpenAi))
+            .map(|content| content.media_tokens(Shape::OpenAi, &self.model))
             .sum();
         Prompt {
             model: self.model,

@@ -115,3 +115,20 @@ pub fn one_job_made_once(responses: &[Value], field: &str) {
         .count();
     assert_eq!(fresh, 1, "exactly one {field} is not a replay");
 }
+
+/// Extends one claim's lease as a worker's renewal does (one statement for all its
+/// attempts), here for one: what the renewal learned of that claim.
+pub async fn renew_lease(
+    db: &impl sea_orm::ConnectionTrait,
+    claim: &jobledger::jobs::queue::Claim,
+    lease: Duration,
+) -> jobledger::jobs::queue::Renewal {
+    let owned = [(claim.job.id, claim.run_token)];
+    let renewed = jobledger::jobs::queue::renew_leases(db, &owned, lease)
+        .await
+        .unwrap();
+    renewed
+        .get(&claim.job.id)
+        .copied()
+        .unwrap_or(jobledger::jobs::queue::Renewal::Lost)
+}

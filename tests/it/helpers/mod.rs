@@ -38,5 +38,5 @@ pub use app::{
 pub use backends::{Backend, TestDatabase};
 pub use children::{Client, Processes, free_address, wait_for_http};
 pub use graphql::{decimal, error_code};
-pub use jobs::{event_kinds, job_input, large_job_input, one_job_made_once};
+pub use jobs::{event_kinds, job_input, large_job_input, one_job_made_once, renew_lease};
 pub use tenants::TestTenant;

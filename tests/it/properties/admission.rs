@@ -58,7 +58,7 @@ async fn concurrent_creates_never_admit_more_than_the_balance_holds(backend: Bac
     // Counted as the simulator that serves the tests' models counts.
     let hold = new.charging.job_hold(
         new.input
-            .call_bound(jobledger::llm::PromptCounting::QuarterBytes),
+            .call_bound(jobledger::llm::PromptCounting::QuarterBytes, "gpt-4o-mini"),
         &price,
         new.max_attempts,
         new.input.stream_output,

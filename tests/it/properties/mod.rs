@@ -179,7 +179,7 @@ impl Spec {
 fn attempt_start(price: &ModelPrice, job: &jobs::Model) -> AttemptStart {
     let input: JobInput = serde_json::from_value(job.input.0.clone()).unwrap();
     // The tests' models are served by the simulator, which counts a quarter of the bytes.
-    let bound = input.call_bound(jobledger::llm::PromptCounting::QuarterBytes);
+    let bound = input.call_bound(jobledger::llm::PromptCounting::QuarterBytes, "gpt-4o-mini");
     AttemptStart {
         worker_id: "property-test".into(),
         provider: Some("simulator".into()),

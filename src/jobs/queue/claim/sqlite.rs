@@ -3,7 +3,7 @@
 
 use super::visit::Visit;
 use super::{Candidate, NOT_HELD_BY_ITS_BATCH, Round};
-use crate::db::Parameters;
+use crate::db::Binds;
 use entity::{JobStatus, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{ColumnTrait, ConnectionTrait, DbErr, EntityTrait, FromQueryResult, QueryFilter};
@@ -22,7 +22,7 @@ pub async fn due_jobs(
 ) -> Result<Vec<Candidate>, DbErr> {
     let mut candidates = Vec::new();
     for chunk in visits.chunks(GROUPS_PER_STATEMENT) {
-        let mut parameters = Parameters::new(transaction.get_database_backend());
+        let mut parameters = Binds::new(transaction.get_database_backend());
         let now = parameters.bind(round.now);
         let limit = parameters.bind(wanted as i64);
         let groups: Vec<String> = chunk

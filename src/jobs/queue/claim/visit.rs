@@ -74,7 +74,7 @@ pub async fn visit(
     limit: u64,
 ) -> Result<Vec<Visit>, DbErr> {
     let backend = db.get_database_backend();
-    let mut parameters = crate::db::Parameters::new(backend);
+    let mut parameters = crate::db::Binds::new(backend);
     let after = parameters.bind(after.unwrap_or(Uuid::nil()));
     let until = parameters.bind(until.unwrap_or(Uuid::max()));
     let limit = parameters.bind(limit as i64);

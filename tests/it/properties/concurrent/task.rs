@@ -265,9 +265,7 @@ impl Task {
         env.seen.lock().unwrap().stale_tries += 1;
         let price = price_of(&env.price_list, &held.claim.job);
         assert_eq!(
-            queue::renew_lease(&env.db, &held.claim, LEASE)
-                .await
-                .unwrap(),
+            crate::helpers::renew_lease(&env.db, &held.claim, LEASE).await,
             Renewal::Lost,
             "{at}: a stale claim renewed"
         );

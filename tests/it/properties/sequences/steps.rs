@@ -113,7 +113,7 @@ impl Sequence {
         assert_eq!(
             new.charging.job_hold(
                 new.input
-                    .call_bound(jobledger::llm::PromptCounting::QuarterBytes),
+                    .call_bound(jobledger::llm::PromptCounting::QuarterBytes, "gpt-4o-mini"),
                 price,
                 new.max_attempts,
                 new.input.stream_output,
@@ -457,7 +457,7 @@ impl Sequence {
         let before = snapshot(&self.db).await;
         let price = price_of(&self.price_list, &claim.job).clone();
         assert_eq!(
-            queue::renew_lease(&self.db, &claim, LEASE).await.unwrap(),
+            crate::helpers::renew_lease(&self.db, &claim, LEASE).await,
             Renewal::Lost,
             "{}: a stale claim renewed its lease",
             self.at

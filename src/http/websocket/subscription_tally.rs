@@ -4,7 +4,7 @@
 //! before it runs any, and polls the whole map on each wake: the per-connection cap
 //! applies only when a subscription runs, so a client that sends subscribe messages
 //! faster than they run grew the map (and the process) without bound, each wake
-//! costing more than the last. The ledger sees each message first: it counts the
+//! costing more than the last. The tally sees each message first: it counts the
 //! subscriptions the client started and has not seen end, and the bytes their
 //! requests hold, and the socket is closed once either passes its bound.
 
@@ -40,7 +40,7 @@ impl Overflow {
 
 /// The outstanding subscriptions of one connection, by id, with their message sizes.
 #[derive(Debug, Default)]
-pub struct SubscriptionLedger {
+pub struct SubscriptionTally {
     outstanding: Mutex<Outstanding>,
 }
 
@@ -50,7 +50,7 @@ struct Outstanding {
     bytes: usize,
 }
 
-/// The part of a protocol message the ledger reads; the payload is skipped, not kept.
+/// The part of a protocol message the tally reads; the payload is skipped, not kept.
 #[derive(Deserialize)]
 struct Envelope {
     #[serde(rename = "type")]
@@ -58,7 +58,7 @@ struct Envelope {
     id: Option<String>,
 }
 
-impl SubscriptionLedger {
+impl SubscriptionTally {
     /// Notes a message from the client before async-graphql reads it: a subscribe
     /// (`start` in the legacy protocol) adds its id, a `complete` (`stop`) removes it.
     /// Refused when the connection would pass either bound. A message that is not a
@@ -132,41 +132,41 @@ mod tests {
 
     #[test]
     fn started_subscriptions_count_until_they_end() {
-        let ledger = SubscriptionLedger::default();
+        let tally = SubscriptionTally::default();
         for id in 0..MAX_OUTSTANDING_SUBSCRIPTIONS {
-            ledger.received(&subscribe(id, 0)).unwrap();
+            tally.received(&subscribe(id, 0)).unwrap();
         }
         assert_eq!(
-            ledger.received(&subscribe(999, 0)),
+            tally.received(&subscribe(999, 0)),
             Err(Overflow::Subscriptions)
         );
         // The same id again replaces its subscription.
-        ledger.received(&subscribe(0, 0)).unwrap();
-        ledger.sent(r#"{"type":"complete","id":"1"}"#);
-        ledger.received(br#"{"id":"2","type":"complete"}"#).unwrap();
-        ledger.received(&subscribe(1000, 0)).unwrap();
-        ledger.received(&subscribe(1001, 0)).unwrap();
-        assert!(ledger.received(&subscribe(1002, 0)).is_err());
+        tally.received(&subscribe(0, 0)).unwrap();
+        tally.sent(r#"{"type":"complete","id":"1"}"#);
+        tally.received(br#"{"id":"2","type":"complete"}"#).unwrap();
+        tally.received(&subscribe(1000, 0)).unwrap();
+        tally.received(&subscribe(1001, 0)).unwrap();
+        assert!(tally.received(&subscribe(1002, 0)).is_err());
     }
 
     #[test]
     fn outstanding_bytes_are_bounded() {
-        let ledger = SubscriptionLedger::default();
+        let tally = SubscriptionTally::default();
         let big = 60 * 1024;
         let fits = MAX_OUTSTANDING_BYTES / subscribe(0, big).len();
         for id in 0..fits {
-            ledger.received(&subscribe(id, big)).unwrap();
+            tally.received(&subscribe(id, big)).unwrap();
         }
-        assert_eq!(ledger.received(&subscribe(fits, big)), Err(Overflow::Bytes));
-        ledger.sent(r#"{"type":"complete","id":"0"}"#);
-        ledger.received(&subscribe(fits, big)).unwrap();
+        assert_eq!(tally.received(&subscribe(fits, big)), Err(Overflow::Bytes));
+        tally.sent(r#"{"type":"complete","id":"0"}"#);
+        tally.received(&subscribe(fits, big)).unwrap();
     }
 
     #[test]
     fn other_messages_pass() {
-        let ledger = SubscriptionLedger::default();
+        let tally = SubscriptionTally::default();
         for message in [&b"not json"[..], br#"{"type":"ping"}"#, br#"[1,2]"#] {
-            ledger.received(message).unwrap();
+            tally.received(message).unwrap();
         }
     }
 }
