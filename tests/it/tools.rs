@@ -98,9 +98,9 @@ async fn tools_and_parameters_reach_the_provider_in_each_shape(backend: Backend)
         let sent = &calls[0].request;
         let schema = &weather_tools()[0]["function"]["parameters"];
         assert_eq!(sent["temperature"], 0.25, "{shape:?}: {sent}");
-        assert_eq!(sent["top_p"], 0.5, "{shape:?}: {sent}");
         match shape {
             Shape::OpenAi => {
+                assert_eq!(sent["top_p"], 0.5, "{sent}");
                 assert_eq!(sent["tools"], weather_tools(), "{sent}");
                 assert_eq!(
                     sent["tool_choice"],
@@ -110,6 +110,8 @@ async fn tools_and_parameters_reach_the_provider_in_each_shape(backend: Backend)
                 assert_eq!(sent["seed"], 42);
             }
             Shape::Anthropic => {
+                // Given both, only temperature: newer Claude models refuse the pair.
+                assert!(sent.get("top_p").is_none(), "{sent}");
                 assert_eq!(
                     sent["tools"],
                     json!([{"name": "weather", "description": "The weather in a city", "input_schema": schema}]),

@@ -36,8 +36,9 @@ async fn openai_usage_is_bytes_over_four() {
     assert_eq!(choice["message"]["content"], "Summary: Hello world");
     assert_eq!(choice["finish_reason"], "stop");
     // The text at a quarter of its bytes; the image, whose bytes are not at hand, at
-    // the most OpenAI counts an image (768 × 2048 after resizing: 85 + 170 × 8).
-    let input = ceil4("You are terse.".len() + "Hello world".len()) + 85 + 170 * 8;
+    // the most an image counts for a model OpenAI's rules do not name (768 × 2048
+    // after resizing, eight tiles, by the dearest rule: 2833 + 5667 × 8).
+    let input = ceil4("You are terse.".len() + "Hello world".len()) + 2833 + 5667 * 8;
     let output = ceil4("Summary: Hello world".len());
     assert_eq!(
         body["usage"],
