@@ -38,21 +38,9 @@ async fn a_killed_worker_loses_no_job_and_no_cent() {
         ("OPENAI_BASE_URL", openai_base_url.as_str()),
         ("JOBLEDGER_ADMIN_TOKEN", ADMIN_TOKEN),
     ];
-    let api = free_address();
-    processes.spawn(
-        "api",
-        &[
-            "serve",
-            "--workers",
-            "0",
-            "--listen",
-            &api.to_string(),
-            "--database-url",
-            &database.url,
-        ],
-        &provider_env,
-    );
-    wait_for_http(&http, &format!("http://{api}/readyz"), &mut processes).await;
+    let api = processes
+        .start_api(&http, &database.url, &provider_env)
+        .await;
     let worker_args = [
         "worker",
         "--database-url",

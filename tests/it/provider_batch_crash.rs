@@ -5,7 +5,7 @@
 //! each item must be billed once, every hold resolved within what it held, and
 //! `jobledger audit` clean.
 
-use crate::helpers::{Backend, Client, Processes, TestDatabase, free_address, wait_for_http};
+use crate::helpers::{Backend, Client, Processes, TestDatabase};
 use entity::{
     AttemptOutcome, ProviderBatchState, ReservationStatus, attempts, credit_reservations, jobs,
     provider_batches,
@@ -91,21 +91,7 @@ async fn killed_submitter(backend: Backend, shape: Shape, kill: Kill) {
         ("ANTHROPIC_BASE_URL", anthropic.as_str()),
         ("JOBLEDGER_ADMIN_TOKEN", ADMIN_TOKEN),
     ];
-    let api = free_address();
-    processes.spawn(
-        "api",
-        &[
-            "serve",
-            "--workers",
-            "0",
-            "--listen",
-            &api.to_string(),
-            "--database-url",
-            &database.url,
-        ],
-        &env,
-    );
-    wait_for_http(&http, &format!("http://{api}/readyz"), &mut processes).await;
+    let api = processes.start_api(&http, &database.url, &env).await;
     let worker_args = [
         "worker",
         "--database-url",

@@ -115,6 +115,30 @@ impl Processes {
         mock
     }
 
+    /// Starts the API alone (`serve --workers 0`) on `database_url` with `env`, and
+    /// waits until it is ready; returns its address.
+    pub async fn start_api(
+        &mut self,
+        http: &reqwest::Client,
+        database_url: &str,
+        env: &[(&str, &str)],
+    ) -> SocketAddr {
+        let api = free_address();
+        let listen = api.to_string();
+        let args = [
+            "serve",
+            "--workers",
+            "0",
+            "--listen",
+            &listen,
+            "--database-url",
+            database_url,
+        ];
+        self.spawn("api", &args, env);
+        wait_for_http(http, &format!("http://{api}/readyz"), self).await;
+        api
+    }
+
     /// Starts `jobledger args…` with `env`; returns its index.
     pub fn spawn(&mut self, name: &str, args: &[&str], env: &[(&str, &str)]) -> usize {
         let index = self.children.len();
