@@ -20,6 +20,7 @@ on_both_backends!(
     a_killed_submitter_sends_no_item_twice_openai,
     a_killed_submitter_sends_no_item_twice_anthropic,
     a_submitter_killed_during_its_upload_sends_no_item_twice,
+    a_submitter_paused_during_its_upload_sends_nothing_when_it_resumes,
 );
 
 const ADMIN_TOKEN: &str = "pbatch-crash-admin-token-of-32-chars-or-more";
@@ -56,6 +57,11 @@ enum Kill {
     /// Our row says `uploading` and the upload has not been answered: the simulator
     /// is stopped (SIGSTOP) until the worker is dead.
     DuringUpload,
+    /// As `DuringUpload`, but the worker is stopped (SIGSTOP) instead of killed, and
+    /// resumed once its replacement has settled the items: with OpenAI, the file it
+    /// uploaded is found and the batch created from it by the replacement, and the
+    /// resumed worker must not create a second batch from it.
+    PausedDuringUpload,
 }
 
 async fn a_killed_submitter_sends_no_item_twice_openai(backend: Backend) {
@@ -68,6 +74,10 @@ async fn a_killed_submitter_sends_no_item_twice_anthropic(backend: Backend) {
 
 async fn a_submitter_killed_during_its_upload_sends_no_item_twice(backend: Backend) {
     killed_submitter(backend, Shape::Anthropic, Kill::DuringUpload).await;
+}
+
+async fn a_submitter_paused_during_its_upload_sends_nothing_when_it_resumes(backend: Backend) {
+    killed_submitter(backend, Shape::OpenAi, Kill::PausedDuringUpload).await;
 }
 
 async fn killed_submitter(backend: Backend, shape: Shape, kill: Kill) {
@@ -152,7 +162,8 @@ async fn killed_submitter(backend: Backend, shape: Shape, kill: Kill) {
         )
         .await;
     let db = jobledger::db::connect(&database.url).await.unwrap();
-    if kill == Kill::DuringUpload {
+    let during_upload = matches!(kill, Kill::DuringUpload | Kill::PausedDuringUpload);
+    if during_upload {
         processes.signal(simulator, "STOP").await;
     }
     client
@@ -161,7 +172,7 @@ async fn killed_submitter(backend: Backend, shape: Shape, kill: Kill) {
 
     let awaited = match kill {
         Kill::AfterSubmission => ProviderBatchState::Submitted,
-        Kill::DuringUpload => ProviderBatchState::Uploading,
+        Kill::DuringUpload | Kill::PausedDuringUpload => ProviderBatchState::Uploading,
     };
     wait_for_row(&db, batch_id, awaited).await;
     if kill == Kill::AfterSubmission {
@@ -169,8 +180,15 @@ async fn killed_submitter(backend: Backend, shape: Shape, kill: Kill) {
         assert_eq!(listed.len(), 1, "{listed:?}");
         assert_eq!(listed[0]["status"], "in_progress", "{listed:?}");
     }
-    processes.kill(victim).await;
-    if kill == Kill::DuringUpload {
+    if kill == Kill::PausedDuringUpload {
+        // The upload's request is in the stopped simulator's socket by now; the
+        // simulator answers it to a worker that cannot read the answer.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        processes.signal(victim, "STOP").await;
+    } else {
+        processes.kill(victim).await;
+    }
+    if during_upload {
         processes.signal(simulator, "CONT").await;
     }
     eprintln!(
@@ -204,6 +222,14 @@ async fn killed_submitter(backend: Backend, shape: Shape, kill: Kill) {
         "provider-batch crash test: every item terminal after {:?}",
         began.elapsed()
     );
+    if kill == Kill::PausedDuringUpload {
+        processes.signal(victim, "CONT").await;
+        processes
+            .wait_for_log(victim, "lost the provider batch during its upload")
+            .await;
+        // Whatever the resumed worker would still send has reached the simulator.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
 
     // One provider batch at the provider, holding every item once.
     let listed = mock_batches(&http, mock).await;

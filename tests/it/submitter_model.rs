@@ -106,3 +106,10 @@ fn sending_an_unknown_item_again_may_bill_it_twice() {
 fn without_settling_requests_the_provider_never_ran_an_item_is_lost() {
     assert_caught("NO_MISSING_RESULTS", PROPERTIES, Q3_LOST);
 }
+
+/// Q1: a submitter paused past its lease between marking its row `uploading` and
+/// sending resumes and sends what the row's new owner already sent.
+#[test]
+fn without_the_send_gate_a_paused_submitter_sends_an_item_twice() {
+    assert_caught("NO_SEND_GATE", ASSERTIONS, Q1_SENT_TWICE);
+}

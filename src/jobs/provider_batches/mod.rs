@@ -14,7 +14,12 @@
 //! 2. A row left `uploading` by a crash is searched for at the provider before
 //!    anything is sent again ([`crate::llm::batches::BatchApi::find`]): found, it is
 //!    `submitted`; OpenAI's input file found without its batch, the batch is created
-//!    from it; nothing found, the upload is made again, under the same row.
+//!    from it; nothing found, the upload is made again, under the same row. Each
+//!    request of an upload that creates something at the provider is sent only after
+//!    a fenced renewal shows the row still owned (`rows::OwnerGate`), so a process
+//!    paused past its lease sends nothing once it resumes; a create already on its
+//!    way when the row was taken over is watched, and cancelled if the row's new
+//!    owner records another batch ([`orphans`]).
 //! 3. [`poll`]: a `submitted` row is read every poll interval; on `cancelBatch` the
 //!    provider is asked to cancel it; once ended, its results are streamed and each
 //!    line settles its attempt through the worker's own judge and finish, fenced by
@@ -23,6 +28,7 @@
 //!    ends `unknown`: its attempts end `UNKNOWN` with their cost bounds, reconcilable
 //!    as any unknown attempt, and its items fail rather than go out again.
 
+mod orphans;
 mod poll;
 mod rows;
 mod settle;

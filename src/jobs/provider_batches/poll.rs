@@ -3,13 +3,14 @@
 
 use super::settle::{self, CHUNK, Fate, answer_of, not_run};
 use super::submit::{chat_request, custom_id};
-use super::{Submitter, rows};
+use super::{Submitter, orphans, rows};
 use crate::backoff::{Backoff, Jitter};
 use crate::jobs::input::JobInput;
 use crate::llm::batches::{BatchItem, Found, RemoteBatch, RemoteState};
 use crate::llm::{Provider, ProviderError};
 use entity::{
-    AttemptOutcome, ProviderBatchState, Timestamp, attempts, batches, jobs, provider_batches,
+    AttemptOutcome, JobStatus, ProviderBatchState, Timestamp, attempts, batches, jobs,
+    provider_batches,
 };
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{ColumnTrait, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
@@ -198,27 +199,34 @@ async fn send(
 ) -> Result<(), DbErr> {
     let api = provider.batch_api().expect("a provider with a batch API");
     tracing::info!(provider_batch.id = %row.id, provider = %row.provider, items = encoded.len(), "uploading a provider batch");
+    let gate = rows::OwnerGate {
+        db: &submitter.db,
+        id: row.id,
+        token,
+    };
     let answer = rows::while_owned(
         &submitter.db,
         row.id,
         token,
-        api.submit(row.id, encoded, input_file),
+        api.submit(row.id, encoded, input_file, &gate),
     )
     .await;
-    let Some(answer) = answer else {
-        tracing::warn!(provider_batch.id = %row.id, "lost the provider batch during its upload; its next owner finds the upload");
-        return Ok(());
-    };
     match answer {
         Ok(submitted) => {
-            record_submitted(
+            let recorded = record_submitted(
                 submitter,
                 row,
                 token,
                 &submitted.batch,
                 submitted.input_file_id,
             )
-            .await
+            .await?;
+            if !recorded {
+                // The row was taken over while the create was answered: the batch
+                // may be the one the new owner finds, or a second one beside its own.
+                orphans::look_after(submitter, row.id, provider.clone(), submitted.batch.id);
+            }
+            Ok(())
         }
         // Nothing reached the provider: back to preparing, uploaded again later.
         Err(error @ ProviderError::NotSent { .. }) => {
@@ -280,7 +288,7 @@ async fn record_submitted(
     token: Uuid,
     remote: &RemoteBatch,
     input_file_id: Option<String>,
-) -> Result<(), DbErr> {
+) -> Result<bool, DbErr> {
     let now = Timestamp::now();
     let update = fenced(submitter, row, token)
         .col_expr(
@@ -306,10 +314,11 @@ async fn record_submitted(
             provider_batches::Column::NextPollAt,
             Expr::value(after(submitter.settings.poll)),
         );
-    if rows::write(&submitter.db, update).await?.is_some() {
+    let recorded = rows::write(&submitter.db, update).await?.is_some();
+    if recorded {
         tracing::info!(provider_batch.id = %row.id, provider = %row.provider, provider_batch = %remote.id, "provider batch submitted");
     }
-    Ok(())
+    Ok(recorded)
 }
 
 /// A row left `uploading`: the provider is searched for the upload before anything is
@@ -340,7 +349,9 @@ async fn recover(
     match api.find(row.id, since, &known).await {
         Ok(Found::Batch(remote)) => {
             tracing::warn!(provider_batch.id = %row.id, provider_batch = %remote.id, "found the upload again after it was lost");
-            record_submitted(submitter, row, token, &remote, None).await
+            record_submitted(submitter, row, token, &remote, None)
+                .await
+                .map(drop)
         }
         Ok(Found::InputFile(file)) => {
             tracing::warn!(provider_batch.id = %row.id, file = %file, "found the input file without its batch; creating the batch from it");
@@ -372,7 +383,16 @@ async fn poll(
     let Some(id) = row.provider_batch_id.clone() else {
         return Ok(());
     };
-    if cancelled && !row.cancel_sent {
+    let deadline = earliest_deadline(submitter, row).await?;
+    let past_deadline = deadline.is_some_and(|deadline| deadline <= Timestamp::now());
+    if (cancelled || past_deadline) && !row.cancel_sent {
+        if past_deadline && !cancelled {
+            // A request the provider has not run by then would finish too late: what
+            // it finished before the cancel is charged and kept, the rest comes back
+            // cancelled and its items fail DEADLINE_EXCEEDED (or go out again, if
+            // their own deadlines are later).
+            tracing::info!(provider_batch.id = %row.id, provider_batch = %id, "an item's deadline passed while its provider batch ran; cancelling it");
+        }
         if let Err(error) = api.cancel(&id).await {
             // A provider refuses to cancel a batch that has ended already (OpenAI: 409):
             // its results are then what the cancel charges, and they are read below.
@@ -408,7 +428,7 @@ async fn poll(
             )
             .col_expr(
                 provider_batches::Column::NextPollAt,
-                Expr::value(after(submitter.settings.poll)),
+                Expr::value(next_poll(submitter, deadline.filter(|_| !row.cancel_sent))),
             );
         rows::write(&submitter.db, next).await?;
         return Ok(());
@@ -425,6 +445,36 @@ async fn poll(
     };
     tracing::info!(provider_batch.id = %row.id, provider_batch = %id, "provider batch ended; settling its results");
     settle_results(submitter, &row, token, provider, Some(remote)).await
+}
+
+/// The earliest deadline of the items the row still runs: the provider batch is
+/// cancelled when it passes.
+async fn earliest_deadline(
+    submitter: &Submitter,
+    row: &provider_batches::Model,
+) -> Result<Option<Timestamp>, DbErr> {
+    // An item of a provider batch is run under the row's id as its run token.
+    Ok(jobs::Entity::find()
+        .select_only()
+        .column(jobs::Column::Deadline)
+        .filter(jobs::Column::RunToken.eq(row.id))
+        .filter(jobs::Column::Status.eq(JobStatus::Running))
+        .filter(jobs::Column::Deadline.is_not_null())
+        .order_by_asc(jobs::Column::Deadline)
+        .limit(1)
+        .into_tuple::<Option<Timestamp>>()
+        .one(&submitter.db)
+        .await?
+        .flatten())
+}
+
+/// The next read of a submitted row: after the poll interval, or at the earliest
+/// deadline of its items if that comes first, so that the cancel is not late.
+fn next_poll(submitter: &Submitter, deadline: Option<Timestamp>) -> Timestamp {
+    let poll = after(submitter.settings.poll);
+    deadline.map_or(poll, |deadline| {
+        Ord::min(Ord::max(deadline, Timestamp::now()), poll)
+    })
 }
 
 /// Streams an ended batch's results, settling them a chunk at a time; then the

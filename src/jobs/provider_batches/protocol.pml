@@ -13,8 +13,11 @@
  *   - Every database transaction is one `atomic` step. A row is owned by one
  *     submitter at a time (run_token, lease_until: rows::take); each write of a step
  *     re-checks the owner (rows::fenced). A dead submitter's rows come free (its
- *     lease lapses); a live one's never do: an upload renews its lease while it runs
- *     (rows::while_owned), and every other step is short.
+ *     lease lapses); so do a live one's that is paused past its leases (stopped,
+ *     swapped out, cut off from the database), while a new process works beside it
+ *     and resumes where it stopped. An upload renews its lease while it runs
+ *     (rows::while_owned) and sends each creating request only through the gate,
+ *     one step with the request: the row still owned (rows::OwnerGate).
  *   - submit_one: in one transaction, some queued items are claimed, their attempts
  *     started (`item_row`: the row, which is their run token) and the row written
  *     `preparing`, before anything is sent.
@@ -50,6 +53,10 @@
  *   - An upload whose sender died lands, if at all, before the sender's row lease
  *     lapses (a provider processes a request it read whole within seconds; the lease
  *     is 30 s).
+ *   - The gate and the request it opens are one step. A create already on its way
+ *     when a pause let the row go is found by the new owner's search, which the
+ *     model has; the rarer create that arrives after that search is watched and
+ *     cancelled by its sender (orphans.rs), which the model has not.
  *   - Bounds, so that every run ends: ROWS rows, REMOTES provider batches, two
  *     mishaps of any kinds (at most one of them a submitter's death), one cancel.
  *     Items' leases lapse only in the mutant that takes them back (in the model as
@@ -78,6 +85,9 @@
  *   UNKNOWN_SENT_AGAIN     an item of an unknown row is queued again          -> Q1
  *   NO_MISSING_RESULTS     only requests the provider ran are settled: an
  *                          expired or cancelled one stays running for ever    -> Q3
+ *   NO_SEND_GATE           an upload is sent whether or not its row is still
+ *                          owned: a submitter paused past its lease resumes
+ *                          and sends what its row's new owner sent            -> Q1
  *   The mutants of Q1 and Q2 are found by a search for assertion violations alone
  *   (`-DSAFETY`, invalid end states not reported), which finds them in a fraction of
  *   a second; Q3's by the search for acceptance cycles.
@@ -91,7 +101,12 @@
 mtype:item = { QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED };
 mtype:row = { PREPARING, UPLOADING, SUBMITTED, ENDED, SETTLED, ABANDONED, UNKNOWN };
 mtype:remote = { IN_PROGRESS, DONE };
-mtype:answer = { ANSWERED, ANSWER_LOST, NOT_SENT, NOTHING_LANDED };
+/* How an upload's answer came back: plain numbers, since Spin 6.5 gives the name
+ * of an mtype subtype to a global, which a local of that name would be. */
+#define ANSWERED 1
+#define ANSWER_LOST 2
+#define NOT_SENT 3
+#define NOTHING_LANDED 4
 
 /* ---- the items (job rows) and their attempts ------------------------------------ */
 mtype:item item[ITEMS] = QUEUED;
@@ -139,6 +154,11 @@ bool bounded[ITEMS];            /* ended UNKNOWN (or LEASE_EXPIRED) with its cos
 #define STILL_RUNS(i, r) IN_ROW(i, r)
 #endif
 #define OWNS(r) (row_owner[r] == me && !dead[me])
+#ifdef NO_SEND_GATE
+#define GATE(r) true
+#else
+#define GATE(r) OWNS(r)
+#endif
 #define RAN(r, i) (remote_ran[row_remote[r]] & BIT(i))
 
 #ifdef NO_ONE_UPLOAD
@@ -178,11 +198,17 @@ inline running_of(r, mask) {
 }
 
 /* A submitter may die between any two of its transactions: a new process takes its
- * place, and its rows come free once their leases lapse. */
+ * place, and its rows come free once their leases lapse. Or it is paused there past
+ * its leases: its rows come free, a new process starts beside it, and it resumes. */
 inline may_die() {
     if
     :: atomic { mishaps > 0 && !crashed -> mishaps--; crashed = true; dead[me] = true; run submitter(SUBMITTERS) };
        goto died
+    :: atomic { mishaps > 0 && !crashed -> mishaps--; crashed = true;
+                if :: row_owner[1] == me -> row_owner[1] = 0 :: else fi;
+                if :: row_owner[2] == me -> row_owner[2] = 0 :: else fi;
+                if :: row_owner[3] == me -> row_owner[3] = 0 :: else fi;
+                run submitter(SUBMITTERS) }
     :: true
     fi
 }
@@ -192,11 +218,12 @@ inline send(r) {
     atomic {
         running_of(r, mask);
         if
-        :: remotes < REMOTES -> create_remote(mask, k); answer = ANSWERED
-        :: remotes < REMOTES && mishaps > 0 ->              /* landed, answer lost */
+        :: !GATE(r) -> answer = NOT_SENT                    /* rows::OwnerGate */
+        :: GATE(r) && remotes < REMOTES -> create_remote(mask, k); answer = ANSWERED
+        :: GATE(r) && remotes < REMOTES && mishaps > 0 ->   /* landed, answer lost */
            mishaps--; create_remote(mask, k); answer = ANSWER_LOST
-        :: mishaps > 0 -> mishaps--; answer = NOT_SENT      /* connection refused */
-        :: mishaps > 0 -> mishaps--; answer = NOTHING_LANDED  /* timed out unsent */
+        :: GATE(r) && mishaps > 0 -> mishaps--; answer = NOT_SENT      /* connection refused */
+        :: GATE(r) && mishaps > 0 -> mishaps--; answer = NOTHING_LANDED  /* timed out unsent */
         fi
     }
     may_die();
@@ -257,7 +284,7 @@ inline claim(i) {
 proctype submitter(byte me) {
     byte r, k, mask;
     byte candidates, found;
-    mtype:answer answer;
+    byte answer;
 
 end:
     do
@@ -360,7 +387,7 @@ end:
        :: else
        fi;
        atomic {
-        row_owner[r] == me -> row_owner[r] = 0;                    /* rows::release */
+        if :: row_owner[r] == me -> row_owner[r] = 0 :: else fi;   /* rows::release */
         /* the model's own: a step's locals are forgotten, not carried into the next */
         r = 0; k = 0; mask = 0; candidates = 0; found = 0; answer = ANSWERED }
     od;

@@ -121,16 +121,19 @@ pub(super) async fn release(db: &impl ConnectionTrait, id: Uuid, token: Uuid) ->
 
 /// Runs `work` (an upload, which may take longer than a lease) while renewing the
 /// row's lease, so that no other process takes the row and searches for, or makes
-/// again, an upload still in flight. `None`: the token lost the row meanwhile (its
-/// renewals failed for a lease), and `work` was dropped; the new owner finds what it
-/// sent.
+/// again, an upload still in flight. Should the token lose the row all the same (its
+/// renewals failed for a lease, or the process was paused past it), renewing stops
+/// and `work` still runs to its end: a request of it already on its way may have
+/// created the batch, and only its answer says so ([`super::orphans`]); the
+/// [`OwnerGate`] keeps it from sending anything more.
 pub(super) async fn while_owned<T>(
     db: &impl ConnectionTrait,
     id: Uuid,
     token: Uuid,
     work: impl Future<Output = T>,
-) -> Option<T> {
+) -> T {
     let backend = db.get_database_backend();
+    let mut work = std::pin::pin!(work);
     let renew = async {
         loop {
             tokio::time::sleep(ROW_LEASE / 4).await;
@@ -145,7 +148,42 @@ pub(super) async fn while_owned<T>(
         }
     };
     tokio::select! {
-        done = work => Some(done),
-        () = renew => None,
+        done = &mut work => return done,
+        () = renew => {}
+    }
+    tracing::warn!(provider_batch.id = %id, "lost the provider batch during its upload; its next owner finds the upload");
+    work.await
+}
+
+/// The gate an upload passes before each creating request: it renews the row's lease
+/// under the token and opens only if the token still owns the row. A process paused
+/// past its lease (while another took the row over and found or made the upload)
+/// then sends nothing more; a database it cannot reach keeps the gate shut too, since
+/// ownership cannot be shown.
+pub(super) struct OwnerGate<'a, C> {
+    pub(super) db: &'a C,
+    pub(super) id: Uuid,
+    pub(super) token: Uuid,
+}
+
+#[async_trait::async_trait]
+impl<C: ConnectionTrait + Send + Sync> crate::llm::batches::SendGate for OwnerGate<'_, C> {
+    async fn may_send(&self) -> bool {
+        let renewed = write(
+            self.db,
+            fenced(self.db.get_database_backend(), self.id, self.token),
+        )
+        .await;
+        match renewed {
+            Ok(Some(_)) => true,
+            Ok(None) => {
+                tracing::warn!(provider_batch.id = %self.id, "lost the provider batch during its upload; its next owner finds the upload");
+                false
+            }
+            Err(error) => {
+                tracing::warn!(provider_batch.id = %self.id, error = %error, "could not renew a provider batch's lease before a request of its upload; nothing is sent");
+                false
+            }
+        }
     }
 }

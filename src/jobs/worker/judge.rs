@@ -76,6 +76,11 @@ pub(super) struct CallFacts<'a> {
     pub(super) ended_at: Timestamp,
     /// Bytes of reply text streamed to subscribers before the call ended.
     pub(super) streamed_bytes: u64,
+    /// Whether a rate limit on the call is the model's, pausing it for every worker (a
+    /// realtime call). A request of a provider batch limited by the provider is its own
+    /// refusal: it spends an attempt, so that one the provider keeps refusing fails by
+    /// the job's `maxAttempts` instead of going out in batch after batch for ever.
+    pub(super) rate_limit_pauses_model: bool,
 }
 
 /// What the attempt row records of a call, before the customer charge that follows
@@ -313,7 +318,7 @@ impl CallFacts<'_> {
                 // A rate limit is the provider's, not this job's: every worker holds
                 // off the model, not only this job's retry. The provider did no work
                 // and billed nothing, so the job waits instead of spending an attempt.
-                if flow::pauses_model(status, retry_after) {
+                if self.rate_limit_pauses_model && flow::pauses_model(status, retry_after) {
                     let until = flow::paused_until(self.ended_at, retry_after);
                     report.model_paused_until = Some(until);
                     report.wait = true;
@@ -404,6 +409,7 @@ pub fn judge_batch_request(
         latency,
         ended_at,
         streamed_bytes: 0,
+        rate_limit_pauses_model: false,
     };
     facts.judge(CallEnd::Answered(answer))
 }

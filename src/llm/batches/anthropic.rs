@@ -7,7 +7,7 @@
 use super::lines::ResultLines;
 use super::{
     BatchApi, BatchItem, BatchLimits, Found, ItemResult, RemoteBatch, RemoteState, ResultLine,
-    Submitted, unreadable,
+    SendGate, Submitted, gate_closed, unreadable,
 };
 use crate::llm::ProviderError;
 use crate::llm::anthropic::{API_VERSION, AnthropicClient};
@@ -98,6 +98,7 @@ impl BatchApi for AnthropicClient {
         _ours: Uuid,
         encoded: &[Vec<u8>],
         _input_file: Option<&str>,
+        gate: &dyn SendGate,
     ) -> Result<Submitted, ProviderError> {
         let mut body =
             Vec::with_capacity(encoded.iter().map(|item| item.len() + 1).sum::<usize>() + 16);
@@ -109,6 +110,9 @@ impl BatchApi for AnthropicClient {
             body.extend_from_slice(item);
         }
         body.extend_from_slice(b"]}");
+        if !gate.may_send().await {
+            return Err(gate_closed());
+        }
         let created: BatchObject = self
             .json(
                 self.http

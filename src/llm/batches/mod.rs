@@ -96,6 +96,22 @@ pub struct Submitted {
     pub input_file_id: Option<String>,
 }
 
+/// Whether a submission may still send its next creating request. A submitter paused
+/// (or cut off) past its lease while another process took its upload over must not
+/// create the batch a second time: the other process creates it, or has found it.
+#[async_trait::async_trait]
+pub trait SendGate: Send + Sync {
+    async fn may_send(&self) -> bool;
+}
+
+/// The answer when the gate closed: nothing of this request was sent.
+pub(crate) fn gate_closed() -> ProviderError {
+    ProviderError::NotSent {
+        message: "the submission no longer owns its provider batch; nothing more was sent"
+            .to_owned(),
+    }
+}
+
 /// A provider's batch API.
 #[async_trait::async_trait]
 pub trait BatchApi: Send + Sync {
@@ -108,12 +124,15 @@ pub trait BatchApi: Send + Sync {
 
     /// Submits the encoded items as one batch named `ours`; with `input_file` (OpenAI,
     /// found again after a crash) the batch is created from that file instead of a new
-    /// upload.
+    /// upload. `gate` is asked right before each request that creates something at the
+    /// provider; when it says no, nothing more is sent and the answer is
+    /// [`ProviderError::NotSent`].
     async fn submit(
         &self,
         ours: Uuid,
         encoded: &[Vec<u8>],
         input_file: Option<&str>,
+        gate: &dyn SendGate,
     ) -> Result<Submitted, ProviderError>;
 
     /// Looks for the upload named `ours`, made at `since` or after, among the

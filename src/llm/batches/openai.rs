@@ -5,7 +5,7 @@
 use super::lines::ResultLines;
 use super::{
     BatchApi, BatchItem, BatchLimits, Found, ItemResult, RemoteBatch, RemoteState, ResultLine,
-    Submitted, unreadable,
+    SendGate, Submitted, gate_closed, unreadable,
 };
 use crate::llm::ProviderError;
 use crate::llm::openai::OpenAiClient;
@@ -204,11 +204,22 @@ impl BatchApi for OpenAiClient {
         ours: Uuid,
         encoded: &[Vec<u8>],
         input_file: Option<&str>,
+        gate: &dyn SendGate,
     ) -> Result<Submitted, ProviderError> {
         let input_file_id = match input_file {
             Some(id) => id.to_owned(),
-            None => self.upload(ours, encoded).await?,
+            None => {
+                if !gate.may_send().await {
+                    return Err(gate_closed());
+                }
+                self.upload(ours, encoded).await?
+            }
         };
+        // Asked again after the upload, which may have taken longer than a lease: the
+        // file alone bills nothing, the batch created from it does.
+        if !gate.may_send().await {
+            return Err(gate_closed());
+        }
         let body = json!({
             "input_file_id": input_file_id,
             "endpoint": "/v1/chat/completions",

@@ -1,0 +1,138 @@
+//! What bounds an item of a provider batch besides its results: a request the provider
+//! keeps refusing with a rate limit fails by the item's `maxAttempts`, not after
+//! provider batch upon provider batch; and a deadline that passes while the provider
+//! batch runs cancels it, failing the items it had not run `DEADLINE_EXCEEDED`,
+//! unbilled.
+
+use crate::batches::{add_items, wait_until_finished};
+use crate::helpers::Backend;
+use crate::provider_batches::{
+    Setup, Shape, assert_settled_once, attempts_of, close, items_of, mock_batches, rows_of, setup,
+    wait_for_rows,
+};
+use entity::{AttemptOutcome, JobErrorCode, JobStatus, ProviderBatchState};
+use serde_json::{Value, json};
+use std::collections::HashSet;
+use std::time::Duration;
+use uuid::Uuid;
+
+on_both_backends!(
+    a_request_rate_limited_in_every_provider_batch_fails_by_its_attempts,
+    a_deadline_passing_at_the_provider_cancels_the_provider_batch,
+);
+
+async fn create(app: &crate::helpers::TestApp, key: &str, input: Value) -> Uuid {
+    let response = app
+        .operation(Some(key), "CreateBatch", json!({"input": input}))
+        .await;
+    assert!(response["errors"].is_null(), "{response}");
+    response["data"]["createBatch"]["batch"]["id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn item(n: usize, directive: &str) -> Value {
+    json!({"customId": format!("doc-{n}"),
+        "messages": [{"role": "user", "content": format!("document {n}: summarise it{directive}")}]})
+}
+
+/// A 429 in a result line is that request's refusal, not a pause of the model: the
+/// item spends an attempt per provider batch and fails once its two are spent.
+async fn a_request_rate_limited_in_every_provider_batch_fails_by_its_attempts(backend: Backend) {
+    let shape = Shape::OpenAi;
+    let Setup { app, tenant, .. } = setup(
+        backend,
+        Duration::from_millis(200),
+        Duration::from_secs(3600),
+    )
+    .await;
+    let id = create(
+        &app,
+        &tenant.key,
+        json!({"idempotencyKey": "pb-429", "mode": "PROVIDER_BATCH", "model": shape.model(),
+            "maxOutputTokens": 50, "maxAttempts": 2}),
+    )
+    .await;
+    let items = [item(0, " [mock:status=429]"), item(1, ""), item(2, "")];
+    assert!(add_items(&app, &tenant, id, &items).await["errors"].is_null());
+    close(&app, &tenant, id).await;
+    let finished = wait_until_finished(&app, &tenant, id, Duration::from_secs(60)).await;
+    assert_eq!(finished["counts"]["succeeded"], 2, "{finished}");
+    assert_eq!(finished["counts"]["failed"], 1, "{finished}");
+    assert_settled_once(&app, id, shape).await;
+    let limited = items_of(&app, id)
+        .await
+        .into_iter()
+        .find(|item| item.custom_id.as_deref() == Some("doc-0"))
+        .unwrap();
+    assert_eq!(limited.status, JobStatus::Failed);
+    assert_eq!(limited.error_code, Some(JobErrorCode::ProviderUnavailable));
+    let tried = attempts_of(&app, &[limited.id]).await;
+    assert_eq!(tried.len(), 2, "one attempt per allowed attempt: {tried:?}");
+    let batches: HashSet<_> = tried
+        .iter()
+        .map(|attempt| attempt.provider_batch_id)
+        .collect();
+    assert_eq!(
+        batches.len(),
+        2,
+        "each in its own provider batch: {tried:?}"
+    );
+    for attempt in &tried {
+        assert_eq!(
+            attempt.outcome,
+            AttemptOutcome::RetryableError,
+            "{attempt:?}"
+        );
+        assert_eq!(attempt.provider_cost_nanos, Some(0), "{attempt:?}");
+        assert_eq!(attempt.customer_charge_nanos, Some(0), "{attempt:?}");
+    }
+    // The model was not paused for everyone else: the other items went out at once.
+    assert_eq!(mock_batches(&app).await.len(), 2);
+}
+
+/// The batch's deadline passes while the provider still holds its requests: the
+/// provider batch is cancelled then, its items fail `DEADLINE_EXCEEDED`, and nothing
+/// is charged for requests the provider never ran.
+async fn a_deadline_passing_at_the_provider_cancels_the_provider_batch(backend: Backend) {
+    let shape = Shape::Anthropic;
+    let Setup { app, tenant, .. } =
+        setup(backend, Duration::from_secs(40), Duration::from_secs(3600)).await;
+    let deadline = chrono::Utc::now() + chrono::Duration::seconds(6);
+    let id = create(
+        &app,
+        &tenant.key,
+        json!({"idempotencyKey": "pb-deadline", "mode": "PROVIDER_BATCH", "model": shape.model(),
+            "maxOutputTokens": 50, "deadline": deadline.to_rfc3339()}),
+    )
+    .await;
+    let items: Vec<Value> = (0..4).map(|n| item(n, "")).collect();
+    assert!(add_items(&app, &tenant, id, &items).await["errors"].is_null());
+    close(&app, &tenant, id).await;
+    wait_for_rows(&app, id, |rows| {
+        rows.iter()
+            .any(|row| row.state == ProviderBatchState::Submitted)
+    })
+    .await;
+    // Long before the provider would have run them (40 s).
+    let finished = wait_until_finished(&app, &tenant, id, Duration::from_secs(30)).await;
+    assert_eq!(finished["counts"]["failed"], 4, "{finished}");
+    for item in items_of(&app, id).await {
+        assert_eq!(
+            item.error_code,
+            Some(JobErrorCode::DeadlineExceeded),
+            "{item:?}"
+        );
+    }
+    let rows = rows_of(&app, id).await;
+    assert_eq!(rows.len(), 1, "not sent again: {rows:?}");
+    assert!(rows[0].cancel_sent, "{rows:?}");
+    assert_eq!(mock_batches(&app).await[0]["status"], "ended");
+    assert_settled_once(&app, id, shape).await;
+    assert_eq!(
+        crate::helpers::decimal(&app.balance(&tenant).await["charged"]),
+        rust_decimal::Decimal::ZERO
+    );
+}
