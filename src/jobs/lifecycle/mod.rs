@@ -11,7 +11,7 @@
 //!
 //! | what happened | where | the job becomes |
 //! |---|---|---|
-//! | the worker judged the call's end | [`Schedule`] (from `worker/judge.rs`) | a [`JobOutcome`]: succeeded, retried (backoff, next model, deadline), waiting, handed back, failed, cancelled |
+//! | the worker judged the call's end | [`Schedule::after_call`] (from `worker/judge.rs`, for realtime calls and provider batch requests alike) | a [`JobOutcome`]: succeeded, retried (backoff, next model, deadline), waiting, handed back, failed, cancelled |
 //! | that outcome meets the locked row | [`after_attempt`] (from `queue/finish.rs`) | the outcome, unless a cancel landed, the invalid-output retries or the paid calls are spent |
 //! | the lease lapsed | [`after_lost_lease`] (from `queue/rescue.rs`) | cancelled, queued again, or failed |
 //! | the lease lapsed while its attempt is in a provider batch that still runs | [`lease_is_lost`] (from `queue/rescue.rs`) | unchanged, its lease renewed: the submitter settles it |
@@ -32,10 +32,12 @@ use serde_json::{Value, json};
 use std::time::Duration;
 use uuid::Uuid;
 
+mod after_call;
 mod outcome;
 #[cfg(test)]
 mod tests;
 
+pub use after_call::CallEnding;
 pub use outcome::{AttemptReport, JobError, JobOutcome};
 
 /// Replies that may fail a job's response schema before it fails for good: the first
@@ -358,7 +360,7 @@ pub struct Schedule<'a> {
 impl Schedule<'_> {
     /// Queued again (see [`Self::again`]) while attempts are left and the retry comes
     /// before the deadline; failed with `error` otherwise.
-    pub fn retry_or_fail(&self, error: JobError, retry_after: Option<Duration>) -> JobOutcome {
+    fn retry_or_fail(&self, error: JobError, retry_after: Option<Duration>) -> JobOutcome {
         if self.job.attempt_count < self.job.max_attempts {
             self.again(retry_after, None, |at, model| JobOutcome::Retry {
                 at,
@@ -373,11 +375,7 @@ impl Schedule<'_> {
     /// with `Retry-After`, a connection refused before the request was sent): a wait
     /// that spends neither an attempt nor a paid call, bounded by the job's deadline
     /// alone. `paused_until`: the pause the refusal put on the model.
-    pub fn wait(
-        &self,
-        retry_after: Option<Duration>,
-        paused_until: Option<Timestamp>,
-    ) -> JobOutcome {
+    fn wait(&self, retry_after: Option<Duration>, paused_until: Option<Timestamp>) -> JobOutcome {
         self.again(retry_after, paused_until, |at, model| JobOutcome::Wait {
             at,
             model,
@@ -386,7 +384,7 @@ impl Schedule<'_> {
 
     /// A call sent whose outcome is unknown (`error` says how): it may have been
     /// billed, so the job is retried only if it allows paying twice.
-    pub fn unknown_outcome(&self, error: JobError) -> JobOutcome {
+    fn unknown_outcome(&self, error: JobError) -> JobOutcome {
         if self.job.retry_unknown_outcome {
             self.retry_or_fail(error, None)
         } else {
@@ -398,7 +396,7 @@ impl Schedule<'_> {
     /// again is a retry of an unknown outcome like any other, handed back at once. The
     /// first few such hand-backs of a job count apart from its paid calls
     /// (`budget::FREE_HAND_BACKS`): a rolling restart is the operator's.
-    pub fn aborted_in_flight(&self) -> JobOutcome {
+    fn aborted_in_flight(&self) -> JobOutcome {
         if self.job.retry_unknown_outcome {
             JobOutcome::HandBack
         } else {

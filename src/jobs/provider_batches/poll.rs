@@ -1,7 +1,7 @@
 //! Steps 2 to 4 on a row: upload it, find its upload again after a crash, poll it,
 //! cancel it, settle its results, or give its items unknown fates.
 
-use super::settle::{self, CHUNK, Fate, answer_of, not_run};
+use super::settle::{self, CHUNK, answer_of, not_run};
 use super::submit::{chat_request, custom_id};
 use super::{Submitter, orphans, rows};
 use crate::backoff::{Backoff, Jitter};
@@ -262,18 +262,13 @@ async fn send(
             request_id,
         }) => {
             tracing::error!(provider_batch.id = %row.id, status, error = %message, "the provider refused the batch");
-            settle::settle_all_running(
-                submitter,
-                row,
-                || {
-                    Err(ProviderError::Permanent {
-                        status,
-                        message: message.clone(),
-                        request_id: request_id.clone(),
-                    })
-                },
-                Fate::Known,
-            )
+            settle::settle_all_running(submitter, row, || {
+                Err(ProviderError::Permanent {
+                    status,
+                    message: message.clone(),
+                    request_id: request_id.clone(),
+                })
+            })
             .await?;
             finish_row(submitter, row, token, ProviderBatchState::Settled).await
         }
@@ -515,13 +510,12 @@ async fn settle_results(
             },
             Ok(None) => break,
             Err(error) => {
-                settle::settle(submitter, row, std::mem::take(&mut chunk), Fate::Known).await?;
+                settle::settle(submitter, row, std::mem::take(&mut chunk)).await?;
                 return unreadable(submitter, row, token, &error).await;
             }
         }
         if chunk.len() == CHUNK {
-            settled +=
-                settle::settle(submitter, row, std::mem::take(&mut chunk), Fate::Known).await?;
+            settled += settle::settle(submitter, row, std::mem::take(&mut chunk)).await?;
             // Renews the lease: a large batch's results take a while.
             if rows::write(&submitter.db, fenced(submitter, row, token))
                 .await?
@@ -531,13 +525,10 @@ async fn settle_results(
             }
         }
     }
-    settled += settle::settle(submitter, row, chunk, Fate::Known).await?;
-    let missing = settle::settle_all_running(
-        submitter,
-        row,
-        || not_run("the provider batch ended without a result for the request"),
-        Fate::Known,
-    )
+    settled += settle::settle(submitter, row, chunk).await?;
+    let missing = settle::settle_all_running(submitter, row, || {
+        not_run("the provider batch ended without a result for the request")
+    })
     .await?;
     if missing > 0 {
         tracing::warn!(provider_batch.id = %row.id, missing, "the provider batch ended without results for some requests; they go out again");
@@ -553,12 +544,9 @@ async fn abandon(
     row: &provider_batches::Model,
     token: Uuid,
 ) -> Result<(), DbErr> {
-    settle::settle_all_running(
-        submitter,
-        row,
-        || not_run("the batch was cancelled before its provider batch was sent"),
-        Fate::Known,
-    )
+    settle::settle_all_running(submitter, row, || {
+        not_run("the batch was cancelled before its provider batch was sent")
+    })
     .await?;
     finish_row(submitter, row, token, ProviderBatchState::Abandoned).await
 }
@@ -649,16 +637,11 @@ async fn unknown(
         submitter.settings.unknown_after.as_secs()
     );
     tracing::error!(provider_batch.id = %row.id, provider = %row.provider, silent_seconds = silent.as_secs(), "a provider batch's fate is unknown; its items end with their cost bounds");
-    settle::settle_all_running(
-        submitter,
-        row,
-        || {
-            Err(ProviderError::OutcomeUnknown {
-                message: message.clone(),
-            })
-        },
-        Fate::Unknown,
-    )
+    settle::settle_all_running(submitter, row, || {
+        Err(ProviderError::OutcomeUnknown {
+            message: message.clone(),
+        })
+    })
     .await?;
     finish_row(submitter, row, token, ProviderBatchState::Unknown).await
 }

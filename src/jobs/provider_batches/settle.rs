@@ -4,15 +4,13 @@
 //! attempt finished, or its job no longer run by this token, and changes nothing.
 
 use super::Submitter;
-use crate::billing::{Credits, ModelPrice};
+use crate::billing::ModelPrice;
 use crate::jobs::input::JobInput;
-use crate::jobs::lifecycle::{AttemptReport, JobError, JobOutcome};
 use crate::jobs::queue::{AttemptEnd, Claim, StartedAttempt, finish_attempts};
 use crate::jobs::tokens::counting_for;
-use crate::jobs::worker::judge_batch_request;
+use crate::jobs::worker::{CallEnd, judge_batch_request};
 use crate::llm::batches::ItemResult;
 use crate::llm::{Completion, ProviderError};
-use entity::JobErrorCode;
 use entity::{AttemptOutcome, Timestamp, attempts, jobs, model_prices, provider_batches};
 use sea_orm::{ColumnTrait, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use std::collections::HashMap;
@@ -21,16 +19,6 @@ use uuid::Uuid;
 
 /// Attempts settled per transaction.
 pub(super) const CHUNK: usize = 500;
-
-/// What an attempt's answer means here.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Fate {
-    /// A result line (or its absence) told how the request ended.
-    Known,
-    /// Nobody can tell: the attempt ends `UNKNOWN` with its cost bound, and its job
-    /// fails rather than go out again, which could bill it twice.
-    Unknown,
-}
 
 /// The answer of a request the provider never ran.
 pub(super) fn not_run(why: &str) -> Result<Completion, ProviderError> {
@@ -56,7 +44,6 @@ pub(super) async fn settle(
     submitter: &Submitter,
     row: &provider_batches::Model,
     answers: Vec<(Uuid, Result<Completion, ProviderError>)>,
-    fate: Fate,
 ) -> Result<usize, DbErr> {
     if answers.is_empty() {
         return Ok(0);
@@ -109,11 +96,10 @@ pub(super) async fn settle(
             .call_bound(counting_for(&submitter.providers, &job.model), &job.model)
             .within(job.token_bound);
         // An answer that may have been billed without a result (an unknown fate, or a
-        // line that cannot be read) is never sent again: the item fails with the
-        // attempt's cost bound, reconcilable later (invariant 1).
-        let unknown =
-            fate == Fate::Unknown || matches!(answer, Err(ProviderError::OutcomeUnknown { .. }));
-        let (mut report, mut outcome) = judge_batch_request(
+        // line that cannot be read) is never sent again: the judge fails the item with
+        // the attempt's cost bound, reconcilable later (invariant 1;
+        // `CallEnding::UnknownInProviderBatch`).
+        let (report, outcome) = judge_batch_request(
             &claim,
             attempt,
             price,
@@ -122,18 +108,8 @@ pub(super) async fn settle(
             submitter.charging,
             latency,
             ended_at,
-            answer,
+            CallEnd::Answered(answer),
         );
-        if unknown {
-            let error = report.error.clone().unwrap_or_else(|| {
-                JobError::new(
-                    JobErrorCode::OutcomeUnknown,
-                    "the provider batch's fate is unknown",
-                )
-            });
-            report.wait = false;
-            outcome = JobOutcome::Failed(error);
-        }
         ends.push(AttemptEnd {
             claim,
             attempt: attempt.clone(),
@@ -185,7 +161,6 @@ pub(super) async fn settle_all_running(
     submitter: &Submitter,
     row: &provider_batches::Model,
     answer: impl Fn() -> Result<Completion, ProviderError>,
-    fate: Fate,
 ) -> Result<usize, DbErr> {
     let mut settled = 0;
     let mut after = Uuid::nil();
@@ -206,7 +181,7 @@ pub(super) async fn settle_all_running(
         };
         after = last;
         let answers = ids.into_iter().map(|id| (id, answer())).collect();
-        settled += settle(submitter, row, answers, fate).await?;
+        settled += settle(submitter, row, answers).await?;
     }
 }
 
@@ -242,43 +217,27 @@ pub(super) async fn held_back(
         let Some(input) = inputs.get(&claim.job.id) else {
             continue;
         };
-        let (report, outcome) = if started.budget_spent {
-            let error = JobError::new(
-                JobErrorCode::PaidCallLimit,
-                "the item's hold has no paid call left for it",
-            );
-            let report = AttemptReport {
-                outcome: AttemptOutcome::PermanentError,
-                usage: None,
-                not_billed: true,
-                customer_charge: Credits::ZERO,
-                delivered_output_tokens: None,
-                error: Some(error.clone()),
-                provider_request_id: None,
-                latency: Duration::ZERO,
-                ended_at: now,
-                model_paused_until: None,
-                wait: false,
-            };
-            (report, JobOutcome::Failed(error))
+        let end = if started.budget_spent {
+            CallEnd::BudgetSpent
         } else {
-            judge_batch_request(
-                claim,
-                &started.attempt,
-                price,
-                input,
-                input
-                    .call_bound(
-                        counting_for(&submitter.providers, &claim.job.model),
-                        &claim.job.model,
-                    )
-                    .within(claim.job.token_bound),
-                submitter.charging,
-                Duration::ZERO,
-                now,
-                not_run("cancelled before it was sent"),
-            )
+            CallEnd::Answered(not_run("cancelled before it was sent"))
         };
+        let (report, outcome) = judge_batch_request(
+            claim,
+            &started.attempt,
+            price,
+            input,
+            input
+                .call_bound(
+                    counting_for(&submitter.providers, &claim.job.model),
+                    &claim.job.model,
+                )
+                .within(claim.job.token_bound),
+            submitter.charging,
+            Duration::ZERO,
+            now,
+            end,
+        );
         ends.push(AttemptEnd {
             claim: claim.clone(),
             attempt: started.attempt,

@@ -180,7 +180,7 @@ impl Worker {
             latency,
             ended_at,
             streamed_bytes,
-            rate_limit_pauses_model: true,
+            in_provider_batch: false,
         };
         let sent = end.was_sent();
         let (report, outcome) = facts.judge(end);

@@ -7,8 +7,8 @@ use crate::billing::{AttemptEnding, CallBound, ChargingPolicy, ModelPrice};
 use crate::jobs::fallbacks::ModelChain;
 use crate::jobs::flow;
 use crate::jobs::input::JobInput;
-use crate::jobs::lifecycle::Schedule;
 use crate::jobs::lifecycle::{AttemptReport, JobError, JobOutcome};
+use crate::jobs::lifecycle::{CallEnding, Schedule};
 use crate::jobs::queue::Claim;
 use crate::llm::TokenUsage;
 use crate::llm::{Completion, ProviderError};
@@ -19,7 +19,7 @@ use std::time::Duration;
 /// How the wait for the provider ended, when the attempt still owns its job (a lost
 /// lease is [`super::attempt::LeaseLost`], and nothing is judged).
 #[derive(Debug)]
-pub(super) enum CallEnd {
+pub enum CallEnd {
     Answered(Result<Completion, ProviderError>),
     TimedOut,
     Cancelled,
@@ -76,11 +76,11 @@ pub(super) struct CallFacts<'a> {
     pub(super) ended_at: Timestamp,
     /// Bytes of reply text streamed to subscribers before the call ended.
     pub(super) streamed_bytes: u64,
-    /// Whether a rate limit on the call is the model's, pausing it for every worker (a
-    /// realtime call). A request of a provider batch limited by the provider is its own
-    /// refusal: it spends an attempt, so that one the provider keeps refusing fails by
-    /// the job's `maxAttempts` instead of going out in batch after batch for ever.
-    pub(super) rate_limit_pauses_model: bool,
+    /// A request of a provider batch rather than a realtime call. Its 429 is its own
+    /// refusal, not the model's rate: it spends an attempt (so that one the provider
+    /// keeps refusing fails by `maxAttempts` instead of going out in batch after batch
+    /// for ever) and pauses nobody. Its unknown outcome is never sent again.
+    pub(super) in_provider_batch: bool,
 }
 
 /// What the attempt row records of a call, before the customer charge that follows
@@ -173,26 +173,23 @@ impl CallFacts<'_> {
         }
     }
 
-    /// Decides what an attempt's end means for the attempt row and for the job.
+    /// Decides what an attempt's end means for the attempt row, and names how the call
+    /// ended for [`Schedule::after_call`], which decides what becomes of the job.
     pub(super) fn judge(&self, end: CallEnd) -> (AttemptReport, JobOutcome) {
-        // An error that ends the job, recorded on an attempt that ended as `outcome`.
-        let ends_job = |outcome, ending, code, message: &str| {
-            let error = JobError::new(code, message);
-            let report = self.report(CallRecord::new(outcome, ending).error(error.clone()));
-            (report, JobOutcome::Failed(error))
+        let (report, ending) = self.record(end);
+        (report, self.schedule().after_call(ending))
+    }
+
+    fn record(&self, end: CallEnd) -> (AttemptReport, CallEnding) {
+        // A call that ends the job with `error`, recorded as `outcome`.
+        let ends_job = |outcome, charged, error: JobError, ending: fn(JobError) -> CallEnding| {
+            let report = self.report(CallRecord::new(outcome, charged).error(error.clone()));
+            (report, ending(error))
         };
-        let not_sent = |code, message: &str| {
-            ends_job(
-                AttemptOutcome::PermanentError,
-                AttemptEnding::NotBilled,
-                code,
-                message,
-            )
-        };
-        let cancelled = |ending, message: &str| {
+        let cancelled = |charged, message: &str| {
             let error = JobError::new(JobErrorCode::Cancelled, message);
-            let record = CallRecord::new(AttemptOutcome::Cancelled, ending).error(error);
-            (self.report(record), JobOutcome::Cancelled)
+            let record = CallRecord::new(AttemptOutcome::Cancelled, charged).error(error);
+            (self.report(record), CallEnding::Cancelled)
         };
         match end {
             CallEnd::Answered(Ok(completion)) => self.answered(completion),
@@ -212,26 +209,41 @@ impl CallFacts<'_> {
             CallEnd::PastDeadline => ends_job(
                 AttemptOutcome::Cancelled,
                 AttemptEnding::CancelledDuringCall,
-                JobErrorCode::DeadlineExceeded,
-                "the job's deadline passed while the provider call was running",
+                JobError::new(
+                    JobErrorCode::DeadlineExceeded,
+                    "the job's deadline passed while the provider call was running",
+                ),
+                CallEnding::PastDeadline,
             ),
             CallEnd::PastDeadlineBeforeSending => ends_job(
                 AttemptOutcome::Cancelled,
                 AttemptEnding::NotBilled,
-                JobErrorCode::DeadlineExceeded,
-                "the job's deadline passed before the provider was called",
+                JobError::new(
+                    JobErrorCode::DeadlineExceeded,
+                    "the job's deadline passed before the provider was called",
+                ),
+                CallEnding::PastDeadline,
             ),
-            CallEnd::BudgetSpent => not_sent(
-                JobErrorCode::PaidCallLimit,
-                "not sent: the job already made as many provider calls that may have been billed as it may pay for",
+            CallEnd::BudgetSpent => ends_job(
+                AttemptOutcome::PermanentError,
+                AttemptEnding::NotBilled,
+                JobError::new(
+                    JobErrorCode::PaidCallLimit,
+                    "not sent: the job already made as many provider calls that may have been billed as it may pay for",
+                ),
+                CallEnding::NotMade,
             ),
-            CallEnd::NotServed => not_sent(
-                JobErrorCode::ModelNotServed,
-                "not sent: no configured provider serves this model",
+            CallEnd::NotServed => ends_job(
+                AttemptOutcome::PermanentError,
+                AttemptEnding::NotBilled,
+                JobError::new(
+                    JobErrorCode::ModelNotServed,
+                    "not sent: no configured provider serves this model",
+                ),
+                CallEnding::NotMade,
             ),
             CallEnd::AbortedBeforeSending => {
-                // Nothing was sent: the job goes back as if never claimed, and the
-                // row, not billed, spends nothing.
+                // Nothing was sent: the row, not billed, spends nothing.
                 let error = JobError::new(
                     JobErrorCode::WorkerShutdown,
                     "not sent: the worker shut down before the call",
@@ -239,7 +251,7 @@ impl CallFacts<'_> {
                 let record =
                     CallRecord::new(AttemptOutcome::RetryableError, AttemptEnding::NotBilled)
                         .error(error);
-                (self.report(record), JobOutcome::HandBack)
+                (self.report(record), CallEnding::ShutDownBeforeSending)
             }
             CallEnd::Aborted => {
                 // The request was in flight: it may be billed, so its bound stays.
@@ -249,12 +261,12 @@ impl CallFacts<'_> {
                 );
                 let record =
                     CallRecord::new(AttemptOutcome::Unknown, AttemptEnding::ShutDown).error(error);
-                (self.report(record), self.schedule().aborted_in_flight())
+                (self.report(record), CallEnding::ShutDownInFlight)
             }
         }
     }
 
-    fn answered(&self, mut completion: Completion) -> (AttemptReport, JobOutcome) {
+    fn answered(&self, mut completion: Completion) -> (AttemptReport, CallEnding) {
         let within_bound = self.bound().limit(completion.usage);
         if within_bound != completion.usage {
             tracing::error!(
@@ -273,7 +285,7 @@ impl CallFacts<'_> {
                         .usage(Some(usage))
                         .request_id(request_id),
                 ),
-                JobOutcome::Succeeded { result },
+                CallEnding::Accepted(result),
             ),
             Err(error) => (
                 self.report(
@@ -282,13 +294,12 @@ impl CallFacts<'_> {
                         .error(error.clone())
                         .request_id(request_id),
                 ),
-                // The finish fails it instead once its invalid-output retries are spent.
-                self.schedule().retry_or_fail(error, None),
+                CallEnding::InvalidOutput(error),
             ),
         }
     }
 
-    fn refused(&self, error: ProviderError) -> (AttemptReport, JobOutcome) {
+    fn refused(&self, error: ProviderError) -> (AttemptReport, CallEnding) {
         let request_id = error.request_id().map(str::to_owned);
         let failed = |outcome, error: JobError, request_id| {
             self.report(
@@ -302,7 +313,7 @@ impl CallFacts<'_> {
                 let error = JobError::new(JobErrorCode::ProviderUnavailable, message);
                 let mut report = failed(AttemptOutcome::RetryableError, error, None);
                 report.wait = true;
-                (report, self.schedule().wait(None, None))
+                (report, CallEnding::NotSent)
             }
             ProviderError::Transient {
                 status,
@@ -318,13 +329,13 @@ impl CallFacts<'_> {
                 // A rate limit is the provider's, not this job's: every worker holds
                 // off the model, not only this job's retry. The provider did no work
                 // and billed nothing, so the job waits instead of spending an attempt.
-                if self.rate_limit_pauses_model && flow::pauses_model(status, retry_after) {
+                if !self.in_provider_batch && flow::pauses_model(status, retry_after) {
                     let until = flow::paused_until(self.ended_at, retry_after);
                     report.model_paused_until = Some(until);
                     report.wait = true;
-                    (report, self.schedule().wait(retry_after, Some(until)))
+                    (report, CallEnding::ModelPaused { retry_after, until })
                 } else {
-                    (report, self.schedule().retry_or_fail(error, retry_after))
+                    (report, CallEnding::Retryable { error, retry_after })
                 }
             }
             ProviderError::Permanent {
@@ -337,20 +348,24 @@ impl CallFacts<'_> {
                 );
                 (
                     failed(AttemptOutcome::PermanentError, error.clone(), request_id),
-                    JobOutcome::Failed(error),
+                    CallEnding::Rejected(error),
                 )
             }
             ProviderError::OutcomeUnknown { message } => self.unknown_outcome(message),
         }
     }
 
-    /// The request may have been billed: no usage, the cost bound stands, and the job
-    /// is retried only if it allows paying twice.
-    fn unknown_outcome(&self, message: String) -> (AttemptReport, JobOutcome) {
+    /// The request may have been billed: no usage, and the cost bound stands.
+    fn unknown_outcome(&self, message: String) -> (AttemptReport, CallEnding) {
         let error = JobError::new(JobErrorCode::OutcomeUnknown, message);
         let record =
             CallRecord::new(AttemptOutcome::Unknown, AttemptEnding::Unknown).error(error.clone());
-        (self.report(record), self.schedule().unknown_outcome(error))
+        let ending = if self.in_provider_batch {
+            CallEnding::UnknownInProviderBatch(error)
+        } else {
+            CallEnding::Unknown(error)
+        };
+        (self.report(record), ending)
     }
 
     /// The report and outcome to record when the database refused `refused`: the call
@@ -375,15 +390,18 @@ impl CallFacts<'_> {
                 .error(error.clone())
                 .request_id(refused.provider_request_id),
         );
-        (report, JobOutcome::Failed(error))
+        (
+            report,
+            self.schedule().after_call(CallEnding::NotStored(error)),
+        )
     }
 }
 
-/// Judges one request of a provider batch as a call of the worker is judged: `answer`
-/// is the completion or the provider's error its result line carried; a request the
-/// provider never ran (expired, cancelled, missing from the results) comes as
-/// [`ProviderError::NotSent`], a wait that spends no attempt. `latency`: from the
-/// upload to the batch's end.
+/// Judges one request of a provider batch as a call of the worker is judged: `end` is
+/// [`CallEnd::Answered`] with the completion or the provider's error its result line
+/// carried — a request the provider never ran (expired, cancelled, missing from the
+/// results) comes as [`ProviderError::NotSent`], a wait that spends no attempt — or
+/// how it ended unsent. `latency`: from the upload to the batch's end.
 #[allow(clippy::too_many_arguments)]
 pub fn judge_batch_request(
     claim: &Claim,
@@ -394,7 +412,7 @@ pub fn judge_batch_request(
     charging: ChargingPolicy,
     latency: Duration,
     ended_at: Timestamp,
-    answer: Result<Completion, ProviderError>,
+    end: CallEnd,
 ) -> (AttemptReport, JobOutcome) {
     let chain = ModelChain::of_job(&claim.job);
     let facts = CallFacts {
@@ -409,9 +427,9 @@ pub fn judge_batch_request(
         latency,
         ended_at,
         streamed_bytes: 0,
-        rate_limit_pauses_model: false,
+        in_provider_batch: true,
     };
-    facts.judge(CallEnd::Answered(answer))
+    facts.judge(end)
 }
 
 /// What a tenant may read of a provider's refusal. Authentication and configuration

@@ -11,7 +11,7 @@ mod finisher;
 mod judge;
 mod pacing;
 
-pub use judge::judge_batch_request;
+pub use judge::{CallEnd, judge_batch_request};
 
 use super::flow::FlowLimits;
 use super::input::JobInput;

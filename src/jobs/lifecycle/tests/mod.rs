@@ -131,5 +131,6 @@ fn failed(code: JobErrorCode) -> Expected {
 }
 
 mod after_attempt;
+mod after_call;
 mod judgement;
 mod without_an_attempt;
