@@ -11,14 +11,16 @@
 //! JSON number is the shortest decimal that names it, per token, times a million.
 
 use super::{
-    BatchPrice, BatchRates, ConfiguredPrice, ModelLimits, PricePerMillion, Rates, Stored,
-    built_in_batch, checked_marked_up, store_price,
+    BatchPrice, BatchRates, ConfiguredPrice, ModelLimits, ModelPrice, PricePerMillion, Rates,
+    Stored, built_in_batch, checked_marked_up, newest_versions, store_prices,
 };
 use crate::billing::Credits;
+use entity::model_prices;
 use entity::{PriceOrigin, ProviderFamily, Timestamp};
 use rust_decimal::{Decimal, RoundingStrategy};
 use sea_orm::{ConnectionTrait, DbErr};
 use serde_json::{Map, Value};
+use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -226,20 +228,33 @@ impl<'de> serde::Deserialize<'de> for RawEntries {
 
 /// Stores every price of `entries` that is new or changed. A field an entry left out
 /// keeps what the model's newest version says: an entry without limits or a cache
-/// price does not erase a built-in's.
+/// price does not erase a built-in's. The newest versions are read once and the new
+/// ones written many to a statement, so a map of many thousand models imports in
+/// seconds.
 pub async fn import_prices(
     db: &impl ConnectionTrait,
     entries: Vec<Entry>,
 ) -> Result<ImportReport, DbErr> {
     let now = Timestamp::now();
-    let mut report = ImportReport::default();
+    let newest = newest_versions(db).await?;
+    let mut outcomes = Vec::with_capacity(entries.len());
+    let mut prices = Vec::new();
     for (name, price) in entries {
-        let outcome = match price {
-            Ok(imported) => match completed(db, imported).await? {
-                Ok(price) => Outcome::Stored(store_price(db, &price, now).await?),
-                Err(skip) => Outcome::Skipped(skip),
-            },
-            Err(skip) => Outcome::Skipped(skip),
+        let outcome = match price.and_then(|imported| completed(&newest, imported)) {
+            Ok(price) => {
+                prices.push(price);
+                None
+            }
+            Err(skip) => Some(Outcome::Skipped(skip)),
+        };
+        outcomes.push((name, outcome));
+    }
+    let mut stored = store_prices(db, &prices, &newest, now).await?.into_iter();
+    let mut report = ImportReport::default();
+    for (name, outcome) in outcomes {
+        let outcome = match outcome {
+            Some(skipped) => skipped,
+            None => Outcome::Stored(stored.next().expect("one outcome per price stored")),
         };
         report.entries.push((name, outcome));
     }
@@ -248,21 +263,19 @@ pub async fn import_prices(
 
 /// `imported`'s price, the fields its entry left out taken from the model's newest
 /// version (a cache price no dearer than the new input price).
-async fn completed(
-    db: &impl ConnectionTrait,
+fn completed(
+    newest: &HashMap<String, model_prices::Model>,
     imported: Imported,
-) -> Result<Result<ConfiguredPrice, Skip>, DbErr> {
+) -> Result<ConfiguredPrice, Skip> {
     let Imported {
         mut price,
         given,
         markup,
     } = imported;
-    if given.cached_input && given.context_window && given.max_output_tokens {
-        return Ok(Ok(price));
-    }
-    let Some(newest) = super::price_at(db, &price.model, Timestamp::now()).await? else {
-        return Ok(Ok(price));
+    let Some(newest) = newest.get(&price.model) else {
+        return Ok(price);
     };
+    let newest = ModelPrice::from(newest.clone());
     if !given.context_window {
         price.limits.context_window = newest.limits.context_window;
     }
@@ -273,16 +286,10 @@ async fn completed(
         if newest.provider.cached_input.0.nanos() < price.provider.input.0.nanos() {
             price.provider.cached_input = newest.provider.cached_input;
         }
-        match checked_marked_up(&price.provider, markup) {
-            Some(customer) => price.customer = customer,
-            None => {
-                return Ok(Err(malformed(
-                    "a customer price at the markup does not fit",
-                )));
-            }
-        }
+        price.customer = checked_marked_up(&price.provider, markup)
+            .ok_or_else(|| malformed("a customer price at the markup does not fit"))?;
     }
-    Ok(Ok(price))
+    Ok(price)
 }
 
 fn malformed(why: impl Into<String>) -> Skip {
