@@ -195,14 +195,14 @@ fn document_part(source: Fetched, media_type: Option<String>) -> Result<Part, St
     }
     match source {
         Fetched::Data(bytes, data) => {
-            let pages =
-                pdf::page_count(&bytes).ok_or_else(|| "data is not a PDF with pages".to_owned())?;
+            let measure = pdf::measure(&bytes).map_err(|error| error.to_string())?;
             Ok(Part::Document {
                 source: Source::Base64 {
                     media_type: PDF_MEDIA_TYPE.to_owned(),
                     data,
                 },
-                pages,
+                pages: measure.pages,
+                text_tokens: measure.text_tokens,
             })
         }
         // Its pages, and so its tokens, cannot be known before the provider reads it.

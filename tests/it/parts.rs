@@ -16,6 +16,8 @@ use std::time::Duration;
 on_both_backends!(
     an_image_part_is_sent_held_and_billed_in_each_shape,
     a_pdf_part_is_sent_held_and_billed_in_each_shape,
+    a_pdf_dense_with_text_is_held_for_its_text,
+    a_pdf_that_inflates_without_end_is_refused,
     an_image_by_url_is_held_at_the_most_an_image_counts,
     bad_parts_are_refused_before_anything_is_held,
 );
@@ -74,6 +76,21 @@ fn pdf(pages: u32) -> Vec<u8> {
     }
     text.push_str("%%EOF\n");
     text.into_bytes()
+}
+
+/// A one-page PDF whose page shows `lines` lines of `line` each, in one deflated
+/// content stream: tiny text, as much as the page's bytes hold.
+fn pdf_of_text(line: &str, lines: usize) -> Vec<u8> {
+    use std::io::Write;
+    let content: String = (0..lines)
+        .map(|index| format!("BT /F1 1 Tf 0 {index} Td ({line}) Tj ET\n"))
+        .collect();
+    let mut deflate = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+    deflate.write_all(content.as_bytes()).unwrap();
+    let mut file = b"%PDF-1.4\n1 0 obj\n<< /Type /Catalog /Pages 2 0 R >>\nendobj\n2 0 obj\n<< /Type /Pages /Kids [3 0 R] /Count 1 >>\nendobj\n3 0 obj\n<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R >>\nendobj\n4 0 obj\n<< /Filter /FlateDecode >>\nstream\n".to_vec();
+    file.extend(deflate.finish().unwrap());
+    file.extend(b"\nendstream\nendobj\ntrailer\n<< /Root 1 0 R >>\n%%EOF\n");
+    file
 }
 
 const PROMPT: &str = "Describe what you see.";
@@ -219,6 +236,64 @@ async fn a_pdf_part_is_sent_held_and_billed_in_each_shape(backend: Backend) {
         shown["data"]["job"]["input"]["messages"][0]["parts"][0]["pages"], 2,
         "{shown}"
     );
+}
+
+/// A page of tiny text costs its text's tokens at a provider, not a page's image: the
+/// hold counts the text the document shows, and the simulator bills it as it bills
+/// text, so what is billed stays within the hold.
+async fn a_pdf_dense_with_text_is_held_for_its_text(backend: Backend) {
+    let (app, _config) = app_with_real_providers(backend).await;
+    let tenant = app.funded_tenant("dense", "20").await;
+    let line = "The quick brown fox jumps over the lazy dog, again and again and again, tiny.";
+    let lines = 1_000;
+    let data = STANDARD.encode(pdf_of_text(line, lines));
+    let shown = (line.len() * lines) as u64;
+    let document = json!([{"type": "DOCUMENT", "data": data}]);
+    // A page at its allowance, its text as the simulator counts text.
+    let billed = text_tokens() + 3_000 + shown.div_ceil(4);
+    for (key, model) in [
+        ("dense-openai", "gpt-4o"),
+        ("dense-anthropic", "claude-sonnet-4-5"),
+    ] {
+        let (job, call) = run(&app, &tenant, input_with(key, model, document.clone())).await;
+        billed_within_hold(&app, &tenant, &job, &call, billed).await;
+    }
+}
+
+/// Streams that inflate to more than the cap — here many small deflated streams of
+/// zeros, the cap counting across all of them — are refused at create, naming it.
+async fn a_pdf_that_inflates_without_end_is_refused(backend: Backend) {
+    use std::io::Write;
+    let (app, _config) = app_with_real_providers(backend).await;
+    let tenant = app.funded_tenant("bomber", "5").await;
+    let mut deflate = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+    deflate.write_all(&vec![0; 1024 * 1024]).unwrap();
+    let megabyte = deflate.finish().unwrap();
+    let mut file = pdf(1);
+    for object in 0..80 {
+        file.extend(
+            format!(
+                "{} 0 obj\n<< /Filter /FlateDecode >>\nstream\n",
+                object + 10
+            )
+            .as_bytes(),
+        );
+        file.extend(&megabyte);
+        file.extend(b"\nendstream\nendobj\n");
+    }
+    let document = json!([{"type": "DOCUMENT", "data": STANDARD.encode(&file)}]);
+    let response = app
+        .create_job(&tenant, input_with("bomb", "claude-sonnet-4-5", document))
+        .await;
+    assert_eq!(error_code(&response), "VALIDATION", "{response}");
+    let message = response["errors"][0]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&(64 * 1024 * 1024).to_string()),
+        "{message}"
+    );
+    let balance = app.balance(&tenant).await;
+    assert_eq!(decimal(&balance["held"]), rust_decimal::Decimal::ZERO);
+    assert_eq!(app.simulator.calls().len(), 0);
 }
 
 /// An image the service cannot measure is held, and counted by the simulator, at

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 on_both_backends!(
     an_imported_model_runs_at_exactly_its_prices_and_stays_imported,
     the_config_file_wins_over_an_import,
+    an_entry_without_limits_or_a_cache_price_keeps_the_newest_versions,
 );
 
 /// A small map in LiteLLM's format: an OpenAI and an Anthropic chat model of names no
@@ -204,7 +205,7 @@ async fn an_imported_model_runs_at_exactly_its_prices_and_stays_imported(backend
             "new version gpt-4o-mini (version 2)",
             "skipped sample_spec: describes the format, not a model",
             "skipped text-embedding-acme: mode \"embedding\" is not chat",
-            "2 added, 1 new versions, 0 unchanged, 0 kept for the config file, 4 skipped (1 not chat, 1 of a provider jobledger cannot call, 2 malformed)",
+            "2 added, 1 new versions, 0 unchanged, 0 kept for the config file, 4 skipped (1 not chat, 1 of a provider jobledger cannot call, 2 malformed, 0 given more than once)",
         ],
         "{stdout}"
     );
@@ -387,4 +388,47 @@ async fn the_config_file_wins_over_an_import(backend: Backend) {
     // The config file's markup sells the imported model.
     let added = versions(&app, "acme-chat-1").await;
     assert_eq!(added[0].customer_input_nanos_per_million, 2_000_000_000);
+}
+
+/// A new list price that gives neither limits nor a cache price keeps the built-in
+/// version's (erasing them would lift the context window and output checks and bill
+/// cached input at the full price); a cache price above the new input price is not
+/// carried over.
+async fn an_entry_without_limits_or_a_cache_price_keeps_the_newest_versions(backend: Backend) {
+    let app = spawn_app_with(backend, AppOptions::no_workers()).await;
+    let built_in = versions(&app, "gpt-4o-mini").await.pop().unwrap();
+    assert!(built_in.context_window.is_some() && built_in.max_output_tokens.is_some());
+    let map = json!({
+        "gpt-4o-mini": {
+            "litellm_provider": "openai", "mode": "chat",
+            "input_cost_per_token": 2e-07, "output_cost_per_token": 8e-07,
+        },
+        "gpt-4o": {
+            "litellm_provider": "openai", "mode": "chat",
+            "input_cost_per_token": 1e-09, "output_cost_per_token": 1e-05,
+            "max_output_tokens": 1000,
+        },
+    });
+    let before_gpt_4o = versions(&app, "gpt-4o").await.pop().unwrap();
+    let (code, stdout) = import(&app, &map.to_string(), None).await;
+    assert_eq!(code, 0, "{stdout}");
+    let imported = versions(&app, "gpt-4o-mini").await.pop().unwrap();
+    assert_eq!(imported.origin, PriceOrigin::Import, "{stdout}");
+    assert_eq!(imported.provider_input_nanos_per_million, 200_000_000);
+    assert_eq!(imported.context_window, built_in.context_window);
+    assert_eq!(imported.max_output_tokens, built_in.max_output_tokens);
+    assert_eq!(
+        imported.provider_cached_input_nanos_per_million,
+        built_in.provider_cached_input_nanos_per_million
+    );
+    assert!(
+        imported.customer_cached_input_nanos_per_million
+            < imported.customer_input_nanos_per_million
+    );
+    // What an entry gives wins; an older cache price dearer than the new input is not
+    // kept: cached input is billed as input.
+    let cheap = versions(&app, "gpt-4o").await.pop().unwrap();
+    assert_eq!(cheap.max_output_tokens, Some(1000));
+    assert_eq!(cheap.context_window, before_gpt_4o.context_window);
+    assert_eq!(cheap.provider_cached_input_nanos_per_million, 1_000_000);
 }

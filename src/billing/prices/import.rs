@@ -11,14 +11,16 @@
 //! JSON number is the shortest decimal that names it, per token, times a million.
 
 use super::{
-    BatchPrice, BatchRates, ConfiguredPrice, ModelLimits, PricePerMillion, Rates, Stored,
-    built_in_batch, checked_marked_up, store_price,
+    BatchPrice, BatchRates, ConfiguredPrice, ModelLimits, ModelPrice, PricePerMillion, Rates,
+    Stored, built_in_batch, checked_marked_up, newest_versions, store_prices,
 };
 use crate::billing::Credits;
+use entity::model_prices;
 use entity::{PriceOrigin, ProviderFamily, Timestamp};
 use rust_decimal::{Decimal, RoundingStrategy};
 use sea_orm::{ConnectionTrait, DbErr};
 use serde_json::{Map, Value};
+use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -53,8 +55,10 @@ pub enum Skip {
     NotChat(String),
     /// Its `litellm_provider` is not one jobledger can call.
     Unroutable(String),
-    /// A field is missing, of the wrong type, negative or too large.
+    /// A field is missing, of the wrong type, negative, zero or too large.
     Malformed(String),
+    /// The name is given this many times in the file: which to take is not known.
+    Duplicate(usize),
 }
 
 impl fmt::Display for Skip {
@@ -66,6 +70,9 @@ impl fmt::Display for Skip {
                 write!(f, "provider {provider:?} is not one jobledger can call")
             }
             Self::Malformed(why) => f.write_str(why),
+            Self::Duplicate(times) => {
+                write!(f, "the name is given {times} times; none of them is taken")
+            }
         }
     }
 }
@@ -115,7 +122,7 @@ impl fmt::Display for ImportReport {
         };
         writeln!(
             f,
-            "{} added, {} new versions, {} unchanged, {} kept for the config file, {} skipped ({} not chat, {} of a provider jobledger cannot call, {} malformed)",
+            "{} added, {} new versions, {} unchanged, {} kept for the config file, {} skipped ({} not chat, {} of a provider jobledger cannot call, {} malformed, {} given more than once)",
             self.count(|outcome| *outcome == Outcome::Stored(Stored::Added)),
             self.count(|outcome| matches!(outcome, Outcome::Stored(Stored::NewVersion(_)))),
             self.count(|outcome| *outcome == Outcome::Stored(Stored::Unchanged)),
@@ -124,12 +131,32 @@ impl fmt::Display for ImportReport {
             skipped(|skip| matches!(skip, Skip::NotChat(_))),
             skipped(|skip| matches!(skip, Skip::Unroutable(_))),
             skipped(|skip| matches!(skip, Skip::Malformed(_) | Skip::Description)),
+            skipped(|skip| matches!(skip, Skip::Duplicate(_))),
         )
     }
 }
 
 /// One entry of a map: its model name, and its price or why it is skipped.
-pub type Entry = (String, Result<ConfiguredPrice, Skip>);
+pub type Entry = (String, Result<Imported, Skip>);
+
+/// An entry's price, with what the entry left out: those fields keep what the model's
+/// newest version says, when it has one ([`import_prices`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Imported {
+    pub price: ConfiguredPrice,
+    pub given: Given,
+    /// The customer price over the provider's, to price a field taken from the newest
+    /// version.
+    markup: Decimal,
+}
+
+/// Which of the fields an entry may leave out it gave.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Given {
+    pub cached_input: bool,
+    pub context_window: bool,
+    pub max_output_tokens: bool,
+}
 
 /// Why a file cannot be imported at all (nothing was stored).
 #[derive(Debug, thiserror::Error)]
@@ -142,49 +169,134 @@ pub enum MapError {
 
 /// The entries of a price map: each model's price, or why it is skipped. `markup` is
 /// the customer price over the provider's; `source` names the file in each price.
+/// Each entry is read on its own, so one that cannot be read (a number out of
+/// range) is skipped, not the file; a name given twice is skipped every time.
 pub fn parse_map(text: &str, markup: Decimal, source: &str) -> Result<Vec<Entry>, MapError> {
-    let Value::Object(entries) = serde_json::from_str::<Value>(text)? else {
+    let Ok(RawEntries(raw)) = serde_json::from_str::<RawEntries>(text) else {
+        // Tell a file that is not JSON from JSON that is not an object.
+        serde_json::from_str::<serde::de::IgnoredAny>(text)?;
         return Err(MapError::NotAnObject);
     };
-    let mut entries: Vec<_> = entries
-        .into_iter()
+    let mut times = std::collections::HashMap::<&str, usize>::new();
+    for (name, _) in &raw {
+        *times.entry(name.as_str()).or_default() += 1;
+    }
+    let mut entries: Vec<_> = raw
+        .iter()
         .map(|(name, entry)| {
-            let price = parse_entry(&name, &entry, markup, source);
-            (name, price)
+            let price = match times[name.as_str()] {
+                1 => serde_json::from_str::<Value>(entry.get())
+                    .map_err(|error| malformed(format!("the entry is not readable: {error}")))
+                    .and_then(|entry| parse_entry(name, &entry, markup, source)),
+                twice => Err(Skip::Duplicate(twice)),
+            };
+            (name.clone(), price)
         })
         .collect();
     // In name order, whatever order the file has: reports of one map compare.
     entries.sort_by(|(a, _), (b, _)| a.cmp(b));
+    // A name given several times is reported once.
+    entries.dedup_by(|(a, _), (b, _)| a == b);
     Ok(entries)
 }
 
-/// Stores every price of `entries` that is new or changed.
+/// A map's entries in file order, every one kept, each still unread.
+struct RawEntries(Vec<(String, Box<serde_json::value::RawValue>)>);
+
+impl<'de> serde::Deserialize<'de> for RawEntries {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> serde::de::Visitor<'de> for Entries {
+            type Value = RawEntries;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object of model names")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<RawEntries, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = map.next_entry()? {
+                    entries.push(entry);
+                }
+                Ok(RawEntries(entries))
+            }
+        }
+        deserializer.deserialize_map(Entries)
+    }
+}
+
+/// Stores every price of `entries` that is new or changed. A field an entry left out
+/// keeps what the model's newest version says: an entry without limits or a cache
+/// price does not erase a built-in's. The newest versions are read once and the new
+/// ones written many to a statement, so a map of many thousand models imports in
+/// seconds.
 pub async fn import_prices(
     db: &impl ConnectionTrait,
     entries: Vec<Entry>,
 ) -> Result<ImportReport, DbErr> {
     let now = Timestamp::now();
-    let mut report = ImportReport::default();
+    let newest = newest_versions(db).await?;
+    let mut outcomes = Vec::with_capacity(entries.len());
+    let mut prices = Vec::new();
     for (name, price) in entries {
-        let outcome = match price {
-            Ok(price) => Outcome::Stored(store_price(db, &price, now).await?),
-            Err(skip) => Outcome::Skipped(skip),
+        let outcome = match price.and_then(|imported| completed(&newest, imported)) {
+            Ok(price) => {
+                prices.push(price);
+                None
+            }
+            Err(skip) => Some(Outcome::Skipped(skip)),
+        };
+        outcomes.push((name, outcome));
+    }
+    let mut stored = store_prices(db, &prices, &newest, now).await?.into_iter();
+    let mut report = ImportReport::default();
+    for (name, outcome) in outcomes {
+        let outcome = match outcome {
+            Some(skipped) => skipped,
+            None => Outcome::Stored(stored.next().expect("one outcome per price stored")),
         };
         report.entries.push((name, outcome));
     }
     Ok(report)
 }
 
+/// `imported`'s price, the fields its entry left out taken from the model's newest
+/// version (a cache price no dearer than the new input price).
+fn completed(
+    newest: &HashMap<String, model_prices::Model>,
+    imported: Imported,
+) -> Result<ConfiguredPrice, Skip> {
+    let Imported {
+        mut price,
+        given,
+        markup,
+    } = imported;
+    let Some(newest) = newest.get(&price.model) else {
+        return Ok(price);
+    };
+    let newest = ModelPrice::from(newest.clone());
+    if !given.context_window {
+        price.limits.context_window = newest.limits.context_window;
+    }
+    if !given.max_output_tokens {
+        price.limits.max_output_tokens = newest.limits.max_output_tokens;
+    }
+    if !given.cached_input {
+        if newest.provider.cached_input.0.nanos() < price.provider.input.0.nanos() {
+            price.provider.cached_input = newest.provider.cached_input;
+        }
+        price.customer = checked_marked_up(&price.provider, markup)
+            .ok_or_else(|| malformed("a customer price at the markup does not fit"))?;
+    }
+    Ok(price)
+}
+
 fn malformed(why: impl Into<String>) -> Skip {
     Skip::Malformed(why.into())
 }
 
-fn parse_entry(
-    name: &str,
-    entry: &Value,
-    markup: Decimal,
-    source: &str,
-) -> Result<ConfiguredPrice, Skip> {
+fn parse_entry(name: &str, entry: &Value, markup: Decimal, source: &str) -> Result<Imported, Skip> {
     if name == DESCRIPTION_ENTRY {
         return Err(Skip::Description);
     }
@@ -221,10 +333,27 @@ fn parse_entry(
         .ok_or_else(|| malformed("input_cost_per_token is missing"))?;
     let output = rate("output_cost_per_token")?
         .ok_or_else(|| malformed("output_cost_per_token is missing"))?;
+    for (field, rate) in [
+        ("input_cost_per_token", input),
+        ("output_cost_per_token", output),
+    ] {
+        if rate.0.nanos() == 0 {
+            return Err(malformed(format!(
+                "{field} is zero: a model that bills nothing is not priced here"
+            )));
+        }
+    }
+    let cached = rate("cache_read_input_token_cost")?;
+    if cached.is_some_and(|cached| cached.0.nanos() > input.0.nanos()) {
+        return Err(malformed(
+            "cache_read_input_token_cost is above input_cost_per_token",
+        ));
+    }
     let provider_rates = Rates {
         input,
-        // No cache price: cached input is billed as input, never understated.
-        cached_input: rate("cache_read_input_token_cost")?.unwrap_or(input),
+        // No cache price: the newest version's, or cached input billed as input,
+        // never understated.
+        cached_input: cached.unwrap_or(input),
         output,
     };
     let batch_rates = match (
@@ -252,18 +381,29 @@ fn parse_entry(
         }),
         None => None,
     };
-    Ok(ConfiguredPrice {
+    let limits = ModelLimits {
+        context_window: tokens(entry, "max_input_tokens")?,
+        max_output_tokens: tokens(entry, "max_output_tokens")?,
+    };
+    let given = Given {
+        cached_input: cached.is_some(),
+        context_window: limits.context_window.is_some(),
+        max_output_tokens: limits.max_output_tokens.is_some(),
+    };
+    let price = ConfiguredPrice {
         model: name.to_owned(),
         provider: provider_rates,
         customer,
         batch,
-        limits: ModelLimits {
-            context_window: tokens(entry, "max_input_tokens")?,
-            max_output_tokens: tokens(entry, "max_output_tokens")?,
-        },
+        limits,
         source: format!("LiteLLM price map {source} (litellm_provider {provider})"),
         origin: PriceOrigin::Import,
         family: Some(family),
+    };
+    Ok(Imported {
+        price,
+        given,
+        markup,
     })
 }
 
@@ -327,6 +467,7 @@ mod tests {
 
     fn parse(entry: Value) -> Result<ConfiguredPrice, Skip> {
         parse_entry("m", &entry, Decimal::from_str("1.25").unwrap(), "test.json")
+            .map(|imported| imported.price)
     }
 
     fn chat(extra: Value) -> Value {
@@ -411,16 +552,48 @@ mod tests {
             }
         }
         assert_eq!(
-            parse_entry(DESCRIPTION_ENTRY, &chat(json!({})), Decimal::ONE, "f"),
+            parse_entry(DESCRIPTION_ENTRY, &chat(json!({})), Decimal::ONE, "f").map(|_| ()),
             Err(Skip::Description)
         );
         assert!(matches!(
             parse_entry(" padded", &chat(json!({})), Decimal::ONE, "f"),
             Err(Skip::Malformed(_))
         ));
+        for (extra, says) in [
+            (json!({"input_cost_per_token": 0}), "zero"),
+            (json!({"output_cost_per_token": 0.0}), "zero"),
+            (json!({"cache_read_input_token_cost": 1e-05}), "above"),
+        ] {
+            match skip(chat(extra.clone())) {
+                Skip::Malformed(why) => assert!(why.contains(says), "{extra}: {why}"),
+                other => panic!("{extra}: {other:?}"),
+            }
+        }
         assert!(matches!(
             parse_map("[1, 2]", Decimal::ONE, "f"),
             Err(MapError::NotAnObject)
+        ));
+    }
+
+    #[test]
+    fn one_unreadable_or_repeated_entry_is_skipped_not_the_file() {
+        let entry = r#"{"mode": "chat", "litellm_provider": "openai", "input_cost_per_token": 1e-06, "output_cost_per_token": 2e-06}"#;
+        let text = format!(
+            r#"{{"good": {entry}, "huge": {{"input_cost_per_token": 1e400}}, "twice": {entry}, "twice": {entry}}}"#
+        );
+        let entries = parse_map(&text, Decimal::ONE, "f").unwrap();
+        let names: Vec<_> = entries.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(names, ["good", "huge", "twice"]);
+        assert!(entries[0].1.is_ok());
+        assert!(
+            matches!(&entries[1].1, Err(Skip::Malformed(why)) if why.contains("not readable")),
+            "{:?}",
+            entries[1].1
+        );
+        assert_eq!(entries[2].1, Err(Skip::Duplicate(2)));
+        assert!(matches!(
+            parse_map("{", Decimal::ONE, "f"),
+            Err(MapError::Json(_))
         ));
     }
 }

@@ -15,7 +15,7 @@ pub use built_in::{
     BUILT_IN_BATCH_DISCOUNT, DEFAULT_CUSTOMER_MARKUP, built_in_batch, built_in_list,
     built_in_prices,
 };
-pub use store::{Stored, store_price, sync_prices};
+pub use store::{Stored, newest_versions, store_price, store_prices, sync_prices};
 
 use super::{CallBound, Credits};
 use crate::error::ServiceError;

@@ -1,18 +1,23 @@
 //! Which provider family serves an imported model. A model's name tells its family
 //! (`gpt-*`, `o3`, `claude-*`); an imported price map names the provider of models
 //! whose name does not (`chatgpt-4o-latest`, `deepseek/deepseek-chat`), and the newest
-//! price version keeps it. Every process reads them at start and again every few
-//! seconds, so a model imported while it runs can run without a restart.
+//! price version keeps it. Every process reads them at start, and again within a few
+//! seconds of a new price version, so a model imported while it runs can run without
+//! a restart.
 
 use crate::llm::ProviderRegistry;
 use crate::llm::routing::ModelFamily;
 use entity::{ProviderFamily, model_prices};
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, EntityTrait, QueryOrder, QuerySelect};
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, DbErr, EntityTrait, PaginatorTrait, QueryOrder,
+    QuerySelect,
+};
 use std::collections::HashMap;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// How often a process reads the imported families again.
+/// How often a process looks for new price versions, reading the imported families
+/// again when there are.
 pub const REFRESH_INTERVAL: Duration = Duration::from_secs(5);
 
 impl From<ProviderFamily> for ModelFamily {
@@ -58,14 +63,26 @@ pub async fn imported_families(
     Ok(families)
 }
 
-/// Reads the imported families into `providers` now and every [`REFRESH_INTERVAL`]
-/// until `stop`.
+/// Reads the imported families into `providers` now, and again whenever the price
+/// versions changed, looked at every [`REFRESH_INTERVAL`] until `stop`. Versions are
+/// only ever added, so their count tells a change: one cheap query a tick instead of
+/// reading every version of every model (a large imported map is many thousand).
 pub async fn run(db: DatabaseConnection, providers: ProviderRegistry, stop: CancellationToken) {
+    let mut read_at: Option<u64> = None;
     loop {
-        match imported_families(&db).await {
-            Ok(families) => providers.set_imported_families(families),
+        match model_prices::Entity::find().count(&db).await {
+            Ok(versions) if read_at == Some(versions) => {}
+            Ok(versions) => match imported_families(&db).await {
+                Ok(families) => {
+                    providers.set_imported_families(families);
+                    read_at = Some(versions);
+                }
+                Err(error) => {
+                    tracing::warn!(error = %error, "cannot read the imported models' providers; trying again shortly");
+                }
+            },
             Err(error) => {
-                tracing::warn!(error = %error, "cannot read the imported models' providers; trying again shortly");
+                tracing::warn!(error = %error, "cannot count the price versions; trying again shortly");
             }
         }
         tokio::select! {

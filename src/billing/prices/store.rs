@@ -13,6 +13,7 @@ use entity::{PriceOrigin, Timestamp, model_prices};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QueryOrder,
 };
+use std::collections::HashMap;
 use uuid::Uuid;
 
 /// How often a price is stored again after another process stored a version of the
@@ -100,10 +101,17 @@ async fn insert_version(
     version: i32,
     now: Timestamp,
 ) -> Result<(), DbErr> {
+    model_prices::Entity::insert(version_row(price, version, now))
+        .exec(db)
+        .await
+        .map(|_| ())
+}
+
+fn version_row(price: &ConfiguredPrice, version: i32, now: Timestamp) -> model_prices::ActiveModel {
     let batch_nanos = |rate: fn(&BatchPrice) -> PricePerMillion| {
         price.batch.as_ref().map(|batch| rate(batch).0.nanos())
     };
-    let row = model_prices::ActiveModel {
+    model_prices::ActiveModel {
         id: Set(Uuid::now_v7()),
         model: Set(price.model.clone()),
         version: Set(version),
@@ -124,8 +132,87 @@ async fn insert_version(
         created_at: Set(now),
         origin: Set(price.origin),
         provider_family: Set(price.family),
-    };
-    model_prices::Entity::insert(row).exec(db).await.map(|_| ())
+    }
+}
+
+/// The newest version of every model that has a price, by model.
+pub async fn newest_versions(
+    db: &impl ConnectionTrait,
+) -> Result<HashMap<String, model_prices::Model>, DbErr> {
+    let rows = model_prices::Entity::find()
+        .order_by_asc(model_prices::Column::Model)
+        .order_by_desc(model_prices::Column::Version)
+        .all(db)
+        .await?;
+    let mut newest = HashMap::new();
+    for row in rows {
+        newest.entry(row.model.clone()).or_insert(row);
+    }
+    Ok(newest)
+}
+
+/// Versions written by one statement: well within both databases' limits on a
+/// statement's parameters.
+const ROWS_PER_INSERT: usize = 500;
+
+/// [`store_price`] for many prices at once, against `newest` (read by
+/// [`newest_versions`]), writing the new versions [`ROWS_PER_INSERT`] to a statement
+/// instead of two statements each. A statement another process beat to one of its
+/// versions writes nothing, and its prices are stored one by one instead.
+pub async fn store_prices(
+    db: &impl ConnectionTrait,
+    prices: &[ConfiguredPrice],
+    newest: &HashMap<String, model_prices::Model>,
+    now: Timestamp,
+) -> Result<Vec<Stored>, DbErr> {
+    let mut stored = Vec::with_capacity(prices.len());
+    // Index into `prices`, and its version, of each price to write.
+    let mut to_write: Vec<(usize, i32)> = Vec::new();
+    for (index, price) in prices.iter().enumerate() {
+        let row = newest.get(&price.model);
+        let outcome = match row {
+            Some(row) => {
+                let claimed =
+                    price.origin == PriceOrigin::Config && row.origin != PriceOrigin::Config;
+                if same_price(row, price) && !claimed {
+                    Some(Stored::Unchanged)
+                } else if !may_replace(price.origin, row.origin) {
+                    Some(Stored::Kept(row.origin))
+                } else {
+                    None
+                }
+            }
+            None => None,
+        };
+        stored.push(outcome.unwrap_or(Stored::Added));
+        if outcome.is_none() {
+            to_write.push((index, row.map_or(1, |row| row.version + 1)));
+        }
+    }
+    for chunk in to_write.chunks(ROWS_PER_INSERT) {
+        let rows = chunk
+            .iter()
+            .map(|&(index, version)| version_row(&prices[index], version, now));
+        match model_prices::Entity::insert_many(rows).exec(db).await {
+            Ok(_) => {
+                for &(index, version) in chunk {
+                    stored[index] = if version == 1 {
+                        Stored::Added
+                    } else {
+                        Stored::NewVersion(version)
+                    };
+                }
+            }
+            Err(error) if crate::db::is_unique_violation(&error) => {
+                for &(index, _) in chunk {
+                    stored[index] = store_price(db, &prices[index], now).await?;
+                }
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    tracing::info!(written = to_write.len(), "stored new price versions");
+    Ok(stored)
 }
 
 /// Stores the prices a process starts with (the built-in list and the config file's)

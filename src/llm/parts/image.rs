@@ -1,5 +1,7 @@
-//! The dimensions of an image, read from its header: PNG, JPEG, GIF and WebP. Only
-//! the first bytes are looked at; nothing is decoded.
+//! The dimensions of an image, read from its headers: PNG, JPEG, GIF and WebP. Only
+//! the headers are looked at; nothing is decoded. Where a file may say more than one
+//! size (a JPEG's frame headers, a GIF's frames), the largest counts: a reader may
+//! take any of them.
 
 /// The image formats a part may carry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,11 +39,8 @@ pub fn read_header(bytes: &[u8]) -> Option<(ImageFormat, u32, u32)> {
         (bytes.get(12..16)? == b"IHDR").then_some(())?;
         (ImageFormat::Png, be32(bytes, 16)?, be32(bytes, 20)?)
     } else if bytes.starts_with(b"GIF87a") || bytes.starts_with(b"GIF89a") {
-        (
-            ImageFormat::Gif,
-            u32::from(le16(bytes, 6)?),
-            u32::from(le16(bytes, 8)?),
-        )
+        let (width, height) = gif_size(bytes)?;
+        (ImageFormat::Gif, width, height)
     } else if bytes.starts_with(b"\xff\xd8") {
         let (width, height) = jpeg_size(bytes)?;
         (ImageFormat::Jpeg, width, height)
@@ -71,40 +70,107 @@ fn le24(bytes: &[u8], at: usize) -> Option<u32> {
     Some(u32::from(b[0]) | u32::from(b[1]) << 8 | u32::from(b[2]) << 16)
 }
 
-/// Walks the JPEG's segments to its frame header (SOF0 to SOF15, but DHT, JPG and
-/// DAC, which share the range), which holds the height and the width.
+/// Walks the JPEG's segments, its scans' data included, to its end: the largest width
+/// and height of its frame headers (SOF0 to SOF15, but DHT, JPG and DAC, which share
+/// the range). A second frame header may say a larger size than the first.
 fn jpeg_size(bytes: &[u8]) -> Option<(u32, u32)> {
     let mut at = 2;
+    let mut size: Option<(u32, u32)> = None;
     loop {
         // Markers may be padded with any number of 0xFF bytes.
-        while *bytes.get(at)? == 0xff && *bytes.get(at + 1)? == 0xff {
+        while bytes.get(at) == Some(&0xff) && bytes.get(at + 1) == Some(&0xff) {
             at += 1;
         }
-        if *bytes.get(at)? != 0xff {
-            return None;
-        }
-        let marker = *bytes.get(at + 1)?;
+        let (Some(&0xff), Some(&marker)) = (bytes.get(at), bytes.get(at + 1)) else {
+            // The data ends, or is not a marker where one should be.
+            return size;
+        };
         at += 2;
         // Markers without a length: TEM, the restarts, SOI.
         if marker == 0x01 || (0xd0..=0xd8).contains(&marker) {
             continue;
         }
-        // End of image or start of scan before any frame header: not an image.
-        if marker == 0xd9 || marker == 0xda {
-            return None;
+        if marker == 0xd9 {
+            return size;
         }
-        let length = usize::from(be16(bytes, at)?);
+        let Some(length) = be16(bytes, at).map(usize::from) else {
+            return size;
+        };
         if (0xc0..=0xcf).contains(&marker) && ![0xc4, 0xc8, 0xcc].contains(&marker) {
             // Length, precision, then height and width.
-            let height = be16(bytes, at + 3)?;
-            let width = be16(bytes, at + 5)?;
-            return Some((u32::from(width), u32::from(height)));
+            let (Some(height), Some(width)) = (be16(bytes, at + 3), be16(bytes, at + 5)) else {
+                return size;
+            };
+            let (width, height) = (u32::from(width), u32::from(height));
+            size = Some(size.map_or((width, height), |(w, h)| (w.max(width), h.max(height))));
         }
         if length < 2 {
-            return None;
+            return size;
         }
         at += length;
+        if marker == 0xda {
+            // The scan's data: up to the next marker that is neither a stuffed 0xFF00
+            // nor a restart.
+            while let Some(&byte) = bytes.get(at) {
+                let next = bytes.get(at + 1).copied();
+                if byte == 0xff
+                    && next.is_some_and(|next| next != 0 && !(0xd0..=0xd7).contains(&next))
+                {
+                    break;
+                }
+                at += 1;
+            }
+        }
     }
+}
+
+/// The largest of a GIF's logical screen and the extent of each of its frames (a
+/// frame may reach past the screen).
+fn gif_size(bytes: &[u8]) -> Option<(u32, u32)> {
+    let mut width = u32::from(le16(bytes, 6)?);
+    let mut height = u32::from(le16(bytes, 8)?);
+    let colour_table = |flags: u8| {
+        if flags & 0x80 != 0 {
+            3 << ((flags & 0x07) + 1)
+        } else {
+            0
+        }
+    };
+    let mut at = 13 + colour_table(*bytes.get(10)?);
+    // Skips a run of sub-blocks, the last of size zero.
+    let sub_blocks = |mut at: usize| {
+        while let Some(&size) = bytes.get(at) {
+            at += 1 + usize::from(size);
+            if size == 0 {
+                return Some(at);
+            }
+        }
+        None
+    };
+    while let Some(&block) = bytes.get(at) {
+        match block {
+            // An extension: its label, then sub-blocks.
+            0x21 => at = sub_blocks(at + 2).unwrap_or(bytes.len()),
+            // A frame: left, top, width, height, flags, its colour table, the LZW code
+            // size, then sub-blocks.
+            0x2c => {
+                let (Some(left), Some(top), Some(frame_width), Some(frame_height), Some(&flags)) = (
+                    le16(bytes, at + 1),
+                    le16(bytes, at + 3),
+                    le16(bytes, at + 5),
+                    le16(bytes, at + 7),
+                    bytes.get(at + 9),
+                ) else {
+                    break;
+                };
+                width = width.max(u32::from(left) + u32::from(frame_width));
+                height = height.max(u32::from(top) + u32::from(frame_height));
+                at = sub_blocks(at + 10 + colour_table(flags) + 1).unwrap_or(bytes.len());
+            }
+            _ => break,
+        }
+    }
+    Some((width, height))
 }
 
 /// The canvas of a WebP: its first chunk is a lossy (`VP8 `), lossless (`VP8L`) or
@@ -230,5 +296,27 @@ mod tests {
             None,
             "a zero length"
         );
+    }
+
+    #[test]
+    fn the_largest_size_a_file_says_counts() {
+        // A second frame header, after a scan, larger than the first.
+        let mut two_frames = jpeg(16, 16);
+        two_frames.extend([
+            0xff, 0xda, 0x00, 0x02, 0x12, 0xff, 0x00, 0x34, 0xff, 0xd0, 0x56,
+        ]);
+        two_frames.extend(&jpeg(4000, 3000)[20..]);
+        assert_eq!(
+            read_header(&two_frames),
+            Some((ImageFormat::Jpeg, 4000, 3000))
+        );
+        // A frame reaching past a 10 × 10 logical screen, after an extension.
+        let mut frame = gif(10, 10);
+        frame.extend([0x21, 0xf9, 0x04, 0, 0, 0, 0, 0x00]);
+        frame.extend([0x2c, 5, 0, 0, 0]);
+        frame.extend(3000u16.to_le_bytes());
+        frame.extend(2000u16.to_le_bytes());
+        frame.extend([0x00, 0x02, 0x02, 0x4c, 0x01, 0x00, 0x3b]);
+        assert_eq!(read_header(&frame), Some((ImageFormat::Gif, 3005, 2000)));
     }
 }

@@ -15,7 +15,8 @@ use serde_json::{Value, json};
 
 pub use image::ImageFormat;
 
-/// What a PDF page counts as, for both providers.
+/// What a PDF page counts as, for both providers, on top of its text: the image of
+/// the page each provider reads beside the text.
 pub const TOKENS_PER_PDF_PAGE: u64 = 3_000;
 /// The media type of the only documents taken.
 pub const PDF_MEDIA_TYPE: &str = "application/pdf";
@@ -37,6 +38,10 @@ pub enum Part {
     Document {
         source: Source,
         pages: u32,
+        /// A bound of the tokens of the text it shows ([`pdf::Measure`]). Documents
+        /// stored before it was measured have none.
+        #[serde(default)]
+        text_tokens: u64,
     },
 }
 
@@ -267,10 +272,17 @@ impl Shape {
             .map(|part| match part {
                 Part::Text { .. } => 0,
                 Part::Image { size, .. } => self.image_tokens(model, *size),
-                Part::Document { pages, .. } => TOKENS_PER_PDF_PAGE * u64::from(*pages),
+                Part::Document {
+                    pages, text_tokens, ..
+                } => document_tokens(*pages, *text_tokens),
             })
             .sum()
     }
+}
+
+/// What a document counts as in a hold: each page's allowance and its text's bound.
+pub fn document_tokens(pages: u32, text_tokens: u64) -> u64 {
+    (TOKENS_PER_PDF_PAGE * u64::from(pages)).saturating_add(text_tokens)
 }
 
 impl Part {

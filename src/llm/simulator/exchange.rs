@@ -80,7 +80,7 @@ fn base64_bytes(data: &str) -> Option<Vec<u8>> {
 impl Part {
     /// What this part counts as input, by `shape`'s rules: an image by its size
     /// (one whose bytes are not at hand, by URL, at the most an image counts), a PDF
-    /// by its pages; text and anything else nothing here.
+    /// by its pages and the text it shows; text and anything else nothing here.
     fn media_tokens(&self, shape: Shape, model: &str) -> u64 {
         let image = |bytes: Option<Vec<u8>>| {
             let size = bytes
@@ -89,11 +89,15 @@ impl Part {
                 .map(|(_, width, height)| (width, height));
             shape.image_tokens(model, size)
         };
+        // Its pages at their allowance; its text, measured as the hold measures it,
+        // as the simulator counts any text: a quarter of its bytes.
         let document = |bytes: Option<Vec<u8>>| {
             bytes
                 .as_deref()
-                .and_then(pdf::page_count)
-                .map_or(0, |pages| TOKENS_PER_PDF_PAGE * u64::from(pages))
+                .and_then(|bytes| pdf::measure(bytes).ok())
+                .map_or(0, |measure| {
+                    TOKENS_PER_PDF_PAGE * u64::from(measure.pages) + measure.text_tokens.div_ceil(4)
+                })
         };
         let block_bytes = || {
             self.source

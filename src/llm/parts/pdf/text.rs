@@ -1,0 +1,243 @@
+//! The text a PDF shows, bounded without rendering it: the bytes of the string
+//! operands of the text-showing operators (`Tj`, `TJ`, `'`, `"`) in its content
+//! streams. A provider that reads a document extracts that text (one character or
+//! more per character code) and bills its tokens; every token covers at least one
+//! character, so these bytes, times the most characters a `ToUnicode` map gives one
+//! code, bound what the text can count.
+//!
+//! The counter reads bytes one at a time and keeps no more than an operator's
+//! name, so a stream of any size is counted in chunks as it is inflated.
+
+/// The longest operator the counter tells apart (`beginbfrange`); a longer run of
+/// regular characters is no operator it acts on.
+const LONGEST_OPERATOR: usize = 12;
+
+/// Counts the shown text of every byte it is fed, in order, across chunks.
+#[derive(Default)]
+pub struct TextCounter {
+    state: State,
+    /// Regular characters of the token being read (a name, number or operator).
+    token: Vec<u8>,
+    /// The token is longer than any operator acted on.
+    token_long: bool,
+    /// Bytes of the string being read.
+    string_bytes: u64,
+    /// Hex digits of the hex string being read.
+    hex_digits: u64,
+    /// String bytes among the operands since the last operator.
+    pending: u64,
+    /// String bytes given to text-showing operators.
+    shown: u64,
+    /// Inside a `ToUnicode` map's `beginbfchar`/`beginbfrange` section.
+    in_unicode_map: bool,
+    /// The longest hex string of those sections, in bytes: no code maps to more
+    /// UTF-16 than that.
+    longest_mapping: u64,
+}
+
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+enum State {
+    #[default]
+    Between,
+    /// After a `<`: a hex string, or a dictionary when another `<` follows.
+    AfterLess,
+    Literal {
+        depth: u32,
+        escaped: bool,
+    },
+    Hex,
+    Comment,
+}
+
+impl TextCounter {
+    /// Counts `bytes`, following on from what was fed before.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.step(byte);
+        }
+    }
+
+    /// The bound of the shown text's tokens, once every byte is fed: its string
+    /// bytes, times the most UTF-16 units one code is mapped to (at least one).
+    pub fn finish(mut self) -> u64 {
+        // The data may end on an operator.
+        if self.state == State::Between {
+            self.end_token();
+        }
+        let units = self.longest_mapping.div_ceil(2).max(1);
+        self.shown.saturating_mul(units)
+    }
+
+    fn step(&mut self, byte: u8) {
+        match self.state {
+            State::Literal { depth, escaped } => {
+                if escaped {
+                    self.state = State::Literal {
+                        depth,
+                        escaped: false,
+                    };
+                    self.string_bytes += 1;
+                    return;
+                }
+                let depth = match byte {
+                    b'(' => depth + 1,
+                    b')' => depth - 1,
+                    _ => depth,
+                };
+                if depth == 0 {
+                    self.pending += self.string_bytes;
+                    self.state = State::Between;
+                } else {
+                    // Raw bytes: an escape only shortens what it stands for.
+                    self.string_bytes += 1;
+                    self.state = State::Literal {
+                        depth,
+                        escaped: byte == b'\\',
+                    };
+                }
+            }
+            State::Hex => match byte {
+                b'>' => {
+                    let bytes = self.hex_digits.div_ceil(2);
+                    self.pending += bytes;
+                    if self.in_unicode_map {
+                        self.longest_mapping = self.longest_mapping.max(bytes);
+                    }
+                    self.state = State::Between;
+                }
+                byte if byte.is_ascii_hexdigit() => self.hex_digits += 1,
+                _ => {}
+            },
+            State::Comment => {
+                if byte == b'\r' || byte == b'\n' {
+                    self.state = State::Between;
+                }
+            }
+            State::AfterLess => {
+                if byte == b'<' {
+                    self.state = State::Between;
+                } else {
+                    self.hex_digits = 0;
+                    self.state = State::Hex;
+                    self.step(byte);
+                }
+            }
+            State::Between => self.between(byte),
+        }
+    }
+
+    fn between(&mut self, byte: u8) {
+        let delimiter = matches!(
+            byte,
+            b'(' | b')' | b'<' | b'>' | b'[' | b']' | b'{' | b'}' | b'/' | b'%'
+        ) || is_space(byte);
+        if !delimiter {
+            if self.token.len() < LONGEST_OPERATOR {
+                self.token.push(byte);
+            } else {
+                self.token_long = true;
+            }
+            return;
+        }
+        self.end_token();
+        match byte {
+            b'(' => {
+                self.string_bytes = 0;
+                self.state = State::Literal {
+                    depth: 1,
+                    escaped: false,
+                };
+            }
+            b'<' => self.state = State::AfterLess,
+            b'%' => self.state = State::Comment,
+            // A name's characters follow its slash: its token starts with it.
+            b'/' => self.token.push(byte),
+            _ => {}
+        }
+    }
+
+    /// Acts on the regular token just read: a name or a number is an operand, any
+    /// other token an operator, which takes the operands before it.
+    fn end_token(&mut self) {
+        if self.token.is_empty() {
+            return;
+        }
+        let token = std::mem::take(&mut self.token);
+        let long = std::mem::take(&mut self.token_long);
+        let operand = token[0] == b'/'
+            || token
+                .iter()
+                .all(|byte| byte.is_ascii_digit() || matches!(byte, b'+' | b'-' | b'.'));
+        if operand {
+            return;
+        }
+        if !long {
+            match token.as_slice() {
+                b"Tj" | b"TJ" | b"'" | b"\"" => self.shown += self.pending,
+                b"beginbfchar" | b"beginbfrange" => self.in_unicode_map = true,
+                b"endbfchar" | b"endbfrange" => self.in_unicode_map = false,
+                _ => {}
+            }
+        }
+        self.pending = 0;
+    }
+}
+
+fn is_space(byte: u8) -> bool {
+    matches!(byte, b' ' | b'\t' | b'\r' | b'\n' | b'\x0c' | b'\0')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn count(chunks: &[&[u8]]) -> u64 {
+        let mut counter = TextCounter::default();
+        for chunk in chunks {
+            counter.feed(chunk);
+        }
+        counter.finish()
+    }
+
+    #[test]
+    fn the_operands_of_text_showing_operators_count() {
+        assert_eq!(count(&[b"BT /F1 12 Tf 72 712 Td (Hello) Tj ET"]), 5);
+        // An array of strings and kerning numbers.
+        assert_eq!(count(&[b"[(Hel) -20 (lo)] TJ"]), 5);
+        // The next-line operators; a hex string is half its digits.
+        assert_eq!(count(&[b"(ab) ' 1 2 (cde) \" <48656C6C6F> Tj"]), 10);
+        // Nested parentheses and escapes count as written.
+        assert_eq!(count(&[b"(a(b)c\\)d) Tj"]), 8);
+    }
+
+    #[test]
+    fn strings_no_text_operator_shows_count_nothing() {
+        assert_eq!(
+            count(&[b"/Span << /ActualText (x) >> BDC (hidden) Td EMC"]),
+            0
+        );
+        assert_eq!(count(&[b"% (a comment) Tj\n"]), 0);
+        assert_eq!(count(&[b"(Tj)"]), 0);
+    }
+
+    #[test]
+    fn chunks_split_anywhere_count_as_one_stream() {
+        let whole = b"BT [(Hello) 5 <776f726c64>] TJ (again) Tj ET";
+        for cut in 0..whole.len() {
+            let (first, second) = whole.split_at(cut);
+            assert_eq!(count(&[first, second]), 15, "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn a_unicode_map_that_gives_a_code_many_characters_multiplies_the_text() {
+        // One code mapped to three UTF-16 units (a ligature "ffi").
+        let map = b"1 beginbfchar <01> <006600660069> endbfchar";
+        assert_eq!(count(&[map, b" (\x01\x01) Tj"]), 2 * 3);
+        // An ordinary map keeps one token per byte.
+        assert_eq!(
+            count(&[b"1 beginbfrange <00> <ff> <0041> endbfrange (abc) Tj"]),
+            3
+        );
+    }
+}
