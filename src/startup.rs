@@ -12,7 +12,6 @@ use crate::config::providers;
 use crate::db::{BACKGROUND_POOL_SIZE, POOL_SIZE, Reach};
 use crate::graphql;
 use crate::http::{self, HttpState};
-use crate::jobs::flow::FlowLimits;
 use crate::jobs::provider_batches::Submitter;
 use crate::jobs::worker::Worker;
 use crate::llm::simulator::Simulator;
@@ -145,7 +144,7 @@ impl Application {
         let worker = settings.worker.clone().map(|mut worker_settings| {
             if let Some(config) = &config {
                 worker_settings.charging = config.charging;
-                worker_settings.flow = FlowLimits::from_config(config, &providers);
+                worker_settings.flow = config.flow_limits(&providers);
             }
             let id = format!(
                 "{}-{}",
