@@ -2,6 +2,7 @@
 //! optional config file (`file`).
 
 pub mod file;
+pub mod merge;
 pub mod providers;
 
 use crate::jobs::worker::WorkerSettings;

@@ -1,7 +1,7 @@
 //! The error of the service layer: what a job, billing or account operation can refuse.
 
-use crate::billing::Credits;
-use crate::billing::limits::SpendPeriod;
+use entity::Credits;
+use entity::SpendPeriod;
 
 /// Why a service operation did not happen.
 #[derive(Debug, thiserror::Error)]

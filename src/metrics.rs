@@ -9,7 +9,7 @@
 //! Money counters are kept exactly, in nanocredits, and rendered as credits: the
 //! `metrics` crate counts in whole numbers only.
 
-use crate::billing::Credits;
+use entity::Credits;
 use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder, SharedString, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 use std::collections::BTreeMap;

@@ -8,11 +8,10 @@ use crate::bus::EventBus;
 use crate::bus::relay::NotificationRelay;
 use crate::config::Settings;
 use crate::config::file::{ConfigError, ConfigFile};
-use crate::config::providers;
+use crate::config::{merge, providers};
 use crate::db::{BACKGROUND_POOL_SIZE, POOL_SIZE, Reach};
 use crate::graphql;
 use crate::http::{self, HttpState};
-use crate::jobs::flow::FlowLimits;
 use crate::jobs::provider_batches::Submitter;
 use crate::jobs::worker::Worker;
 use crate::llm::simulator::Simulator;
@@ -134,44 +133,36 @@ impl Application {
             worker_db: own_worker_db,
             background_db: own_background_db,
             allow_private_webhooks: settings.allow_private_webhooks,
-            default_deadline: settings
-                .default_deadline
-                .or(config.as_ref().and_then(|config| config.default_deadline))
-                .unwrap_or(crate::jobs::input::DEFAULT_DEADLINE),
-            charging: config
-                .as_ref()
-                .map_or_else(Default::default, |config| config.charging),
+            default_deadline: merge::default_deadline(&settings, config.as_ref()),
+            charging: merge::charging(config.as_ref()),
         };
-        let worker = settings.worker.clone().map(|mut worker_settings| {
-            if let Some(config) = &config {
-                worker_settings.charging = config.charging;
-                worker_settings.flow = FlowLimits::from_config(config, &providers);
-            }
-            let id = format!(
-                "{}-{}",
-                std::process::id(),
-                &uuid::Uuid::new_v4().simple().to_string()[..8]
-            );
-            // Every worker process submits provider batches too, each row owned by one
-            // process at a time.
-            let submitter = Submitter::new(
-                worker_db.clone(),
-                bus.clone(),
-                providers.clone(),
-                settings.operations.provider_batches,
-                worker_settings.charging,
-                id.clone(),
-            );
-            let worker = Worker::new(
-                id,
-                worker_db,
-                bus.clone(),
-                providers.clone(),
-                worker_settings,
-                metrics.clone(),
-            );
-            (worker, submitter)
-        });
+        let worker =
+            merge::worker_settings(&settings, config.as_ref(), &providers).map(|worker_settings| {
+                let id = format!(
+                    "{}-{}",
+                    std::process::id(),
+                    &uuid::Uuid::new_v4().simple().to_string()[..8]
+                );
+                // Every worker process submits provider batches too, each row owned by one
+                // process at a time.
+                let submitter = Submitter::new(
+                    worker_db.clone(),
+                    bus.clone(),
+                    providers.clone(),
+                    settings.operations.provider_batches,
+                    worker_settings.charging,
+                    id.clone(),
+                );
+                let worker = Worker::new(
+                    id,
+                    worker_db,
+                    bus.clone(),
+                    providers.clone(),
+                    worker_settings,
+                    metrics.clone(),
+                );
+                (worker, submitter)
+            });
         let (worker, submitter) = worker.unzip();
         let listener = match settings.listen {
             Some(address) => Some(TcpListener::bind(address).await?),

@@ -7,10 +7,10 @@
 //! can be looked up in one indexed read and its row can keep the spend its creates
 //! took; it is not signed, because nothing of it needs checking without the database.
 
-use crate::billing::Credits;
 use crate::error::ServiceError;
 use crate::jobs::labels::Labels;
 use crate::jobs::reach::JobReach;
+use entity::Credits;
 use entity::{JsonText, Timestamp, access_tokens, tenants};
 use rand::RngCore;
 use sea_orm::{ActiveValue::Set, ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter};

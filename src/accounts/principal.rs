@@ -1,6 +1,9 @@
 use super::access_tokens::{AccessGrant, AccessScope};
+use super::tenants;
+use crate::billing::reports::ReportScope;
 use crate::error::ServiceError;
 use crate::jobs::reach::JobReach;
+use sea_orm::ConnectionTrait;
 use std::sync::Arc;
 use uuid::Uuid;
 
@@ -55,6 +58,47 @@ impl Principal {
                 Ok((grant.tenant_id, grant.reach.clone()))
             }
             Self::Admin => Err(ServiceError::Forbidden),
+        }
+    }
+
+    /// The billing figures this principal may see when it asks for `requested` (a
+    /// tenant id or none).
+    ///
+    /// A tenant sees itself: naming no tenant or its own id is the same, naming another
+    /// tenant is `Forbidden`. An admin sees the tenant it names (`NotFound` when there is
+    /// no such tenant), or every tenant when it names none.
+    pub async fn report_scope(
+        self,
+        db: &impl ConnectionTrait,
+        requested: Option<Uuid>,
+    ) -> Result<ReportScope, ServiceError> {
+        match (self, requested) {
+            (Self::Tenant { tenant_id }, None) => Ok(ReportScope::Tenant(tenant_id)),
+            (Self::Tenant { tenant_id }, Some(requested)) if requested == tenant_id => {
+                Ok(ReportScope::Tenant(tenant_id))
+            }
+            (Self::Tenant { .. } | Self::Token(_), _) => Err(ServiceError::Forbidden),
+            (Self::Admin, Some(requested)) => {
+                tenants::find_tenant(db, requested).await?;
+                Ok(ReportScope::Tenant(requested))
+            }
+            (Self::Admin, None) => Ok(ReportScope::AllTenants),
+        }
+    }
+
+    /// The one tenant whose figures this principal may see, as
+    /// [`Principal::report_scope`] says, for reports that cover a single tenant: an
+    /// admin must name it.
+    pub async fn report_tenant(
+        self,
+        db: &impl ConnectionTrait,
+        requested: Option<Uuid>,
+    ) -> Result<Uuid, ServiceError> {
+        match self.report_scope(db, requested).await? {
+            ReportScope::Tenant(tenant_id) => Ok(tenant_id),
+            ReportScope::AllTenants => Err(ServiceError::validation(
+                "tenantId is required for an admin",
+            )),
         }
     }
 }

@@ -2,7 +2,7 @@
 //! `spend_limit.reached` once per period in which a cap refused a job.
 
 use crate::billing::Credits;
-use crate::billing::ledger::Balance;
+use crate::billing::balance::Balance;
 use crate::billing::limits::SpendPeriod;
 use crate::outbox;
 use entity::{Timestamp, WebhookEvent, tenant_limits, tenants};

@@ -3,8 +3,8 @@
 
 pub mod alerts;
 pub mod audit;
+pub mod balance;
 pub mod batch_totals;
-mod credits;
 pub mod grant_expiry;
 pub mod ledger;
 pub mod limits;
@@ -14,6 +14,8 @@ pub mod reconciliation;
 pub mod reports;
 pub mod token_spend;
 
-pub use credits::{Credits, CreditsError};
+// Credits are billing's unit, but the type lives in `entity` so that the layers below
+// billing (the service error, the outbox, metrics) can name amounts without it.
+pub use entity::{Credits, CreditsError};
 pub use policy::{AttemptEnding, CallBound, ChargingPolicy, UnfinishedCall};
 pub use prices::{ModelPrice, PricePerMillion};

@@ -3,7 +3,6 @@
 use super::mutation::MessageInput;
 use super::types::{Batch, BatchConnection, BatchEdge, BatchMode, PageInfo};
 use super::{app, principal};
-use crate::billing::reports::ReportScope;
 use crate::jobs::batches::items::{self, ItemRequest};
 use crate::jobs::batches::{self, BatchRequest, NewBatch, cancel};
 use crate::jobs::parameters::ParameterRequest;
@@ -201,7 +200,7 @@ impl BatchQuery {
         tenant_id: Option<Uuid>,
     ) -> async_graphql::Result<Batch> {
         let db = &app(context).db;
-        let tenant_id = ReportScope::single_tenant(db, principal(context)?, tenant_id).await?;
+        let tenant_id = principal(context)?.report_tenant(db, tenant_id).await?;
         Ok(batches::read(db, tenant_id, id).await?.into())
     }
 
@@ -215,7 +214,7 @@ impl BatchQuery {
         tenant_id: Option<Uuid>,
     ) -> async_graphql::Result<BatchConnection> {
         let db = &app(context).db;
-        let tenant_id = ReportScope::single_tenant(db, principal(context)?, tenant_id).await?;
+        let tenant_id = principal(context)?.report_tenant(db, tenant_id).await?;
         let (first, after) = super::types::page_arguments(first, after)?;
         let page = batches::list_batches(db, tenant_id, first, after).await?;
         let edges: Vec<BatchEdge> = page

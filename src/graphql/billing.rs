@@ -6,7 +6,7 @@ use super::scalars::Amount;
 use super::types::{JobStatus, Label, PageInfo};
 use super::{app, loader, principal};
 use crate::billing::Credits;
-use crate::billing::reports::{self, PageRequest, ReportScope, Window};
+use crate::billing::reports::{self, PageRequest, Window};
 use async_graphql::{ComplexObject, Context, Enum, Json, Object, SimpleObject};
 use chrono::{DateTime, Utc};
 use entity::{Timestamp, ledger_entries};
@@ -393,7 +393,7 @@ impl BillingQuery {
         tenant_id: Option<Uuid>,
     ) -> async_graphql::Result<JobCostConnection> {
         let db = &app(context).db;
-        let scope = ReportScope::for_caller(db, principal(context)?, tenant_id).await?;
+        let scope = principal(context)?.report_scope(db, tenant_id).await?;
         let page = PageRequest::new(first, after.as_deref())?;
         let costs = reports::job_costs(db, scope, window(from, to)?, page).await?;
         let edges: Vec<JobCostEdge> = costs
@@ -430,7 +430,7 @@ impl BillingQuery {
         tenant_id: Option<Uuid>,
     ) -> async_graphql::Result<BillingSummary> {
         let db = &app(context).db;
-        let scope = ReportScope::for_caller(db, principal(context)?, tenant_id).await?;
+        let scope = principal(context)?.report_scope(db, tenant_id).await?;
         let summary = reports::billing_summary(db, scope, window(Some(from), Some(to))?).await?;
         Ok(summary.into())
     }
@@ -453,7 +453,7 @@ impl BillingQuery {
         tenant_id: Option<Uuid>,
     ) -> async_graphql::Result<Vec<SeriesPoint>> {
         let db = &app(context).db;
-        let scope = ReportScope::for_caller(db, principal(context)?, tenant_id).await?;
+        let scope = principal(context)?.report_scope(db, tenant_id).await?;
         let series =
             reports::billing_series(db, scope, from.into(), to.into(), interval.into()).await?;
         Ok(series.into_iter().map(SeriesPoint::from).collect())
@@ -475,7 +475,7 @@ impl BillingQuery {
         tenant_id: Option<Uuid>,
     ) -> async_graphql::Result<Vec<LabelBilling>> {
         let db = &app(context).db;
-        let scope = ReportScope::for_caller(db, principal(context)?, tenant_id).await?;
+        let scope = principal(context)?.report_scope(db, tenant_id).await?;
         let rows =
             reports::billing_by_label(db, scope, window(Some(from), Some(to))?, &key).await?;
         Ok(rows.into_iter().map(LabelBilling::from).collect())
@@ -497,7 +497,7 @@ impl BillingQuery {
         tenant_id: Option<Uuid>,
     ) -> async_graphql::Result<LedgerEntryConnection> {
         let db = &app(context).db;
-        let tenant_id = ReportScope::single_tenant(db, principal(context)?, tenant_id).await?;
+        let tenant_id = principal(context)?.report_tenant(db, tenant_id).await?;
         let page = PageRequest::new(first, after.as_deref())?;
         let entries = reports::credit_ledger(db, tenant_id, page).await?;
         let edges: Vec<LedgerEntryEdge> = entries

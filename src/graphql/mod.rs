@@ -25,7 +25,6 @@ mod webhooks;
 use crate::accounts::Principal;
 use crate::accounts::access_tokens::AccessScope;
 use crate::app::App;
-use crate::billing::reports::ReportScope;
 use crate::error::ServiceError;
 use crate::jobs::reach::JobReach;
 use async_graphql::{Context, MergedObject, Schema, SchemaBuilder};
@@ -128,7 +127,7 @@ async fn job_access(
 ) -> async_graphql::Result<(Uuid, JobReach)> {
     let principal = principal(context)?;
     if principal == Principal::Admin && admin_names {
-        let tenant_id = ReportScope::single_tenant(&app(context).db, principal, named).await?;
+        let tenant_id = principal.report_tenant(&app(context).db, named).await?;
         return Ok((tenant_id, JobReach::All));
     }
     let (tenant_id, reach) = principal.job_access(scope)?;

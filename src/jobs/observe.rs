@@ -161,7 +161,7 @@ pub async fn stored_state(db: &DatabaseConnection) -> Result<StoredState, DbErr>
         tenants_low_credit: tenants::Entity::find()
             .filter(tenants::Column::GrantedNanos.gt(0))
             .filter(
-                crate::billing::ledger::available_column()
+                crate::billing::balance::available_column()
                     .mul(10)
                     .lt(Expr::col(tenants::Column::GrantedNanos)),
             )

@@ -3,7 +3,7 @@
 //! was committed. Whatever records a fact (a job's end, a balance alert, a batch's
 //! end) writes here; the webhooks dispatcher sends what is here.
 
-use crate::billing::Credits;
+use entity::Credits;
 use entity::{
     Timestamp, WebhookDeliveryStatus, WebhookEvent, job_labels, jobs, webhook_deliveries, webhooks,
 };

@@ -2,7 +2,8 @@
 //! ledger total against the rows that explain it.
 
 use super::report::{Invariant, Recorder, Subject, credits};
-use crate::billing::ledger::{self, Balance};
+use crate::billing::balance::Balance;
+use crate::billing::ledger;
 use entity::{ReservationStatus, charges, credit_grants, credit_reservations, tenants};
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{

@@ -8,7 +8,7 @@
 //! one, and its charge spend credit that had expired.
 
 use super::Credits;
-use crate::billing::ledger;
+use crate::billing::balance;
 use entity::{
     LedgerEntryKind, ReservationStatus, Timestamp, credit_grants, credit_reservations,
     hold_backings, ledger_entries, tenants,
@@ -299,7 +299,7 @@ pub(super) async fn settle(db: &impl ConnectionTrait, tenant_id: Uuid) -> Result
             grant_expired > 0,
             grants.get(&grant_id).and_then(|grant| grant.expires_at),
         ) {
-            entries.push(ledger::entry(
+            entries.push(balance::entry(
                 tenant_id,
                 (None, Some(grant_id)),
                 LedgerEntryKind::Expiry,

@@ -32,7 +32,7 @@
 mod backings;
 
 use super::Credits;
-use super::ledger::{self, Balance};
+use super::balance::{self, Balance};
 use crate::db::begin_write;
 use crate::error::ServiceError;
 use entity::{LedgerEntryKind, Timestamp, credit_grants, ledger_entries, tenants};
@@ -300,7 +300,7 @@ pub async fn expire_tenant(
             .await?;
         if lapse.expiring.is_positive() {
             // Dated at the expiry instant, however late the sweep came.
-            entries.push(ledger::entry(
+            entries.push(balance::entry(
                 tenant_id,
                 (None, Some(grant.id)),
                 LedgerEntryKind::Expiry,
@@ -367,7 +367,7 @@ pub async fn sweep(db: &DatabaseConnection, now: Timestamp) -> Result<Credits, D
             .column(tenants::Column::Id)
             .filter(tenants::Column::NextExpiryAt.is_not_null())
             .filter(tenants::Column::NextExpiryAt.lte(now))
-            .filter(ledger::available_column().gt(0))
+            .filter(balance::available_column().gt(0))
             .order_by_asc(tenants::Column::Id)
             .limit(SWEEP_PAGE);
         if let Some(after) = after {

@@ -5,6 +5,7 @@
 //! ledger always equals the cached balance. Callers pass the transaction in.
 
 use super::Credits;
+use super::balance::{Balance, append_entries, available_column, entry};
 use crate::db::bulk::{self, OnConflict};
 use crate::db::{WriteTransaction, begin_write};
 use crate::error::ServiceError;
@@ -23,43 +24,6 @@ mod settlement;
 
 pub use settlement::{Resolution, Settlement, release, resolve_holds, settle};
 
-/// A tenant's credits. `available = granted − expired − charged − held`, never below
-/// zero.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Balance {
-    pub granted: Credits,
-    pub held: Credits,
-    pub charged: Credits,
-    /// What left the balance because its grant expired.
-    pub expired: Credits,
-}
-
-impl Balance {
-    /// What new holds may still use.
-    pub fn available(&self) -> Credits {
-        self.granted - self.expired - self.charged - self.held
-    }
-}
-
-/// `granted − expired − charged − held` of the tenant row, in SQL.
-pub fn available_column() -> Expr {
-    Expr::col(tenants::Column::GrantedNanos)
-        .sub(Expr::col(tenants::Column::ExpiredNanos))
-        .sub(Expr::col(tenants::Column::ChargedNanos))
-        .sub(Expr::col(tenants::Column::HeldNanos))
-}
-
-impl From<&tenants::Model> for Balance {
-    fn from(tenant: &tenants::Model) -> Self {
-        Self {
-            granted: Credits::from_nanos(tenant.granted_nanos),
-            held: Credits::from_nanos(tenant.held_nanos),
-            charged: Credits::from_nanos(tenant.charged_nanos),
-            expired: Credits::from_nanos(tenant.expired_nanos),
-        }
-    }
-}
-
 /// A new grant of credits to a tenant.
 #[derive(Clone, Debug)]
 pub struct NewGrant {
@@ -76,7 +40,7 @@ pub struct NewGrant {
 ///
 /// An expiry must lie in the future, at most [`super::grant_expiry::MAX_LIFETIME_DAYS`]
 /// days ahead. Charges made so far are attributed to the earlier grants first, so
-/// the new grant starts whole (see [`super::expiry`]).
+/// the new grant starts whole (see [`super::grant_expiry`]).
 pub async fn grant(
     db: &impl ConnectionTrait,
     new: NewGrant,
@@ -333,43 +297,6 @@ async fn take_held(
 
 /// Most rows one multi-row insert carries: far below SQLite's bound on parameters.
 const INSERT_CHUNK: usize = 500;
-
-pub(super) fn entry(
-    tenant_id: Uuid,
-    (job_id, grant_id): (Option<Uuid>, Option<Uuid>),
-    kind: LedgerEntryKind,
-    amount: Credits,
-    now: Timestamp,
-) -> ledger_entries::ActiveModel {
-    ledger_entries::ActiveModel {
-        id: Set(Uuid::now_v7()),
-        tenant_id: Set(tenant_id),
-        kind: Set(kind),
-        amount_nanos: Set(amount.nanos()),
-        job_id: Set(job_id),
-        grant_id: Set(grant_id),
-        created_at: Set(now),
-    }
-}
-
-/// Appends one ledger entry per `(kind, amount)` of a tenant, all about the same
-/// `(job, grant)`, in one statement.
-async fn append_entries(
-    db: &impl ConnectionTrait,
-    tenant_id: Uuid,
-    subject: (Option<Uuid>, Option<Uuid>),
-    entries: impl IntoIterator<Item = (LedgerEntryKind, Credits)>,
-) -> Result<(), DbErr> {
-    let now = Timestamp::now();
-    let rows: Vec<_> = entries
-        .into_iter()
-        .map(|(kind, amount)| entry(tenant_id, subject, kind, amount, now))
-        .collect();
-    if !rows.is_empty() {
-        ledger_entries::Entity::insert_many(rows).exec(db).await?;
-    }
-    Ok(())
-}
 
 /// The credit holds of a tenant's jobs among `job_ids`, at most one per job. The tenant
 /// is part of the query, so another tenant's job id finds nothing.

@@ -2,8 +2,9 @@
 //! released whole — exactly once, with the ledger entries and cached balance that
 //! explain it.
 
-use super::{INSERT_CHUNK, entry};
+use super::INSERT_CHUNK;
 use crate::billing::Credits;
+use crate::billing::balance::entry;
 use crate::db::Values;
 use entity::{
     LedgerEntryKind, ReservationStatus, Timestamp, charges, credit_reservations, ledger_entries,

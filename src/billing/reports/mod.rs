@@ -22,10 +22,8 @@ pub use series::{
 pub use summary::{BillingSummary, ModelBilling, billing_summary};
 
 use super::Credits;
-use crate::accounts::{Principal, tenants};
 use crate::error::ServiceError;
 use entity::Timestamp;
-use sea_orm::ConnectionTrait;
 use uuid::Uuid;
 
 // The page a list report is asked for, parsed as every list parses it.
@@ -42,45 +40,6 @@ pub enum ReportScope {
 }
 
 impl ReportScope {
-    /// The scope `principal` may see when it asks for `requested` (a tenant id or none).
-    ///
-    /// A tenant sees itself: naming no tenant or its own id is the same, naming another
-    /// tenant is `Forbidden`. An admin sees the tenant it names (`NotFound` when there is
-    /// no such tenant), or every tenant when it names none.
-    pub async fn for_caller(
-        db: &impl ConnectionTrait,
-        principal: Principal,
-        requested: Option<Uuid>,
-    ) -> Result<Self, ServiceError> {
-        match (principal, requested) {
-            (Principal::Tenant { tenant_id }, None) => Ok(Self::Tenant(tenant_id)),
-            (Principal::Tenant { tenant_id }, Some(requested)) if requested == tenant_id => {
-                Ok(Self::Tenant(tenant_id))
-            }
-            (Principal::Tenant { .. } | Principal::Token(_), _) => Err(ServiceError::Forbidden),
-            (Principal::Admin, Some(requested)) => {
-                tenants::find_tenant(db, requested).await?;
-                Ok(Self::Tenant(requested))
-            }
-            (Principal::Admin, None) => Ok(Self::AllTenants),
-        }
-    }
-
-    /// The one tenant whose figures `principal` may see, as [`ReportScope::for_caller`] says,
-    /// for reports that cover a single tenant: an admin must name it.
-    pub async fn single_tenant(
-        db: &impl ConnectionTrait,
-        principal: Principal,
-        requested: Option<Uuid>,
-    ) -> Result<Uuid, ServiceError> {
-        match Self::for_caller(db, principal, requested).await? {
-            Self::Tenant(tenant_id) => Ok(tenant_id),
-            Self::AllTenants => Err(ServiceError::validation(
-                "tenantId is required for an admin",
-            )),
-        }
-    }
-
     fn tenant_id(self) -> Option<Uuid> {
         match self {
             Self::Tenant(tenant_id) => Some(tenant_id),

@@ -12,7 +12,8 @@ mod raw;
 
 use crate::billing::ChargingPolicy;
 use crate::billing::prices::{self, BatchRates, ConfiguredPrice, ListPrice, Rates};
-use crate::jobs::flow::RateLimit;
+use crate::jobs::flow::{FlowLimits, RateLimit};
+use crate::llm::ProviderRegistry;
 use crate::llm::routing::ModelPattern;
 use check::Checker;
 use entity::PriceOrigin;
@@ -141,6 +142,22 @@ impl ModelConfig {
 }
 
 impl ConfigFile {
+    /// The file's per-minute limits of providers and models; `routes` tells which
+    /// provider serves a model.
+    pub fn flow_limits(&self, routes: &ProviderRegistry) -> FlowLimits {
+        FlowLimits::new(
+            self.models
+                .iter()
+                .map(|(model, entry)| (model.clone(), entry.rate_limit))
+                .collect(),
+            self.providers
+                .iter()
+                .map(|(name, provider)| (name.clone(), provider.rate_limit))
+                .collect(),
+            routes.clone(),
+        )
+    }
+
     /// Reads and validates `path`; API keys come from the process environment.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {

@@ -1,7 +1,7 @@
 //! Accounts and tenants, with their credits.
 
 use super::{money, time};
-use crate::billing::ledger::Balance;
+use crate::billing::balance::Balance;
 use crate::error::ServiceError;
 use crate::graphql::scalars::Amount;
 use async_graphql::{ComplexObject, Context, SimpleObject};

@@ -24,7 +24,6 @@ pub mod storage;
 pub use admission::{Admission, Weighed};
 pub use bucket::Bucket;
 
-use crate::config::file::ConfigFile;
 use crate::llm::ProviderRegistry;
 use entity::Timestamp;
 use std::collections::BTreeMap;
@@ -157,24 +156,6 @@ impl FlowLimits {
             provider_counting: BTreeMap::new(),
             routes: None,
         }
-    }
-
-    /// The config file's per-minute limits of providers and models; `routes` tells
-    /// which provider serves a model.
-    pub fn from_config(config: &ConfigFile, routes: &ProviderRegistry) -> Self {
-        Self::new(
-            config
-                .models
-                .iter()
-                .map(|(model, entry)| (model.clone(), entry.rate_limit))
-                .collect(),
-            config
-                .providers
-                .iter()
-                .map(|(name, provider)| (name.clone(), provider.rate_limit))
-                .collect(),
-            routes.clone(),
-        )
     }
 
     /// Limits per model name and per provider name; `routes` tells which provider

@@ -14,7 +14,7 @@ use crate::jobs::budget::{self, Spent};
 use crate::jobs::events;
 use crate::jobs::lifecycle::{self, Transition};
 use crate::jobs::lifecycle::{AttemptReport, JobError, JobOutcome};
-use entity::{JsonText, Timestamp, attempts, jobs};
+use entity::{JobStatus, JsonText, Timestamp, attempts, jobs};
 use sea_orm::sea_query::Expr;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait};
 use std::collections::HashMap;
@@ -179,6 +179,8 @@ async fn write_jobs(
         ],
     );
     let at = values.bind(now);
+    // Bound from the enum, so the text cannot drift from the stored value.
+    let running = values.bind(JobStatus::Running);
     for (index, change, _) in changes {
         let claim = &ends[*index].claim;
         values.push([
@@ -220,7 +222,7 @@ async fn write_jobs(
             lease_until = NULL,
             updated_at = {at}
         FROM v
-        WHERE jobs.id = v.id AND jobs.run_token = v.run_token AND jobs.status = 'running'
+        WHERE jobs.id = v.id AND jobs.run_token = v.run_token AND jobs.status = {running}
         RETURNING {returning}"
     );
     Ok(jobs::Entity::find()

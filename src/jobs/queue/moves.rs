@@ -75,10 +75,12 @@ pub async fn move_off_paused_model(
         }
         if !values.is_empty() {
             let from = values.bind(model);
+            // Bound from the enum, so the text cannot drift from the stored value.
+            let queued = values.bind(JobStatus::Queued);
             let result = db
                 .execute_raw(values.statement(&format!(
                     "UPDATE jobs SET model = v.model FROM v
-                     WHERE jobs.id = v.id AND jobs.status = 'queued' AND jobs.model = {from}"
+                     WHERE jobs.id = v.id AND jobs.status = {queued} AND jobs.model = {from}"
                 )))
                 .await?;
             moved += result.rows_affected();

@@ -4,7 +4,8 @@
 use crate::helpers::{AppOptions, Backend, decimal, error_code, spawn_app_with};
 use crate::invariants::assert_billing_invariants;
 use entity::{LedgerEntryKind, Timestamp, jobs, ledger_entries};
-use jobledger::billing::ledger::{self, Balance};
+use jobledger::billing::balance::Balance;
+use jobledger::billing::ledger;
 use jobledger::billing::{Credits, prices};
 use jobledger::jobs::input::{JobRequest, NewJob};
 use rust_decimal::Decimal;

@@ -7,7 +7,8 @@ use entity::{
     JobStatus, ReservationStatus, attempts, charges, credit_reservations, jobs, ledger_entries,
 };
 use jobledger::billing::Credits;
-use jobledger::billing::ledger::{self, Balance};
+use jobledger::billing::balance::Balance;
+use jobledger::billing::ledger;
 use jobledger::jobs::budget::may_have_been_billed;
 use sea_orm::{EntityTrait, PaginatorTrait, QueryOrder};
 use std::collections::HashMap;
