@@ -30,6 +30,7 @@ on_both_backends!(
     a_provider_batch_of_forty_settles_every_item_once_anthropic,
     a_lost_upload_answer_is_found_again_not_sent_twice_openai,
     a_lost_upload_answer_is_found_again_not_sent_twice_anthropic,
+    a_lost_upload_is_told_from_a_foreign_batch_by_its_requests,
     cancel_charges_what_the_provider_finished,
     a_cancel_after_the_provider_finished_charges_its_results,
     an_unreadable_provider_batch_ends_with_the_unknown_bound,
@@ -418,7 +419,14 @@ async fn a_provider_batch_of_forty_settles_every_item_once_anthropic(backend: Ba
 /// recorded (the row is put back to `uploading` without the provider's id, as a
 /// crash between the two leaves it): the next process finds the upload at the
 /// provider and settles it, and the provider holds one batch for those items.
-async fn a_lost_upload_answer_is_found_again_not_sent_twice(backend: Backend, shape: Shape) {
+///
+/// With `foreign`, someone else using the key created a batch of one request at the
+/// same time: the upload is told apart by its number of requests.
+async fn a_lost_upload_answer_is_found_again_not_sent_twice(
+    backend: Backend,
+    shape: Shape,
+    foreign: bool,
+) {
     let Setup {
         app,
         tenant,
@@ -435,7 +443,19 @@ async fn a_lost_upload_answer_is_found_again_not_sent_twice(backend: Backend, sh
     .await;
     let row = rows[0].clone();
     let db = app.app.db.clone();
+    let simulator = simulator_address(&app);
     let lost = async move {
+        if foreign {
+            let created = reqwest::Client::new()
+                .post(format!("http://{simulator}/v1/messages/batches"))
+                .json(&json!({"requests": [{"custom_id": "someone-else",
+                    "params": {"model": "claude-haiku-4-5", "max_tokens": 5,
+                        "messages": [{"role": "user", "content": "not ours [mock:status=400]"}]}}]}))
+                .send()
+                .await
+                .unwrap();
+            assert!(created.status().is_success());
+        }
         provider_batches::Entity::update_many()
             .col_expr(
                 provider_batches::Column::State,
@@ -470,7 +490,11 @@ async fn a_lost_upload_answer_is_found_again_not_sent_twice(backend: Backend, sh
         .await;
     let finished = wait_until_finished(&app, &tenant, id, Duration::from_secs(60)).await;
     assert_eq!(finished["counts"]["succeeded"], 10, "{finished}");
-    let listed = mock_batches(&app).await;
+    let listed: Vec<Value> = mock_batches(&app)
+        .await
+        .into_iter()
+        .filter(|listed| listed["requests"] == 10)
+        .collect();
     assert_eq!(
         listed.len(),
         1,
@@ -487,11 +511,15 @@ async fn a_lost_upload_answer_is_found_again_not_sent_twice(backend: Backend, sh
 }
 
 async fn a_lost_upload_answer_is_found_again_not_sent_twice_openai(backend: Backend) {
-    a_lost_upload_answer_is_found_again_not_sent_twice(backend, Shape::OpenAi).await;
+    a_lost_upload_answer_is_found_again_not_sent_twice(backend, Shape::OpenAi, false).await;
 }
 
 async fn a_lost_upload_answer_is_found_again_not_sent_twice_anthropic(backend: Backend) {
-    a_lost_upload_answer_is_found_again_not_sent_twice(backend, Shape::Anthropic).await;
+    a_lost_upload_answer_is_found_again_not_sent_twice(backend, Shape::Anthropic, false).await;
+}
+
+async fn a_lost_upload_is_told_from_a_foreign_batch_by_its_requests(backend: Backend) {
+    a_lost_upload_answer_is_found_again_not_sent_twice(backend, Shape::Anthropic, true).await;
 }
 
 /// `cancelBatch` while the provider batch runs: the provider is asked to cancel, what

@@ -307,7 +307,10 @@ async fn record_submitted(
         .col_expr(provider_batches::Column::Polls, Expr::value(0))
         .col_expr(
             provider_batches::Column::NextPollAt,
-            Expr::value(after(submitter.settings.poll)),
+            Expr::value(next_poll(
+                submitter,
+                earliest_deadline(submitter, row).await?,
+            )),
         );
     let recorded = rows::write(&submitter.db, update).await?.is_some();
     if recorded {
@@ -341,7 +344,10 @@ async fn recover(
         .into_iter()
         .flatten()
         .collect();
-    match api.find(row.id, since, &known).await {
+    // What the upload sent: the row's attempts still running, none of which can have
+    // been settled before the row was submitted.
+    let items = items(submitter, row).await?;
+    match api.find(row.id, since, &known, items.len()).await {
         Ok(Found::Batch(remote)) => {
             tracing::warn!(provider_batch.id = %row.id, provider_batch = %remote.id, "found the upload again after it was lost");
             record_submitted(submitter, row, token, &remote, None)
@@ -354,7 +360,6 @@ async fn recover(
         }
         Ok(Found::Nothing) => {
             tracing::warn!(provider_batch.id = %row.id, "the provider has nothing of the upload; uploading again");
-            let items = items(submitter, row).await?;
             if items.is_empty() {
                 return finish_row(submitter, row, token, ProviderBatchState::Abandoned).await;
             }

@@ -31,6 +31,29 @@ struct BatchObject {
     processing_status: String,
     created_at: DateTime<Utc>,
     results_url: Option<String>,
+    #[serde(default)]
+    request_counts: Option<RequestCounts>,
+}
+
+/// How many of a batch's requests are in each state: together, how many it holds.
+#[derive(Clone, Copy, Deserialize)]
+struct RequestCounts {
+    #[serde(default)]
+    processing: u64,
+    #[serde(default)]
+    succeeded: u64,
+    #[serde(default)]
+    errored: u64,
+    #[serde(default)]
+    canceled: u64,
+    #[serde(default)]
+    expired: u64,
+}
+
+impl RequestCounts {
+    fn total(self) -> u64 {
+        self.processing + self.succeeded + self.errored + self.canceled + self.expired
+    }
 }
 
 #[derive(Deserialize)]
@@ -133,6 +156,7 @@ impl BatchApi for AnthropicClient {
         _ours: Uuid,
         since: DateTime<Utc>,
         known: &HashSet<String>,
+        requests: usize,
     ) -> Result<Found, ProviderError> {
         let mut after: Option<String> = None;
         let mut candidates = Vec::new();
@@ -152,7 +176,8 @@ impl BatchApi for AnthropicClient {
                     continue;
                 }
                 if !known.contains(&object.id) {
-                    candidates.push(remote(object));
+                    let total = object.request_counts.map(RequestCounts::total);
+                    candidates.push((total, remote(object)));
                 }
             }
             match page.last_id {
@@ -160,12 +185,16 @@ impl BatchApi for AnthropicClient {
                 _ => break,
             }
         }
+        // Someone else creates batches with our key: ours is then the one holding as
+        // many requests as the upload did, if only one does.
+        if candidates.len() > 1 {
+            candidates.retain(|(total, _)| *total == Some(requests as u64));
+        }
         match candidates.len() {
             0 => Ok(Found::Nothing),
-            1 => Ok(Found::Batch(candidates.remove(0))),
-            // Someone else creates batches with our key: which one is ours cannot be
-            // told before their results, so the upload stays unfound (and its items'
-            // bounds held) rather than be guessed.
+            1 => Ok(Found::Batch(candidates.remove(0).1)),
+            // Which one is ours cannot be told before their results, so the upload
+            // stays unfound (and its items' bounds held) rather than be guessed.
             many => Err(unreadable(
                 "more than one message batch nobody recorded since the upload began",
                 &many,

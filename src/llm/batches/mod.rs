@@ -139,12 +139,14 @@ pub trait BatchApi: Send + Sync {
     /// provider's batches. `known` holds the batches some other upload of ours
     /// recorded already: with Anthropic, whose batches carry nothing of ours, the one
     /// batch created since that nobody recorded is it (at most one upload of a
-    /// provider is in flight at a time).
+    /// provider is in flight at a time); among several, the one alone in holding
+    /// `requests` requests, as many as the upload sent.
     async fn find(
         &self,
         ours: Uuid,
         since: DateTime<Utc>,
         known: &HashSet<String>,
+        requests: usize,
     ) -> Result<Found, ProviderError>;
 
     /// The batch as the provider reports it now.

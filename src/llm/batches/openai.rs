@@ -243,6 +243,7 @@ impl BatchApi for OpenAiClient {
         ours: Uuid,
         since: DateTime<Utc>,
         _known: &HashSet<String>,
+        _requests: usize,
     ) -> Result<Found, ProviderError> {
         let mut after: Option<String> = None;
         loop {
