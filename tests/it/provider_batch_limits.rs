@@ -7,31 +7,18 @@
 use crate::batches::{add_items, wait_until_finished};
 use crate::helpers::Backend;
 use crate::provider_batches::{
-    Setup, Shape, assert_settled_once, attempts_of, close, items_of, mock_batches, rows_of, setup,
-    wait_for_rows,
+    Setup, Shape, assert_settled_once, attempts_of, close, create_batch_of, items_of, mock_batches,
+    rows_of, setup, wait_for_rows,
 };
 use entity::{AttemptOutcome, JobErrorCode, JobStatus, ProviderBatchState};
 use serde_json::{Value, json};
 use std::collections::HashSet;
 use std::time::Duration;
-use uuid::Uuid;
 
 on_both_backends!(
     a_request_rate_limited_in_every_provider_batch_fails_by_its_attempts,
     a_deadline_passing_at_the_provider_cancels_the_provider_batch,
 );
-
-async fn create(app: &crate::helpers::TestApp, key: &str, input: Value) -> Uuid {
-    let response = app
-        .operation(Some(key), "CreateBatch", json!({"input": input}))
-        .await;
-    assert!(response["errors"].is_null(), "{response}");
-    response["data"]["createBatch"]["batch"]["id"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap()
-}
 
 fn item(n: usize, directive: &str) -> Value {
     json!({"customId": format!("doc-{n}"),
@@ -48,7 +35,7 @@ async fn a_request_rate_limited_in_every_provider_batch_fails_by_its_attempts(ba
         Duration::from_secs(3600),
     )
     .await;
-    let id = create(
+    let id = create_batch_of(
         &app,
         &tenant.key,
         json!({"idempotencyKey": "pb-429", "mode": "PROVIDER_BATCH", "model": shape.model(),
@@ -101,7 +88,7 @@ async fn a_deadline_passing_at_the_provider_cancels_the_provider_batch(backend: 
     let Setup { app, tenant, .. } =
         setup(backend, Duration::from_secs(40), Duration::from_secs(3600)).await;
     let deadline = chrono::Utc::now() + chrono::Duration::seconds(6);
-    let id = create(
+    let id = create_batch_of(
         &app,
         &tenant.key,
         json!({"idempotencyKey": "pb-deadline", "mode": "PROVIDER_BATCH", "model": shape.model(),

@@ -153,8 +153,13 @@ pub(crate) async fn create_provider_batch(
 ) -> Uuid {
     let input = json!({"idempotencyKey": format!("pb-{}", shape.model()), "mode": "PROVIDER_BATCH",
         "model": shape.model(), "maxOutputTokens": 50});
+    create_batch_of(app, &tenant.key, input).await
+}
+
+/// `CreateBatch` with `input`, which must succeed; the batch's id.
+pub(crate) async fn create_batch_of(app: &TestApp, key: &str, input: Value) -> Uuid {
     let response = app
-        .operation(Some(&tenant.key), "CreateBatch", json!({"input": input}))
+        .operation(Some(key), "CreateBatch", json!({"input": input}))
         .await;
     assert!(response["errors"].is_null(), "{response}");
     response["data"]["createBatch"]["batch"]["id"]
