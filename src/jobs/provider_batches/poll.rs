@@ -346,8 +346,8 @@ async fn recover(
         .collect();
     // What the upload sent: the row's attempts still running, none of which can have
     // been settled before the row was submitted.
-    let items = items(submitter, row).await?;
-    match api.find(row.id, since, &known, items.len()).await {
+    let sent = settle::running_count(submitter, row).await?;
+    match api.find(row.id, since, &known, sent).await {
         Ok(Found::Batch(remote)) => {
             tracing::warn!(provider_batch.id = %row.id, provider_batch = %remote.id, "found the upload again after it was lost");
             record_submitted(submitter, row, token, &remote, None)
@@ -360,6 +360,7 @@ async fn recover(
         }
         Ok(Found::Nothing) => {
             tracing::warn!(provider_batch.id = %row.id, "the provider has nothing of the upload; uploading again");
+            let items = items(submitter, row).await?;
             if items.is_empty() {
                 return finish_row(submitter, row, token, ProviderBatchState::Abandoned).await;
             }

@@ -12,7 +12,9 @@ use crate::jobs::worker::{CallEnd, judge_batch_request};
 use crate::llm::batches::ItemResult;
 use crate::llm::{Completion, ProviderError};
 use entity::{AttemptOutcome, Timestamp, attempts, jobs, model_prices, provider_batches};
-use sea_orm::{ColumnTrait, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use sea_orm::{
+    ColumnTrait, DbErr, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect,
+};
 use std::collections::HashMap;
 use std::time::Duration;
 use uuid::Uuid;
@@ -183,6 +185,19 @@ pub(super) async fn settle_all_running(
         let answers = ids.into_iter().map(|id| (id, answer())).collect();
         settled += settle(submitter, row, answers).await?;
     }
+}
+
+/// How many attempts of `row` still run.
+pub(super) async fn running_count(
+    submitter: &Submitter,
+    row: &provider_batches::Model,
+) -> Result<usize, DbErr> {
+    let count = attempts::Entity::find()
+        .filter(attempts::Column::ProviderBatchId.eq(row.id))
+        .filter(attempts::Column::Outcome.eq(AttemptOutcome::Running))
+        .count(&submitter.db)
+        .await?;
+    Ok(usize::try_from(count).unwrap_or(usize::MAX))
 }
 
 /// Whether any attempt of `row` still runs.
