@@ -42,6 +42,14 @@ pub struct Model {
     pub uploading_at: Option<Timestamp>,
     pub submitted_at: Option<Timestamp>,
     pub ended_at: Option<Timestamp>,
+    /// Whether `provider_batch_id` is known to be its own: named by its upload's
+    /// answer, or by our id in OpenAI's metadata. An Anthropic batch found after a lost
+    /// answer carries nothing of ours until its results do: it is a candidate, neither
+    /// cancelled nor settled as ours before its results name the row's attempts.
+    pub attributed: bool,
+    /// Provider batches its searches found whose results named none of its attempts:
+    /// a JSON array of provider ids, left out of its next search.
+    pub ruled_out: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -55,6 +55,7 @@ mod properties;
 mod protocol_model;
 mod provider_batch_crash;
 mod provider_batch_limits;
+mod provider_batch_search;
 mod provider_batch_upkeep;
 mod provider_batch_view;
 mod provider_batches;

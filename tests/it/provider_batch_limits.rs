@@ -6,9 +6,10 @@
 
 use crate::batches::{add_items, wait_until_finished};
 use crate::helpers::Backend;
+use crate::helpers::{RunningSimulator, spawn_app_beside};
 use crate::provider_batches::{
-    Setup, Shape, assert_settled_once, attempts_of, close, create_batch_of, items_of, mock_batches,
-    rows_of, setup, wait_for_rows,
+    Setup, Shape, assert_settled_once, attempts_of, close, config, create_batch_of, items_of,
+    mock_batches, options, rows_of, setup, unreachable_config, wait_for_rows,
 };
 use entity::{AttemptOutcome, JobErrorCode, JobStatus, ProviderBatchState};
 use serde_json::{Value, json};
@@ -18,6 +19,7 @@ use std::time::Duration;
 on_both_backends!(
     a_request_rate_limited_in_every_provider_batch_fails_by_its_attempts,
     a_deadline_passing_at_the_provider_cancels_the_provider_batch,
+    a_deadline_passing_before_the_upload_fails_its_items_unsent,
 );
 
 fn item(n: usize, directive: &str) -> Value {
@@ -123,6 +125,57 @@ async fn a_deadline_passing_at_the_provider_cancels_the_provider_batch(backend: 
     assert_eq!(rows.len(), 1, "not sent again: {rows:?}");
     assert!(rows[0].cancel_sent, "{rows:?}");
     assert_eq!(mock_batches(&app).await[0]["status"], "ended");
+    assert_settled_once(&app, id, shape).await;
+    assert_eq!(
+        crate::helpers::decimal(&app.balance(&tenant).await["charged"]),
+        rust_decimal::Decimal::ZERO
+    );
+}
+
+/// The deadline passes while the provider batch is still to be sent (here: the
+/// provider cannot be reached, so each try goes back to `preparing`): the items fail
+/// `DEADLINE_EXCEEDED` at the next try, nothing of them is ever sent, nothing charged.
+async fn a_deadline_passing_before_the_upload_fails_its_items_unsent(backend: Backend) {
+    let shape = Shape::Anthropic;
+    let simulator = RunningSimulator::start().await;
+    let folder = tempfile::tempdir().unwrap();
+    let unreachable = unreachable_config(&config(folder.path(), &simulator), &simulator);
+    let hour = Duration::from_secs(3600);
+    let poll = Duration::from_secs(1);
+    let app = spawn_app_beside(backend, simulator, options(&unreachable, hour, poll)).await;
+    let tenant = app.funded_tenant("acme", "100").await;
+    let deadline = chrono::Utc::now() + chrono::Duration::seconds(4);
+    let id = create_batch_of(
+        &app,
+        &tenant.key,
+        json!({"idempotencyKey": "pb-late", "mode": "PROVIDER_BATCH", "model": shape.model(),
+            "maxOutputTokens": 50, "deadline": deadline.to_rfc3339()}),
+    )
+    .await;
+    let items: Vec<Value> = (0..3).map(|n| item(n, "")).collect();
+    assert!(add_items(&app, &tenant, id, &items).await["errors"].is_null());
+    close(&app, &tenant, id).await;
+    wait_for_rows(&app, id, |rows| {
+        rows.iter().any(|row| row.last_error.is_some())
+    })
+    .await;
+    let finished = wait_until_finished(&app, &tenant, id, Duration::from_secs(30)).await;
+    assert_eq!(finished["counts"]["failed"], 3, "{finished}");
+    for item in items_of(&app, id).await {
+        assert_eq!(
+            item.error_code,
+            Some(JobErrorCode::DeadlineExceeded),
+            "{item:?}"
+        );
+    }
+    // The row ends just after its items.
+    let rows = wait_for_rows(&app, id, |rows| {
+        rows.iter()
+            .all(|row| row.state == ProviderBatchState::Abandoned)
+    })
+    .await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(mock_batches(&app).await.is_empty());
     assert_settled_once(&app, id, shape).await;
     assert_eq!(
         crate::helpers::decimal(&app.balance(&tenant).await["charged"]),

@@ -3,8 +3,7 @@
 //! the Anthropic provider): nothing goes out before `closeBatch`; every item is
 //! settled once from the provider's results at half the realtime cost; an errored
 //! request fails its item unbilled, an expired one goes out again in the next
-//! provider batch; an upload whose answer was lost is found again, not sent twice;
-//! a cancel charges what the provider finished; a provider that cannot be read gives
+//! provider batch; a cancel charges what the provider finished; a provider that cannot be read gives
 //! its items the unknown-outcome bound.
 
 use crate::batches::{add_items, batch, wait_until_finished};
@@ -28,9 +27,6 @@ use uuid::Uuid;
 on_both_backends!(
     a_provider_batch_of_forty_settles_every_item_once_openai,
     a_provider_batch_of_forty_settles_every_item_once_anthropic,
-    a_lost_upload_answer_is_found_again_not_sent_twice_openai,
-    a_lost_upload_answer_is_found_again_not_sent_twice_anthropic,
-    a_lost_upload_is_told_from_a_foreign_batch_by_its_requests,
     cancel_charges_what_the_provider_finished,
     a_cancel_after_the_provider_finished_charges_its_results,
     an_unreadable_provider_batch_ends_with_the_unknown_bound,
@@ -66,7 +62,7 @@ const LIST: (i64, i64) = (1, 2);
 
 /// A config file routing `sim-oai` to the simulator as an OpenAI-compatible provider
 /// and `sim-ant` to it as an Anthropic provider, both with batch prices at half.
-fn config(folder: &std::path::Path, simulator: &RunningSimulator) -> std::path::PathBuf {
+pub(crate) fn config(folder: &std::path::Path, simulator: &RunningSimulator) -> std::path::PathBuf {
     let path = folder.join("jobledger.toml");
     let text = format!(
         r#"
@@ -95,8 +91,28 @@ fn config(folder: &std::path::Path, simulator: &RunningSimulator) -> std::path::
     path
 }
 
+/// `reachable` with the simulator's address replaced by one nothing listens on: a
+/// process started with it sends nothing to the provider.
+pub(crate) fn unreachable_config(
+    reachable: &std::path::Path,
+    simulator: &RunningSimulator,
+) -> std::path::PathBuf {
+    let path = reachable.with_file_name("unreachable.toml");
+    let text = std::fs::read_to_string(reachable).unwrap();
+    std::fs::write(
+        &path,
+        text.replace(&simulator.address.to_string(), "127.0.0.1:9"),
+    )
+    .unwrap();
+    path
+}
+
 /// Polls every `poll`, and gives a batch up as unknown after `unknown_after`.
-fn options(config: &std::path::Path, unknown_after: Duration, poll: Duration) -> AppOptions {
+pub(crate) fn options(
+    config: &std::path::Path,
+    unknown_after: Duration,
+    poll: Duration,
+) -> AppOptions {
     AppOptions {
         config_file: Some(config.to_owned()),
         operations: OperationsSettings {
@@ -418,113 +434,6 @@ async fn a_provider_batch_of_forty_settles_every_item_once_openai(backend: Backe
 
 async fn a_provider_batch_of_forty_settles_every_item_once_anthropic(backend: Backend) {
     a_provider_batch_of_forty_settles_every_item_once(backend, Shape::Anthropic).await;
-}
-
-/// The process stops after the provider took the batch, and before the answer was
-/// recorded (the row is put back to `uploading` without the provider's id, as a
-/// crash between the two leaves it): the next process finds the upload at the
-/// provider and settles it, and the provider holds one batch for those items.
-///
-/// With `foreign`, someone else using the key created a batch of one request at the
-/// same time: the upload is told apart by its number of requests.
-async fn a_lost_upload_answer_is_found_again_not_sent_twice(
-    backend: Backend,
-    shape: Shape,
-    foreign: bool,
-) {
-    let Setup {
-        app,
-        tenant,
-        config,
-        _folder,
-    } = setup(backend, Duration::from_secs(3), Duration::from_secs(3600)).await;
-    let id = create_provider_batch(&app, &tenant, shape).await;
-    assert!(add_items(&app, &tenant, id, &items(10, false)).await["errors"].is_null());
-    close(&app, &tenant, id).await;
-    let rows = wait_for_rows(&app, id, |rows| {
-        rows.iter()
-            .any(|row| row.state == ProviderBatchState::Submitted)
-    })
-    .await;
-    let row = rows[0].clone();
-    let db = app.app.db.clone();
-    let simulator = simulator_address(&app);
-    let lost = async move {
-        if foreign {
-            let created = reqwest::Client::new()
-                .post(format!("http://{simulator}/v1/messages/batches"))
-                .json(&json!({"requests": [{"custom_id": "someone-else",
-                    "params": {"model": "claude-haiku-4-5", "max_tokens": 5,
-                        "messages": [{"role": "user", "content": "not ours [mock:status=400]"}]}}]}))
-                .send()
-                .await
-                .unwrap();
-            assert!(created.status().is_success());
-        }
-        provider_batches::Entity::update_many()
-            .col_expr(
-                provider_batches::Column::State,
-                sea_orm::sea_query::Expr::value(ProviderBatchState::Uploading),
-            )
-            .col_expr(
-                provider_batches::Column::ProviderBatchId,
-                sea_orm::sea_query::Expr::value(Option::<String>::None),
-            )
-            .col_expr(
-                provider_batches::Column::InputFileId,
-                sea_orm::sea_query::Expr::value(Option::<String>::None),
-            )
-            .col_expr(
-                provider_batches::Column::RunToken,
-                sea_orm::sea_query::Expr::value(Option::<Uuid>::None),
-            )
-            .col_expr(
-                provider_batches::Column::LeaseUntil,
-                sea_orm::sea_query::Expr::value(Option::<entity::Timestamp>::None),
-            )
-            .filter(provider_batches::Column::Id.eq(row.id))
-            .exec(&db)
-            .await
-            .unwrap();
-    };
-    let app = app
-        .restart_after(
-            options(&config, Duration::from_secs(3600), Duration::from_secs(1)),
-            lost,
-        )
-        .await;
-    let finished = wait_until_finished(&app, &tenant, id, Duration::from_secs(60)).await;
-    assert_eq!(finished["counts"]["succeeded"], 10, "{finished}");
-    let listed: Vec<Value> = mock_batches(&app)
-        .await
-        .into_iter()
-        .filter(|listed| listed["requests"] == 10)
-        .collect();
-    assert_eq!(
-        listed.len(),
-        1,
-        "one provider batch for the items: {listed:?}"
-    );
-    let rows = rows_of(&app, id).await;
-    assert_eq!(rows.len(), 1);
-    assert_eq!(
-        rows[0].provider_batch_id.as_deref(),
-        listed[0]["id"].as_str()
-    );
-    let attempts = assert_settled_once(&app, id, shape).await;
-    assert_eq!(attempts.len(), 10, "each item billed once");
-}
-
-async fn a_lost_upload_answer_is_found_again_not_sent_twice_openai(backend: Backend) {
-    a_lost_upload_answer_is_found_again_not_sent_twice(backend, Shape::OpenAi, false).await;
-}
-
-async fn a_lost_upload_answer_is_found_again_not_sent_twice_anthropic(backend: Backend) {
-    a_lost_upload_answer_is_found_again_not_sent_twice(backend, Shape::Anthropic, false).await;
-}
-
-async fn a_lost_upload_is_told_from_a_foreign_batch_by_its_requests(backend: Backend) {
-    a_lost_upload_answer_is_found_again_not_sent_twice(backend, Shape::Anthropic, true).await;
 }
 
 /// `cancelBatch` while the provider batch runs: the provider is asked to cancel, what

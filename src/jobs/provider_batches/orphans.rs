@@ -40,6 +40,9 @@ pub(super) fn verdict(row: Option<&provider_batches::Model>, created: &str) -> V
     };
     match row.provider_batch_id.as_deref() {
         Some(recorded) if recorded == created => Verdict::Recorded,
+        // A candidate's results have yet to show whose it is; ruled out, the row
+        // searches again and finds this one.
+        Some(_) if !row.attributed => Verdict::Wait,
         Some(_) => Verdict::Cancel,
         None if row.state == ProviderBatchState::Uploading => Verdict::Wait,
         // `preparing` again: its next upload makes a new batch without searching.
@@ -126,6 +129,15 @@ mod tests {
             uploading_at: None,
             submitted_at: None,
             ended_at: None,
+            attributed: true,
+            ruled_out: None,
+        }
+    }
+
+    fn candidate(recorded: &str) -> provider_batches::Model {
+        provider_batches::Model {
+            attributed: false,
+            ..row(ProviderBatchState::Submitted, Some(recorded))
         }
     }
 
@@ -136,6 +148,8 @@ mod tests {
             (Some(row(Submitted, Some("b-1"))), Verdict::Recorded),
             (Some(row(Ended, Some("b-1"))), Verdict::Recorded),
             (Some(row(Submitted, Some("b-2"))), Verdict::Cancel),
+            (Some(candidate("b-1")), Verdict::Recorded),
+            (Some(candidate("b-2")), Verdict::Wait),
             (Some(row(Settled, Some("b-2"))), Verdict::Cancel),
             (Some(row(Uploading, None)), Verdict::Wait),
             (Some(row(Preparing, None)), Verdict::Cancel),

@@ -6,7 +6,9 @@ use super::submit::{chat_request, custom_id};
 use super::{Submitter, orphans, rows};
 use crate::backoff::{Backoff, Jitter};
 use crate::jobs::input::JobInput;
-use crate::llm::batches::{BatchItem, Found, RemoteBatch, RemoteState};
+use crate::llm::batches::{
+    BatchItem, Found, RemoteBatch, RemoteState, ResultLine, created_nothing,
+};
 use crate::llm::{Provider, ProviderError};
 use entity::{
     AttemptOutcome, JobStatus, ProviderBatchState, Timestamp, attempts, batches, jobs,
@@ -77,7 +79,7 @@ async fn advance(
     match row.state {
         ProviderBatchState::Preparing if cancelled => abandon(submitter, row, token).await,
         ProviderBatchState::Preparing => upload(submitter, row, token, &provider).await,
-        ProviderBatchState::Uploading => recover(submitter, row, token, &provider).await,
+        ProviderBatchState::Uploading => recover(submitter, row, token, &provider, cancelled).await,
         ProviderBatchState::Submitted | ProviderBatchState::Cancelling => {
             poll(submitter, row, token, &provider, cancelled).await
         }
@@ -153,9 +155,13 @@ pub(super) async fn upload(
     provider: &Arc<dyn Provider>,
 ) -> Result<(), DbErr> {
     let api = provider.batch_api().expect("a provider with a batch API");
+    let late = settle::settle_past_deadline(submitter, row).await?;
+    if late > 0 {
+        tracing::info!(provider_batch.id = %row.id, items = late, "items whose deadlines passed before their provider batch was sent end unsent");
+    }
     let items = items(submitter, row).await?;
     if items.is_empty() {
-        // Every attempt was settled (a cancel) before anything was sent.
+        // Every attempt was settled (a cancel, deadlines) before anything was sent.
         return finish_row(submitter, row, token, ProviderBatchState::Abandoned).await;
     }
     let encoded: Vec<Vec<u8>> = items.iter().map(|item| api.encode(item)).collect();
@@ -213,12 +219,14 @@ async fn send(
     .await;
     match answer {
         Ok(submitted) => {
+            // The provider named it in answer to our create: it is ours.
             let recorded = record_submitted(
                 submitter,
                 row,
                 token,
                 &submitted.batch,
                 submitted.input_file_id,
+                true,
             )
             .await?;
             if !recorded {
@@ -228,8 +236,8 @@ async fn send(
             }
             Ok(())
         }
-        // Nothing reached the provider: back to preparing, uploaded again later.
-        Err(error @ ProviderError::NotSent { .. }) => {
+        // Nothing was created at the provider: back to preparing, uploaded again later.
+        Err(error) if created_nothing(&error) => {
             let back = fenced(submitter, row, token)
                 .col_expr(
                     provider_batches::Column::State,
@@ -283,8 +291,16 @@ async fn record_submitted(
     token: Uuid,
     remote: &RemoteBatch,
     input_file_id: Option<String>,
+    attributed: bool,
 ) -> Result<bool, DbErr> {
     let now = Timestamp::now();
+    // A candidate is polled at the poll interval only: it is not cancelled when a
+    // deadline passes, so reading it at the deadline would change nothing.
+    let deadline = if attributed {
+        earliest_deadline(submitter, row).await?
+    } else {
+        None
+    };
     let update = fenced(submitter, row, token)
         .col_expr(
             provider_batches::Column::State,
@@ -298,6 +314,10 @@ async fn record_submitted(
             provider_batches::Column::InputFileId,
             Expr::value(input_file_id.or_else(|| row.input_file_id.clone())),
         )
+        .col_expr(
+            provider_batches::Column::Attributed,
+            Expr::value(attributed),
+        )
         .col_expr(provider_batches::Column::SubmittedAt, Expr::value(now))
         .col_expr(provider_batches::Column::LastReadAt, Expr::value(now))
         .col_expr(
@@ -307,10 +327,7 @@ async fn record_submitted(
         .col_expr(provider_batches::Column::Polls, Expr::value(0))
         .col_expr(
             provider_batches::Column::NextPollAt,
-            Expr::value(next_poll(
-                submitter,
-                earliest_deadline(submitter, row).await?,
-            )),
+            Expr::value(next_poll(submitter, deadline)),
         );
     let recorded = rows::write(&submitter.db, update).await?.is_some();
     if recorded {
@@ -326,13 +343,14 @@ async fn recover(
     row: &provider_batches::Model,
     token: Uuid,
     provider: &Arc<dyn Provider>,
+    cancelled: bool,
 ) -> Result<(), DbErr> {
     let api = provider.batch_api().expect("a provider with a batch API");
     let began = row.uploading_at.unwrap_or(row.created_at);
     let since = began.to_datetime() - SEARCH_SLACK;
     // The provider's batches some row of ours recorded: one created since the upload
     // began was recorded since, too.
-    let known: HashSet<String> = provider_batches::Entity::find()
+    let mut known: HashSet<String> = provider_batches::Entity::find()
         .select_only()
         .column(provider_batches::Column::ProviderBatchId)
         .filter(provider_batches::Column::Provider.eq(&row.provider))
@@ -344,15 +362,26 @@ async fn recover(
         .into_iter()
         .flatten()
         .collect();
+    known.extend(ruled_out(row));
     // What the upload sent: the row's attempts still running, none of which can have
     // been settled before the row was submitted.
     let sent = settle::running_count(submitter, row).await?;
     match api.find(row.id, since, &known, sent).await {
         Ok(Found::Batch(remote)) => {
-            tracing::warn!(provider_batch.id = %row.id, provider_batch = %remote.id, "found the upload again after it was lost");
-            record_submitted(submitter, row, token, &remote, None)
+            let attributed = remote.ours == Some(row.id);
+            if attributed {
+                tracing::warn!(provider_batch.id = %row.id, provider_batch = %remote.id, "found the upload again after it was lost");
+            } else {
+                tracing::warn!(provider_batch.id = %row.id, provider_batch = %remote.id, "found a provider batch that may be the lost upload; its results will tell");
+            }
+            record_submitted(submitter, row, token, &remote, None, attributed)
                 .await
                 .map(drop)
+        }
+        // Nothing of the upload was made (or only OpenAI's input file, which bills
+        // nothing): the cancelled batch's items end here, unsent.
+        Ok(Found::InputFile(_) | Found::Nothing) if cancelled => {
+            abandon(submitter, row, token).await
         }
         Ok(Found::InputFile(file)) => {
             tracing::warn!(provider_batch.id = %row.id, file = %file, "found the input file without its batch; creating the batch from it");
@@ -360,6 +389,7 @@ async fn recover(
         }
         Ok(Found::Nothing) => {
             tracing::warn!(provider_batch.id = %row.id, "the provider has nothing of the upload; uploading again");
+            settle::settle_past_deadline(submitter, row).await?;
             let items = items(submitter, row).await?;
             if items.is_empty() {
                 return finish_row(submitter, row, token, ProviderBatchState::Abandoned).await;
@@ -384,9 +414,19 @@ async fn poll(
     let Some(id) = row.provider_batch_id.clone() else {
         return Ok(());
     };
-    let deadline = earliest_deadline(submitter, row).await?;
+    // A candidate may be someone else's batch: it is never cancelled, and its
+    // deadlines do not make it read sooner. If it is ours, the provider runs it whole
+    // and what it finished is charged.
+    let deadline = if row.attributed {
+        earliest_deadline(submitter, row).await?
+    } else {
+        None
+    };
     let past_deadline = deadline.is_some_and(|deadline| deadline <= Timestamp::now());
-    if (cancelled || past_deadline) && !row.cancel_sent {
+    if cancelled && !row.attributed && !row.cancel_sent {
+        tracing::warn!(provider_batch.id = %row.id, provider_batch = %id, "the batch was cancelled while its provider batch is a candidate not known to be ours; it is not cancelled at the provider");
+    }
+    if (cancelled || past_deadline) && row.attributed && !row.cancel_sent {
         if past_deadline && !cancelled {
             // A request the provider has not run by then would finish too late: what
             // it finished before the cancel is charged and kept, the rest comes back
@@ -504,10 +544,33 @@ async fn settle_results(
         Ok(lines) => lines,
         Err(error) => return unreadable(submitter, row, token, &error).await,
     };
+    // A candidate's first line tells whose it is: a batch holds the requests of one
+    // upload, named by their attempts' ids.
+    let mut first = None;
+    if !row.attributed {
+        let line = match lines.next().await {
+            Ok(line) => line,
+            Err(error) => return unreadable(submitter, row, token, &error).await,
+        };
+        if !names_an_attempt_of(submitter, row, line.as_ref()).await? {
+            return rule_out(submitter, row, token, &remote.id).await;
+        }
+        let attributed = fenced(submitter, row, token)
+            .col_expr(provider_batches::Column::Attributed, Expr::value(true));
+        if rows::write(&submitter.db, attributed).await?.is_none() {
+            return Ok(());
+        }
+        tracing::info!(provider_batch.id = %row.id, provider_batch = %remote.id, "the candidate's results name the row's attempts: it is the lost upload");
+        first = line;
+    }
     let mut chunk = Vec::with_capacity(CHUNK);
     let mut settled = 0;
     loop {
-        match lines.next().await {
+        let next = match first.take() {
+            Some(line) => Ok(Some(line)),
+            None => lines.next().await,
+        };
+        match next {
             Ok(Some(line)) => match Uuid::try_parse(&line.custom_id) {
                 Ok(attempt) => chunk.push((attempt, answer_of(line.result))),
                 Err(_) => {
@@ -541,6 +604,86 @@ async fn settle_results(
     }
     tracing::info!(provider_batch.id = %row.id, settled = settled + missing, "provider batch settled");
     finish_row(submitter, row, token, ProviderBatchState::Settled).await
+}
+
+/// The provider ids of the batches `row`'s searches ruled out.
+fn ruled_out(row: &provider_batches::Model) -> Vec<String> {
+    row.ruled_out
+        .as_deref()
+        .and_then(|text| serde_json::from_str(text).ok())
+        .unwrap_or_default()
+}
+
+/// Whether `line` names one of `row`'s attempts (settled or not: a crash may have
+/// come between two chunks).
+async fn names_an_attempt_of(
+    submitter: &Submitter,
+    row: &provider_batches::Model,
+    line: Option<&ResultLine>,
+) -> Result<bool, DbErr> {
+    let Some(attempt) = line.and_then(|line| Uuid::try_parse(&line.custom_id).ok()) else {
+        return Ok(false);
+    };
+    Ok(attempts::Entity::find_by_id(attempt)
+        .filter(attempts::Column::ProviderBatchId.eq(row.id))
+        .one(&submitter.db)
+        .await?
+        .is_some())
+}
+
+/// A candidate whose results name none of the row's attempts was someone else's
+/// batch: nothing of it is settled, and the row goes back to searching for its upload,
+/// leaving the candidate out — found nothing, it uploads again.
+async fn rule_out(
+    submitter: &Submitter,
+    row: &provider_batches::Model,
+    token: Uuid,
+    candidate: &str,
+) -> Result<(), DbErr> {
+    let mut out = ruled_out(row);
+    out.push(candidate.to_owned());
+    let back = fenced(submitter, row, token)
+        .col_expr(
+            provider_batches::Column::State,
+            state(ProviderBatchState::Uploading),
+        )
+        .col_expr(
+            provider_batches::Column::ProviderBatchId,
+            Expr::value(Option::<String>::None),
+        )
+        .col_expr(
+            provider_batches::Column::RuledOut,
+            Expr::value(serde_json::to_string(&out).expect("ids serialize")),
+        )
+        .col_expr(
+            provider_batches::Column::SubmittedAt,
+            Expr::value(Option::<Timestamp>::None),
+        )
+        .col_expr(
+            provider_batches::Column::EndedAt,
+            Expr::value(Option::<Timestamp>::None),
+        )
+        .col_expr(provider_batches::Column::Polls, Expr::value(0))
+        .col_expr(
+            provider_batches::Column::NextPollAt,
+            Expr::value(Timestamp::now()),
+        );
+    match rows::write(&submitter.db, back).await {
+        Ok(_) => {
+            tracing::warn!(provider_batch.id = %row.id, provider_batch = %candidate, "the candidate's results name none of the row's attempts: it was someone else's; searching again");
+            Ok(())
+        }
+        // Another upload of the provider is in flight: the search waits its turn.
+        Err(error) if crate::db::is_unique_violation(&error) => {
+            let wait = fenced(submitter, row, token).col_expr(
+                provider_batches::Column::NextPollAt,
+                Expr::value(after(Duration::from_secs(1))),
+            );
+            rows::write(&submitter.db, wait).await?;
+            Ok(())
+        }
+        Err(error) => Err(error),
+    }
 }
 
 /// A row cancelled before anything was sent: its attempts end unsent (their jobs

@@ -11,7 +11,9 @@ use crate::jobs::tokens::counting_for;
 use crate::jobs::worker::{CallEnd, judge_batch_request};
 use crate::llm::batches::ItemResult;
 use crate::llm::{Completion, ProviderError};
-use entity::{AttemptOutcome, Timestamp, attempts, jobs, model_prices, provider_batches};
+use entity::{
+    AttemptOutcome, JobStatus, Timestamp, attempts, jobs, model_prices, provider_batches,
+};
 use sea_orm::{
     ColumnTrait, DbErr, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect,
 };
@@ -185,6 +187,48 @@ pub(super) async fn settle_all_running(
         let answers = ids.into_iter().map(|id| (id, answer())).collect();
         settled += settle(submitter, row, answers).await?;
     }
+}
+
+/// Ends, unsent, the attempts of `row` whose items' deadlines have passed: a row not
+/// sent yet would bring their answers back too late. Their items fail
+/// `DEADLINE_EXCEEDED`, as a realtime call past its deadline does. How many it ended.
+pub(super) async fn settle_past_deadline(
+    submitter: &Submitter,
+    row: &provider_batches::Model,
+) -> Result<usize, DbErr> {
+    // An item of a provider batch is run under the row's id as its run token.
+    let late: Vec<Uuid> = jobs::Entity::find()
+        .select_only()
+        .column(jobs::Column::Id)
+        .filter(jobs::Column::RunToken.eq(row.id))
+        .filter(jobs::Column::Status.eq(JobStatus::Running))
+        .filter(jobs::Column::Deadline.lte(Timestamp::now()))
+        .into_tuple()
+        .all(&submitter.db)
+        .await?;
+    let mut settled = 0;
+    for jobs in late.chunks(CHUNK) {
+        let ids: Vec<Uuid> = attempts::Entity::find()
+            .select_only()
+            .column(attempts::Column::Id)
+            .filter(attempts::Column::ProviderBatchId.eq(row.id))
+            .filter(attempts::Column::Outcome.eq(AttemptOutcome::Running))
+            .filter(attempts::Column::JobId.is_in(jobs.iter().copied()))
+            .into_tuple()
+            .all(&submitter.db)
+            .await?;
+        let answers = ids
+            .into_iter()
+            .map(|id| {
+                (
+                    id,
+                    not_run("the item's deadline passed before its provider batch was sent"),
+                )
+            })
+            .collect();
+        settled += settle(submitter, row, answers).await?;
+    }
+    Ok(settled)
 }
 
 /// How many attempts of `row` still run.

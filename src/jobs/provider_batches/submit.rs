@@ -242,6 +242,8 @@ async fn submit_one(submitter: &Submitter, batch: &batches::Model) -> Result<usi
             uploading_at: Set(None),
             submitted_at: Set(None),
             ended_at: Set(None),
+            attributed: Set(true),
+            ruled_out: Set(None),
         })
         .exec_without_returning(&transaction)
         .await?;

@@ -1,8 +1,9 @@
 //! Anthropic's Message Batches: one `POST /v1/messages/batches` with every request
 //! and its custom id; the results are one JSONL body once the batch has ended.
 //! A message batch carries nothing of ours but the custom ids, which only its results
-//! show: after a crash it is found as the one batch created since the upload began
-//! that no row of ours records (see [`super::BatchApi::find`]).
+//! show: after a crash it is found as a batch created since the upload began that no
+//! row of ours records, holding as many requests as the upload — a candidate until its
+//! results name our attempts (see [`super::BatchApi::find`]).
 
 use super::lines::ResultLines;
 use super::{
@@ -185,21 +186,16 @@ impl BatchApi for AnthropicClient {
                 _ => break,
             }
         }
-        // Someone else creates batches with our key: ours is then the one holding as
-        // many requests as the upload did, if only one does.
-        if candidates.len() > 1 {
-            candidates.retain(|(total, _)| *total == Some(requests as u64));
-        }
-        match candidates.len() {
-            0 => Ok(Found::Nothing),
-            1 => Ok(Found::Batch(candidates.remove(0).1)),
-            // Which one is ours cannot be told before their results, so the upload
-            // stays unfound (and its items' bounds held) rather than be guessed.
-            many => Err(unreadable(
-                "more than one message batch nobody recorded since the upload began",
-                &many,
-            )),
-        }
+        // Someone else creates batches with our key: ours holds as many requests as
+        // the upload sent. Of those, the oldest is the candidate; its results tell
+        // whether it is ours (the caller's to check), and a batch they rule out is
+        // left out of the next search through `known`.
+        candidates.retain(|(total, _)| total.is_none_or(|total| total == requests as u64));
+        Ok(candidates
+            .into_iter()
+            .map(|(_, batch)| batch)
+            .min_by_key(|batch| batch.created_at)
+            .map_or(Found::Nothing, Found::Batch))
     }
 
     async fn read(&self, id: &str) -> Result<RemoteBatch, ProviderError> {

@@ -136,11 +136,13 @@ pub trait BatchApi: Send + Sync {
     ) -> Result<Submitted, ProviderError>;
 
     /// Looks for the upload named `ours`, made at `since` or after, among the
-    /// provider's batches. `known` holds the batches some other upload of ours
-    /// recorded already: with Anthropic, whose batches carry nothing of ours, the one
-    /// batch created since that nobody recorded is it (at most one upload of a
-    /// provider is in flight at a time); among several, the one alone in holding
-    /// `requests` requests, as many as the upload sent.
+    /// provider's batches, leaving out those in `known` (recorded by some row of ours,
+    /// or ruled out already). OpenAI's batches carry `ours` in their metadata, so what
+    /// it finds is ours ([`RemoteBatch::ours`]). Anthropic's carry nothing of ours
+    /// before their results do: what it finds is the oldest batch created since that
+    /// holds `requests` requests, as many as the upload sent — a candidate, which the
+    /// caller must neither cancel nor settle as its own before its results name its
+    /// requests' custom ids (someone else may use the key).
     async fn find(
         &self,
         ours: Uuid,
@@ -167,11 +169,65 @@ pub fn valid_custom_id(id: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
 }
 
+/// Whether a failed creating request certainly created nothing at the provider:
+/// it was not sent, or the provider turned it away before taking it (429, or
+/// Anthropic's 529 overloaded). Anything else may have created the batch, which is
+/// then searched for before anything is sent again.
+pub fn created_nothing(error: &ProviderError) -> bool {
+    match error {
+        ProviderError::NotSent { .. } => true,
+        ProviderError::Transient { status, .. } => matches!(status, 429 | 529),
+        ProviderError::Permanent { .. } | ProviderError::OutcomeUnknown { .. } => false,
+    }
+}
+
 /// A provider batch API answer that is not what it should be: a fault of the
 /// provider (or of whatever answered), worth reading again later.
 fn unreadable(what: &str, detail: &dyn std::fmt::Display) -> ProviderError {
     tracing::warn!(detail = %detail, "unreadable provider batch answer: {what}");
     ProviderError::OutcomeUnknown {
         message: format!("unreadable provider batch answer: {what}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn transient(status: u16) -> ProviderError {
+        ProviderError::Transient {
+            status,
+            message: String::new(),
+            retry_after: None,
+            request_id: None,
+        }
+    }
+
+    /// Only an answer that says the request was turned away spares the search: a
+    /// server error or a lost answer may stand for a batch the provider made.
+    #[test]
+    fn only_a_request_turned_away_certainly_created_nothing() {
+        let cases = [
+            (
+                ProviderError::NotSent {
+                    message: String::new(),
+                },
+                true,
+            ),
+            (transient(429), true),
+            (transient(529), true),
+            (transient(500), false),
+            (transient(503), false),
+            (transient(408), false),
+            (
+                ProviderError::OutcomeUnknown {
+                    message: String::new(),
+                },
+                false,
+            ),
+        ];
+        for (error, expected) in cases {
+            assert_eq!(created_nothing(&error), expected, "{error:?}");
+        }
     }
 }
