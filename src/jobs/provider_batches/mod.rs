@@ -12,8 +12,9 @@
 //!    provider batch row written, `preparing` — before anything is sent. Then the row
 //!    becomes `uploading` and the upload is made; its answer makes it `submitted`.
 //! 2. A row left `uploading` by a crash is searched for at the provider before
-//!    anything is sent again ([`crate::llm::batches::BatchApi::find`]): found, it is
-//!    `submitted`; OpenAI's input file found without its batch, the batch is created
+//!    anything is sent again ([`search`], [`crate::llm::batches::BatchApi::find`]):
+//!    found, it is `submitted` (an Anthropic batch as a candidate, until its results
+//!    name the row's attempts); OpenAI's input file found without its batch, the batch is created
 //!    from it; nothing found, the upload is made again, under the same row. Each
 //!    request of an upload that creates something at the provider is sent only after
 //!    a fenced renewal shows the row still owned (`rows::OwnerGate`), so a process
@@ -31,6 +32,7 @@
 mod orphans;
 mod poll;
 mod rows;
+mod search;
 mod settle;
 mod submit;
 

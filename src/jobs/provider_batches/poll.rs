@@ -3,12 +3,10 @@
 
 use super::settle::{self, CHUNK, answer_of, not_run};
 use super::submit::{chat_request, custom_id};
-use super::{Submitter, orphans, rows};
+use super::{Submitter, orphans, rows, search};
 use crate::backoff::{Backoff, Jitter};
 use crate::jobs::input::JobInput;
-use crate::llm::batches::{
-    BatchItem, Found, RemoteBatch, RemoteState, ResultLine, created_nothing,
-};
+use crate::llm::batches::{BatchItem, RemoteBatch, RemoteState, created_nothing};
 use crate::llm::{Provider, ProviderError};
 use entity::{
     AttemptOutcome, JobStatus, ProviderBatchState, Timestamp, attempts, batches, jobs,
@@ -16,15 +14,12 @@ use entity::{
 };
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{ColumnTrait, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-/// How far back of an upload's start a search for it looks: the providers' clocks
-/// and ours differ, and OpenAI dates to the second.
-const SEARCH_SLACK: chrono::Duration = chrono::Duration::seconds(10);
 /// The longest wait between two tries after the provider failed to answer.
 const MAX_BACKOFF: Duration = Duration::from_secs(600);
 
@@ -79,7 +74,9 @@ async fn advance(
     match row.state {
         ProviderBatchState::Preparing if cancelled => abandon(submitter, row, token).await,
         ProviderBatchState::Preparing => upload(submitter, row, token, &provider).await,
-        ProviderBatchState::Uploading => recover(submitter, row, token, &provider, cancelled).await,
+        ProviderBatchState::Uploading => {
+            search::recover(submitter, row, token, &provider, cancelled).await
+        }
         ProviderBatchState::Submitted | ProviderBatchState::Cancelling => {
             poll(submitter, row, token, &provider, cancelled).await
         }
@@ -95,7 +92,7 @@ fn backend(submitter: &Submitter) -> sea_orm::DbBackend {
 }
 
 /// The fenced update of the row by `token`.
-fn fenced(
+pub(super) fn fenced(
     submitter: &Submitter,
     row: &provider_batches::Model,
     token: Uuid,
@@ -103,16 +100,16 @@ fn fenced(
     rows::fenced(backend(submitter), row.id, token)
 }
 
-fn state(state: ProviderBatchState) -> Expr {
+pub(super) fn state(state: ProviderBatchState) -> Expr {
     Expr::value(state)
 }
 
-fn after(delay: Duration) -> Timestamp {
+pub(super) fn after(delay: Duration) -> Timestamp {
     Timestamp::now().plus(chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX))
 }
 
 /// The requests of the row's attempts still running, in attempt order.
-async fn items(
+pub(super) async fn items(
     submitter: &Submitter,
     row: &provider_batches::Model,
 ) -> Result<Vec<BatchItem>, DbErr> {
@@ -195,7 +192,7 @@ pub(super) async fn upload(
 
 /// Makes the upload (or, with `input_file`, creates the batch from OpenAI's file) and
 /// records what the provider answered.
-async fn send(
+pub(super) async fn send(
     submitter: &Submitter,
     row: &provider_batches::Model,
     token: Uuid,
@@ -285,7 +282,7 @@ async fn send(
     }
 }
 
-async fn record_submitted(
+pub(super) async fn record_submitted(
     submitter: &Submitter,
     row: &provider_batches::Model,
     token: Uuid,
@@ -334,71 +331,6 @@ async fn record_submitted(
         tracing::info!(provider_batch.id = %row.id, provider = %row.provider, provider_batch = %remote.id, "provider batch submitted");
     }
     Ok(recorded)
-}
-
-/// A row left `uploading`: the provider is searched for the upload before anything is
-/// sent again.
-async fn recover(
-    submitter: &Submitter,
-    row: &provider_batches::Model,
-    token: Uuid,
-    provider: &Arc<dyn Provider>,
-    cancelled: bool,
-) -> Result<(), DbErr> {
-    let api = provider.batch_api().expect("a provider with a batch API");
-    let began = row.uploading_at.unwrap_or(row.created_at);
-    let since = began.to_datetime() - SEARCH_SLACK;
-    // The provider's batches some row of ours recorded: one created since the upload
-    // began was recorded since, too.
-    let mut known: HashSet<String> = provider_batches::Entity::find()
-        .select_only()
-        .column(provider_batches::Column::ProviderBatchId)
-        .filter(provider_batches::Column::Provider.eq(&row.provider))
-        .filter(provider_batches::Column::ProviderBatchId.is_not_null())
-        .filter(provider_batches::Column::SubmittedAt.gte(Timestamp::from(since - SEARCH_SLACK)))
-        .into_tuple::<Option<String>>()
-        .all(&submitter.db)
-        .await?
-        .into_iter()
-        .flatten()
-        .collect();
-    known.extend(ruled_out(row));
-    // What the upload sent: the row's attempts still running, none of which can have
-    // been settled before the row was submitted.
-    let sent = settle::running_count(submitter, row).await?;
-    match api.find(row.id, since, &known, sent).await {
-        Ok(Found::Batch(remote)) => {
-            let attributed = remote.ours == Some(row.id);
-            if attributed {
-                tracing::warn!(provider_batch.id = %row.id, provider_batch = %remote.id, "found the upload again after it was lost");
-            } else {
-                tracing::warn!(provider_batch.id = %row.id, provider_batch = %remote.id, "found a provider batch that may be the lost upload; its results will tell");
-            }
-            record_submitted(submitter, row, token, &remote, None, attributed)
-                .await
-                .map(drop)
-        }
-        // Nothing of the upload was made (or only OpenAI's input file, which bills
-        // nothing): the cancelled batch's items end here, unsent.
-        Ok(Found::InputFile(_) | Found::Nothing) if cancelled => {
-            abandon(submitter, row, token).await
-        }
-        Ok(Found::InputFile(file)) => {
-            tracing::warn!(provider_batch.id = %row.id, file = %file, "found the input file without its batch; creating the batch from it");
-            send(submitter, row, token, provider, &[], Some(&file)).await
-        }
-        Ok(Found::Nothing) => {
-            tracing::warn!(provider_batch.id = %row.id, "the provider has nothing of the upload; uploading again");
-            settle::settle_past_deadline(submitter, row).await?;
-            let items = items(submitter, row).await?;
-            if items.is_empty() {
-                return finish_row(submitter, row, token, ProviderBatchState::Abandoned).await;
-            }
-            let encoded: Vec<Vec<u8>> = items.iter().map(|item| api.encode(item)).collect();
-            send(submitter, row, token, provider, &encoded, None).await
-        }
-        Err(error) => unreadable(submitter, row, token, &error).await,
-    }
 }
 
 /// A submitted row: cancelled at the provider when its batch was, read, and settled
@@ -552,8 +484,8 @@ async fn settle_results(
             Ok(line) => line,
             Err(error) => return unreadable(submitter, row, token, &error).await,
         };
-        if !names_an_attempt_of(submitter, row, line.as_ref()).await? {
-            return rule_out(submitter, row, token, &remote.id).await;
+        if !search::names_an_attempt_of(submitter, row, line.as_ref()).await? {
+            return search::rule_out(submitter, row, token, &remote.id).await;
         }
         let attributed = fenced(submitter, row, token)
             .col_expr(provider_batches::Column::Attributed, Expr::value(true));
@@ -606,89 +538,9 @@ async fn settle_results(
     finish_row(submitter, row, token, ProviderBatchState::Settled).await
 }
 
-/// The provider ids of the batches `row`'s searches ruled out.
-fn ruled_out(row: &provider_batches::Model) -> Vec<String> {
-    row.ruled_out
-        .as_deref()
-        .and_then(|text| serde_json::from_str(text).ok())
-        .unwrap_or_default()
-}
-
-/// Whether `line` names one of `row`'s attempts (settled or not: a crash may have
-/// come between two chunks).
-async fn names_an_attempt_of(
-    submitter: &Submitter,
-    row: &provider_batches::Model,
-    line: Option<&ResultLine>,
-) -> Result<bool, DbErr> {
-    let Some(attempt) = line.and_then(|line| Uuid::try_parse(&line.custom_id).ok()) else {
-        return Ok(false);
-    };
-    Ok(attempts::Entity::find_by_id(attempt)
-        .filter(attempts::Column::ProviderBatchId.eq(row.id))
-        .one(&submitter.db)
-        .await?
-        .is_some())
-}
-
-/// A candidate whose results name none of the row's attempts was someone else's
-/// batch: nothing of it is settled, and the row goes back to searching for its upload,
-/// leaving the candidate out — found nothing, it uploads again.
-async fn rule_out(
-    submitter: &Submitter,
-    row: &provider_batches::Model,
-    token: Uuid,
-    candidate: &str,
-) -> Result<(), DbErr> {
-    let mut out = ruled_out(row);
-    out.push(candidate.to_owned());
-    let back = fenced(submitter, row, token)
-        .col_expr(
-            provider_batches::Column::State,
-            state(ProviderBatchState::Uploading),
-        )
-        .col_expr(
-            provider_batches::Column::ProviderBatchId,
-            Expr::value(Option::<String>::None),
-        )
-        .col_expr(
-            provider_batches::Column::RuledOut,
-            Expr::value(serde_json::to_string(&out).expect("ids serialize")),
-        )
-        .col_expr(
-            provider_batches::Column::SubmittedAt,
-            Expr::value(Option::<Timestamp>::None),
-        )
-        .col_expr(
-            provider_batches::Column::EndedAt,
-            Expr::value(Option::<Timestamp>::None),
-        )
-        .col_expr(provider_batches::Column::Polls, Expr::value(0))
-        .col_expr(
-            provider_batches::Column::NextPollAt,
-            Expr::value(Timestamp::now()),
-        );
-    match rows::write(&submitter.db, back).await {
-        Ok(_) => {
-            tracing::warn!(provider_batch.id = %row.id, provider_batch = %candidate, "the candidate's results name none of the row's attempts: it was someone else's; searching again");
-            Ok(())
-        }
-        // Another upload of the provider is in flight: the search waits its turn.
-        Err(error) if crate::db::is_unique_violation(&error) => {
-            let wait = fenced(submitter, row, token).col_expr(
-                provider_batches::Column::NextPollAt,
-                Expr::value(after(Duration::from_secs(1))),
-            );
-            rows::write(&submitter.db, wait).await?;
-            Ok(())
-        }
-        Err(error) => Err(error),
-    }
-}
-
 /// A row cancelled before anything was sent: its attempts end unsent (their jobs
 /// cancelled), and it is `abandoned`.
-async fn abandon(
+pub(super) async fn abandon(
     submitter: &Submitter,
     row: &provider_batches::Model,
     token: Uuid,
@@ -700,7 +552,7 @@ async fn abandon(
     finish_row(submitter, row, token, ProviderBatchState::Abandoned).await
 }
 
-async fn finish_row(
+pub(super) async fn finish_row(
     submitter: &Submitter,
     row: &provider_batches::Model,
     token: Uuid,
@@ -741,7 +593,7 @@ fn backoff(submitter: &Submitter, row: &provider_batches::Model) -> Duration {
 
 /// The provider could not be read about the row (or refused to say): tried again
 /// after a backoff, unless it has been silent past the unknown-fate bound.
-async fn unreadable(
+pub(super) async fn unreadable(
     submitter: &Submitter,
     row: &provider_batches::Model,
     token: Uuid,
