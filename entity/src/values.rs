@@ -27,6 +27,19 @@ impl JobStatus {
         matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
     }
 
+    /// The status as a SQL string literal, for hand-written statements: a literal, not
+    /// a bound value, so that the planner matches the partial indexes on `status`
+    /// (`WHERE status = 'queued'`). Checked against the stored value in the tests.
+    pub fn sql(self) -> &'static str {
+        match self {
+            Self::Queued => "'queued'",
+            Self::Running => "'running'",
+            Self::Succeeded => "'succeeded'",
+            Self::Failed => "'failed'",
+            Self::Cancelled => "'cancelled'",
+        }
+    }
+
     /// The status as the API spells it (the GraphQL `JobStatus` enum, webhook bodies,
     /// batch results).
     pub fn api_name(self) -> &'static str {
@@ -487,6 +500,13 @@ mod tests {
             assert_eq!(WebhookEvent::parse(&event.to_value()), Some(event));
         }
         assert_eq!(WebhookEvent::iter().count(), WebhookEvent::ALL.len());
+    }
+
+    #[test]
+    fn a_status_in_hand_written_sql_is_its_stored_value_quoted() {
+        for status in JobStatus::iter() {
+            assert_eq!(status.sql(), format!("'{}'", status.to_value()));
+        }
     }
 
     #[test]

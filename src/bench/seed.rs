@@ -16,7 +16,7 @@ use crate::error::ServiceError;
 use crate::jobs::input::{JobRequest, MessageRequest, NewJob};
 use crate::jobs::service;
 use crate::llm::{PromptCounting, ProviderRegistry};
-use entity::{Timestamp, credit_reservations};
+use entity::{JobStatus, Timestamp, credit_reservations};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait, QueryFilter,
 };
@@ -120,6 +120,7 @@ pub async fn queued_jobs(
     let batch = Uuid::new_v4().simple();
     let template_key = &template.idempotency_key;
     let template_row = format!("(SELECT id FROM jobs WHERE idempotency_key = '{template_key}')");
+    let queued = JobStatus::Queued.sql();
     let seeded = format!(
         "FROM jobs WHERE tenant_id = (SELECT tenant_id FROM jobs WHERE id = {template_row}) \
          AND idempotency_key LIKE 'seed-{batch}-%'"
@@ -132,7 +133,7 @@ pub async fn queued_jobs(
                 max_attempts, run_token, lease_until, next_run_at, priority, run_at, simulated,
                 last_event_seq, created_at, updated_at, started_at, finished_at, deadline)
             SELECT {new_id}, t.tenant_id, 'seed-{batch}-' || series.n, t.request_hash,
-                'queued', t.cancel_requested, t.model, t.input, t.retry_unknown_outcome, NULL, NULL,
+                {queued}, t.cancel_requested, t.model, t.input, t.retry_unknown_outcome, NULL, NULL,
                 NULL, 0, t.max_attempts, NULL, NULL, t.next_run_at + series.n, t.priority, NULL,
                 t.simulated, 1, t.created_at + series.n, t.updated_at + series.n, NULL, NULL,
                 t.deadline
@@ -149,7 +150,7 @@ pub async fn queued_jobs(
         ),
         format!(
             "INSERT INTO job_events (job_id, seq, tenant_id, kind, status, at, data)
-            SELECT id, 1, tenant_id, 'created', 'queued', created_at, NULL {seeded}"
+            SELECT id, 1, tenant_id, 'created', {queued}, created_at, NULL {seeded}"
         ),
         // The copies' holds count into the spend of the template's day and month, as
         // creates would (they are created microseconds after it: the same day, unless

@@ -1,6 +1,7 @@
 //! Each batch's counts and money against its items, summed.
 
 use super::report::{Invariant, Recorder, Subject, credits};
+use entity::JobStatus;
 use sea_orm::{ConnectionTrait, DbErr, FromQueryResult};
 use uuid::Uuid;
 
@@ -26,15 +27,18 @@ struct BatchSums {
     items_charge: i64,
 }
 
-const SUMS: &str = "
+/// Each batch's counters beside what its items' rows add up to.
+fn sums() -> String {
+    format!(
+        "
     SELECT b.id, b.item_count, b.succeeded, b.failed, b.cancelled, b.reserved_nanos,
            b.provider_cost_nanos, b.unknown_bound_nanos, b.customer_charge_nanos,
            (SELECT COUNT(*) FROM jobs j WHERE j.batch_id = b.id) AS items,
-           (SELECT COUNT(*) FROM jobs j WHERE j.batch_id = b.id AND j.status = 'succeeded')
+           (SELECT COUNT(*) FROM jobs j WHERE j.batch_id = b.id AND j.status = {succeeded})
                AS items_succeeded,
-           (SELECT COUNT(*) FROM jobs j WHERE j.batch_id = b.id AND j.status = 'failed')
+           (SELECT COUNT(*) FROM jobs j WHERE j.batch_id = b.id AND j.status = {failed})
                AS items_failed,
-           (SELECT COUNT(*) FROM jobs j WHERE j.batch_id = b.id AND j.status = 'cancelled')
+           (SELECT COUNT(*) FROM jobs j WHERE j.batch_id = b.id AND j.status = {cancelled})
                AS items_cancelled,
            (SELECT CAST(COALESCE(SUM(r.amount_nanos), 0) AS BIGINT)
               FROM credit_reservations r JOIN jobs j ON j.id = r.job_id
@@ -48,7 +52,12 @@ const SUMS: &str = "
            (SELECT CAST(COALESCE(SUM(c.amount_nanos), 0) AS BIGINT)
               FROM charges c JOIN jobs j ON j.id = c.job_id
              WHERE j.batch_id = b.id) AS items_charge
-    FROM batches b";
+    FROM batches b",
+        succeeded = JobStatus::Succeeded.sql(),
+        failed = JobStatus::Failed.sql(),
+        cancelled = JobStatus::Cancelled.sql(),
+    )
+}
 
 pub(super) async fn audit_batches(
     db: &impl ConnectionTrait,
@@ -64,7 +73,7 @@ pub(super) async fn audit_batches(
             None => String::new(),
         };
         let limit = parameters.bind(i64::try_from(page_size).unwrap_or(i64::MAX));
-        let sql = format!("{SUMS}{condition} ORDER BY b.id LIMIT {limit}");
+        let sql = format!("{}{condition} ORDER BY b.id LIMIT {limit}", sums());
         let page: Vec<BatchSums> = BatchSums::find_by_statement(parameters.statement(sql))
             .all(db)
             .await?;

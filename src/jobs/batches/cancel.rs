@@ -77,10 +77,12 @@ async fn resume(
         .column(batches::Column::Id)
         .filter(batches::Column::CancelRequested.eq(true))
         .filter(batches::Column::Status.eq(entity::BatchStatus::Closed))
-        .filter(Expr::cust(
+        .filter(Expr::cust(format!(
             "EXISTS (SELECT 1 FROM jobs WHERE jobs.batch_id = batches.id \
-             AND jobs.status IN ('queued', 'running') AND NOT jobs.cancel_requested)",
-        ))
+             AND jobs.status IN ({}, {}) AND NOT jobs.cancel_requested)",
+            JobStatus::Queued.sql(),
+            JobStatus::Running.sql()
+        )))
         .into_tuple()
         .all(db)
         .await?;
@@ -152,12 +154,15 @@ async fn cancel_some(
         return Ok(Vec::new());
     }
     // Decided on each row as locked: a queued item ends now, a running one is asked.
-    let queued_now = "status = 'queued'";
     let changed = jobs::Entity::update_many()
         .col_expr(
             jobs::Column::Status,
-            Expr::cust(format!(
-                "CASE WHEN {queued_now} THEN 'cancelled' ELSE status END"
+            Expr::Case(Box::new(
+                Expr::case(
+                    jobs::Column::Status.eq(JobStatus::Queued),
+                    Expr::value(JobStatus::Cancelled),
+                )
+                .finally(Expr::col(jobs::Column::Status)),
             )),
         )
         .col_expr(

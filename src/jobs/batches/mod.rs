@@ -24,7 +24,7 @@ use crate::error::ServiceError;
 use crate::jobs::parameters::{ParameterRequest, parse_parameters};
 use crate::jobs::tools::{ToolRequest, parse_tools};
 use crate::llm::{Parameters, ProviderRegistry, Tools};
-use entity::{BatchMode, BatchStatus, JsonText, Timestamp, batches, jobs};
+use entity::{BatchMode, BatchStatus, JobStatus, JsonText, Timestamp, batches, jobs};
 use sea_orm::sea_query::{Expr, Func, OnConflict};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait,
@@ -381,9 +381,10 @@ pub async fn view(
 
 /// `COUNT(*)` of the running items of the batch row being read.
 fn running_items() -> Expr {
-    Expr::cust(
-        "(SELECT COUNT(*) FROM jobs WHERE jobs.batch_id = batches.id AND jobs.status = 'running')",
-    )
+    Expr::cust(format!(
+        "(SELECT COUNT(*) FROM jobs WHERE jobs.batch_id = batches.id AND jobs.status = {})",
+        JobStatus::Running.sql()
+    ))
 }
 
 /// A batch row with its running items counted.

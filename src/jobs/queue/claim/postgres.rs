@@ -5,7 +5,7 @@
 use super::visit::Visit;
 use super::{Candidate, NOT_HELD_BY_ITS_BATCH, Round};
 use crate::db::POSTGRES_CLOCK;
-use entity::jobs;
+use entity::{JobStatus, jobs};
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, FromQueryResult, Statement,
 };
@@ -41,12 +41,13 @@ fn due() -> String {
         FROM jobs
         WHERE jobs.tenant_id = visit.tenant_id AND jobs.model = visit.model
           AND jobs.priority = visit.priority
-          AND jobs.status = 'queued' AND jobs.next_run_at <= $1
+          AND jobs.status = {queued} AND jobs.next_run_at <= $1
           AND {NOT_HELD_BY_ITS_BATCH}
         ORDER BY jobs.next_run_at, jobs.id
         LIMIT $2
         FOR UPDATE SKIP LOCKED
-    ) AS due"
+    ) AS due",
+        queued = JobStatus::Queued.sql(),
     )
 }
 
@@ -79,7 +80,7 @@ pub async fn claim_unlimited(
             SELECT token, position FROM unnest($7::uuid[]) WITH ORDINALITY AS t(token, position)
         )
         UPDATE jobs SET
-            status = 'running',
+            status = {running},
             attempt_count = jobs.attempt_count + 1,
             run_token = tokens.token,
             lease_until = {POSTGRES_CLOCK} + $6,
@@ -89,6 +90,7 @@ pub async fn claim_unlimited(
         WHERE jobs.id = numbered.id
         RETURNING jobs.*",
         due = due(),
+        running = JobStatus::Running.sql(),
     );
     let visits: Vec<&Visit> = visits.iter().collect();
     let [tenants, models, priorities] = groups(&visits);
@@ -146,15 +148,17 @@ pub async fn claim_admitted(
         DbBackend::Postgres,
         format!(
             "UPDATE jobs SET
-            status = 'running',
+            status = {running},
             attempt_count = jobs.attempt_count + 1,
             run_token = admitted.token,
             lease_until = {POSTGRES_CLOCK} + $2,
             started_at = COALESCE(jobs.started_at, $1),
             updated_at = $1
         FROM unnest($3::uuid[], $4::uuid[]) AS admitted(id, token)
-        WHERE jobs.id = admitted.id AND jobs.status = 'queued'
-        RETURNING jobs.*"
+        WHERE jobs.id = admitted.id AND jobs.status = {queued}
+        RETURNING jobs.*",
+            running = JobStatus::Running.sql(),
+            queued = JobStatus::Queued.sql(),
         ),
         [
             round.now.into(),

@@ -32,12 +32,13 @@ pub async fn due_jobs(
                     "SELECT * FROM (
                         SELECT id, tenant_id, model, priority, next_run_at, token_bound FROM jobs
                         WHERE tenant_id = {tenant} AND model = {model} AND priority = {priority}
-                          AND status = 'queued' AND next_run_at <= {now}
+                          AND status = {queued} AND next_run_at <= {now}
                           AND {NOT_HELD_BY_ITS_BATCH}
                         ORDER BY next_run_at, id LIMIT {limit})",
                     tenant = parameters.bind(visit.tenant_id),
                     model = parameters.bind(visit.model.clone()),
                     priority = parameters.bind(visit.priority),
+                    queued = JobStatus::Queued.sql(),
                 )
             })
             .collect();

@@ -3,7 +3,7 @@
 //! with the tenant's rate limits and until when the model was last paused.
 
 use crate::jobs::flow::{self, BucketScope, Deferral, DeferralReason, RateLimit};
-use entity::Timestamp;
+use entity::{JobStatus, Timestamp};
 use sea_orm::{ConnectionTrait, DbErr, FromQueryResult, Statement};
 use std::num::NonZeroU32;
 use uuid::Uuid;
@@ -81,8 +81,9 @@ pub async fn visit(
     let probe = |column: &str, condition: &str, order: &str| {
         format!(
             "(SELECT queued.{column} FROM jobs AS queued
-              WHERE queued.status = 'queued' AND {condition}
-              ORDER BY {order} LIMIT 1)"
+              WHERE queued.status = {queued} AND {condition}
+              ORDER BY {order} LIMIT 1)",
+            queued = JobStatus::Queued.sql(),
         )
     };
     let first_group = |column: &str, from: &str| {
