@@ -5,12 +5,29 @@
 //! character, so these bytes, times the most characters a `ToUnicode` map gives one
 //! code, bound what the text can count.
 //!
+//! It also counts the stream's `Do`s by the name they draw: a form XObject's text
+//! is shown again on every draw ([`super::forms`]).
+//!
 //! The counter reads bytes one at a time and keeps no more than an operator's
 //! name, so a stream of any size is counted in chunks as it is inflated.
+
+use super::forms::Draws;
 
 /// The longest operator the counter tells apart (`beginbfrange`); a longer run of
 /// regular characters is no operator it acts on.
 const LONGEST_OPERATOR: usize = 12;
+/// The longest name kept as the operand of a `Do` (a PDF name has at most 127
+/// bytes); a `Do` of a longer one draws a name not known.
+const LONGEST_NAME: usize = 127;
+
+/// What a stream shows: its shown string bytes, the longest mapping of its
+/// `ToUnicode` sections (which multiplies the text of every stream that uses the
+/// font, so the document's largest counts), and its draws.
+pub struct Shown {
+    pub bytes: u64,
+    pub longest_mapping: u64,
+    pub draws: Draws,
+}
 
 /// Counts the shown text of every byte it is fed, in order, across chunks.
 #[derive(Default)]
@@ -33,6 +50,16 @@ pub struct TextCounter {
     /// The longest hex string of those sections, in bytes: no code maps to more
     /// UTF-16 than that.
     longest_mapping: u64,
+    /// The name operand since the last operator, `#xx` decoded; `None` when none,
+    /// or when it was too long to keep.
+    name: Option<Vec<u8>>,
+    draws: Draws,
+}
+
+/// The most characters one code of a font whose `ToUnicode` sections map a code to
+/// at most `longest_mapping` bytes of UTF-16 shows (at least one).
+pub fn units(longest_mapping: u64) -> u64 {
+    longest_mapping.div_ceil(2).max(1)
 }
 
 #[derive(Clone, Copy, Default, PartialEq, Eq)]
@@ -57,15 +84,17 @@ impl TextCounter {
         }
     }
 
-    /// The bound of the shown text's tokens, once every byte is fed: its string
-    /// bytes, times the most UTF-16 units one code is mapped to (at least one).
-    pub fn finish(mut self) -> u64 {
+    /// What the stream shows, once every byte is fed.
+    pub fn finish(mut self) -> Shown {
         // The data may end on an operator.
         if self.state == State::Between {
             self.end_token();
         }
-        let units = self.longest_mapping.div_ceil(2).max(1);
-        self.shown.saturating_mul(units)
+        Shown {
+            bytes: self.shown,
+            longest_mapping: self.longest_mapping,
+            draws: self.draws,
+        }
     }
 
     fn step(&mut self, byte: u8) {
@@ -132,7 +161,12 @@ impl TextCounter {
             b'(' | b')' | b'<' | b'>' | b'[' | b']' | b'{' | b'}' | b'/' | b'%'
         ) || is_space(byte);
         if !delimiter {
-            if self.token.len() < LONGEST_OPERATOR {
+            let longest = if self.token.first() == Some(&b'/') {
+                LONGEST_NAME + 1
+            } else {
+                LONGEST_OPERATOR
+            };
+            if self.token.len() < longest {
                 self.token.push(byte);
             } else {
                 self.token_long = true;
@@ -169,11 +203,16 @@ impl TextCounter {
                 .iter()
                 .all(|byte| byte.is_ascii_digit() || matches!(byte, b'+' | b'-' | b'.'));
         if operand {
+            if token[0] == b'/' {
+                self.name = (!long).then(|| super::streams::name(&token[1..]));
+            }
             return;
         }
+        let name = self.name.take();
         if !long {
             match token.as_slice() {
                 b"Tj" | b"TJ" | b"'" | b"\"" => self.shown += self.pending,
+                b"Do" => self.draws.add(name),
                 b"beginbfchar" | b"beginbfrange" => self.in_unicode_map = true,
                 b"endbfchar" | b"endbfrange" => self.in_unicode_map = false,
                 _ => {}
@@ -191,12 +230,17 @@ fn is_space(byte: u8) -> bool {
 mod tests {
     use super::*;
 
-    fn count(chunks: &[&[u8]]) -> u64 {
+    fn shown(chunks: &[&[u8]]) -> Shown {
         let mut counter = TextCounter::default();
         for chunk in chunks {
             counter.feed(chunk);
         }
         counter.finish()
+    }
+
+    fn count(chunks: &[&[u8]]) -> u64 {
+        let shown = shown(chunks);
+        shown.bytes * units(shown.longest_mapping)
     }
 
     #[test]
