@@ -228,6 +228,7 @@ pub fn measure(bytes: &[u8], budget: &mut InflateBudget) -> Result<Measure, PdfE
         .into_iter()
         .map(|(dictionary, object, shown)| {
             text.longest_mapping = text.longest_mapping.max(shown.longest_mapping);
+            text.longest_glyph = text.longest_glyph.max(shown.longest_glyph);
             Form {
                 object,
                 text: shown.bytes,
@@ -248,7 +249,7 @@ pub fn measure(bytes: &[u8], budget: &mut InflateBudget) -> Result<Measure, PdfE
         text_tokens: text
             .bytes
             .saturating_add(drawn)
-            .saturating_mul(text::units(text.longest_mapping)),
+            .saturating_mul(text::units(text.longest_mapping).max(text.longest_glyph)),
     })
 }
 
@@ -258,6 +259,7 @@ struct Text {
     bytes: u64,
     /// The document's: a font's map applies wherever the font is used.
     longest_mapping: u64,
+    longest_glyph: u64,
     draws: Draws,
 }
 
@@ -265,17 +267,20 @@ impl Text {
     fn add(&mut self, shown: Shown) {
         self.bytes = self.bytes.saturating_add(shown.bytes);
         self.longest_mapping = self.longest_mapping.max(shown.longest_mapping);
+        self.longest_glyph = self.longest_glyph.max(shown.longest_glyph);
         self.draws.merge(shown.draws);
     }
 }
 
 /// What a stream inflated to `inflated` bytes not read may show: each byte, a
 /// draw every four (`/ Do`), and — when a reader may take it for a `ToUnicode` map
-/// (`mapped`: it has a dictionary) — codes mapped to half its bytes.
+/// or an object stream holding an encoding (`mapped`: it has a dictionary) — codes
+/// mapped to half its bytes, glyph names as long as it.
 fn unread(inflated: u64, mapped: bool) -> Shown {
     Shown {
         bytes: inflated,
         longest_mapping: if mapped { inflated / 2 } else { 0 },
+        longest_glyph: if mapped { inflated } else { 0 },
         draws: Draws::unnamed(inflated / 4),
     }
 }
@@ -468,12 +473,24 @@ mod tests {
             "<< /Filter /FlateDecode /DecodeParms << /Predictor 2 >> >>",
             &deflated(content.as_bytes()),
         );
-        // It may be a `ToUnicode` map too, whose codes are as long as half of it.
+        // It may be a `ToUnicode` map too, or hold an encoding's glyph names: one
+        // code may stand for as many characters as it has bytes.
         let bytes = content.len() as u64;
-        assert_eq!(
-            measured(&tiff).unwrap().text_tokens,
-            bytes * text::units(bytes / 2)
+        assert_eq!(measured(&tiff).unwrap().text_tokens, bytes * bytes);
+    }
+
+    #[test]
+    fn a_unicode_map_multiplies_the_text_of_every_stream() {
+        // The font's map is a stream of its own, as it is in practice.
+        let mut file = with_stream(
+            "<< /Filter /FlateDecode >>",
+            &deflated(b"1 beginbfchar <01> <006600660069> endbfchar"),
         );
+        file.truncate(file.len() - b"%%EOF\n".len());
+        file.extend(b"10 0 obj\n<< /Filter /FlateDecode >>\nstream\n");
+        file.extend(deflated(b"BT (\x01\x01) Tj ET"));
+        file.extend(b"\nendstream\nendobj\n%%EOF\n");
+        assert_eq!(measured(&file).unwrap().text_tokens, 2 * 3);
     }
 
     #[test]
