@@ -16,6 +16,7 @@ use std::io::Write;
 on_both_backends!(
     a_form_drawn_many_times_is_held_for_every_draw,
     the_documents_of_a_request_share_one_inflate_budget,
+    the_items_of_one_call_share_one_inflate_budget,
 );
 
 const QUOTE: &str = "query QuoteJob($input: CreateJobInput!) {
@@ -170,6 +171,47 @@ async fn the_documents_of_a_request_share_one_inflate_budget(backend: Backend) {
     let message = response["errors"][0]["message"].as_str().unwrap();
     assert!(
         message.contains(&(64 * 1024 * 1024).to_string()) && message.contains("per request"),
+        "{message}"
+    );
+    let balance = app.balance(&tenant).await;
+    assert_eq!(decimal(&balance["held"]), rust_decimal::Decimal::ZERO);
+}
+
+/// An `addBatchItems` call is one request: its items' documents share the budget,
+/// so two items of 40 MiB each (each within it alone) are refused together.
+async fn the_items_of_one_call_share_one_inflate_budget(backend: Backend) {
+    let (app, _config) = app_with_real_providers(backend).await;
+    let tenant = app.funded_tenant("batcher", "50").await;
+    let created = app
+        .operation(
+            Some(&tenant.key),
+            "CreateBatch",
+            json!({"input": {"idempotencyKey": "pdfs", "name": "pdfs", "model": "claude-sonnet-4-5", "maxOutputTokens": 50}}),
+        )
+        .await;
+    assert!(created["errors"].is_null(), "{created}");
+    let batch = created["data"]["createBatch"]["batch"]["id"].clone();
+    let document = STANDARD.encode(bomb_pdf(2, 2));
+    let parts: Vec<Value> = (0..10)
+        .map(|_| json!({"type": "DOCUMENT", "data": document}))
+        .collect();
+    let item = |id: &str| {
+        json!({
+            "customId": id,
+            "messages": [{"role": "user", "content": "Read them.", "parts": parts}],
+        })
+    };
+    let response = app
+        .operation(
+            Some(&tenant.key),
+            "AddBatchItems",
+            json!({"batchId": batch, "items": [item("first"), item("second")]}),
+        )
+        .await;
+    assert_eq!(error_code(&response), "VALIDATION", "{response}");
+    let message = response["errors"][0]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("items[1]") && message.contains(&(64 * 1024 * 1024).to_string()),
         "{message}"
     );
     let balance = app.balance(&tenant).await;
