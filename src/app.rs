@@ -29,4 +29,6 @@ pub struct App {
     /// The config file's charging policy (the default without one): holds follow
     /// it, as the workers' charges do.
     pub charging: crate::billing::ChargingPolicy,
+    /// Where requests' documents are measured, off the async threads.
+    pub measuring: crate::jobs::measuring::Measuring,
 }

@@ -135,6 +135,7 @@ impl Application {
             allow_private_webhooks: settings.allow_private_webhooks,
             default_deadline: merge::default_deadline(&settings, config.as_ref()),
             charging: merge::charging(config.as_ref()),
+            measuring: crate::jobs::measuring::Measuring::per_core(),
         };
         let worker =
             merge::worker_settings(&settings, config.as_ref(), &providers).map(|worker_settings| {

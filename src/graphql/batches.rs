@@ -156,6 +156,7 @@ impl BatchMutation {
             items::ItemRules {
                 default_deadline: app.default_deadline,
                 charging: app.charging,
+                measuring: app.measuring.clone(),
             },
         )
         .await?;

@@ -158,7 +158,7 @@ pub struct CreateJobInput {
 
 /// `input` checked as `createJob` checks it, for the caller's `reach`: its labels
 /// stamped with an access token's own, its key in the token's namespace.
-pub(super) fn new_job(
+pub(super) async fn new_job(
     context: &Context<'_>,
     reach: &JobReach,
     input: CreateJobInput,
@@ -171,7 +171,7 @@ pub(super) fn new_job(
             .map(|label| (label.key, label.value))
             .collect(),
     )?;
-    let mut new = NewJob::parse(JobRequest {
+    let request = JobRequest {
         idempotency_key: reach.sent_key(input.idempotency_key),
         model: input.model,
         messages: input
@@ -203,7 +203,8 @@ pub(super) fn new_job(
             tools: input.tools.map(|json| json.0),
             tool_choice: input.tool_choice.map(|json| json.0),
         },
-    })?;
+    };
+    let mut new = NewJob::parse_measuring(&app(context).measuring, request).await?;
     new.idempotency_key = reach.own_key(new.idempotency_key);
     Ok(new)
 }
@@ -322,7 +323,7 @@ impl JobMutation {
         let began = std::time::Instant::now();
         let principal = principal(context)?;
         let (tenant_id, reach) = principal.job_access(AccessScope::CreateJobs)?;
-        let new = new_job(context, &reach, input)?;
+        let new = new_job(context, &reach, input).await?;
         let app = app(context);
         let created = match &principal {
             Principal::Token(grant) => {

@@ -37,7 +37,7 @@ impl QuoteQuery {
         input: CreateJobInput,
     ) -> async_graphql::Result<JobQuote> {
         let (_, reach) = principal(context)?.job_access(AccessScope::CreateJobs)?;
-        let new = new_job(context, &reach, input)?;
+        let new = new_job(context, &reach, input).await?;
         let app = app(context);
         let quote = quote::quote_job(&app.db, &app.providers, &new, Timestamp::now()).await?;
         let int = |value: u64| i32::try_from(value).unwrap_or(i32::MAX);

@@ -2,11 +2,13 @@
 
 use super::fallbacks::parse_fallback_models;
 use super::labels::Labels;
+use super::measuring::Measuring;
 use super::parameters::{ParameterRequest, parse_parameters};
 use super::parts::{PartBudget, PartRequest, check_model_takes};
 use super::tools::{ToolRequest, parse_tools};
 use crate::billing::{CallBound, ChargingPolicy};
 use crate::error::ServiceError;
+use crate::llm::parts::pdf::InflateBudget;
 use crate::llm::{Message, PromptCounting, Role};
 use crate::llm::{Parameters, Tools};
 use entity::Timestamp;
@@ -269,12 +271,23 @@ impl Priority {
 }
 
 impl NewJob {
+    /// [`Self::parse`], on a blocking thread when the request carries documents to
+    /// measure (see `jobs::measuring`).
+    pub async fn parse_measuring(
+        measuring: &Measuring,
+        request: JobRequest,
+    ) -> Result<Self, ServiceError> {
+        let documents = MessageRequest::any_document(&request.messages);
+        measuring.run(documents, move || Self::parse(request)).await
+    }
+
     /// Checks every rule and returns the first broken one as a `Validation` error.
     pub fn parse(request: JobRequest) -> Result<Self, ServiceError> {
         let idempotency_key = IdempotencyKey::parse(request.idempotency_key)?;
         let model = parse_model(request.model)?;
         let fallback_models = parse_fallback_models(&model, request.fallback_models)?;
-        let messages = parse_messages(request.messages)?;
+        // The job is the request: its documents share one inflate budget.
+        let messages = parse_messages(request.messages, &mut InflateBudget::default())?;
         for model in std::iter::once(&model).chain(&fallback_models) {
             check_model_takes(model, messages.iter().flat_map(|message| &message.parts))?;
         }
@@ -392,6 +405,14 @@ pub struct MessageRequest {
 }
 
 impl MessageRequest {
+    /// Whether any of `messages` carries a document to measure.
+    pub fn any_document(messages: &[Self]) -> bool {
+        messages
+            .iter()
+            .flat_map(|message| &message.parts)
+            .any(PartRequest::is_document_data)
+    }
+
     /// A message of text only.
     pub fn text(role: impl Into<String>, content: impl Into<String>) -> Self {
         Self {
@@ -405,7 +426,11 @@ impl MessageRequest {
 /// 1 to [`MAX_MESSAGES`] messages of known roles, some content (text or parts), at
 /// most [`MAX_CONTENT_BYTES`] of text and the parts within their limits
 /// (`jobs::parts`).
-pub fn parse_messages(messages: Vec<MessageRequest>) -> Result<Vec<Message>, ServiceError> {
+/// Their documents' streams inflate within `inflate`, the request's.
+pub fn parse_messages(
+    messages: Vec<MessageRequest>,
+    inflate: &mut InflateBudget,
+) -> Result<Vec<Message>, ServiceError> {
     if messages.is_empty() || messages.len() > MAX_MESSAGES {
         return Err(ServiceError::validation(format!(
             "messages must hold 1 to {MAX_MESSAGES} messages"
@@ -422,7 +447,7 @@ pub fn parse_messages(messages: Vec<MessageRequest>) -> Result<Vec<Message>, Ser
                     request.role
                 ))
             })?;
-            let parts = budget.parse(index, role, request.parts)?;
+            let parts = budget.parse(index, role, request.parts, inflate)?;
             Ok(Message {
                 role,
                 content: request.content.unwrap_or_default(),

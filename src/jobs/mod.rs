@@ -10,6 +10,7 @@ pub mod input;
 pub mod labels;
 pub mod leases;
 pub mod lifecycle;
+pub mod measuring;
 pub mod observe;
 pub mod parameters;
 pub mod parts;

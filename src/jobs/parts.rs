@@ -4,7 +4,8 @@
 
 use crate::error::ServiceError;
 use crate::llm::Role;
-use crate::llm::parts::{ImageFormat, MediaInput, PDF_MEDIA_TYPE, Part, Source, image, pdf};
+use crate::llm::parts::pdf::{self, InflateBudget};
+use crate::llm::parts::{ImageFormat, MediaInput, PDF_MEDIA_TYPE, Part, Source, image};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 
@@ -37,6 +38,14 @@ pub struct PartRequest {
     pub media_type: Option<String>,
 }
 
+impl PartRequest {
+    /// A document given as data: measured, which may take seconds (see
+    /// `jobs::measuring`).
+    pub fn is_document_data(&self) -> bool {
+        self.kind == PartType::Document && self.data.is_some()
+    }
+}
+
 /// What the parts of one job add up to, checked across its messages.
 #[derive(Default)]
 pub struct PartBudget {
@@ -45,12 +54,15 @@ pub struct PartBudget {
 }
 
 impl PartBudget {
-    /// The parts of message `index`, of `role`, checked and measured.
+    /// The parts of message `index`, of `role`, checked and measured, their
+    /// documents' streams inflating within `inflate` (the request's, shared by all
+    /// its jobs' documents).
     pub fn parse(
         &mut self,
         index: usize,
         role: Role,
         requests: Vec<PartRequest>,
+        inflate: &mut InflateBudget,
     ) -> Result<Vec<Part>, ServiceError> {
         requests
             .into_iter()
@@ -65,12 +77,17 @@ impl PartBudget {
                         "messages carry more than {MAX_PARTS} parts; at most {MAX_PARTS} are accepted"
                     )));
                 }
-                self.parse_one(role, request).map_err(at)
+                self.parse_one(role, request, inflate).map_err(at)
             })
             .collect()
     }
 
-    fn parse_one(&mut self, role: Role, request: PartRequest) -> Result<Part, String> {
+    fn parse_one(
+        &mut self,
+        role: Role,
+        request: PartRequest,
+        inflate: &mut InflateBudget,
+    ) -> Result<Part, String> {
         let PartRequest {
             kind,
             text,
@@ -101,7 +118,7 @@ impl PartBudget {
         };
         match kind {
             PartType::Image => image_part(source, media_type),
-            PartType::Document => document_part(source, media_type),
+            PartType::Document => document_part(source, media_type, inflate),
             PartType::Text => unreachable!("handled above"),
         }
     }
@@ -186,7 +203,11 @@ fn image_part(source: Fetched, media_type: Option<String>) -> Result<Part, Strin
     }
 }
 
-fn document_part(source: Fetched, media_type: Option<String>) -> Result<Part, String> {
+fn document_part(
+    source: Fetched,
+    media_type: Option<String>,
+    inflate: &mut InflateBudget,
+) -> Result<Part, String> {
     if media_type
         .as_deref()
         .is_some_and(|name| !name.eq_ignore_ascii_case(PDF_MEDIA_TYPE))
@@ -195,7 +216,7 @@ fn document_part(source: Fetched, media_type: Option<String>) -> Result<Part, St
     }
     match source {
         Fetched::Data(bytes, data) => {
-            let measure = pdf::measure(&bytes).map_err(|error| error.to_string())?;
+            let measure = pdf::measure(&bytes, inflate).map_err(|error| error.to_string())?;
             Ok(Part::Document {
                 source: Source::Base64 {
                     media_type: PDF_MEDIA_TYPE.to_owned(),
@@ -251,7 +272,12 @@ mod tests {
     }
 
     fn parse(request: PartRequest) -> Result<Part, String> {
-        match PartBudget::default().parse(0, Role::User, vec![request]) {
+        match PartBudget::default().parse(
+            0,
+            Role::User,
+            vec![request],
+            &mut InflateBudget::default(),
+        ) {
             Ok(mut parts) => Ok(parts.remove(0)),
             Err(ServiceError::Validation(message)) => Err(message),
             Err(other) => panic!("{other:?}"),
@@ -326,11 +352,20 @@ mod tests {
         let image = || part(PartType::Image, Some(&png(10, 10)), None);
         assert!(
             PartBudget::default()
-                .parse(0, Role::System, vec![image()])
+                .parse(
+                    0,
+                    Role::System,
+                    vec![image()],
+                    &mut InflateBudget::default()
+                )
                 .is_err()
         );
         let many = vec![image(); MAX_PARTS + 1];
-        assert!(PartBudget::default().parse(0, Role::User, many).is_err());
+        assert!(
+            PartBudget::default()
+                .parse(0, Role::User, many, &mut InflateBudget::default())
+                .is_err()
+        );
     }
 
     #[test]

@@ -164,6 +164,7 @@ async fn every_contract_operation_is_served_or_listed_as_pending() {
         allow_private_webhooks: false,
         default_deadline: jobledger::jobs::input::DEFAULT_DEADLINE,
         charging: Default::default(),
+        measuring: jobledger::jobs::measuring::Measuring::per_core(),
     });
     let names = operation_names();
     assert!(names.len() >= 12, "the contract lost operations: {names:?}");

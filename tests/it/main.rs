@@ -48,6 +48,7 @@ mod models;
 mod operations;
 mod parameters;
 mod parts;
+mod pdf_holds;
 mod pooler;
 mod prices_import;
 mod processes;

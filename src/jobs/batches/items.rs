@@ -21,8 +21,10 @@ use crate::jobs::input::{
     parse_max_output_tokens, parse_messages,
 };
 use crate::jobs::labels::Labels;
+use crate::jobs::measuring::Measuring;
 use crate::jobs::parts::check_model_takes;
 use crate::llm::ProviderRegistry;
+use crate::llm::parts::pdf::InflateBudget;
 use entity::{BatchMode, BatchStatus, EventKind, JobStatus, JsonText, Timestamp, batches, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
@@ -67,13 +69,15 @@ struct Item {
     fingerprint: String,
 }
 
-/// What the operator's configuration gives every item.
-#[derive(Clone, Copy, Debug)]
+/// What the operator's configuration gives every item, and where their documents
+/// are measured.
+#[derive(Clone, Debug)]
 pub struct ItemRules {
     /// The deadline of an item whose batch names none, counted from when it is added.
     pub default_deadline: Duration,
     /// What a failed call may charge, which sizes each item's hold.
     pub charging: ChargingPolicy,
+    pub measuring: Measuring,
 }
 
 /// Adds `requests` to an OPEN batch of the tenant, all or nothing (see the module).
@@ -89,6 +93,7 @@ pub async fn add_items(
     let ItemRules {
         default_deadline,
         charging,
+        measuring,
     } = rules;
     if requests.is_empty() || requests.len() > MAX_ITEMS_PER_CALL {
         return Err(ServiceError::validation(format!(
@@ -113,7 +118,17 @@ pub async fn add_items(
     let deadline = settings
         .deadline
         .map_or(Deadline::After(default_deadline), Deadline::At);
-    let (items, repeated) = parse_items(&batch, &settings, deadline, requests, charging)?;
+    let documents = requests
+        .iter()
+        .any(|request| MessageRequest::any_document(&request.messages));
+    let (items, repeated) = {
+        let (batch, settings) = (batch.clone(), settings.clone());
+        measuring
+            .run(documents, move || {
+                parse_items(&batch, &settings, deadline, requests, charging)
+            })
+            .await?
+    };
     let mut tries = 0;
     loop {
         tries += 1;
@@ -232,6 +247,8 @@ fn parse_items(
     let mut seen: HashMap<String, String> = HashMap::with_capacity(requests.len());
     let mut items = Vec::with_capacity(requests.len());
     let mut repeated = 0;
+    // The call is the request: all its items' documents share one inflate budget.
+    let mut inflate = InflateBudget::default();
     for (index, request) in requests.into_iter().enumerate() {
         let at = |error: ServiceError| match error {
             ServiceError::Validation(message) => {
@@ -246,7 +263,7 @@ fn parse_items(
             ))));
         }
         crate::validation::single_line("customId", &request.custom_id).map_err(at)?;
-        let messages = parse_messages(request.messages).map_err(at)?;
+        let messages = parse_messages(request.messages, &mut inflate).map_err(at)?;
         check_model_takes(
             &batch.model,
             messages.iter().flat_map(|message| &message.parts),

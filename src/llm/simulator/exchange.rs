@@ -90,11 +90,12 @@ impl Part {
             shape.image_tokens(model, size)
         };
         // Its pages at their allowance; its text, measured as the hold measures it,
-        // as the simulator counts any text: a quarter of its bytes.
+        // as the simulator counts any text: a quarter of its bytes. A budget of its
+        // own: the job's documents passed a shared one when it was created.
         let document = |bytes: Option<Vec<u8>>| {
             bytes
                 .as_deref()
-                .and_then(|bytes| pdf::measure(bytes).ok())
+                .and_then(|bytes| pdf::measure(bytes, &mut pdf::InflateBudget::default()).ok())
                 .map_or(0, |measure| {
                     TOKENS_PER_PDF_PAGE * u64::from(measure.pages) + measure.text_tokens.div_ceil(4)
                 })

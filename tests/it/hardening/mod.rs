@@ -12,6 +12,7 @@ mod client_limits;
 mod connections;
 mod documents;
 mod live_connections;
+mod measuring;
 mod protocol;
 mod sockets;
 

@@ -4,25 +4,50 @@
 //! Pages are the larger of the page tree's `/Count` and the page objects found, in
 //! the file and in its compressed streams (PDF 1.5 keeps objects inside them). The
 //! text is the string operands of the text-showing operators of every stream, as a
-//! reader decodes it ([`text`]). Both are upper bounds of what a provider sees, which
-//! is what a hold needs; a document whose text cannot be bounded is refused.
+//! reader decodes it ([`text`]), a form's once per draw ([`forms`]), times the most
+//! characters the document's `ToUnicode` maps give one code. Both are upper bounds
+//! of what a provider sees, which is what a hold needs; a document whose text
+//! cannot be bounded is refused.
 //!
 //! Streams are inflated a chunk at a time and counted as they come, so memory stays
-//! that of one chunk whatever a stream inflates to; the inflated bytes of the whole
-//! document are capped, and a document above the cap (a deflate bomb) is refused.
+//! that of one chunk whatever a stream inflates to (object streams aside, kept up to
+//! [`objects::MAX_KEPT_BYTES`] to look objects up in); the inflated bytes of all the
+//! documents of one request are capped together ([`InflateBudget`]), and documents
+//! above the cap (deflate bombs) are refused.
 
+mod forms;
+mod objects;
+mod pages;
 mod streams;
 mod text;
 
+use forms::{Bindings, Draws, Form};
+use objects::Objects;
+use pages::Pages;
 use std::fmt;
 use std::io::Read;
-use streams::{Encoding, PngRows, Predictor};
-use text::TextCounter;
+use streams::{Encoding, PngRows, Predictor, Value, value_of};
+use text::{Shown, TextCounter};
 
-/// Most bytes all of a document's streams may inflate to.
+/// Most bytes the streams of all the documents of one request (a job, a quote, a
+/// call adding batch items) may inflate to together.
 pub const MAX_INFLATED_BYTES: u64 = 64 * 1024 * 1024;
 /// Bytes inflated at a time.
 const CHUNK_BYTES: usize = 64 * 1024;
+
+/// The bytes the documents of one request may still inflate to: one budget is
+/// shared by all of them, so twenty documents cost what one may.
+pub struct InflateBudget {
+    left: u64,
+}
+
+impl Default for InflateBudget {
+    fn default() -> Self {
+        Self {
+            left: MAX_INFLATED_BYTES,
+        }
+    }
+}
 
 /// What a PDF counts as.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,8 +66,11 @@ pub enum PdfError {
     Encrypted,
     /// A stream is encoded with filters not read here, so its text is not bounded.
     Filter(String),
-    /// Its streams inflate to more than [`MAX_INFLATED_BYTES`].
+    /// The request's documents inflate to more than [`MAX_INFLATED_BYTES`].
     Inflated,
+    /// Its forms draw each other in a cycle, or nest deeper than
+    /// [`forms::MAX_FORM_DEPTH`], with text: what they show has no bound.
+    Forms,
 }
 
 impl fmt::Display for PdfError {
@@ -58,14 +86,20 @@ impl fmt::Display for PdfError {
             ),
             Self::Inflated => write!(
                 f,
-                "the PDF's streams inflate to more than {MAX_INFLATED_BYTES} bytes; at most {MAX_INFLATED_BYTES} are accepted"
+                "the request's PDFs inflate to more than {MAX_INFLATED_BYTES} bytes; at most {MAX_INFLATED_BYTES} are accepted per request, all documents together"
+            ),
+            Self::Forms => write!(
+                f,
+                "the PDF's forms draw each other in a cycle, or nest deeper than {} levels, with text; its text cannot be counted before the hold",
+                forms::MAX_FORM_DEPTH
             ),
         }
     }
 }
 
-/// The pages and the text bound of `bytes`.
-pub fn measure(bytes: &[u8]) -> Result<Measure, PdfError> {
+/// The pages and the text bound of `bytes`, its streams' inflated bytes taken from
+/// `budget`.
+pub fn measure(bytes: &[u8], budget: &mut InflateBudget) -> Result<Measure, PdfError> {
     if !bytes.starts_with(b"%PDF-") {
         return Err(PdfError::NoPages);
     }
@@ -75,29 +109,65 @@ pub fn measure(bytes: &[u8]) -> Result<Measure, PdfError> {
     let mut pages = Pages::default();
     pages.feed(bytes);
     pages.finish();
+    let mut objects = Objects::of_file(bytes);
+    let mut text = Text::default();
     // The file as it is: its unfiltered streams, wherever they end.
-    let mut shown = TextCounter::default();
-    shown.feed(bytes);
-    let mut text_tokens = shown.finish();
-    let mut budget = MAX_INFLATED_BYTES;
+    let mut whole = TextCounter::default();
+    whole.feed(bytes);
+    text.add(whole.finish());
+    // The forms, with their dictionaries: their bindings are read once every object
+    // stream is.
+    let mut found_forms: Vec<(&[u8], Option<u32>, Shown)> = Vec::new();
     for stream in streams::streams(bytes) {
         let data = &bytes[stream.data..];
-        match stream.encoding {
-            // Read above, with the rest of the file.
-            Encoding::Plain => {}
+        let dictionary = stream.dictionary.unwrap_or_default();
+        let form = forms::is_form(dictionary);
+        let mut kept = match value_of(dictionary, b"/Type") {
+            None => None,
+            Some(Value::Names(names)) if names != [b"ObjStm".to_vec()] => None,
+            Some(Value::Names(_)) => Some(Vec::new()),
+            // Perhaps an object stream: its objects cannot be known.
+            Some(_) => {
+                objects.missed();
+                None
+            }
+        };
+        let room = objects.room();
+        let mut keep = |chunk: &[u8]| {
+            if let Some(data) = &mut kept {
+                if data.len() + chunk.len() > room {
+                    kept = None;
+                } else {
+                    data.extend_from_slice(chunk);
+                }
+            }
+        };
+        let shown = match stream.encoding {
+            Encoding::Plain => {
+                let end = forms::plain_extent(data, dictionary, &objects);
+                keep(&data[..end]);
+                // Read above, with the rest of the file; a form is read again on its
+                // own, as it is shown on every draw.
+                form.then(|| {
+                    let mut counter = TextCounter::default();
+                    counter.feed(&data[..end]);
+                    counter.finish()
+                })
+            }
             // Pixels: the page's allowance counts them.
-            Encoding::Image => {}
+            Encoding::Image => None,
             Encoding::Unread(filters) => return Err(PdfError::Filter(filters)),
             Encoding::Flate(Predictor::None) => {
                 let mut counter = TextCounter::default();
                 let mut pages_here = Pages::default();
-                inflate(data, &mut budget, |chunk| {
+                inflate(data, budget, |chunk| {
                     counter.feed(chunk);
                     pages_here.feed(chunk);
+                    keep(chunk);
                 })?;
                 pages_here.finish();
                 pages.add(&pages_here);
-                text_tokens = text_tokens.saturating_add(counter.finish());
+                Some(counter.finish())
             }
             Encoding::Flate(Predictor::Png {
                 bytes_per_pixel,
@@ -106,45 +176,123 @@ pub fn measure(bytes: &[u8]) -> Result<Measure, PdfError> {
                 let mut counter = TextCounter::default();
                 let mut pages_here = Pages::default();
                 let mut rows = PngRows::new(bytes_per_pixel, row);
-                inflate(data, &mut budget, |chunk| {
+                inflate(data, budget, |chunk| {
                     rows.feed(chunk, &mut |row| {
                         counter.feed(row);
                         pages_here.feed(row);
+                        keep(row);
                     });
                 })?;
                 pages_here.finish();
                 pages.add(&pages_here);
-                text_tokens = text_tokens.saturating_add(counter.finish());
+                Some(counter.finish())
             }
             // What a reader makes of it is not known here — a predictor not undone, a
             // keyword in other data, a stream whose dictionary is hidden: every byte
             // it inflates to counts, which no text it shows exceeds (one that does not
             // inflate is plain, and read above).
-            Encoding::Flate(Predictor::Other) | Encoding::Unknown => {
-                let inflated = inflate(data, &mut budget, |_| {})?;
-                text_tokens = text_tokens.saturating_add(inflated);
+            Encoding::Unknown => {
+                let inflated = inflate(data, budget, |_| {})?;
+                Some(unread(inflated, false))
+            }
+            Encoding::Flate(Predictor::Other) => {
+                let inflated = inflate(data, budget, |_| {})?;
+                Some(unread(inflated, true))
             }
             // Likewise; and one that does not inflate is encoded some other way.
-            Encoding::Unreadable => match inflate(data, &mut budget, |_| {})? {
+            Encoding::Unreadable => match inflate(data, budget, |_| {})? {
                 0 => return Err(PdfError::Filter("filters given indirectly".into())),
-                inflated => text_tokens = text_tokens.saturating_add(inflated),
+                inflated => Some(unread(inflated, true)),
             },
+        };
+        match kept {
+            Some(data) if !matches!(stream.encoding, Encoding::Image) => {
+                objects.add_stream(dictionary, data)
+            }
+            // An object stream not read, or too large to keep.
+            Some(_) => objects.missed(),
+            None if value_of(dictionary, b"/Type")
+                == Some(Value::Names(vec![b"ObjStm".to_vec()])) =>
+            {
+                objects.missed()
+            }
+            None => {}
+        }
+        match shown {
+            Some(shown) if form => found_forms.push((dictionary, stream.object, shown)),
+            Some(shown) => text.add(shown),
+            None => {}
         }
     }
+    let forms: Vec<Form> = found_forms
+        .into_iter()
+        .map(|(dictionary, object, shown)| {
+            text.longest_mapping = text.longest_mapping.max(shown.longest_mapping);
+            text.longest_glyph = text.longest_glyph.max(shown.longest_glyph);
+            Form {
+                object,
+                text: shown.bytes,
+                draws: shown.draws,
+                bindings: Bindings::of_form(dictionary, &objects),
+            }
+        })
+        .collect();
+    let everywhere = Bindings::everywhere(bytes, &objects);
+    let drawn =
+        forms::drawn_bytes(&forms, &text.draws, everywhere.as_ref()).ok_or(PdfError::Forms)?;
     let count = pages.tree_count.max(pages.objects);
     if count == 0 {
         return Err(PdfError::NoPages);
     }
     Ok(Measure {
         pages: count,
-        text_tokens,
+        text_tokens: text
+            .bytes
+            .saturating_add(drawn)
+            .saturating_mul(text::units(text.longest_mapping).max(text.longest_glyph)),
     })
+}
+
+/// What the streams that are not forms show, together.
+#[derive(Default)]
+struct Text {
+    bytes: u64,
+    /// The document's: a font's map applies wherever the font is used.
+    longest_mapping: u64,
+    longest_glyph: u64,
+    draws: Draws,
+}
+
+impl Text {
+    fn add(&mut self, shown: Shown) {
+        self.bytes = self.bytes.saturating_add(shown.bytes);
+        self.longest_mapping = self.longest_mapping.max(shown.longest_mapping);
+        self.longest_glyph = self.longest_glyph.max(shown.longest_glyph);
+        self.draws.merge(shown.draws);
+    }
+}
+
+/// What a stream inflated to `inflated` bytes not read may show: each byte, a
+/// draw every four (`/ Do`), and — when a reader may take it for a `ToUnicode` map
+/// or an object stream holding an encoding (`mapped`: it has a dictionary) — codes
+/// mapped to half its bytes, glyph names as long as it.
+fn unread(inflated: u64, mapped: bool) -> Shown {
+    Shown {
+        bytes: inflated,
+        longest_mapping: if mapped { inflated / 2 } else { 0 },
+        longest_glyph: if mapped { inflated } else { 0 },
+        draws: Draws::unnamed(inflated / 4),
+    }
 }
 
 /// Inflates the deflate data at the start of `data` into `each`, a chunk at a time,
 /// until it ends or is broken; the bytes inflated are taken from `budget`. Data that
 /// is not deflated inflates to nothing.
-fn inflate(data: &[u8], budget: &mut u64, mut each: impl FnMut(&[u8])) -> Result<u64, PdfError> {
+fn inflate(
+    data: &[u8],
+    budget: &mut InflateBudget,
+    mut each: impl FnMut(&[u8]),
+) -> Result<u64, PdfError> {
     let mut decoder = flate2::read::ZlibDecoder::new(data);
     let mut chunk = vec![0; CHUNK_BYTES];
     let mut inflated = 0u64;
@@ -153,94 +301,13 @@ fn inflate(data: &[u8], budget: &mut u64, mut each: impl FnMut(&[u8])) -> Result
             Ok(0) | Err(_) => return Ok(inflated),
             Ok(read) => read,
         };
-        *budget = budget.checked_sub(read as u64).ok_or(PdfError::Inflated)?;
+        budget.left = budget
+            .left
+            .checked_sub(read as u64)
+            .ok_or(PdfError::Inflated)?;
         inflated += read as u64;
         each(&chunk[..read]);
     }
-}
-
-/// Bytes kept before and after a `/Type` to read its dictionary: a page tree node's
-/// `/Count` is looked for within them.
-const CONTEXT_BYTES: usize = 1024;
-
-/// Counts the pages of bytes fed in chunks: each `/Type` is read once enough bytes
-/// follow it, with the bytes before it kept from the chunk before.
-#[derive(Default)]
-struct Pages {
-    /// The largest `/Count` of a `/Type /Pages` node: the root's is the document's.
-    tree_count: u32,
-    /// `/Type /Page` dictionaries seen.
-    objects: u32,
-    /// The bytes kept, and the offset in them from which `/Type` is still to be read.
-    kept: Vec<u8>,
-    unread: usize,
-}
-
-impl Pages {
-    fn feed(&mut self, bytes: &[u8]) {
-        self.kept.extend_from_slice(bytes);
-        let readable = self.kept.len().saturating_sub(CONTEXT_BYTES);
-        self.read_until(readable);
-        let drop = self
-            .kept
-            .len()
-            .saturating_sub(2 * CONTEXT_BYTES)
-            .min(self.unread);
-        self.kept.drain(..drop);
-        self.unread -= drop;
-    }
-
-    /// Reads what is left: the bytes end here.
-    fn finish(&mut self) {
-        self.read_until(self.kept.len());
-        self.kept = Vec::new();
-        self.unread = 0;
-    }
-
-    fn add(&mut self, other: &Self) {
-        self.tree_count = self.tree_count.max(other.tree_count);
-        self.objects = self.objects.saturating_add(other.objects);
-    }
-
-    /// Reads every `/Type` that starts before `end`.
-    fn read_until(&mut self, end: usize) {
-        let bytes = &self.kept;
-        let mut at = self.unread;
-        while let Some(found) = find(&bytes[at..], b"/Type").filter(|found| at + found < end) {
-            at += found + b"/Type".len();
-            let rest = skip_space(&bytes[at..]);
-            let Some(name) = rest.strip_prefix(b"/Page") else {
-                continue;
-            };
-            if name.starts_with(b"s") {
-                if let Some(count) = count_in_dictionary(bytes, at) {
-                    self.tree_count = self.tree_count.max(count);
-                }
-            } else if !name.first().is_some_and(u8::is_ascii_alphanumeric) {
-                self.objects = self.objects.saturating_add(1);
-            }
-        }
-        self.unread = at.max(end.min(bytes.len()));
-    }
-}
-
-/// The `/Count N` of the dictionary around `at`: looked for within the dictionary's
-/// bounds (from the last `<<` before to the next `>>` after, each within
-/// [`CONTEXT_BYTES`]; a page tree node holds no nested dictionary before its count in
-/// practice, and a miss only loses the tree's count, never the page objects).
-fn count_in_dictionary(bytes: &[u8], at: usize) -> Option<u32> {
-    let from = at.saturating_sub(CONTEXT_BYTES);
-    let start = from + rfind(&bytes[from..at], b"<<")?;
-    let to = (at + CONTEXT_BYTES).min(bytes.len());
-    let end = at + find(&bytes[at..to], b">>")?;
-    let dictionary = &bytes[start..end];
-    let position = find(dictionary, b"/Count")?;
-    let digits: Vec<u8> = skip_space(&dictionary[position + b"/Count".len()..])
-        .iter()
-        .copied()
-        .take_while(u8::is_ascii_digit)
-        .collect();
-    std::str::from_utf8(&digits).ok()?.parse().ok()
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
@@ -304,8 +371,12 @@ mod tests {
         deflate.finish().unwrap()
     }
 
+    fn measured(bytes: &[u8]) -> Result<Measure, PdfError> {
+        measure(bytes, &mut InflateBudget::default())
+    }
+
     fn pages(bytes: &[u8]) -> Option<u32> {
-        measure(bytes).ok().map(|measure| measure.pages)
+        measured(bytes).ok().map(|measure| measure.pages)
     }
 
     /// A one-page PDF whose content is `data` under `dictionary`.
@@ -359,8 +430,8 @@ mod tests {
 
     #[test]
     fn what_is_not_a_pdf_with_pages_is_refused() {
-        assert_eq!(measure(b"\x89PNG\r\n"), Err(PdfError::NoPages));
-        assert_eq!(measure(b"%PDF-1.4\n%%EOF\n"), Err(PdfError::NoPages));
+        assert_eq!(measured(b"\x89PNG\r\n"), Err(PdfError::NoPages));
+        assert_eq!(measured(b"%PDF-1.4\n%%EOF\n"), Err(PdfError::NoPages));
     }
 
     #[test]
@@ -368,19 +439,19 @@ mod tests {
         let text = "x".repeat(100_000);
         let content = format!("BT /F1 1 Tf ({text}) Tj ET");
         let plain = pdf_with_content(content.as_bytes());
-        assert_eq!(measure(&plain).unwrap().text_tokens, 100_000);
+        assert_eq!(measured(&plain).unwrap().text_tokens, 100_000);
         let flate = with_stream("<< /Filter /FlateDecode >>", &deflated(content.as_bytes()));
-        assert_eq!(measure(&flate).unwrap().text_tokens, 100_000);
+        assert_eq!(measured(&flate).unwrap().text_tokens, 100_000);
         // Whatever the dictionary claims, what a reader would show counts.
         let disguised = with_stream(
             "<< /Subtype /Image /Filter /FlateDecode >>",
             &deflated(content.as_bytes()),
         );
-        assert_eq!(measure(&disguised).unwrap().text_tokens, 100_000);
+        assert_eq!(measured(&disguised).unwrap().text_tokens, 100_000);
         // An `endstream` inside the data cuts nothing.
         let cut = format!("(endstream\nendobj\n) Tj {content}");
         assert_eq!(
-            measure(&pdf_with_content(cut.as_bytes()))
+            measured(&pdf_with_content(cut.as_bytes()))
                 .unwrap()
                 .text_tokens,
             100_017
@@ -396,13 +467,30 @@ mod tests {
             "<< /Filter /FlateDecode /DecodeParms << /Predictor 12 /Columns 10 >> >>",
             &deflated(&rows),
         );
-        assert_eq!(measure(&predicted).unwrap().text_tokens, 100_000);
+        assert_eq!(measured(&predicted).unwrap().text_tokens, 100_000);
         // A predictor not undone: every inflated byte.
         let tiff = with_stream(
             "<< /Filter /FlateDecode /DecodeParms << /Predictor 2 >> >>",
             &deflated(content.as_bytes()),
         );
-        assert_eq!(measure(&tiff).unwrap().text_tokens, content.len() as u64);
+        // It may be a `ToUnicode` map too, or hold an encoding's glyph names: one
+        // code may stand for as many characters as it has bytes.
+        let bytes = content.len() as u64;
+        assert_eq!(measured(&tiff).unwrap().text_tokens, bytes * bytes);
+    }
+
+    #[test]
+    fn a_unicode_map_multiplies_the_text_of_every_stream() {
+        // The font's map is a stream of its own, as it is in practice.
+        let mut file = with_stream(
+            "<< /Filter /FlateDecode >>",
+            &deflated(b"1 beginbfchar <01> <006600660069> endbfchar"),
+        );
+        file.truncate(file.len() - b"%%EOF\n".len());
+        file.extend(b"10 0 obj\n<< /Filter /FlateDecode >>\nstream\n");
+        file.extend(deflated(b"BT (\x01\x01) Tj ET"));
+        file.extend(b"\nendstream\nendobj\n%%EOF\n");
+        assert_eq!(measured(&file).unwrap().text_tokens, 2 * 3);
     }
 
     #[test]
@@ -411,23 +499,23 @@ mod tests {
             "<< /Type /XObject /Subtype /Image /Filter /DCTDecode >>",
             b"\xff\xd8\xff\xe0(x) (y)",
         );
-        assert_eq!(measure(&photo).unwrap().text_tokens, 0);
+        assert_eq!(measured(&photo).unwrap().text_tokens, 0);
         let pixels = with_stream(
             "<< /Subtype /Image /Filter /FlateDecode >>",
             &deflated(&[0x28; 10_000]),
         );
-        assert_eq!(measure(&pixels).unwrap().text_tokens, 0);
+        assert_eq!(measured(&pixels).unwrap().text_tokens, 0);
     }
 
     #[test]
     fn what_cannot_be_bounded_is_refused() {
         let lzw = with_stream("<< /Filter /LZWDecode >>", b"\x80\x0b");
-        assert_eq!(measure(&lzw), Err(PdfError::Filter("/LZWDecode".into())));
+        assert_eq!(measured(&lzw), Err(PdfError::Filter("/LZWDecode".into())));
         let indirect = with_stream("<< /Filter 12 0 R >>", b"not deflated");
-        assert!(matches!(measure(&indirect), Err(PdfError::Filter(_))));
+        assert!(matches!(measured(&indirect), Err(PdfError::Filter(_))));
         let mut encrypted = pdf(1);
         encrypted.extend(b"trailer\n<< /Encrypt 5 0 R >>\n");
-        assert_eq!(measure(&encrypted), Err(PdfError::Encrypted));
+        assert_eq!(measured(&encrypted), Err(PdfError::Encrypted));
     }
 
     #[test]
@@ -439,7 +527,7 @@ mod tests {
             deflate.write_all(&zeros).unwrap();
         }
         let bomb = with_stream("<< /Filter /FlateDecode >>", &deflate.finish().unwrap());
-        assert_eq!(measure(&bomb), Err(PdfError::Inflated));
+        assert_eq!(measured(&bomb), Err(PdfError::Inflated));
         assert!(
             PdfError::Inflated
                 .to_string()

@@ -40,16 +40,19 @@ pub enum Predictor {
 /// Rows longer than this are not undone: a PNG predictor keeps one row.
 const MAX_ROW_BYTES: usize = 1024 * 1024;
 
-/// Where a stream's data starts in the file, and its encoding.
-pub struct StreamStart {
+/// Where a stream's data starts in the file, its encoding, its dictionary and the
+/// number of the object it is (when `N G obj` precedes the dictionary).
+pub struct StreamStart<'a> {
     pub data: usize,
     pub encoding: Encoding,
+    pub dictionary: Option<&'a [u8]>,
+    pub object: Option<u32>,
 }
 
 /// Every `stream` keyword of `bytes` that ends a line, with where its data starts
 /// and what its dictionary says. A keyword no dictionary precedes is still given
 /// (as [`Encoding::Unknown`]): only data that inflates counts for it.
-pub fn streams(bytes: &[u8]) -> impl Iterator<Item = StreamStart> + '_ {
+pub fn streams(bytes: &[u8]) -> impl Iterator<Item = StreamStart<'_>> + '_ {
     let mut at = 0;
     std::iter::from_fn(move || {
         loop {
@@ -64,8 +67,17 @@ pub fn streams(bytes: &[u8]) -> impl Iterator<Item = StreamStart> + '_ {
                 Some([b'\n']) | Some([b'\r']) => at + 1,
                 _ => continue,
             };
-            let encoding = dictionary_before(&bytes[..found]).map_or(Encoding::Unknown, encoding);
-            return Some(StreamStart { data, encoding });
+            let dictionary = dictionary_before(&bytes[..found]);
+            let object = dictionary.and_then(|dictionary| {
+                let start = dictionary.as_ptr() as usize - bytes.as_ptr() as usize;
+                object_number_before(&bytes[..start])
+            });
+            return Some(StreamStart {
+                data,
+                encoding: dictionary.map_or(Encoding::Unknown, encoding),
+                dictionary,
+                object,
+            });
         }
     })
 }
@@ -96,6 +108,35 @@ fn dictionary_before(bytes: &[u8]) -> Option<&[u8]> {
         }
     }
     None
+}
+
+/// The `N` of an `N G obj` that `bytes` ends with (whitespace aside).
+pub fn object_number_before(bytes: &[u8]) -> Option<u32> {
+    let before = trim_end(bytes).strip_suffix(b"obj")?;
+    let (_, before) = trailing_digits(before)?;
+    let (number, _) = trailing_digits(before)?;
+    std::str::from_utf8(number).ok()?.parse().ok()
+}
+
+/// The digits `bytes` ends with, after whitespace, and what precedes them.
+fn trailing_digits(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    let trimmed = trim_end(bytes);
+    if trimmed.len() == bytes.len() {
+        return None;
+    }
+    let start = trimmed
+        .iter()
+        .rposition(|byte| !byte.is_ascii_digit())
+        .map_or(0, |at| at + 1);
+    (start < trimmed.len()).then(|| (&trimmed[start..], &trimmed[..start]))
+}
+
+fn trim_end(bytes: &[u8]) -> &[u8] {
+    let end = bytes
+        .iter()
+        .rposition(|byte| !byte.is_ascii_whitespace())
+        .map_or(0, |at| at + 1);
+    &bytes[..end]
 }
 
 fn encoding(dictionary: &[u8]) -> Encoding {
@@ -169,7 +210,7 @@ fn predictor(dictionary: &[u8]) -> Option<Predictor> {
 
 /// A dictionary value, as far as it matters here.
 #[derive(Debug, PartialEq, Eq)]
-enum Value<'a> {
+pub enum Value<'a> {
     /// A name, or an array of names: without their slashes, `#xx` escapes decoded.
     Names(Vec<Vec<u8>>),
     Dictionary(&'a [u8]),
@@ -180,7 +221,13 @@ enum Value<'a> {
 }
 
 /// The value of `key` among the top-level entries of `dictionary` (`<< … >>`).
-fn value_of<'a>(dictionary: &'a [u8], key: &[u8]) -> Option<Value<'a>> {
+pub fn value_of<'a>(dictionary: &'a [u8], key: &[u8]) -> Option<Value<'a>> {
+    value_at(dictionary, key).map(value)
+}
+
+/// The bytes from where the value of `key` starts, among the top-level entries of
+/// `dictionary` (`<< … >>`), to the dictionary's end.
+pub fn value_at<'a>(dictionary: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
     let inner = dictionary.strip_prefix(b"<<")?.strip_suffix(b">>")?;
     let mut depth = 0usize;
     let mut at = 0;
@@ -196,7 +243,7 @@ fn value_of<'a>(dictionary: &'a [u8], key: &[u8]) -> Option<Value<'a>> {
                 .get(key.len())
                 .is_some_and(|byte| byte.is_ascii_alphanumeric())
         {
-            return Some(value(&inner[at + key.len()..]));
+            return Some(&inner[at + key.len()..]);
         }
         at += if rest.starts_with(b"<<") || rest.starts_with(b">>") {
             2
@@ -258,7 +305,7 @@ fn value(bytes: &[u8]) -> Value<'_> {
 }
 
 /// The balanced `<< … >>` at the start of `bytes`.
-fn dictionary_at(bytes: &[u8]) -> Option<&[u8]> {
+pub fn dictionary_at(bytes: &[u8]) -> Option<&[u8]> {
     let mut depth = 0usize;
     let mut at = 0;
     while at + 2 <= bytes.len() {
@@ -280,7 +327,7 @@ fn dictionary_at(bytes: &[u8]) -> Option<&[u8]> {
     None
 }
 
-fn raw_name_length(bytes: &[u8]) -> usize {
+pub fn raw_name_length(bytes: &[u8]) -> usize {
     bytes
         .iter()
         .position(|byte| byte.is_ascii_whitespace() || b"()<>[]{}/%".contains(byte))
@@ -288,7 +335,7 @@ fn raw_name_length(bytes: &[u8]) -> usize {
 }
 
 /// A name's characters, its `#xx` escapes decoded (`/Fl#61teDecode` is `FlateDecode`).
-fn name(bytes: &[u8]) -> Vec<u8> {
+pub fn name(bytes: &[u8]) -> Vec<u8> {
     let raw = &bytes[..raw_name_length(bytes)];
     let mut name = Vec::with_capacity(raw.len());
     let mut at = 0;

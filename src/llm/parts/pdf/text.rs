@@ -5,12 +5,36 @@
 //! character, so these bytes, times the most characters a `ToUnicode` map gives one
 //! code, bound what the text can count.
 //!
+//! Some strings are text an extractor outputs though no operator shows them: a
+//! marked-content `/ActualText`, an annotation's `/Contents`; they count too. And a
+//! font's `/Differences` may name a ligature glyph (`/f_f_i`, `/uni00660069`) that
+//! one code shows as several characters: the largest counts like a `ToUnicode` map's.
+//!
+//! It also counts the stream's `Do`s by the name they draw: a form XObject's text
+//! is shown again on every draw ([`super::forms`]).
+//!
 //! The counter reads bytes one at a time and keeps no more than an operator's
 //! name, so a stream of any size is counted in chunks as it is inflated.
+
+use super::forms::Draws;
 
 /// The longest operator the counter tells apart (`beginbfrange`); a longer run of
 /// regular characters is no operator it acts on.
 const LONGEST_OPERATOR: usize = 12;
+/// The longest name kept as the operand of a `Do` (a PDF name has at most 127
+/// bytes); a `Do` of a longer one draws a name not known.
+const LONGEST_NAME: usize = 127;
+
+/// What a stream shows: its shown string bytes, the longest mapping of its
+/// `ToUnicode` sections and the most characters a glyph of its `/Differences`
+/// stands for (which multiply the text of every stream that uses the font, so the
+/// document's largest counts), and its draws.
+pub struct Shown {
+    pub bytes: u64,
+    pub longest_mapping: u64,
+    pub longest_glyph: u64,
+    pub draws: Draws,
+}
 
 /// Counts the shown text of every byte it is fed, in order, across chunks.
 #[derive(Default)]
@@ -33,6 +57,51 @@ pub struct TextCounter {
     /// The longest hex string of those sections, in bytes: no code maps to more
     /// UTF-16 than that.
     longest_mapping: u64,
+    /// The name operand since the last operator, `#xx` decoded; `None` when none,
+    /// or when it was too long to keep.
+    name: Option<Vec<u8>>,
+    draws: Draws,
+    /// Regular characters of the token being read, however long.
+    token_bytes: u64,
+    /// The string that follows is output though no operator shows it (it follows
+    /// `/ActualText` or `/Contents`).
+    string_shown: bool,
+    /// The name just read is `/Differences`: its array may follow.
+    differences_next: bool,
+    /// Inside a `/Differences` array.
+    in_differences: bool,
+    longest_glyph: u64,
+}
+
+/// The most characters one code of a font whose `ToUnicode` sections map a code to
+/// at most `longest_mapping` bytes of UTF-16 shows (at least one).
+pub fn units(longest_mapping: u64) -> u64 {
+    longest_mapping.div_ceil(2).max(1)
+}
+
+/// The most characters a glyph name stands for, by the Adobe Glyph List's rules:
+/// components joined by `_`, each `uni` and four hex digits a character or a glyph
+/// name; the standard ligatures (`ffi`, …) are one character an extractor may spell
+/// out. What follows a `.` is a variant's suffix.
+fn glyph_characters(name: &[u8]) -> u64 {
+    let name = name.split(|byte| *byte == b'.').next().unwrap_or_default();
+    let characters: u64 = name
+        .split(|byte| *byte == b'_')
+        .map(|component| match component.strip_prefix(b"uni") {
+            Some(hex)
+                if hex.len() >= 4
+                    && hex.len() % 4 == 0
+                    && hex.iter().all(u8::is_ascii_hexdigit) =>
+            {
+                (hex.len() / 4) as u64
+            }
+            _ if matches!(component, b"ff" | b"fi" | b"fl" | b"ffi" | b"ffl") => {
+                component.len() as u64
+            }
+            _ => 1,
+        })
+        .sum();
+    characters.max(1)
 }
 
 #[derive(Clone, Copy, Default, PartialEq, Eq)]
@@ -57,15 +126,18 @@ impl TextCounter {
         }
     }
 
-    /// The bound of the shown text's tokens, once every byte is fed: its string
-    /// bytes, times the most UTF-16 units one code is mapped to (at least one).
-    pub fn finish(mut self) -> u64 {
+    /// What the stream shows, once every byte is fed.
+    pub fn finish(mut self) -> Shown {
         // The data may end on an operator.
         if self.state == State::Between {
             self.end_token();
         }
-        let units = self.longest_mapping.div_ceil(2).max(1);
-        self.shown.saturating_mul(units)
+        Shown {
+            bytes: self.shown,
+            longest_mapping: self.longest_mapping,
+            longest_glyph: self.longest_glyph,
+            draws: self.draws,
+        }
     }
 
     fn step(&mut self, byte: u8) {
@@ -85,7 +157,7 @@ impl TextCounter {
                     _ => depth,
                 };
                 if depth == 0 {
-                    self.pending += self.string_bytes;
+                    self.end_string(self.string_bytes);
                     self.state = State::Between;
                 } else {
                     // Raw bytes: an escape only shortens what it stands for.
@@ -99,7 +171,7 @@ impl TextCounter {
             State::Hex => match byte {
                 b'>' => {
                     let bytes = self.hex_digits.div_ceil(2);
-                    self.pending += bytes;
+                    self.end_string(bytes);
                     if self.in_unicode_map {
                         self.longest_mapping = self.longest_mapping.max(bytes);
                     }
@@ -115,6 +187,8 @@ impl TextCounter {
             }
             State::AfterLess => {
                 if byte == b'<' {
+                    // A dictionary, not the string an `/ActualText` would name.
+                    self.string_shown = false;
                     self.state = State::Between;
                 } else {
                     self.hex_digits = 0;
@@ -126,13 +200,27 @@ impl TextCounter {
         }
     }
 
+    /// A string of `bytes` bytes ends: an operand, or text output as it is.
+    fn end_string(&mut self, bytes: u64) {
+        self.pending += bytes;
+        if std::mem::take(&mut self.string_shown) {
+            self.shown += bytes;
+        }
+    }
+
     fn between(&mut self, byte: u8) {
         let delimiter = matches!(
             byte,
             b'(' | b')' | b'<' | b'>' | b'[' | b']' | b'{' | b'}' | b'/' | b'%'
         ) || is_space(byte);
         if !delimiter {
-            if self.token.len() < LONGEST_OPERATOR {
+            self.token_bytes += 1;
+            let longest = if self.token.first() == Some(&b'/') {
+                LONGEST_NAME + 1
+            } else {
+                LONGEST_OPERATOR
+            };
+            if self.token.len() < longest {
                 self.token.push(byte);
             } else {
                 self.token_long = true;
@@ -149,6 +237,11 @@ impl TextCounter {
                 };
             }
             b'<' => self.state = State::AfterLess,
+            b'[' => {
+                self.in_differences = std::mem::take(&mut self.differences_next);
+                self.string_shown = false;
+            }
+            b']' => self.in_differences = false,
             b'%' => self.state = State::Comment,
             // A name's characters follow its slash: its token starts with it.
             b'/' => self.token.push(byte),
@@ -164,16 +257,37 @@ impl TextCounter {
         }
         let token = std::mem::take(&mut self.token);
         let long = std::mem::take(&mut self.token_long);
+        let token_bytes = std::mem::take(&mut self.token_bytes);
+        self.differences_next = false;
+        self.string_shown = false;
         let operand = token[0] == b'/'
             || token
                 .iter()
                 .all(|byte| byte.is_ascii_digit() || matches!(byte, b'+' | b'-' | b'.'));
         if operand {
+            if token[0] == b'/' {
+                let name = super::streams::name(&token[1..]);
+                if self.in_differences {
+                    // A name too long to keep stands for no more characters than
+                    // it has.
+                    let characters = if long {
+                        token_bytes
+                    } else {
+                        glyph_characters(&name)
+                    };
+                    self.longest_glyph = self.longest_glyph.max(characters);
+                }
+                self.string_shown = matches!(name.as_slice(), b"ActualText" | b"Contents");
+                self.differences_next = name == b"Differences";
+                self.name = (!long).then_some(name);
+            }
             return;
         }
+        let name = self.name.take();
         if !long {
             match token.as_slice() {
                 b"Tj" | b"TJ" | b"'" | b"\"" => self.shown += self.pending,
+                b"Do" => self.draws.add(name),
                 b"beginbfchar" | b"beginbfrange" => self.in_unicode_map = true,
                 b"endbfchar" | b"endbfrange" => self.in_unicode_map = false,
                 _ => {}
@@ -191,12 +305,17 @@ fn is_space(byte: u8) -> bool {
 mod tests {
     use super::*;
 
-    fn count(chunks: &[&[u8]]) -> u64 {
+    fn shown(chunks: &[&[u8]]) -> Shown {
         let mut counter = TextCounter::default();
         for chunk in chunks {
             counter.feed(chunk);
         }
         counter.finish()
+    }
+
+    fn count(chunks: &[&[u8]]) -> u64 {
+        let shown = shown(chunks);
+        shown.bytes * units(shown.longest_mapping).max(shown.longest_glyph)
     }
 
     #[test]
@@ -212,10 +331,7 @@ mod tests {
 
     #[test]
     fn strings_no_text_operator_shows_count_nothing() {
-        assert_eq!(
-            count(&[b"/Span << /ActualText (x) >> BDC (hidden) Td EMC"]),
-            0
-        );
+        assert_eq!(count(&[b"/Span << /Alt (x) >> BDC (hidden) Td EMC"]), 0);
         assert_eq!(count(&[b"% (a comment) Tj\n"]), 0);
         assert_eq!(count(&[b"(Tj)"]), 0);
     }
@@ -239,5 +355,44 @@ mod tests {
             count(&[b"1 beginbfrange <00> <ff> <0041> endbfrange (abc) Tj"]),
             3
         );
+    }
+
+    #[test]
+    fn text_output_without_an_operator_counts() {
+        // Marked content's replacement text, literal or hex (UTF-16).
+        assert_eq!(
+            count(&[b"/Span << /ActualText (ffi) >> BDC (\x01) Tj EMC"]),
+            4
+        );
+        assert_eq!(count(&[b"/Span <</ActualText<FEFF0066>>> BDC EMC"]), 4);
+        // An annotation's text; a page's `/Contents` is a reference, and counts none.
+        assert_eq!(
+            count(&[b"<< /Type /Annot /Subtype /Text /Contents (a note) >>"]),
+            6
+        );
+        assert_eq!(count(&[b"<< /Type /Page /Contents 4 0 R >> (x)"]), 0);
+        assert_eq!(count(&[b"<< /Contents [4 0 R] >> (x)"]), 0);
+        assert_eq!(count(&[b"<< /Contents << /A (x) >> >>"]), 0);
+    }
+
+    #[test]
+    fn ligature_glyph_names_multiply_the_text() {
+        let text = b" (\x01\x02) Tj";
+        let encoding = |differences: &[u8]| {
+            let mut chunk = b"<< /Type /Encoding /Differences [".to_vec();
+            chunk.extend(differences);
+            chunk.extend(b"] >>");
+            count(&[&chunk, text])
+        };
+        assert_eq!(encoding(b"1 /a /b"), 2);
+        assert_eq!(encoding(b"1 /f_f_i /a"), 2 * 3);
+        assert_eq!(encoding(b"1/a_b_c_d.alt/e"), 2 * 4);
+        assert_eq!(encoding(b"1 /uni006600660069006C"), 2 * 4);
+        assert_eq!(encoding(b"1 /ffl"), 2 * 3);
+        // A name too long to keep counts as many characters as its bytes.
+        let long = format!("1 /{}", "a_".repeat(100));
+        assert_eq!(encoding(long.as_bytes()), 2 * 200);
+        // Names outside the array are no glyphs.
+        assert_eq!(count(&[b"/f_f_i /a_b_c [/x] ", text]), 2);
     }
 }
