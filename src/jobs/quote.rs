@@ -24,6 +24,9 @@ pub struct JobQuote {
     pub token_bound: i64,
     /// Whether the built-in simulator serves the chain.
     pub simulated: bool,
+    /// The price version each model of the chain was quoted at: what the job's
+    /// attempts charge the customer at, whatever the prices do before they run.
+    pub held_prices: prices::HeldPrices,
 }
 
 /// The quote of `new` as a create at `now` would compute it, without writing
@@ -60,6 +63,7 @@ pub(super) async fn quote(
     let mut hold = Credits::ZERO;
     let mut token_bound: i64 = 0;
     let mut input_token_bound: u64 = 0;
+    let mut held_prices = prices::HeldPrices::default();
     for model in chain.models() {
         if !providers.serves(model) {
             return Err(ServiceError::validation(format!(
@@ -89,6 +93,7 @@ pub(super) async fn quote(
             new.max_attempts,
             new.input.stream_output,
         ));
+        held_prices.hold(&price);
     }
     Ok(JobQuote {
         hold,
@@ -97,6 +102,7 @@ pub(super) async fn quote(
         max_output_tokens: new.input.max_output_tokens,
         token_bound,
         simulated,
+        held_prices,
     })
 }
 
