@@ -65,11 +65,18 @@ pub(super) async fn quote(
     let mut input_token_bound: u64 = 0;
     let mut held_prices = prices::HeldPrices::default();
     for model in chain.models() {
-        if !providers.serves(model) {
+        let Some(provider) = providers.provider_for(model) else {
             return Err(ServiceError::validation(format!(
                 "model {model:?} is not served: no configured provider routes it"
             )));
-        }
+        };
+        // Each model's provider must take the options as they are: a field it does
+        // not know, or a value of another type, is a 400 on every attempt.
+        super::parameters::check_options_for(
+            model,
+            provider.request_shape(),
+            &new.input.parameters,
+        )?;
         // A worker simulates a job only if the API admitted it for the simulator:
         // a chain that mixed the two would fail its real or its simulated models.
         if providers.simulates(model) != simulated {
