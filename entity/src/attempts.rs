@@ -33,8 +33,13 @@ pub struct Model {
     /// Output tokens streamed to the client before the call ended without usage,
     /// estimated from the text (see `billing::policy`); `None` when nothing streamed.
     pub delivered_output_tokens: Option<i64>,
-    /// The price row this attempt was priced with.
+    /// The price version in force when the attempt ran: what its provider cost is
+    /// priced with.
     pub model_price_id: Uuid,
+    /// The price version its customer charge is priced with: the one the job's hold
+    /// was sized with. `None` (attempts recorded before jobs kept it): the same as
+    /// `model_price_id`.
+    pub customer_price_id: Option<Uuid>,
     /// The provider batch the attempt went out in; `None` for a realtime call.
     pub provider_batch_id: Option<Uuid>,
     pub latency_ms: Option<i64>,

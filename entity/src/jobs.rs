@@ -61,6 +61,11 @@ pub struct Model {
     /// The job's models in the order they are tried, its own first, as a JSON array;
     /// `None` for a job without fallback models (its `model` never changes).
     pub model_chain: Option<JsonText>,
+    /// The price version the job's hold was sized with for each model of its chain, as
+    /// a JSON object of model name to `model_prices.id`: its attempts charge the
+    /// customer at these. `None` for a job created before holds recorded them, which
+    /// is charged at the price in force when each attempt runs.
+    pub held_prices: Option<JsonText>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

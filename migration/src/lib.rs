@@ -32,6 +32,7 @@ mod m20261202_000012_batch_prices;
 mod m20261202_000020_fallback_models;
 mod m20261202_000030_provider_batches;
 mod m20261202_000040_price_origins;
+mod m20261203_000010_held_prices;
 mod m20261203_000040_provider_batch_attribution;
 
 /// Applies jobledger's migrations in order.
@@ -66,6 +67,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261202_000020_fallback_models::Migration),
             Box::new(m20261202_000030_provider_batches::Migration),
             Box::new(m20261202_000040_price_origins::Migration),
+            Box::new(m20261203_000010_held_prices::Migration),
             Box::new(m20261203_000040_provider_batch_attribution::Migration),
         ]
     }

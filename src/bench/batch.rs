@@ -432,6 +432,7 @@ async fn bare_insert(engine: &Engine, items: u64) -> Result<f64, BenchError> {
                                 rerun_of: None,
                                 deadline: Some(now.plus(chrono::Duration::days(1))),
                                 model_chain: None,
+                                held_prices: None,
                             }
                             .into_active_model();
                             parameters.row(columns.iter().map(|column| match row.get(*column) {

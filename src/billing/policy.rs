@@ -267,6 +267,7 @@ mod tests {
             |credits: i64| PricePerMillion(Credits::from_nanos(credits * 1_000_000_000));
         ModelPrice {
             id: Uuid::nil(),
+            customer_version: Uuid::nil(),
             model: "m".into(),
             version: 1,
             batch: None,

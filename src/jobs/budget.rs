@@ -6,8 +6,11 @@
 //! within its call bound: that is the ceiling of what the provider may bill for it.
 //! The customer charges its attempts carry never pass its hold, which the charging
 //! policy sizes for what it may charge (`billing::ChargingPolicy::job_hold`): a call
-//! whose whole customer bound does not fit in what is left of the hold is not made,
-//! which binds only when prices rise while a job waits.
+//! whose whole customer bound does not fit in what is left of the hold is not made.
+//! Attempts charge at the price versions the hold was sized with
+//! (`billing::prices::HeldPrices`), so a price raised while a job waits does not make
+//! its calls outgrow the hold; the check binds only for a job held before versions
+//! were recorded, or whose held version is somehow not stored.
 //!
 //! The first [`FREE_HAND_BACKS`] calls a job has aborted at shutdown and handed back
 //! are counted apart: a rolling restart is the operator's doing, and charging the job's
@@ -135,14 +138,36 @@ impl Spent {
         i64::from(self.paid_calls) < i64::from(job.max_attempts)
     }
 
-    /// Whether one more call, charging the customer at most `customer_bound`, stays
-    /// within the count of paid calls and its charges within `hold`. What the call
-    /// may cost at the provider is bounded by the count alone: the failed calls the
-    /// customer does not pay for are the operator's, and the hold is not sized for
-    /// them.
-    pub fn allows_call(&self, job: &jobs::Model, hold: Credits, customer_bound: Credits) -> bool {
-        self.calls_left(job) && self.customer_charges + customer_bound <= hold
+    /// Why one more call, charging the customer at most `customer_bound`, may not be
+    /// made: `None` when it stays within the count of paid calls and its charges
+    /// within `hold`. What the call may cost at the provider is bounded by the count
+    /// alone: the failed calls the customer does not pay for are the operator's, and
+    /// the hold is not sized for them.
+    pub fn refuses_call(
+        &self,
+        job: &jobs::Model,
+        hold: Credits,
+        customer_bound: Credits,
+    ) -> Option<Refusal> {
+        if !self.calls_left(job) {
+            Some(Refusal::NoPaidCallLeft)
+        } else if self.customer_charges + customer_bound > hold {
+            Some(Refusal::HoldShort)
+        } else {
+            None
+        }
     }
+}
+
+/// Why the budget refuses a job's next call; the attempt fails `PAID_CALL_LIMIT`
+/// unsent, saying which.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The job already made `maxAttempts` calls that may have been billed.
+    NoPaidCallLeft,
+    /// What is left of the hold does not cover the call's whole customer bound at the
+    /// price the attempt charges at.
+    HoldShort,
 }
 
 /// How a terminal job's hold is resolved: charged the sum of its attempts' customer

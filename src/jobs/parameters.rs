@@ -3,7 +3,7 @@
 
 use super::input::check_json;
 use crate::error::ServiceError;
-use crate::llm::Parameters;
+use crate::llm::{Parameters, RequestShape};
 use serde_json::Value;
 
 /// Most stop sequences: OpenAI takes four, Anthropic more.
@@ -61,27 +61,43 @@ const REFUSED_OPTIONS: &[(&str, &str)] = &[
     ("seed", "use seed"),
 ];
 
-/// The only fields `providerOptions` may set: each is known to leave what a call may
-/// cost within its hold (output stays bounded by `maxOutputTokens`, input by the
-/// messages). Anything else — a provider's server-side tools, faster or regional
-/// tiers, containers, MCP servers, fields not known here — may bill beyond the hold,
-/// so it is refused by name rather than passed on.
-const ALLOWED_OPTIONS: &[&str] = &[
-    "user",
-    "metadata",
-    "store",
-    "parallel_tool_calls",
-    "frequency_penalty",
-    "presence_penalty",
-    "logit_bias",
-    "reasoning_effort",
-    "verbosity",
-    "safety_identifier",
-    "prompt_cache_key",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-];
+/// Whether `providerOptions` may set `name` for some provider: each field a provider
+/// takes (`RequestShape`) is known to leave what a call may cost within its hold
+/// (output stays bounded by `maxOutputTokens`, input by the messages). Anything else —
+/// a provider's server-side tools, faster or regional tiers, containers, MCP servers,
+/// fields not known here — may bill beyond the hold, so it is refused by name rather
+/// than passed on. Which provider takes which, and of what type, is checked at create,
+/// when the models' providers are known ([`check_options_for`]).
+fn known_option(name: &str) -> bool {
+    RequestShape::ALL.iter().any(|shape| shape.takes(name))
+}
+
+/// Every field some provider takes, for the message that refuses another.
+fn known_options() -> Vec<&'static str> {
+    let mut names: Vec<&str> = RequestShape::ALL
+        .iter()
+        .flat_map(|shape| shape.option_names())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+}
+
+/// `Validation` naming the first of `parameters`' options that `model`'s provider,
+/// whose calls are sent as `shape`, does not take or takes of another type: it would
+/// answer 400 to every attempt.
+pub fn check_options_for(
+    model: &str,
+    shape: RequestShape,
+    parameters: &Parameters,
+) -> Result<(), ServiceError> {
+    match shape.refused_option(&parameters.provider_options) {
+        None => Ok(()),
+        Some((name, why)) => Err(ServiceError::validation(format!(
+            "providerOptions.{name} cannot be sent for model {model:?}: {why}"
+        ))),
+    }
+}
 
 /// The parameters as a client sent them.
 #[derive(Clone, Debug, Default)]
@@ -148,13 +164,10 @@ pub fn parse_parameters(request: ParameterRequest) -> Result<Parameters, Service
                     "providerOptions may not set {name:?}: {why}"
                 )));
             }
-            if let Some(name) = options
-                .keys()
-                .find(|name| !ALLOWED_OPTIONS.contains(&name.as_str()))
-            {
+            if let Some(name) = options.keys().find(|name| !known_option(name)) {
                 return Err(ServiceError::validation(format!(
                     "providerOptions may not set {name:?}: only fields known to keep a call within its hold are passed on ({})",
-                    ALLOWED_OPTIONS.join(", ")
+                    known_options().join(", ")
                 )));
             }
             options
@@ -227,8 +240,8 @@ mod tests {
             };
             assert!(message.contains(&format!("{name:?}")), "{message}");
         }
-        for name in ALLOWED_OPTIONS {
-            assert!(options(json!({ *name: 1 })).is_ok(), "{name} is passed on");
+        for name in known_options() {
+            assert!(options(json!({ name: 1 })).is_ok(), "{name} is passed on");
         }
     }
 

@@ -24,6 +24,9 @@ pub struct JobQuote {
     pub token_bound: i64,
     /// Whether the built-in simulator serves the chain.
     pub simulated: bool,
+    /// The price version each model of the chain was quoted at: what the job's
+    /// attempts charge the customer at, whatever the prices do before they run.
+    pub held_prices: prices::HeldPrices,
 }
 
 /// The quote of `new` as a create at `now` would compute it, without writing
@@ -60,12 +63,20 @@ pub(super) async fn quote(
     let mut hold = Credits::ZERO;
     let mut token_bound: i64 = 0;
     let mut input_token_bound: u64 = 0;
+    let mut held_prices = prices::HeldPrices::default();
     for model in chain.models() {
-        if !providers.serves(model) {
+        let Some(provider) = providers.provider_for(model) else {
             return Err(ServiceError::validation(format!(
                 "model {model:?} is not served: no configured provider routes it"
             )));
-        }
+        };
+        // Each model's provider must take the options as they are: a field it does
+        // not know, or a value of another type, is a 400 on every attempt.
+        super::parameters::check_options_for(
+            model,
+            provider.request_shape(),
+            &new.input.parameters,
+        )?;
         // A worker simulates a job only if the API admitted it for the simulator:
         // a chain that mixed the two would fail its real or its simulated models.
         if providers.simulates(model) != simulated {
@@ -89,6 +100,7 @@ pub(super) async fn quote(
             new.max_attempts,
             new.input.stream_output,
         ));
+        held_prices.hold(&price);
     }
     Ok(JobQuote {
         hold,
@@ -97,6 +109,7 @@ pub(super) async fn quote(
         max_output_tokens: new.input.max_output_tokens,
         token_bound,
         simulated,
+        held_prices,
     })
 }
 

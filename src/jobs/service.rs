@@ -112,6 +112,7 @@ async fn create(
         model: first_model,
         token_bound,
         simulated,
+        held_prices,
         ..
     } = super::quote::quote(db, providers, &new, now).await?;
     let transaction = begin_write(db).await?;
@@ -153,6 +154,7 @@ async fn create(
         model_chain: Set(
             ModelChain::new(new.model.clone(), new.fallback_models.clone()).to_column(),
         ),
+        held_prices: Set(Some(held_prices.to_column())),
     };
     // A key used before inserts nothing; on PostgreSQL an insert racing with another
     // one of the same key waits for it to commit, so the job it made is there to read.

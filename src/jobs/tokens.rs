@@ -185,6 +185,7 @@ mod tests {
         let per_million = |nanos: i64| PricePerMillion(Credits::from_nanos(nanos * 1_000_000));
         ModelPrice {
             id: uuid::Uuid::nil(),
+            customer_version: uuid::Uuid::nil(),
             model: "gpt-4o".into(),
             version: 1,
             batch: None,

@@ -4,8 +4,8 @@ use super::http::{self, Opened};
 use super::parts::{self, Shape};
 use super::tools::StreamedCalls;
 use super::{
-    ChatRequest, Completion, DeltaSender, PromptCounting, Provider, ProviderError, Role, Timeouts,
-    TokenUsage, ToolCall,
+    ChatRequest, Completion, DeltaSender, PromptCounting, Provider, ProviderError, RequestShape,
+    Role, Timeouts, TokenUsage, ToolCall,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -211,6 +211,10 @@ fn error_body_request_id(body: &[u8]) -> Option<String> {
 impl Provider for AnthropicClient {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn request_shape(&self) -> RequestShape {
+        RequestShape::Anthropic
     }
 
     /// Anthropic publishes no tokenizer for its current models.

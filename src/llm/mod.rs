@@ -17,7 +17,7 @@ use serde_json::Value;
 use std::time::Duration;
 
 pub use counting::{Encoding, PromptCounting};
-pub use parameters::Parameters;
+pub use parameters::{Parameters, RequestShape};
 pub use routing::ProviderRegistry;
 pub use tools::{Tool, ToolCall, ToolChoice, Tools};
 pub use vocabulary::{Message, Role, TokenUsage};
@@ -103,6 +103,12 @@ pub trait Provider: Send + Sync + std::fmt::Debug {
     /// API.
     fn submits_batches(&self) -> bool {
         self.batch_api().is_some()
+    }
+
+    /// The request body this provider's calls are sent in, which decides the
+    /// `providerOptions` a job of its models may carry.
+    fn request_shape(&self) -> RequestShape {
+        RequestShape::OpenAi
     }
 
     /// How this provider counts the prompt tokens of a call to `model`, which a job's

@@ -93,6 +93,143 @@ impl Parameters {
     }
 }
 
+/// The request body a provider's calls are sent in: it decides which
+/// `providerOptions` a call may carry, and of which JSON type each must be. A field a
+/// provider does not take, or a value of the wrong type, is answered 400 on every
+/// attempt, so a job is refused it at create instead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestShape {
+    /// OpenAI's chat completions, and the servers that take its shape.
+    OpenAi,
+    /// Anthropic's messages.
+    Anthropic,
+}
+
+/// The JSON a provider option's value must be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OptionType {
+    String,
+    Boolean,
+    Number,
+    Integer,
+    /// An object of strings (OpenAI's `metadata`).
+    Strings,
+    /// An object of numbers (`logit_bias`).
+    Numbers,
+    /// Anthropic's `metadata`: an object with at most a string `user_id`.
+    UserId,
+}
+
+impl OptionType {
+    fn admits(self, value: &Value) -> bool {
+        let object_of = |each: fn(&Value) -> bool| {
+            value
+                .as_object()
+                .is_some_and(|fields| fields.values().all(each))
+        };
+        match self {
+            Self::String => value.is_string(),
+            Self::Boolean => value.is_boolean(),
+            Self::Number => value.is_number(),
+            Self::Integer => value.is_i64() || value.is_u64(),
+            Self::Strings => object_of(Value::is_string),
+            Self::Numbers => object_of(Value::is_number),
+            Self::UserId => value.as_object().is_some_and(|fields| {
+                fields
+                    .iter()
+                    .all(|(name, value)| name == "user_id" && value.is_string())
+            }),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::String => "a string",
+            Self::Boolean => "a boolean",
+            Self::Number => "a number",
+            Self::Integer => "a whole number",
+            Self::Strings => "an object of strings",
+            Self::Numbers => "an object of numbers",
+            Self::UserId => "an object with only a string user_id",
+        }
+    }
+}
+
+/// What an OpenAI-shaped call may carry (`top_k`, `min_p` and `repetition_penalty` for
+/// the OpenAI-compatible servers that sample by them).
+const OPENAI_OPTIONS: &[(&str, OptionType)] = &[
+    ("user", OptionType::String),
+    ("metadata", OptionType::Strings),
+    ("store", OptionType::Boolean),
+    ("parallel_tool_calls", OptionType::Boolean),
+    ("frequency_penalty", OptionType::Number),
+    ("presence_penalty", OptionType::Number),
+    ("logit_bias", OptionType::Numbers),
+    ("reasoning_effort", OptionType::String),
+    ("verbosity", OptionType::String),
+    ("safety_identifier", OptionType::String),
+    ("prompt_cache_key", OptionType::String),
+    ("top_k", OptionType::Integer),
+    ("min_p", OptionType::Number),
+    ("repetition_penalty", OptionType::Number),
+];
+
+/// What an Anthropic call may carry.
+const ANTHROPIC_OPTIONS: &[(&str, OptionType)] = &[
+    ("metadata", OptionType::UserId),
+    ("top_k", OptionType::Integer),
+];
+
+impl RequestShape {
+    pub const ALL: [Self; 2] = [Self::OpenAi, Self::Anthropic];
+
+    fn options(self) -> &'static [(&'static str, OptionType)] {
+        match self {
+            Self::OpenAi => OPENAI_OPTIONS,
+            Self::Anthropic => ANTHROPIC_OPTIONS,
+        }
+    }
+
+    /// Whether a call of this shape may carry the option `name` at all.
+    pub fn takes(self, name: &str) -> bool {
+        self.options().iter().any(|(option, _)| *option == name)
+    }
+
+    /// The options a call of this shape may carry, in order.
+    pub fn option_names(self) -> impl Iterator<Item = &'static str> {
+        self.options().iter().map(|(name, _)| *name)
+    }
+
+    /// The first of `options` a call of this shape cannot carry, with why: a field the
+    /// provider does not take, or a value of another type than it takes.
+    pub fn refused_option(self, options: &Map<String, Value>) -> Option<(String, String)> {
+        options.iter().find_map(|(name, value)| {
+            match self.options().iter().find(|(option, _)| option == name) {
+                None => Some((
+                    name.clone(),
+                    format!(
+                        "{self} does not take it (it takes {})",
+                        self.option_names().collect::<Vec<_>>().join(", ")
+                    ),
+                )),
+                Some((_, kind)) if !kind.admits(value) => {
+                    Some((name.clone(), format!("{self} takes {} here", kind.name())))
+                }
+                Some(_) => None,
+            }
+        })
+    }
+}
+
+impl std::fmt::Display for RequestShape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::OpenAi => "an OpenAI-shaped API",
+            Self::Anthropic => "Anthropic's API",
+        })
+    }
+}
+
 /// OpenAI's reasoning models (the o-series and GPT-5 but its chat model), which take
 /// no sampling parameters.
 fn is_reasoning_model(model: &str) -> bool {
@@ -161,6 +298,58 @@ mod tests {
             parameters().add_to_openai(&mut body);
             assert_eq!(body["temperature"], json!(0.2), "{model}");
         }
+    }
+
+    #[test]
+    fn each_shape_takes_its_own_options_of_their_own_types() {
+        let refused = |shape: RequestShape, options: Value| {
+            shape
+                .refused_option(options.as_object().unwrap())
+                .map(|(name, _)| name)
+        };
+        use RequestShape::{Anthropic, OpenAi};
+        assert_eq!(refused(OpenAi, json!({"store": true, "user": "u"})), None);
+        assert_eq!(
+            refused(OpenAi, json!({"store": "yes"})),
+            Some("store".into())
+        );
+        assert_eq!(
+            refused(Anthropic, json!({"store": true})),
+            Some("store".into())
+        );
+        assert_eq!(
+            refused(Anthropic, json!({"user": "u"})),
+            Some("user".into())
+        );
+        assert_eq!(
+            refused(
+                Anthropic,
+                json!({"metadata": {"user_id": "u-1"}, "top_k": 5})
+            ),
+            None
+        );
+        assert_eq!(
+            refused(Anthropic, json!({"metadata": {"tenant": "t"}})),
+            Some("metadata".into())
+        );
+        assert_eq!(refused(OpenAi, json!({"metadata": {"tenant": "t"}})), None);
+        assert_eq!(
+            refused(OpenAi, json!({"metadata": {"n": 1}})),
+            Some("metadata".into())
+        );
+        assert_eq!(refused(OpenAi, json!({"top_k": 2.5})), Some("top_k".into()));
+        assert_eq!(
+            refused(OpenAi, json!({"logit_bias": {"1": "x"}})),
+            Some("logit_bias".into())
+        );
+        assert_eq!(
+            refused(OpenAi, json!({"frequency_penalty": "0.5"})),
+            Some("frequency_penalty".into())
+        );
+        let (_, why) = Anthropic
+            .refused_option(json!({"store": true}).as_object().unwrap())
+            .unwrap();
+        assert!(why.contains("metadata, top_k"), "{why}");
     }
 
     #[test]

@@ -37,6 +37,7 @@ mod fencing;
 mod flags;
 mod flow_control;
 mod hardening;
+mod held_prices;
 mod holds;
 mod invariants;
 mod jobs;

@@ -15,6 +15,7 @@ on_both_backends!(
     cost_changing_options_are_refused_before_anything_is_held,
     parameters_are_part_of_the_request_a_key_names,
     batch_items_are_called_with_the_batch_parameters,
+    provider_options_are_checked_against_each_models_provider,
 );
 
 fn with_parameters(key: &str) -> Value {
@@ -261,4 +262,116 @@ async fn batch_items_are_called_with_the_batch_parameters(backend: Backend) {
         assert_eq!(sent["user"], "end-user-7", "{sent}");
         assert_eq!(sent["logit_bias"], json!({"50256": -100}), "{sent}");
     }
+}
+
+/// `providerOptions` are checked against the provider of each model of the chain, by
+/// name and by type, before anything is held: a field Anthropic does not take, or a
+/// value of the wrong type, would be a 400 on every attempt. The message names the
+/// field and the model.
+async fn provider_options_are_checked_against_each_models_provider(backend: Backend) {
+    let options = AppOptions {
+        anthropic_shape: true,
+        openai_endpoint: true,
+        ..AppOptions::default()
+    };
+    let app = spawn_app_with(backend, options).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let balance = app.balance(&tenant).await;
+    let job = |key: &str, model: &str, fallbacks: Value, options: Value| {
+        let mut input = job_input(key, "hello");
+        input["model"] = json!(model);
+        input["fallbackModels"] = fallbacks;
+        input["providerOptions"] = options;
+        input
+    };
+    let claude = "claude-haiku-4-5";
+    for (index, (model, fallbacks, options, says)) in [
+        (
+            "gpt-4o-mini",
+            json!([]),
+            json!({"store": "yes"}),
+            "providerOptions.store",
+        ),
+        (
+            claude,
+            json!([]),
+            json!({"store": true}),
+            "providerOptions.store",
+        ),
+        (
+            claude,
+            json!([]),
+            json!({"user": "u-1"}),
+            "providerOptions.user",
+        ),
+        (
+            claude,
+            json!([]),
+            json!({"metadata": {"tenant": "t-1"}}),
+            "providerOptions.metadata",
+        ),
+        (
+            "gpt-4o-mini",
+            json!([]),
+            json!({"top_k": "5"}),
+            "providerOptions.top_k",
+        ),
+        (
+            "gpt-4o-mini",
+            json!([claude]),
+            json!({"store": true}),
+            claude,
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let response = app
+            .create_job(
+                &tenant,
+                job(&format!("bad-{index}"), model, fallbacks, options.clone()),
+            )
+            .await;
+        assert_eq!(error_code(&response), "VALIDATION", "{options}: {response}");
+        let message = response["errors"][0]["message"].as_str().unwrap();
+        assert!(
+            message.contains(says),
+            "{options}: {message:?} should name {says}"
+        );
+    }
+    assert_eq!(app.balance(&tenant).await, balance, "nothing was held");
+    // Each provider's own options, of their types, pass.
+    for (index, (model, options)) in [
+        (
+            "gpt-4o-mini",
+            json!({"store": true, "user": "u-1", "metadata": {"tenant": "t-1"}}),
+        ),
+        (claude, json!({"metadata": {"user_id": "u-1"}, "top_k": 5})),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let response = app
+            .create_job(
+                &tenant,
+                job(&format!("good-{index}"), model, json!([]), options),
+            )
+            .await;
+        assert!(response["errors"].is_null(), "{response}");
+    }
+    // A batch's options reach every item: checked against its model's provider.
+    let mut batch =
+        json!({"idempotencyKey": "claude-batch", "model": claude, "maxOutputTokens": 50});
+    batch["providerOptions"] = json!({"store": true});
+    let response = app
+        .operation(Some(&tenant.key), "CreateBatch", json!({"input": batch}))
+        .await;
+    assert_eq!(error_code(&response), "VALIDATION", "{response}");
+    assert!(
+        response["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("providerOptions.store"),
+        "{response}"
+    );
 }

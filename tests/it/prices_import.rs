@@ -19,6 +19,7 @@ on_both_backends!(
     an_imported_model_runs_at_exactly_its_prices_and_stays_imported,
     the_config_file_wins_over_an_import,
     an_entry_without_limits_or_a_cache_price_keeps_the_newest_versions,
+    an_imported_model_of_another_provider_has_no_batch_price_without_one,
 );
 
 /// A small map in LiteLLM's format: an OpenAI and an Anthropic chat model of names no
@@ -431,4 +432,53 @@ async fn an_entry_without_limits_or_a_cache_price_keeps_the_newest_versions(back
     assert_eq!(cheap.max_output_tokens, Some(1000));
     assert_eq!(cheap.context_window, before_gpt_4o.context_window);
     assert_eq!(cheap.provider_cached_input_nanos_per_million, 1_000_000);
+}
+
+/// What `docs/api.md` and `docs/configuration.md` both say of `batchPrice`: an imported
+/// entry without `*_batches` prices gets half its list price only from `openai` or
+/// `anthropic` (whose batch APIs bill half); a model of another provider gets none,
+/// and refuses `PROVIDER_BATCH`.
+async fn an_imported_model_of_another_provider_has_no_batch_price_without_one(backend: Backend) {
+    let app = spawn_app_with(backend, real_providers()).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let map = json!({
+        "groq/acme-fast": {
+            "litellm_provider": "groq", "mode": "chat",
+            "input_cost_per_token": 1e-06, "output_cost_per_token": 2e-06,
+        },
+        "acme-openai-2": {
+            "litellm_provider": "openai", "mode": "chat",
+            "input_cost_per_token": 1e-06, "output_cost_per_token": 2e-06,
+        },
+    });
+    let (code, stdout) = import(&app, &map.to_string(), None).await;
+    assert_eq!(code, 0, "{stdout}");
+    wait_until_listed(&app, ADMIN_TOKEN, "groq/acme-fast").await;
+    let listed = wait_until_listed(&app, ADMIN_TOKEN, "acme-openai-2").await;
+    let groq = find(&listed, "groq/acme-fast").unwrap();
+    assert!(groq["batchPrice"].is_null(), "{groq}");
+    let openai = find(&listed, "acme-openai-2").unwrap();
+    assert_eq!(
+        decimal(&openai["batchPrice"]["inputPerMillion"]),
+        d("0.5"),
+        "{openai}"
+    );
+    assert_eq!(
+        decimal(&openai["batchPrice"]["outputPerMillion"]),
+        d("1"),
+        "{openai}"
+    );
+    let response = app
+        .operation(
+            Some(&tenant.key),
+            "CreateBatch",
+            json!({"input": {"idempotencyKey": "groq-batch", "mode": "PROVIDER_BATCH",
+                "model": "groq/acme-fast", "maxOutputTokens": 50}}),
+        )
+        .await;
+    assert_eq!(
+        crate::helpers::error_code(&response),
+        "VALIDATION",
+        "{response}"
+    );
 }

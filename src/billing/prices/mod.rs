@@ -4,9 +4,11 @@
 //! attempt stores the version it was priced with, so past rows never change. Prices
 //! come from the built-in list ([`built_in`]), the config file, and price maps an
 //! operator imports ([`import`]); [`store`] decides which of them a new version may
-//! replace.
+//! replace. A job keeps the versions its hold was sized with ([`held`]): its customer
+//! pays what it was quoted, and the provider cost is what the provider bills.
 
 mod built_in;
+mod held;
 pub mod import;
 pub mod routes;
 mod store;
@@ -15,6 +17,7 @@ pub use built_in::{
     BUILT_IN_BATCH_DISCOUNT, DEFAULT_CUSTOMER_MARKUP, built_in_batch, built_in_list,
     built_in_prices,
 };
+pub use held::{HeldPrices, attempt_price};
 pub use store::{Stored, newest_versions, store_price, store_prices, sync_prices};
 
 use super::{CallBound, Credits};
@@ -214,7 +217,9 @@ impl ModelLimits {
     }
 }
 
-/// One version of one model's price, as stored.
+/// One version of one model's price, as stored — or, for an attempt of a job held at an
+/// older version, the version in force with the held one's customer rates
+/// ([`ModelPrice::charged_at`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModelPrice {
     pub id: Uuid,
@@ -226,6 +231,9 @@ pub struct ModelPrice {
     pub batch: Option<BatchPrice>,
     pub limits: ModelLimits,
     pub source: String,
+    /// The version the customer rates (and customer batch rates) are of: `id` itself
+    /// for a version as stored, the job's held version after [`Self::charged_at`].
+    pub customer_version: Uuid,
 }
 
 impl ModelPrice {
@@ -237,6 +245,24 @@ impl ModelPrice {
     /// What the customer pays for `usage`, before the cap at the job's hold.
     pub fn customer_charge(&self, usage: &TokenUsage) -> Credits {
         self.customer.cost(usage)
+    }
+
+    /// This version (the one in force, which the provider bills by) with the customer
+    /// rates of `held`, the version a job's hold was sized with: the customer pays
+    /// what it was quoted, whatever the price did since. A held version without a
+    /// batch price leaves the batch's customer rates as they are (a PROVIDER_BATCH
+    /// item is only ever held at a version with one).
+    pub fn charged_at(self, held: &Self) -> Self {
+        let batch = self.batch.map(|batch| BatchPrice {
+            customer: held.batch.map_or(batch.customer, |held| held.customer),
+            ..batch
+        });
+        Self {
+            customer: held.customer,
+            batch,
+            customer_version: held.id,
+            ..self
+        }
     }
 
     /// This version as a PROVIDER_BATCH item is billed by: the batch rates on both
@@ -265,6 +291,7 @@ impl From<model_prices::Model> for ModelPrice {
         let rate = |nanos| PricePerMillion(Credits::from_nanos(nanos));
         Self {
             id: row.id,
+            customer_version: row.id,
             limits: ModelLimits::from_columns(row.context_window, row.max_output_tokens),
             batch: BatchPrice::from_columns(
                 row.provider_batch_input_nanos_per_million,
@@ -371,6 +398,20 @@ pub async fn price_at(
         .one(db)
         .await?
         .map(ModelPrice::from))
+}
+
+/// The stored versions among `ids`, by id; an id no version has is missing.
+pub async fn versions(
+    db: &impl ConnectionTrait,
+    ids: impl IntoIterator<Item = Uuid>,
+) -> Result<std::collections::HashMap<Uuid, ModelPrice>, DbErr> {
+    Ok(model_prices::Entity::find()
+        .filter(model_prices::Column::Id.is_in(ids))
+        .all(db)
+        .await?
+        .into_iter()
+        .map(|row| (row.id, ModelPrice::from(row)))
+        .collect())
 }
 
 /// The price in force at `at` of every model that has one, by model name. The table

@@ -384,10 +384,15 @@ async fn write_chunk(
         return nothing_added(db, transaction, batch, replayed).await;
     }
     let simulated = providers.simulates(&batch.model);
+    // Every item is held at this version (its batch view, for a PROVIDER_BATCH), and
+    // its attempts charge at it, as a job's do at the version it was quoted at.
+    let mut held = prices::HeldPrices::default();
+    held.hold(&price);
+    let held = held.to_column();
     let mut rows = Vec::with_capacity(fresh.len());
     for item in &fresh {
         let bound = item.job.input.call_bound(counting, &batch.model);
-        let row = job_row(batch, item, simulated, bound.tokens(), now);
+        let row = job_row(batch, item, simulated, bound.tokens(), &held, now);
         let hold = item.job.charging.job_hold(
             bound,
             &price,
@@ -597,6 +602,7 @@ fn job_row(
     item: &Item,
     simulated: bool,
     token_bound: i64,
+    held_prices: &JsonText,
     now: Timestamp,
 ) -> jobs::Model {
     jobs::Model {
@@ -632,6 +638,7 @@ fn job_row(
         rerun_of: item.job.rerun_of,
         deadline: Some(item.job.deadline.instant(now)),
         model_chain: None,
+        held_prices: Some(held_prices.clone()),
     }
 }
 

@@ -171,12 +171,18 @@ pub async fn create_batch(
     tenant_id: Uuid,
     new: NewBatch,
 ) -> Result<CreatedBatch, ServiceError> {
-    if !providers.serves(&new.model) {
+    let Some(provider) = providers.provider_for(&new.model) else {
         return Err(ServiceError::validation(format!(
             "model {:?} is not served: no configured provider routes it",
             new.model
         )));
-    }
+    };
+    // Every item is sent with these options: its provider must take them as they are.
+    crate::jobs::parameters::check_options_for(
+        &new.model,
+        provider.request_shape(),
+        &new.settings.parameters,
+    )?;
     let now = Timestamp::now();
     let fingerprint = new.fingerprint();
     // A deadline that has passed refuses only a new batch: a retry finds the first.

@@ -7,7 +7,7 @@ use crate::billing::prices::ModelPrice;
 use crate::error::ServiceError;
 use crate::llm::TokenUsage;
 use entity::{AttemptOutcome, attempts, batches, jobs, model_prices, provider_batches};
-use sea_orm::sea_query::{Expr, ExprTrait};
+use sea_orm::sea_query::{Expr, ExprTrait, Func, SimpleExpr};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, EntityTrait, FromQueryResult, QueryFilter, QueryOrder,
     QuerySelect, QueryTrait,
@@ -93,7 +93,9 @@ impl RealtimeComparison {
 }
 
 /// [`RealtimeComparison`] of `batch`, summed per price version in one statement: the
-/// usage of each version's answers is priced at its realtime customer rates.
+/// usage of each version's answers is priced at its realtime customer rates. The
+/// version is the one each answer was charged at (its item's held version), not the
+/// one in force when it ran: the saving compares two prices of one quote.
 pub async fn realtime_comparison(
     db: &impl ConnectionTrait,
     batch: &batches::Model,
@@ -105,9 +107,16 @@ pub async fn realtime_comparison(
         .filter(jobs::Column::BatchId.eq(batch.id))
         .filter(jobs::Column::TenantId.eq(batch.tenant_id))
         .into_query();
+    // Attempts recorded before they named their customer version were charged at
+    // the version they ran at.
+    let charged_at: SimpleExpr = Func::coalesce([
+        Expr::col(attempts::Column::CustomerPriceId),
+        Expr::col(attempts::Column::ModelPriceId),
+    ])
+    .into();
     let groups = attempts::Entity::find()
         .select_only()
-        .column(attempts::Column::ModelPriceId)
+        .column_as(charged_at.clone(), "model_price_id")
         .column_as(Expr::col(attempts::Column::Id).count(), "answers")
         .column_as(sum(attempts::Column::InputTokens), "input_tokens")
         .column_as(
@@ -120,7 +129,7 @@ pub async fn realtime_comparison(
         .filter(attempts::Column::JobId.in_subquery(items))
         .filter(attempts::Column::Outcome.eq(AttemptOutcome::Succeeded))
         .filter(attempts::Column::ProviderBatchId.is_not_null())
-        .group_by(attempts::Column::ModelPriceId)
+        .group_by(charged_at)
         .into_model::<VersionUsage>()
         .all(db)
         .await?;

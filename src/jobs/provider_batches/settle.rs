@@ -4,16 +4,14 @@
 //! attempt finished, or its job no longer run by this token, and changes nothing.
 
 use super::Submitter;
-use crate::billing::ModelPrice;
+use crate::billing::{ModelPrice, prices};
 use crate::jobs::input::JobInput;
 use crate::jobs::queue::{AttemptEnd, Claim, StartedAttempt, finish_attempts};
 use crate::jobs::tokens::counting_for;
 use crate::jobs::worker::{CallEnd, judge_batch_request};
 use crate::llm::batches::ItemResult;
 use crate::llm::{Completion, ProviderError};
-use entity::{
-    AttemptOutcome, JobStatus, Timestamp, attempts, jobs, model_prices, provider_batches,
-};
+use entity::{AttemptOutcome, JobStatus, Timestamp, attempts, jobs, provider_batches};
 use sea_orm::{
     ColumnTrait, DbErr, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect,
 };
@@ -82,10 +80,7 @@ pub(super) async fn settle(
         let Some(attempt) = running.get(&id) else {
             continue;
         };
-        let (Some(job), Some(price)) = (
-            jobs.get(&attempt.job_id),
-            prices.get(&attempt.model_price_id),
-        ) else {
+        let (Some(job), Some(price)) = (jobs.get(&attempt.job_id), prices.get(&attempt.id)) else {
             continue;
         };
         let Ok(input) = serde_json::from_value::<JobInput>(job.input.0.clone()) else {
@@ -139,22 +134,29 @@ async fn finish(submitter: &Submitter, ends: &[AttemptEnd]) -> Result<usize, DbE
     Ok(settled)
 }
 
-/// The batch view of each price version the attempts were priced with.
+/// The batch view of the price each attempt started with, by attempt id: its
+/// provider side the version in force then (`model_price_id`), its customer side the
+/// one its job was held at (`customer_price_id`; the same when the row has none).
 async fn batch_prices<'a>(
     submitter: &Submitter,
-    attempts: impl Iterator<Item = &'a attempts::Model>,
+    attempts: impl Iterator<Item = &'a attempts::Model> + Clone,
 ) -> Result<HashMap<Uuid, ModelPrice>, DbErr> {
-    let mut ids: Vec<Uuid> = attempts.map(|attempt| attempt.model_price_id).collect();
+    let mut ids: Vec<Uuid> = attempts
+        .clone()
+        .flat_map(|attempt| [Some(attempt.model_price_id), attempt.customer_price_id])
+        .flatten()
+        .collect();
     ids.sort_unstable();
     ids.dedup();
-    Ok(model_prices::Entity::find()
-        .filter(model_prices::Column::Id.is_in(ids))
-        .all(&submitter.db)
-        .await?
-        .into_iter()
-        .filter_map(|row| {
-            let price = ModelPrice::from(row);
-            Some((price.id, price.batch_view()?))
+    let versions = prices::versions(&submitter.db, ids).await?;
+    Ok(attempts
+        .filter_map(|attempt| {
+            let billed = versions.get(&attempt.model_price_id)?.clone();
+            let charged = match attempt.customer_price_id {
+                Some(id) if id != billed.id => billed.charged_at(versions.get(&id)?),
+                _ => billed,
+            };
+            Some((attempt.id, charged.batch_view()?))
         })
         .collect())
 }
@@ -262,22 +264,23 @@ pub(super) async fn any_running(
 }
 
 /// Ends at once the attempts started and never sent: the tenant cancelled the item
-/// meanwhile (the judge's wait becomes the cancel), or its budget of paid calls is
-/// spent (failed, not billed).
+/// meanwhile (the judge's wait becomes the cancel), or its budget refused the call
+/// (failed, not billed). `prices`: each item's, by job id.
 pub(super) async fn held_back(
     submitter: &Submitter,
-    price: &ModelPrice,
+    prices: &HashMap<Uuid, ModelPrice>,
     inputs: &HashMap<Uuid, JobInput>,
     held: Vec<(&Claim, StartedAttempt)>,
 ) -> Result<(), DbErr> {
     let now = Timestamp::now();
     let mut ends = Vec::with_capacity(held.len());
     for (claim, started) in held {
-        let Some(input) = inputs.get(&claim.job.id) else {
+        let (Some(input), Some(price)) = (inputs.get(&claim.job.id), prices.get(&claim.job.id))
+        else {
             continue;
         };
-        let end = if started.budget_spent {
-            CallEnd::BudgetSpent
+        let end = if let Some(refusal) = started.budget_refusal {
+            CallEnd::BudgetSpent(refusal)
         } else {
             CallEnd::Answered(not_run("cancelled before it was sent"))
         };

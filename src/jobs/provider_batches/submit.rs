@@ -4,7 +4,7 @@
 
 use super::rows::{self, ROW_LEASE};
 use super::{Submitter, poll, settle};
-use crate::billing::{AttemptEnding, prices};
+use crate::billing::{AttemptEnding, ModelPrice, prices};
 use crate::db::begin_write;
 use crate::jobs::input::JobInput;
 use crate::jobs::lifecycle::JobError;
@@ -21,6 +21,7 @@ use sea_orm::{
     ActiveValue::Set, ColumnTrait, DbBackend, DbErr, EntityTrait, QueryFilter, QueryOrder,
     QuerySelect,
 };
+use std::collections::HashMap;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -104,7 +105,7 @@ async fn submit_one(submitter: &Submitter, batch: &batches::Model) -> Result<usi
     let now = Timestamp::now();
     let Some(price) = prices::price_at(&submitter.db, &batch.model, now)
         .await?
-        .and_then(|price| price.batch_view())
+        .filter(|price| price.batch.is_some())
     else {
         tracing::warn!(batch.id = %batch.id, model = %batch.model, "the batch's model has no batch price now; its items wait");
         return Ok(0);
@@ -171,16 +172,28 @@ async fn submit_one(submitter: &Submitter, batch: &batches::Model) -> Result<usi
             tenant_rate: Default::default(),
         })
         .collect();
-    let inputs: std::collections::HashMap<Uuid, JobInput> = chosen
+    let inputs: HashMap<Uuid, JobInput> = chosen
         .into_iter()
         .map(|(job, input)| (job.id, input))
         .collect();
     let (runnable, broken): (Vec<&Claim>, Vec<&Claim>) = claims
         .iter()
         .partition(|claim| inputs.contains_key(&claim.job.id));
+    // Each item is billed at the batch price in force and charged at the one it was
+    // held at (the batch view of each, so the price a batch line is judged at).
+    let mut held = HashMap::new();
+    let mut item_prices: HashMap<Uuid, ModelPrice> = HashMap::with_capacity(runnable.len());
+    for claim in &runnable {
+        let charged = prices::attempt_price(&transaction, &claim.job, price.clone(), &mut held)
+            .await?
+            .batch_view()
+            .expect("the version in force has a batch price, which the held one keeps");
+        item_prices.insert(claim.job.id, charged);
+    }
     let starts: Vec<AttemptStart> = runnable
         .iter()
         .map(|claim| {
+            let price = &item_prices[&claim.job.id];
             let bound = inputs[&claim.job.id]
                 .call_bound(
                     crate::jobs::tokens::counting_for(&submitter.providers, &claim.job.model),
@@ -190,10 +203,10 @@ async fn submit_one(submitter: &Submitter, batch: &batches::Model) -> Result<usi
             AttemptStart {
                 worker_id: submitter.worker_id.clone(),
                 provider: Some(provider.name().to_owned()),
-                provider_cost_bound: bound.provider_cost(&price),
-                customer_charge_bound: bound.customer_cost(&price),
+                provider_cost_bound: bound.provider_cost(price),
+                customer_charge_bound: bound.customer_cost(price),
                 customer_charge_if_lost: submitter.charging.customer_charge(
-                    &price,
+                    price,
                     bound,
                     AttemptEnding::Unknown,
                     None,
@@ -208,7 +221,7 @@ async fn submit_one(submitter: &Submitter, batch: &batches::Model) -> Result<usi
     let mut held_back: Vec<(&Claim, StartedAttempt)> = Vec::new();
     for (claim, started) in runnable.iter().copied().zip(started) {
         let Some(started) = started else { continue };
-        if started.cancel_requested || started.budget_spent {
+        if started.cancel_requested || started.budget_refusal.is_some() {
             held_back.push((claim, started));
         } else {
             going.push((claim, started));
@@ -280,7 +293,7 @@ async fn submit_one(submitter: &Submitter, batch: &batches::Model) -> Result<usi
             submitter.bus.publish([notice]);
         }
     }
-    settle::held_back(submitter, &price, &inputs, held_back).await?;
+    settle::held_back(submitter, &item_prices, &inputs, held_back).await?;
     if !going.is_empty()
         && let Some(row) = provider_batches::Entity::find_by_id(row_id)
             .one(&submitter.db)

@@ -254,8 +254,9 @@ pub struct StartedAttempt {
     pub notice: EventNotice,
     /// The tenant asked to cancel before the call was made: do not make it.
     pub cancel_requested: bool,
-    /// The job has no paid call left in its budget (see [`budget`]): do not make it.
-    pub budget_spent: bool,
+    /// Why the job's budget (see [`crate::jobs::budget`]) refuses the call, if it does: do not
+    /// make it.
+    pub budget_refusal: Option<crate::jobs::budget::Refusal>,
 }
 
 /// The provider name recorded on an attempt whose model no provider serves.

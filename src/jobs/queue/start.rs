@@ -76,17 +76,24 @@ pub async fn start_attempts_in(
     let spent = Spent::load_many(transaction, &job_ids).await?;
     let holds = budget::open_holds(transaction, &job_ids).await?;
     let mut rows = Vec::with_capacity(owned.len());
-    // Per job: whether the call may not be made for want of budget.
-    let mut budget_spent: HashMap<Uuid, bool> = HashMap::with_capacity(owned.len());
+    // Per job: why the call may not be made for want of budget, if it may not.
+    let mut refusals: HashMap<Uuid, Option<budget::Refusal>> = HashMap::with_capacity(owned.len());
     for (claim, start) in starts {
         let Some(job) = owned.get(&claim.job.id) else {
             continue;
         };
         let earlier = spent.get(&job.id).cloned().unwrap_or_default();
         let hold = holds.get(&job.id).copied().unwrap_or(Credits::ZERO);
-        let spent_already = !earlier.allows_call(job, hold, start.customer_charge_bound);
-        budget_spent.insert(job.id, spent_already);
-        rows.push(attempt_row(claim, start, job, &earlier, spent_already, now));
+        let refusal = earlier.refuses_call(job, hold, start.customer_charge_bound);
+        refusals.insert(job.id, refusal);
+        rows.push(attempt_row(
+            claim,
+            start,
+            job,
+            &earlier,
+            refusal.is_some(),
+            now,
+        ));
     }
     let inserted: HashMap<Uuid, attempts::Model> = attempts::Entity::insert_many(rows)
         .exec_with_returning(transaction)
@@ -131,7 +138,10 @@ pub async fn start_attempts_in(
                 attempt: inserted.get(&job.id)?.clone(),
                 notice: notices.remove(&job.id)?,
                 cancel_requested: job.cancel_requested,
-                budget_spent: budget_spent.get(&job.id).copied().unwrap_or(true),
+                budget_refusal: refusals
+                    .get(&job.id)
+                    .copied()
+                    .unwrap_or(Some(budget::Refusal::NoPaidCallLeft)),
             })
         })
         .collect())
@@ -181,6 +191,7 @@ fn attempt_row(
         customer_charge_nanos: Set(Some(customer_charge)),
         delivered_output_tokens: Set(None),
         model_price_id: Set(start.price.id),
+        customer_price_id: Set(Some(start.price.customer_version)),
         provider_batch_id: Set(None),
         latency_ms: Set(None),
         started_at: Set(now),

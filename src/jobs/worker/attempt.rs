@@ -9,6 +9,7 @@ use super::judge::{CallEnd, CallFacts};
 use super::{Prepared, Ready, Worker, deltas};
 use crate::backoff::{Backoff, Jitter};
 use crate::bus::{EventNotice, TopicReceiver, Wake};
+use crate::jobs::budget::Refusal;
 use crate::jobs::fallbacks::ModelChain;
 use crate::jobs::flow;
 use crate::jobs::leases::LeaseHold;
@@ -38,8 +39,8 @@ struct Race<'a> {
     request: ChatRequest,
     /// The tenant asked to cancel before the attempt was recorded.
     cancel_requested: bool,
-    /// The job has no paid call left.
-    budget_spent: bool,
+    /// Why the job's budget refuses the call, if it does.
+    budget_refusal: Option<Refusal>,
     lease: &'a mut LeaseHold,
     /// The job's notices, subscribed before the attempt started: a cancel arrives here.
     notices: &'a mut TopicReceiver,
@@ -126,7 +127,7 @@ impl Worker {
                     attempt,
                     notice: started,
                     cancel_requested,
-                    budget_spent,
+                    budget_refusal,
                 },
         } = ready;
         let stream = Stream::start(self, input.stream_output, started);
@@ -147,7 +148,7 @@ impl Worker {
                 tools: input.tools.clone(),
             },
             cancel_requested,
-            budget_spent,
+            budget_refusal,
             lease: &mut lease,
             notices: &mut notices,
             deltas: stream.sender.as_ref(),
@@ -199,7 +200,7 @@ impl Worker {
             provider,
             request,
             cancel_requested,
-            budget_spent,
+            budget_refusal,
             lease,
             notices,
             deltas,
@@ -219,8 +220,8 @@ impl Worker {
             // Claimed before the sweep failed it: too late to start.
             return Ok(CallEnd::PastDeadlineBeforeSending);
         }
-        if budget_spent {
-            return Ok(CallEnd::BudgetSpent);
+        if let Some(refusal) = budget_refusal {
+            return Ok(CallEnd::BudgetSpent(refusal));
         }
         if inner.abort.is_cancelled() {
             // Checked before the call: once polled, the call may have left.

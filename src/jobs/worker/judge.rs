@@ -4,6 +4,7 @@
 
 use crate::backoff;
 use crate::billing::{AttemptEnding, CallBound, ChargingPolicy, ModelPrice};
+use crate::jobs::budget::Refusal;
 use crate::jobs::fallbacks::ModelChain;
 use crate::jobs::flow;
 use crate::jobs::input::JobInput;
@@ -25,8 +26,8 @@ pub enum CallEnd {
     Cancelled,
     /// Cancel was requested before the call was made; it never was.
     CancelledBeforeSending,
-    /// The job has no paid call left; the call was not made.
-    BudgetSpent,
+    /// The job's budget refused the call, for the reason given; it was not made.
+    BudgetSpent(Refusal),
     /// No provider of this process serves the model; the call was not made.
     NotServed,
     /// The job's deadline came while the call ran; it was abandoned.
@@ -46,7 +47,7 @@ impl CallEnd {
         match self {
             Self::Answered(Err(ProviderError::NotSent { .. }))
             | Self::CancelledBeforeSending
-            | Self::BudgetSpent
+            | Self::BudgetSpent(_)
             | Self::NotServed
             | Self::PastDeadlineBeforeSending
             | Self::AbortedBeforeSending => false,
@@ -224,13 +225,10 @@ impl CallFacts<'_> {
                 ),
                 CallEnding::PastDeadline,
             ),
-            CallEnd::BudgetSpent => ends_job(
+            CallEnd::BudgetSpent(refusal) => ends_job(
                 AttemptOutcome::PermanentError,
                 AttemptEnding::NotBilled,
-                JobError::new(
-                    JobErrorCode::PaidCallLimit,
-                    "not sent: the job already made as many provider calls that may have been billed as it may pay for",
-                ),
+                JobError::new(JobErrorCode::PaidCallLimit, refusal_message(refusal)),
                 CallEnding::NotMade,
             ),
             CallEnd::NotServed => ends_job(
@@ -430,6 +428,18 @@ pub fn judge_batch_request(
         in_provider_batch: true,
     };
     facts.judge(end)
+}
+
+/// What the tenant reads of a call its budget refused.
+fn refusal_message(refusal: Refusal) -> &'static str {
+    match refusal {
+        Refusal::NoPaidCallLeft => {
+            "not sent: the job already made as many provider calls that may have been billed as it may pay for"
+        }
+        Refusal::HoldShort => {
+            "not sent: what is left of the job's hold does not cover this call at the price it is charged at"
+        }
+    }
 }
 
 /// What a tenant may read of a provider's refusal. Authentication and configuration

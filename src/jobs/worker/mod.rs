@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
 /// Most jobs one claim takes, so one worker does not hoard a burst.
 const CLAIM_BATCH: usize = 16;
@@ -299,9 +300,10 @@ impl Worker {
             return Vec::new();
         }
         let mut prices: HashMap<String, Option<ModelPrice>> = HashMap::new();
+        let mut held: HashMap<Uuid, Option<ModelPrice>> = HashMap::new();
         let mut prepared = Vec::with_capacity(claims.len());
         for claim in claims {
-            if let Some(ready) = self.prepare(claim, &mut prices).await {
+            if let Some(ready) = self.prepare(claim, &mut prices, &mut held).await {
                 prepared.push(ready);
             }
         }
@@ -346,10 +348,13 @@ impl Worker {
 
     /// Reads what a claimed job needs to run; `None` when it cannot run (it is then
     /// abandoned) or its price could not be read (lease expiry hands it back).
+    /// `prices` (by model) and `held` (by id) are the versions read for the claim so
+    /// far.
     async fn prepare(
         &self,
         claim: Claim,
         prices: &mut HashMap<String, Option<ModelPrice>>,
+        held: &mut HashMap<Uuid, Option<ModelPrice>>,
     ) -> Option<Prepared> {
         let inner = &self.inner;
         let input = match JobInput::deserialize(&claim.job.input.0) {
@@ -377,6 +382,14 @@ impl Worker {
             self.abandon(&claim, format!("model {} has no price", claim.job.model))
                 .await;
             return None;
+        };
+        // The provider bills the price in force; the customer pays the one it was held at.
+        let price = match prices::attempt_price(&inner.db, &claim.job, price, held).await {
+            Ok(price) => price,
+            Err(error) => {
+                tracing::error!(job.id = %claim.job.id, error = %error, "reading the job's held price failed");
+                return None;
+            }
         };
         // None when this process has no provider for the model (its config differs
         // from the API process's): the job fails without a call. Nor does a worker

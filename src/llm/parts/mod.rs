@@ -218,8 +218,10 @@ impl OpenAiImages {
                 let (width, height) = (width * fit, height * fit);
                 let shorten = (768.0 / width.min(height)).min(1.0);
                 // Rounded, not raised: a side fitted to 2048 or 768 stays that, whatever the
-                // floating point made of it.
-                let (width, height) = ((width * shorten).round(), (height * shorten).round());
+                // floating point made of it. A side never rounds below a pixel: a very thin
+                // image (20000 × 3) is still a row of tiles, not none.
+                let side = |side: f64| (side * shorten).round().max(1.0);
+                let (width, height) = (side(width), side(height));
                 let tiles = (width / 512.0).ceil() * (height / 512.0).ceil();
                 base + per_tile * tiles as u64
             }
@@ -258,8 +260,11 @@ impl Shape {
             }
             Self::Anthropic => {
                 let fit = (1568.0 / width.max(height)).min(1.0);
-                let (width, height) = ((width * fit).round(), (height * fit).round());
-                (width * height / 750.0).ceil() as u64
+                // At least a pixel a side and a token an image, as for OpenAI: a very
+                // thin image must not count as nothing.
+                let side = |side: f64| (side * fit).round().max(1.0);
+                let (width, height) = (side(width), side(height));
+                ((width * height / 750.0).ceil() as u64).max(1)
             }
         }
     }
@@ -461,6 +466,29 @@ mod tests {
                     <= Shape::Anthropic.image_tokens("claude-sonnet-4-5", None)
             );
         }
+    }
+
+    /// A very thin image comes out of the providers' resizing with a side below half a
+    /// pixel: it still counts as the provider bills it, a row of tiles (OpenAI) and
+    /// pixels of one row (Anthropic), never nothing.
+    #[test]
+    fn very_thin_images_count_at_least_what_the_provider_bills() {
+        // 20000 × 3 fits in 2048 × 2048 as 2048 × 0.3: four tiles in a row.
+        for size in [(20_000, 3), (3, 20_000)] {
+            assert_eq!(
+                Shape::OpenAi.image_tokens("gpt-4o", Some(size)),
+                85 + 170 * 4,
+                "{size:?}"
+            );
+            // 1568 × 1 after Anthropic's resizing: 1568 / 750, rounded up.
+            assert_eq!(
+                Shape::Anthropic.image_tokens("claude-sonnet-4-5", Some(size)),
+                3,
+                "{size:?}"
+            );
+        }
+        assert!(Shape::OpenAi.image_tokens("gpt-4o-mini", Some((100_000, 1))) >= 2833 + 5667);
+        assert!(Shape::Anthropic.image_tokens("claude-sonnet-4-5", Some((100_000, 1))) >= 1);
     }
 
     #[test]

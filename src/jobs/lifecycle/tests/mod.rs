@@ -47,6 +47,7 @@ fn job() -> jobs::Model {
         rerun_of: None,
         deadline: Some(at(3600)),
         model_chain: None,
+        held_prices: None,
     }
 }
 

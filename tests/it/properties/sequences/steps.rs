@@ -287,8 +287,8 @@ impl Sequence {
             "{}",
             self.at
         );
-        assert!(
-            !started.budget_spent,
+        assert_eq!(
+            started.budget_refusal, None,
             "{}: a job was queued with no paid call left",
             self.at
         );
