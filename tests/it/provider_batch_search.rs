@@ -62,31 +62,7 @@ async fn a_lost_upload_answer_is_found_again_not_sent_twice(
         if someone == Someone::SmallerAtOnce {
             foreign_batch(&simulator, 1).await;
         }
-        provider_batches::Entity::update_many()
-            .col_expr(
-                provider_batches::Column::State,
-                sea_orm::sea_query::Expr::value(ProviderBatchState::Uploading),
-            )
-            .col_expr(
-                provider_batches::Column::ProviderBatchId,
-                sea_orm::sea_query::Expr::value(Option::<String>::None),
-            )
-            .col_expr(
-                provider_batches::Column::InputFileId,
-                sea_orm::sea_query::Expr::value(Option::<String>::None),
-            )
-            .col_expr(
-                provider_batches::Column::RunToken,
-                sea_orm::sea_query::Expr::value(Option::<Uuid>::None),
-            )
-            .col_expr(
-                provider_batches::Column::LeaseUntil,
-                sea_orm::sea_query::Expr::value(Option::<entity::Timestamp>::None),
-            )
-            .filter(provider_batches::Column::Id.eq(row.id))
-            .exec(&db)
-            .await
-            .unwrap();
+        left_uploading(&db, row.id, None).await;
     };
     let app = app
         .restart_after(
@@ -153,6 +129,46 @@ async fn two_batches_of_the_same_size_are_told_apart_by_their_results(backend: B
     a_lost_upload_answer_is_found_again_not_sent_twice(backend, shape, someone).await;
 }
 
+/// Leaves the row `uploading` with no provider batch recorded and no owner, as a
+/// process that died between its create and recording the answer leaves it; with
+/// `uploading_at`, as if the create went out then.
+async fn left_uploading(
+    db: &sea_orm::DatabaseConnection,
+    id: Uuid,
+    uploading_at: Option<entity::Timestamp>,
+) {
+    use sea_orm::sea_query::Expr;
+    let mut update = provider_batches::Entity::update_many()
+        .col_expr(
+            provider_batches::Column::State,
+            Expr::value(ProviderBatchState::Uploading),
+        )
+        .col_expr(
+            provider_batches::Column::ProviderBatchId,
+            Expr::value(Option::<String>::None),
+        )
+        .col_expr(
+            provider_batches::Column::InputFileId,
+            Expr::value(Option::<String>::None),
+        )
+        .col_expr(
+            provider_batches::Column::RunToken,
+            Expr::value(Option::<Uuid>::None),
+        )
+        .col_expr(
+            provider_batches::Column::LeaseUntil,
+            Expr::value(Option::<entity::Timestamp>::None),
+        );
+    if let Some(at) = uploading_at {
+        update = update.col_expr(provider_batches::Column::UploadingAt, Expr::value(at));
+    }
+    update
+        .filter(provider_batches::Column::Id.eq(id))
+        .exec(db)
+        .await
+        .unwrap();
+}
+
 /// Someone else's message batch of `requests` requests, each refused by the provider
 /// (so nothing of it is billed); its id.
 async fn foreign_batch(simulator: &str, requests: usize) -> String {
@@ -213,27 +229,8 @@ async fn a_foreign_batch_of_the_same_size(backend: Backend, cancel: bool) {
         let address = address.clone();
         async move {
             *foreign.lock().unwrap() = foreign_batch(&address, 10).await;
-            provider_batches::Entity::update_many()
-                .col_expr(
-                    provider_batches::Column::State,
-                    sea_orm::sea_query::Expr::value(ProviderBatchState::Uploading),
-                )
-                .col_expr(
-                    provider_batches::Column::UploadingAt,
-                    sea_orm::sea_query::Expr::value(entity::Timestamp::now()),
-                )
-                .col_expr(
-                    provider_batches::Column::RunToken,
-                    sea_orm::sea_query::Expr::value(Option::<Uuid>::None),
-                )
-                .col_expr(
-                    provider_batches::Column::LeaseUntil,
-                    sea_orm::sea_query::Expr::value(Option::<entity::Timestamp>::None),
-                )
-                .filter(provider_batches::Column::Id.eq(row.id))
-                .exec(&db)
-                .await
-                .unwrap();
+            // As if its create had just been sent and its answer lost.
+            left_uploading(&db, row.id, Some(entity::Timestamp::now())).await;
         }
     };
     let app = app

@@ -172,22 +172,33 @@ pub(super) async fn upload(
             Expr::value(Timestamp::now()),
         )
         .filter(provider_batches::Column::State.eq(ProviderBatchState::Preparing));
-    let row = match rows::write(&submitter.db, begin).await {
-        Ok(Some(row)) => row,
-        Ok(None) => return Ok(()),
-        // Another upload of this provider is in flight: this one waits its turn, so
-        // that a crash can always tell which provider batch was whose.
+    let Some(row) = take_upload_slot(submitter, row, token, begin).await? else {
+        return Ok(());
+    };
+    send(submitter, &row, token, provider, &encoded, None).await
+}
+
+/// Moves the row to `uploading` by `update` (fenced), unless another upload of its
+/// provider is in flight: at most one is, so that a search after a crash can always
+/// tell which provider batch was whose. The row then waits its turn, a second.
+/// The row as moved, if it was.
+pub(super) async fn take_upload_slot(
+    submitter: &Submitter,
+    row: &provider_batches::Model,
+    token: Uuid,
+    update: sea_orm::UpdateMany<provider_batches::Entity>,
+) -> Result<Option<provider_batches::Model>, DbErr> {
+    match rows::write(&submitter.db, update).await {
         Err(error) if crate::db::is_unique_violation(&error) => {
             let wait = fenced(submitter, row, token).col_expr(
                 provider_batches::Column::NextPollAt,
                 Expr::value(after(Duration::from_secs(1))),
             );
             rows::write(&submitter.db, wait).await?;
-            return Ok(());
+            Ok(None)
         }
-        Err(error) => return Err(error),
-    };
-    send(submitter, &row, token, provider, &encoded, None).await
+        moved => moved,
+    }
 }
 
 /// Makes the upload (or, with `input_file`, creates the batch from OpenAI's file) and

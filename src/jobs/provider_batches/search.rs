@@ -7,9 +7,9 @@
 //! ours, it is settled; someone else's, it is ruled out and the row searches again.
 
 use super::poll::{
-    abandon, after, fenced, finish_row, items, record_submitted, send, state, unreadable,
+    abandon, fenced, finish_row, items, record_submitted, send, state, take_upload_slot, unreadable,
 };
-use super::{Submitter, rows, settle};
+use super::{Submitter, settle};
 use crate::llm::Provider;
 use crate::llm::batches::{Found, ResultLine};
 use entity::{ProviderBatchState, Timestamp, attempts, provider_batches};
@@ -17,7 +17,6 @@ use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, DbErr, EntityTrait, QueryFilter, QuerySelect};
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
 use uuid::Uuid;
 
 /// How far back of an upload's start a search for it looks: the providers' clocks
@@ -150,20 +149,11 @@ pub(super) async fn rule_out(
             provider_batches::Column::NextPollAt,
             Expr::value(Timestamp::now()),
         );
-    match rows::write(&submitter.db, back).await {
-        Ok(_) => {
-            tracing::warn!(provider_batch.id = %row.id, provider_batch = %candidate, "the candidate's results name none of the row's attempts: it was someone else's; searching again");
-            Ok(())
-        }
-        // Another upload of the provider is in flight: the search waits its turn.
-        Err(error) if crate::db::is_unique_violation(&error) => {
-            let wait = fenced(submitter, row, token).col_expr(
-                provider_batches::Column::NextPollAt,
-                Expr::value(after(Duration::from_secs(1))),
-            );
-            rows::write(&submitter.db, wait).await?;
-            Ok(())
-        }
-        Err(error) => Err(error),
+    if take_upload_slot(submitter, row, token, back)
+        .await?
+        .is_some()
+    {
+        tracing::warn!(provider_batch.id = %row.id, provider_batch = %candidate, "the candidate's results name none of the row's attempts: it was someone else's; searching again");
     }
+    Ok(())
 }
