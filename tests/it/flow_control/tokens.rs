@@ -176,8 +176,11 @@ async fn a_large_job_is_not_starved_by_a_stream_of_small_ones(backend: Backend) 
             .funded_tenant(&format!("small-{tenant_index}"), "20")
             .await;
         for index in 0..10 {
+            // The output allowance gives each a bound of a few dozen tokens: with
+            // tight prompt counts, "hi" alone would be two, and thirty of those never
+            // empty the bucket.
             let mut input = job_input(&format!("small-{index}"), "hi");
-            input["maxOutputTokens"] = json!(1);
+            input["maxOutputTokens"] = json!(24);
             let id = api.create_job_ok(&tenant, input).await;
             small.push(id);
             waits.push((tenant.clone(), id));
@@ -202,6 +205,13 @@ async fn a_large_job_is_not_starved_by_a_stream_of_small_ones(backend: Backend) 
             .await;
         assert_eq!(job["status"], "SUCCEEDED", "{job}");
     }
+    // The stream must outlast the bucket, or there is nothing to be starved by.
+    let bounds = token_bounds(&api, &small).await;
+    let stream: f64 = bounds.values().sum();
+    assert!(
+        stream > 300.0,
+        "the small jobs ask for {stream} tokens in all"
+    );
     let large_started = attempts_of(&api, &[large]).await.remove(0).started_at;
     let small_after = attempts_of(&api, &small)
         .await
