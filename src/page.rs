@@ -38,6 +38,34 @@ impl PageRequest {
     }
 }
 
+/// One page of a list: its rows and whether more follow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub has_next_page: bool,
+}
+
+impl<T> Page<T> {
+    /// The page from rows fetched with a limit of `first + 1`: the extra row only says
+    /// that there is more.
+    pub fn from_rows(mut items: Vec<T>, first: u64) -> Self {
+        let has_next_page = items.len() as u64 > first;
+        items.truncate(usize::try_from(first).unwrap_or(usize::MAX));
+        Self {
+            items,
+            has_next_page,
+        }
+    }
+
+    /// A page of nothing, with nothing after it.
+    pub fn empty() -> Self {
+        Self {
+            items: Vec::new(),
+            has_next_page: false,
+        }
+    }
+}
+
 /// The refusal of an `after` that is no cursor of the list it is given to.
 pub fn unknown_cursor() -> ServiceError {
     ServiceError::validation("after is not a cursor from this list")
@@ -64,6 +92,25 @@ mod tests {
         for first in [0, -1, 101, i32::MAX] {
             assert_eq!(refusal(Some(first), None), "first must be 1 to 100");
         }
+    }
+
+    #[test]
+    fn a_page_keeps_first_rows_and_says_whether_the_extra_one_came() {
+        assert_eq!(
+            Page::from_rows(vec![1, 2, 3], 2),
+            Page {
+                items: vec![1, 2],
+                has_next_page: true
+            }
+        );
+        assert_eq!(
+            Page::from_rows(vec![1, 2], 2),
+            Page {
+                items: vec![1, 2],
+                has_next_page: false
+            }
+        );
+        assert_eq!(Page::<u8>::from_rows(Vec::new(), 2), Page::empty());
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use super::api_keys::{self, ApiKey};
 use crate::error::ServiceError;
+use crate::page::{Page, PageRequest};
 use entity::{Timestamp, tenants};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder,
@@ -55,33 +56,20 @@ pub async fn find_tenant(
         .ok_or(ServiceError::NotFound)
 }
 
-/// One page of tenants, newest first.
-#[derive(Clone, Debug)]
-pub struct TenantPage {
-    pub tenants: Vec<tenants::Model>,
-    pub has_next_page: bool,
-}
-
 /// At most `first` tenants created before the tenant `after`, newest first. Ids are
 /// version-7 UUIDs, so ordering by id is ordering by creation.
 pub async fn list_tenants(
     db: &impl ConnectionTrait,
-    first: u64,
-    after: Option<Uuid>,
-) -> Result<TenantPage, ServiceError> {
+    page: PageRequest,
+) -> Result<Page<tenants::Model>, ServiceError> {
     let mut query = tenants::Entity::find();
-    if let Some(after) = after {
+    if let Some(after) = page.after {
         query = query.filter(tenants::Column::Id.lt(after));
     }
-    let mut tenants = query
+    let tenants = query
         .order_by_desc(tenants::Column::Id)
-        .limit(first + 1)
+        .limit(page.first + 1)
         .all(db)
         .await?;
-    let has_next_page = tenants.len() as u64 > first;
-    tenants.truncate(usize::try_from(first).unwrap_or(usize::MAX));
-    Ok(TenantPage {
-        tenants,
-        has_next_page,
-    })
+    Ok(Page::from_rows(tenants, page.first))
 }

@@ -1,6 +1,6 @@
 //! What only an admin reads: every tenant, with its balance.
 
-use super::types::{PageInfo, Tenant};
+use super::types::{PageInfo, Tenant, connect};
 use super::{app, principal};
 use crate::accounts::tenants;
 use crate::billing::reports::PageRequest;
@@ -37,21 +37,15 @@ impl AdminQuery {
     ) -> async_graphql::Result<TenantConnection> {
         principal(context)?.require_admin()?;
         let page = PageRequest::new(first, after.as_deref())?;
-        let tenants = tenants::list_tenants(&app(context).db, page.first, page.after).await?;
-        let edges: Vec<TenantEdge> = tenants
-            .tenants
-            .into_iter()
-            .map(|tenant| TenantEdge {
+        let tenants = tenants::list_tenants(&app(context).db, page).await?;
+        let (edges, page_info) = connect(
+            tenants,
+            |tenant| TenantEdge {
                 cursor: tenant.id.to_string(),
                 node: tenant.into(),
-            })
-            .collect();
-        Ok(TenantConnection {
-            page_info: PageInfo {
-                has_next_page: tenants.has_next_page,
-                end_cursor: edges.last().map(|edge| edge.cursor.clone()),
             },
-            edges,
-        })
+            |edge| &edge.cursor,
+        );
+        Ok(TenantConnection { edges, page_info })
     }
 }

@@ -1,12 +1,13 @@
 //! Batches: creating them, adding items, closing, cancelling and reading them.
 
 use super::mutation::MessageInput;
-use super::types::{Batch, BatchConnection, BatchEdge, BatchMode, PageInfo};
+use super::types::{Batch, BatchConnection, BatchEdge, BatchMode, connect};
 use super::{app, principal};
 use crate::jobs::batches::items::{self, ItemRequest};
 use crate::jobs::batches::{self, BatchRequest, NewBatch, cancel};
 use crate::jobs::parameters::ParameterRequest;
 use crate::jobs::tools::ToolRequest;
+use crate::page::PageRequest;
 use async_graphql::{Context, InputObject, Json, Object, SimpleObject};
 use chrono::{DateTime, Utc};
 use entity::Timestamp;
@@ -216,22 +217,16 @@ impl BatchQuery {
     ) -> async_graphql::Result<BatchConnection> {
         let db = &app(context).db;
         let tenant_id = principal(context)?.report_tenant(db, tenant_id).await?;
-        let (first, after) = super::types::page_arguments(first, after)?;
-        let page = batches::list_batches(db, tenant_id, first, after).await?;
-        let edges: Vec<BatchEdge> = page
-            .batches
-            .into_iter()
-            .map(|batch| BatchEdge {
+        let page = PageRequest::new(first, after.as_deref())?;
+        let page = batches::list_batches(db, tenant_id, page).await?;
+        let (edges, page_info) = connect(
+            page,
+            |batch| BatchEdge {
                 cursor: batch.id.to_string(),
                 node: batch.into(),
-            })
-            .collect();
-        Ok(BatchConnection {
-            page_info: PageInfo {
-                has_next_page: page.has_next_page,
-                end_cursor: edges.last().map(|edge| edge.cursor.clone()),
             },
-            edges,
-        })
+            |edge| &edge.cursor,
+        );
+        Ok(BatchConnection { edges, page_info })
     }
 }

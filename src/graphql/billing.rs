@@ -3,7 +3,7 @@
 
 use super::loaders::{JobKey, JobOf, LabelsOf, MetadataOf};
 use super::scalars::Amount;
-use super::types::{JobStatus, Label, PageInfo};
+use super::types::{JobStatus, Label, PageInfo, connect};
 use super::{app, loader, principal};
 use crate::billing::Credits;
 use crate::billing::reports::{self, PageRequest, Window};
@@ -396,21 +396,15 @@ impl BillingQuery {
         let scope = principal(context)?.report_scope(db, tenant_id).await?;
         let page = PageRequest::new(first, after.as_deref())?;
         let costs = reports::job_costs(db, scope, window(from, to)?, page).await?;
-        let edges: Vec<JobCostEdge> = costs
-            .items
-            .into_iter()
-            .map(|cost| JobCostEdge {
+        let (edges, page_info) = connect(
+            costs,
+            |cost| JobCostEdge {
                 cursor: cost.job_id.to_string(),
                 node: cost.into(),
-            })
-            .collect();
-        Ok(JobCostConnection {
-            page_info: PageInfo {
-                has_next_page: costs.has_next_page,
-                end_cursor: edges.last().map(|edge| edge.cursor.clone()),
             },
-            edges,
-        })
+            |edge| &edge.cursor,
+        );
+        Ok(JobCostConnection { edges, page_info })
     }
 
     /// Totals over the jobs created in `[from, to)`: job counts by outcome, their
@@ -500,20 +494,14 @@ impl BillingQuery {
         let tenant_id = principal(context)?.report_tenant(db, tenant_id).await?;
         let page = PageRequest::new(first, after.as_deref())?;
         let entries = reports::credit_ledger(db, tenant_id, page).await?;
-        let edges: Vec<LedgerEntryEdge> = entries
-            .items
-            .into_iter()
-            .map(|entry| LedgerEntryEdge {
+        let (edges, page_info) = connect(
+            entries,
+            |entry| LedgerEntryEdge {
                 cursor: entry.id.to_string(),
                 node: entry.into(),
-            })
-            .collect();
-        Ok(LedgerEntryConnection {
-            page_info: PageInfo {
-                has_next_page: entries.has_next_page,
-                end_cursor: edges.last().map(|edge| edge.cursor.clone()),
             },
-            edges,
-        })
+            |edge| &edge.cursor,
+        );
+        Ok(LedgerEntryConnection { edges, page_info })
     }
 }

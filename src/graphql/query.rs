@@ -1,12 +1,13 @@
 //! Reads: a tenant's jobs and account.
 
 use super::mutation::LabelInput;
-use super::types::{Account, Job, JobConnection, JobEdge, JobStatus, PageInfo};
+use super::types::{Account, Job, JobConnection, JobEdge, JobStatus, connect};
 use super::{ApiErrorCode, app, job_access, principal};
 use crate::accounts::access_tokens::AccessScope;
 use crate::accounts::tenants;
 use crate::jobs::labels::Label;
 use crate::jobs::service::{self, JobFilter};
+use crate::page::PageRequest;
 use async_graphql::{Context, Object};
 use uuid::Uuid;
 
@@ -60,7 +61,7 @@ impl JobQuery {
         let db = &app(context).db;
         let (tenant_id, reach) =
             job_access(context, AccessScope::ReadJobs, tenant_id, true).await?;
-        let (first, after) = super::types::page_arguments(first, after)?;
+        let page = PageRequest::new(first, after.as_deref())?;
         let filter = JobFilter {
             reach,
             status: status.map(Into::into),
@@ -68,22 +69,16 @@ impl JobQuery {
                 .map(|label| Label::parse(label.key, label.value))
                 .transpose()?,
         };
-        let page = service::list_jobs(db, tenant_id, first, after, filter).await?;
-        let edges: Vec<JobEdge> = page
-            .jobs
-            .into_iter()
-            .map(|job| JobEdge {
+        let page = service::list_jobs(db, tenant_id, page, filter).await?;
+        let (edges, page_info) = connect(
+            page,
+            |job| JobEdge {
                 cursor: job.id.to_string(),
                 node: Job::without_payloads(job),
-            })
-            .collect();
-        Ok(JobConnection {
-            page_info: PageInfo {
-                has_next_page: page.has_next_page,
-                end_cursor: edges.last().map(|edge| edge.cursor.clone()),
             },
-            edges,
-        })
+            |edge| &edge.cursor,
+        );
+        Ok(JobConnection { edges, page_info })
     }
 
     /// The caller's account and balance.

@@ -1,7 +1,7 @@
 //! Webhooks over GraphQL: a tenant registers and deletes endpoints and reads its
 //! deliveries.
 
-use super::types::PageInfo;
+use super::types::{PageInfo, connect};
 use super::{app, principal};
 use crate::outbox;
 use crate::page::PageRequest;
@@ -143,24 +143,20 @@ impl WebhookQuery {
         after: Option<String>,
     ) -> async_graphql::Result<WebhookDeliveryConnection> {
         let tenant_id = principal(context)?.tenant_id()?;
-        let PageRequest { first, after } = PageRequest::new(first, after.as_deref())?;
-        let page = webhooks::list_deliveries(&app(context).db, tenant_id, first, after).await?;
-        let edges: Vec<WebhookDeliveryEdge> = page
-            .deliveries
-            .into_iter()
-            .map(WebhookDelivery::new)
-            .map(|node| WebhookDeliveryEdge {
-                cursor: node.id.to_string(),
-                node,
-            })
-            .collect();
-        Ok(WebhookDeliveryConnection {
-            page_info: PageInfo {
-                has_next_page: page.has_next_page,
-                end_cursor: edges.last().map(|edge| edge.cursor.clone()),
+        let page = PageRequest::new(first, after.as_deref())?;
+        let page = webhooks::list_deliveries(&app(context).db, tenant_id, page).await?;
+        let (edges, page_info) = connect(
+            page,
+            |delivery| {
+                let node = WebhookDelivery::new(delivery);
+                WebhookDeliveryEdge {
+                    cursor: node.id.to_string(),
+                    node,
+                }
             },
-            edges,
-        })
+            |edge| &edge.cursor,
+        );
+        Ok(WebhookDeliveryConnection { edges, page_info })
     }
 }
 

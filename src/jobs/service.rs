@@ -14,6 +14,7 @@ use crate::db::begin_write;
 use crate::error::ServiceError;
 use crate::llm::ProviderRegistry;
 use crate::metrics::Metrics;
+use crate::page::{Page, PageRequest};
 use entity::{EventKind, JobStatus, JsonText, Timestamp, attempts, job_events, job_labels, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait, OnConflict};
 use sea_orm::{
@@ -300,13 +301,6 @@ pub async fn find_job_by_key(
     Err(ServiceError::NotFound)
 }
 
-/// One page of a tenant's jobs, newest first.
-#[derive(Clone, Debug)]
-pub struct JobPage {
-    pub jobs: Vec<jobs::Model>,
-    pub has_next_page: bool,
-}
-
 /// What a page of jobs is narrowed to: the caller's reach, and the client's filters.
 #[derive(Clone, Debug, Default)]
 pub struct JobFilter {
@@ -319,20 +313,17 @@ pub struct JobFilter {
 pub async fn list_jobs(
     db: &impl ConnectionTrait,
     tenant_id: Uuid,
-    first: u64,
-    after: Option<Uuid>,
+    page: PageRequest,
     filter: JobFilter,
-) -> Result<JobPage, ServiceError> {
+) -> Result<Page<jobs::Model>, ServiceError> {
+    let PageRequest { first, after } = page;
     let mut query = jobs_without_payloads().filter(jobs::Column::TenantId.eq(tenant_id));
     if let Some(after) = after {
         // Ids are version-7 UUIDs: ordering by id is ordering by creation.
         query = query.filter(jobs::Column::Id.lt(after));
     }
     let Some(labels) = filter.reach.labels_with(filter.label) else {
-        return Ok(JobPage {
-            jobs: Vec::new(),
-            has_next_page: false,
-        });
+        return Ok(Page::empty());
     };
     if let JobReach::Listed(ids) = &filter.reach {
         query = query.filter(jobs::Column::Id.is_in(ids.iter().copied()));
@@ -374,13 +365,8 @@ pub async fn list_jobs(
     if let Some(status) = filter.status {
         query = query.filter(jobs::Column::Status.eq(status));
     }
-    let mut jobs = query.order_by_desc(order).limit(first + 1).all(db).await?;
-    let has_next_page = jobs.len() as u64 > first;
-    jobs.truncate(first as usize);
-    Ok(JobPage {
-        jobs,
-        has_next_page,
-    })
+    let jobs = query.order_by_desc(order).limit(first + 1).all(db).await?;
+    Ok(Page::from_rows(jobs, first))
 }
 
 /// Jobs without their payloads, for lists: a page of 100 jobs with inputs of megabytes

@@ -7,6 +7,7 @@ pub mod signature;
 
 use crate::db::begin_write;
 use crate::error::ServiceError;
+use crate::page::{Page, PageRequest};
 use entity::{
     Timestamp, WebhookDeliveryStatus, WebhookEvent, tenants, webhook_deliveries, webhooks,
 };
@@ -146,35 +147,22 @@ pub async fn list_webhooks(
         .await?)
 }
 
-/// One page of a tenant's deliveries, newest first.
-#[derive(Clone, Debug)]
-pub struct DeliveryPage {
-    pub deliveries: Vec<webhook_deliveries::Model>,
-    pub has_next_page: bool,
-}
-
 /// At most `first` of a tenant's deliveries older than the delivery `after`.
 pub async fn list_deliveries(
     db: &impl ConnectionTrait,
     tenant_id: Uuid,
-    first: u64,
-    after: Option<Uuid>,
-) -> Result<DeliveryPage, ServiceError> {
+    page: PageRequest,
+) -> Result<Page<webhook_deliveries::Model>, ServiceError> {
     let mut query = webhook_deliveries::Entity::find()
         .filter(webhook_deliveries::Column::TenantId.eq(tenant_id));
-    if let Some(after) = after {
+    if let Some(after) = page.after {
         // Version-7 ids: ordering by id is ordering by creation.
         query = query.filter(webhook_deliveries::Column::Id.lt(after));
     }
-    let mut deliveries = query
+    let deliveries = query
         .order_by_desc(webhook_deliveries::Column::Id)
-        .limit(first + 1)
+        .limit(page.first + 1)
         .all(db)
         .await?;
-    let has_next_page = deliveries.len() as u64 > first;
-    deliveries.truncate(first as usize);
-    Ok(DeliveryPage {
-        deliveries,
-        has_next_page,
-    })
+    Ok(Page::from_rows(deliveries, page.first))
 }

@@ -27,8 +27,8 @@ use entity::Timestamp;
 use uuid::Uuid;
 
 // The page a list report is asked for, parsed as every list parses it.
-pub use crate::page::PageRequest;
 use crate::page::unknown_cursor;
+pub use crate::page::{Page, PageRequest};
 
 /// Whose figures a report covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,44 +67,9 @@ impl Window {
     }
 }
 
-/// One page of a newest-first list.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Page<T> {
-    pub items: Vec<T>,
-    pub has_next_page: bool,
-}
-
-impl<T> Page<T> {
-    /// The page from `first + 1` fetched rows: the extra row only says there is more.
-    fn from_rows(mut items: Vec<T>, first: u64) -> Self {
-        let has_next_page = items.len() as u64 > first;
-        items.truncate(usize::try_from(first).unwrap_or(usize::MAX));
-        Self {
-            items,
-            has_next_page,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn page_requests_default_to_twenty_and_refuse_bad_sizes_and_cursors() {
-        assert_eq!(PageRequest::new(None, None).unwrap().first, 20);
-        assert_eq!(PageRequest::new(Some(100), None).unwrap().first, 100);
-        for first in [0, -1, 101] {
-            assert!(matches!(
-                PageRequest::new(Some(first), None),
-                Err(ServiceError::Validation(_))
-            ));
-        }
-        assert!(matches!(
-            PageRequest::new(None, Some("not-a-cursor")),
-            Err(ServiceError::Validation(_))
-        ));
-    }
 
     #[test]
     fn a_window_must_not_end_before_it_starts() {

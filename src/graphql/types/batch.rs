@@ -1,6 +1,6 @@
 //! A batch, its progress and pages of batches.
 
-use super::{JobConnection, JobEdge, JobStatus, PageInfo, money, time};
+use super::{JobConnection, JobEdge, JobStatus, PageInfo, connect, money, time};
 use crate::graphql::app;
 use crate::graphql::provider_batches::{ProviderBatch, RealtimeComparisonView};
 use crate::graphql::scalars::Amount;
@@ -202,40 +202,19 @@ impl Batch {
         after: Option<String>,
         status: Option<JobStatus>,
     ) -> async_graphql::Result<JobConnection> {
-        let (first, after) = page_arguments(first, after)?;
-        let (items, has_next_page) = batches::list_items(
-            &app(context).db,
-            &self.0,
-            first,
-            after,
-            status.map(Into::into),
-        )
-        .await?;
-        let edges: Vec<JobEdge> = items
-            .into_iter()
-            .map(|job| JobEdge {
+        let page = PageRequest::new(first, after.as_deref())?;
+        let items =
+            batches::list_items(&app(context).db, &self.0, page, status.map(Into::into)).await?;
+        let (edges, page_info) = connect(
+            items,
+            |job| JobEdge {
                 cursor: job.id.to_string(),
                 node: super::Job::without_payloads(job),
-            })
-            .collect();
-        Ok(JobConnection {
-            page_info: PageInfo {
-                has_next_page,
-                end_cursor: edges.last().map(|edge| edge.cursor.clone()),
             },
-            edges,
-        })
+            |edge| &edge.cursor,
+        );
+        Ok(JobConnection { edges, page_info })
     }
-}
-
-/// `first` (1 to 100, 20 when not given) and a cursor of this API, as
-/// [`PageRequest::new`] parses them.
-pub fn page_arguments(
-    first: Option<i32>,
-    after: Option<String>,
-) -> async_graphql::Result<(u64, Option<Uuid>)> {
-    let page = PageRequest::new(first, after.as_deref())?;
-    Ok((page.first, page.after))
 }
 
 /// A page of batches.

@@ -1,6 +1,6 @@
 //! A job, its timeline and pages of jobs.
 
-use super::{Attempt, Charge, EventKind, JobCost, JobStatus, Reservation, time};
+use super::{Attempt, Charge, EventKind, JobCost, JobStatus, PageInfo, Reservation, time};
 use crate::accounts::Principal;
 use crate::accounts::access_tokens::AccessScope;
 use crate::error::ServiceError;
@@ -444,11 +444,4 @@ impl JobConnection {
 pub struct JobEdge {
     pub cursor: String,
     pub node: Job,
-}
-
-/// Relay page information.
-#[derive(SimpleObject)]
-pub struct PageInfo {
-    pub has_next_page: bool,
-    pub end_cursor: Option<String>,
 }

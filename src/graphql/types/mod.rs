@@ -6,12 +6,14 @@ mod attempt;
 mod batch;
 mod costs;
 mod job;
+mod page;
 
 pub use account::{Account, CreditGrant, Tenant};
 pub use attempt::Attempt;
-pub use batch::{Batch, BatchConnection, BatchEdge, BatchMode, BatchUpdate, page_arguments};
+pub use batch::{Batch, BatchConnection, BatchEdge, BatchMode, BatchUpdate};
 pub use costs::{Charge, JobCost, Reservation};
-pub use job::{Job, JobConnection, JobEdge, JobEvent, Label, PageInfo, PayloadGate};
+pub use job::{Job, JobConnection, JobEdge, JobEvent, Label, PayloadGate};
+pub use page::{PageInfo, connect};
 
 use super::scalars::Amount;
 use crate::billing::Credits;

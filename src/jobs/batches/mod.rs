@@ -24,6 +24,7 @@ use crate::error::ServiceError;
 use crate::jobs::parameters::{ParameterRequest, parse_parameters};
 use crate::jobs::tools::{ToolRequest, parse_tools};
 use crate::llm::{Parameters, ProviderRegistry, Tools};
+use crate::page::{Page, PageRequest};
 use entity::{BatchMode, BatchStatus, JobStatus, JsonText, Timestamp, batches, jobs};
 use sea_orm::sea_query::{Expr, Func, OnConflict};
 use sea_orm::{
@@ -413,34 +414,22 @@ impl BatchView {
     }
 }
 
-/// A page of a tenant's batches, newest first.
-pub struct BatchPage {
-    pub batches: Vec<batches::Model>,
-    pub has_next_page: bool,
-}
-
 /// A tenant's batches after the cursor `after` (a batch id), newest first.
 pub async fn list_batches(
     db: &impl ConnectionTrait,
     tenant_id: Uuid,
-    first: u64,
-    after: Option<Uuid>,
-) -> Result<BatchPage, ServiceError> {
+    page: PageRequest,
+) -> Result<Page<batches::Model>, ServiceError> {
     let mut query = batches::Entity::find().filter(batches::Column::TenantId.eq(tenant_id));
-    if let Some(after) = after {
+    if let Some(after) = page.after {
         query = query.filter(batches::Column::Id.lt(after));
     }
-    let mut batches = query
+    let batches = query
         .order_by_desc(batches::Column::Id)
-        .limit(first + 1)
+        .limit(page.first + 1)
         .all(db)
         .await?;
-    let has_next_page = batches.len() as u64 > first;
-    batches.truncate(first as usize);
-    Ok(BatchPage {
-        batches,
-        has_next_page,
-    })
+    Ok(Page::from_rows(batches, page.first))
 }
 
 /// A page of a batch's items, in the order they were added, after the cursor `after`
@@ -448,27 +437,24 @@ pub async fn list_batches(
 pub async fn list_items(
     db: &impl ConnectionTrait,
     batch: &batches::Model,
-    first: u64,
-    after: Option<Uuid>,
+    page: PageRequest,
     status: Option<entity::JobStatus>,
-) -> Result<(Vec<jobs::Model>, bool), ServiceError> {
+) -> Result<Page<jobs::Model>, ServiceError> {
     let mut query = super::service::jobs_without_payloads()
         .filter(jobs::Column::BatchId.eq(batch.id))
         .filter(jobs::Column::TenantId.eq(batch.tenant_id));
-    if let Some(after) = after {
+    if let Some(after) = page.after {
         query = query.filter(jobs::Column::Id.gt(after));
     }
     if let Some(status) = status {
         query = query.filter(jobs::Column::Status.eq(status));
     }
-    let mut items = query
+    let items = query
         .order_by_asc(jobs::Column::Id)
-        .limit(first + 1)
+        .limit(page.first + 1)
         .all(db)
         .await?;
-    let has_next_page = items.len() as u64 > first;
-    items.truncate(first as usize);
-    Ok((items, has_next_page))
+    Ok(Page::from_rows(items, page.first))
 }
 
 /// No more items: the batch is CLOSED, or FINISHED at once when every item it has is
