@@ -1,17 +1,15 @@
 //! What only an admin reads: every tenant, with its balance.
 
-use super::types::{PageInfo, Tenant, connect};
+use super::types::{PageInfo, Tenant, connect, edge};
 use super::{app, principal};
 use crate::accounts::tenants;
 use crate::billing::reports::PageRequest;
 use async_graphql::{Context, Object, SimpleObject};
 
-/// A tenant and the cursor to page on from it.
-#[derive(SimpleObject)]
-pub struct TenantEdge {
-    pub cursor: String,
-    pub node: Tenant,
-}
+edge!(
+    /// A tenant and the cursor to page on from it.
+    TenantEdge of Tenant
+);
 
 /// A page of tenants.
 #[derive(SimpleObject)]
@@ -38,14 +36,7 @@ impl AdminQuery {
         principal(context)?.require_admin()?;
         let page = PageRequest::new(first, after.as_deref())?;
         let tenants = tenants::list_tenants(&app(context).db, page).await?;
-        let (edges, page_info) = connect(
-            tenants,
-            |tenant| TenantEdge {
-                cursor: tenant.id.to_string(),
-                node: tenant.into(),
-            },
-            |edge| &edge.cursor,
-        );
+        let (edges, page_info) = connect(tenants, |tenant| (tenant.id, tenant.into()));
         Ok(TenantConnection { edges, page_info })
     }
 }

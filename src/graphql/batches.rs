@@ -1,7 +1,7 @@
 //! Batches: creating them, adding items, closing, cancelling and reading them.
 
 use super::mutation::MessageInput;
-use super::types::{Batch, BatchConnection, BatchEdge, BatchMode, connect};
+use super::types::{Batch, BatchConnection, BatchMode, connect};
 use super::{app, principal};
 use crate::jobs::batches::items::{self, ItemRequest};
 use crate::jobs::batches::{self, BatchRequest, NewBatch, cancel};
@@ -219,14 +219,7 @@ impl BatchQuery {
         let tenant_id = principal(context)?.report_tenant(db, tenant_id).await?;
         let page = PageRequest::new(first, after.as_deref())?;
         let page = batches::list_batches(db, tenant_id, page).await?;
-        let (edges, page_info) = connect(
-            page,
-            |batch| BatchEdge {
-                cursor: batch.id.to_string(),
-                node: batch.into(),
-            },
-            |edge| &edge.cursor,
-        );
+        let (edges, page_info) = connect(page, |batch| (batch.id, batch.into()));
         Ok(BatchConnection { edges, page_info })
     }
 }

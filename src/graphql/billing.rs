@@ -3,7 +3,7 @@
 
 use super::loaders::{JobKey, JobOf, LabelsOf, MetadataOf};
 use super::scalars::Amount;
-use super::types::{JobStatus, Label, PageInfo, connect};
+use super::types::{JobStatus, Label, PageInfo, connect, edge};
 use super::{app, loader, principal};
 use crate::billing::Credits;
 use crate::billing::reports::{self, PageRequest, Window};
@@ -120,12 +120,10 @@ impl JobCostLine {
     }
 }
 
-/// A job's cost line and the cursor to page on from it.
-#[derive(SimpleObject)]
-pub struct JobCostEdge {
-    pub cursor: String,
-    pub node: JobCostLine,
-}
+edge!(
+    /// A job's cost line and the cursor to page on from it.
+    JobCostEdge of JobCostLine
+);
 
 /// A page of job costs.
 #[derive(SimpleObject)]
@@ -352,12 +350,10 @@ impl From<ledger_entries::Model> for LedgerEntry {
     }
 }
 
-/// A ledger entry and the cursor to page on from it.
-#[derive(SimpleObject)]
-pub struct LedgerEntryEdge {
-    pub cursor: String,
-    pub node: LedgerEntry,
-}
+edge!(
+    /// A ledger entry and the cursor to page on from it.
+    LedgerEntryEdge of LedgerEntry
+);
 
 /// A page of ledger entries.
 #[derive(SimpleObject)]
@@ -396,14 +392,7 @@ impl BillingQuery {
         let scope = principal(context)?.report_scope(db, tenant_id).await?;
         let page = PageRequest::new(first, after.as_deref())?;
         let costs = reports::job_costs(db, scope, window(from, to)?, page).await?;
-        let (edges, page_info) = connect(
-            costs,
-            |cost| JobCostEdge {
-                cursor: cost.job_id.to_string(),
-                node: cost.into(),
-            },
-            |edge| &edge.cursor,
-        );
+        let (edges, page_info) = connect(costs, |cost| (cost.job_id, cost.into()));
         Ok(JobCostConnection { edges, page_info })
     }
 
@@ -494,14 +483,7 @@ impl BillingQuery {
         let tenant_id = principal(context)?.report_tenant(db, tenant_id).await?;
         let page = PageRequest::new(first, after.as_deref())?;
         let entries = reports::credit_ledger(db, tenant_id, page).await?;
-        let (edges, page_info) = connect(
-            entries,
-            |entry| LedgerEntryEdge {
-                cursor: entry.id.to_string(),
-                node: entry.into(),
-            },
-            |edge| &edge.cursor,
-        );
+        let (edges, page_info) = connect(entries, |entry| (entry.id, entry.into()));
         Ok(LedgerEntryConnection { edges, page_info })
     }
 }

@@ -1,7 +1,7 @@
 //! Reads: a tenant's jobs and account.
 
 use super::mutation::LabelInput;
-use super::types::{Account, Job, JobConnection, JobEdge, JobStatus, connect};
+use super::types::{Account, Job, JobConnection, JobStatus, connect};
 use super::{ApiErrorCode, app, job_access, principal};
 use crate::accounts::access_tokens::AccessScope;
 use crate::accounts::tenants;
@@ -70,14 +70,7 @@ impl JobQuery {
                 .transpose()?,
         };
         let page = service::list_jobs(db, tenant_id, page, filter).await?;
-        let (edges, page_info) = connect(
-            page,
-            |job| JobEdge {
-                cursor: job.id.to_string(),
-                node: Job::without_payloads(job),
-            },
-            |edge| &edge.cursor,
-        );
+        let (edges, page_info) = connect(page, |job| (job.id, Job::without_payloads(job)));
         Ok(JobConnection { edges, page_info })
     }
 

@@ -1,7 +1,7 @@
 //! Webhooks over GraphQL: a tenant registers and deletes endpoints and reads its
 //! deliveries.
 
-use super::types::{PageInfo, connect};
+use super::types::{PageInfo, connect, edge};
 use super::{app, principal};
 use crate::outbox;
 use crate::page::PageRequest;
@@ -105,12 +105,10 @@ impl WebhookDelivery {
     }
 }
 
-/// An edge of a page of deliveries.
-#[derive(SimpleObject)]
-pub struct WebhookDeliveryEdge {
-    pub cursor: String,
-    pub node: WebhookDelivery,
-}
+edge!(
+    /// An edge of a page of deliveries.
+    WebhookDeliveryEdge of WebhookDelivery
+);
 
 /// A page of deliveries, newest first.
 #[derive(SimpleObject)]
@@ -145,17 +143,9 @@ impl WebhookQuery {
         let tenant_id = principal(context)?.tenant_id()?;
         let page = PageRequest::new(first, after.as_deref())?;
         let page = webhooks::list_deliveries(&app(context).db, tenant_id, page).await?;
-        let (edges, page_info) = connect(
-            page,
-            |delivery| {
-                let node = WebhookDelivery::new(delivery);
-                WebhookDeliveryEdge {
-                    cursor: node.id.to_string(),
-                    node,
-                }
-            },
-            |edge| &edge.cursor,
-        );
+        let (edges, page_info) = connect(page, |delivery| {
+            (delivery.id, WebhookDelivery::new(delivery))
+        });
         Ok(WebhookDeliveryConnection { edges, page_info })
     }
 }

@@ -1,6 +1,6 @@
 //! A batch, its progress and pages of batches.
 
-use super::{JobConnection, JobEdge, JobStatus, PageInfo, connect, money, time};
+use super::{JobConnection, JobStatus, PageInfo, connect, edge, money, time};
 use crate::graphql::app;
 use crate::graphql::provider_batches::{ProviderBatch, RealtimeComparisonView};
 use crate::graphql::scalars::Amount;
@@ -205,14 +205,7 @@ impl Batch {
         let page = PageRequest::new(first, after.as_deref())?;
         let items =
             batches::list_items(&app(context).db, &self.0, page, status.map(Into::into)).await?;
-        let (edges, page_info) = connect(
-            items,
-            |job| JobEdge {
-                cursor: job.id.to_string(),
-                node: super::Job::without_payloads(job),
-            },
-            |edge| &edge.cursor,
-        );
+        let (edges, page_info) = connect(items, |job| (job.id, super::Job::without_payloads(job)));
         Ok(JobConnection { edges, page_info })
     }
 }
@@ -224,12 +217,10 @@ pub struct BatchConnection {
     pub page_info: PageInfo,
 }
 
-/// A batch and the cursor to page on from it.
-#[derive(SimpleObject)]
-pub struct BatchEdge {
-    pub cursor: String,
-    pub node: Batch,
-}
+edge!(
+    /// A batch and the cursor to page on from it.
+    BatchEdge of Batch
+);
 
 /// A batch's progress at one moment.
 #[derive(SimpleObject)]

@@ -1,6 +1,6 @@
 //! A job, its timeline and pages of jobs.
 
-use super::{Attempt, Charge, EventKind, JobCost, JobStatus, PageInfo, Reservation, time};
+use super::{Attempt, Charge, EventKind, JobCost, JobStatus, PageInfo, Reservation, edge, time};
 use crate::accounts::Principal;
 use crate::accounts::access_tokens::AccessScope;
 use crate::error::ServiceError;
@@ -439,9 +439,7 @@ impl JobConnection {
     }
 }
 
-/// A job and the cursor to page on from it.
-#[derive(SimpleObject)]
-pub struct JobEdge {
-    pub cursor: String,
-    pub node: Job,
-}
+edge!(
+    /// A job and the cursor to page on from it.
+    JobEdge of Job
+);

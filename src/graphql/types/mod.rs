@@ -10,10 +10,11 @@ mod page;
 
 pub use account::{Account, CreditGrant, Tenant};
 pub use attempt::Attempt;
-pub use batch::{Batch, BatchConnection, BatchEdge, BatchMode, BatchUpdate};
+pub use batch::{Batch, BatchConnection, BatchMode, BatchUpdate};
 pub use costs::{Charge, JobCost, Reservation};
-pub use job::{Job, JobConnection, JobEdge, JobEvent, Label, PayloadGate};
-pub use page::{PageInfo, connect};
+pub use job::{Job, JobConnection, JobEvent, Label, PayloadGate};
+pub(crate) use page::edge;
+pub use page::{Edge, PageInfo, connect};
 
 use super::scalars::Amount;
 use crate::billing::Credits;
