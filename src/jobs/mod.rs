@@ -6,6 +6,7 @@ pub mod budget;
 pub mod events;
 pub mod fallbacks;
 pub mod flow;
+pub mod holds;
 pub mod input;
 pub mod labels;
 pub mod leases;

@@ -2,9 +2,9 @@
  * protocol.pml: a Promela model of jobledger's job / lease / billing protocol,
  * checked with Spin (tests/it/protocol_model.rs runs it). It describes
  * src/jobs/queue/ (renew_leases in mod.rs, start_attempt in start.rs, finish_attempt
- * and abandon_claim in finish.rs, expire_leases in expiry.rs; claim and claim_in_turn
+ * and abandon_claim in finish.rs, expire_leases in rescue.rs; claim and claim_in_turn
  * in claim/mod.rs), src/jobs/worker/ (the judgement in judge.rs), src/jobs/service.rs,
- * src/jobs/budget.rs and src/billing/ledger.rs; a comment at
+ *  src/jobs/budget.rs, src/jobs/holds.rs and src/billing/ledger/; a comment at
  * each step names the Rust function it stands for. The provider-batch submitter, which
  * runs an item's attempt in a provider batch instead of a worker's call, has a model
  * of its own beside its code (provider_batches/protocol.pml): the two share only the

@@ -1,8 +1,9 @@
 //! Creating, reading, listing and cancelling jobs on behalf of a tenant.
 
-use super::budget::{self, Spent};
+use super::budget::Spent;
 use super::events;
 use super::fallbacks::ModelChain;
+use super::holds;
 use super::input::{self, Deadline, NewJob};
 use super::labels::{self, Label};
 use super::lifecycle::{self, Cancel};
@@ -497,7 +498,7 @@ pub async fn cancel_job(
             let spent = Spent::load(&transaction, job.id).await?;
             notices.push(events::append(&transaction, &job, EventKind::Cancelled, None).await?);
             // Last: it locks the tenant's row, which every job of the tenant needs.
-            budget::resolve_hold(&transaction, &job, None, &spent).await?;
+            holds::resolve_hold(&transaction, &job, None, &spent).await?;
             job
         }
         Cancel::Asks => {

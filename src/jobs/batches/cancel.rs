@@ -9,7 +9,8 @@ use crate::billing::batch_totals::BatchTotals;
 use crate::bus::{EventBus, EventNotice};
 use crate::db::begin_write;
 use crate::error::ServiceError;
-use crate::jobs::budget::{self, Spent};
+use crate::jobs::budget::Spent;
+use crate::jobs::holds;
 use crate::jobs::lifecycle::{self, Cancel};
 use crate::jobs::{events, observe};
 use crate::metrics::Metrics;
@@ -213,11 +214,11 @@ async fn cancel_some(
         .iter()
         .map(|job| {
             let spent = spent.get(&job.id).cloned().unwrap_or_default();
-            (*job, budget::resolution(job, None, &spent))
+            (*job, holds::resolution(job, None, &spent))
         })
         .collect();
     // Last: it locks the tenant's row, then the batch's.
-    budget::resolve_holds(&transaction, &terminal, BatchTotals::default()).await?;
+    holds::resolve_holds(&transaction, &terminal, BatchTotals::default()).await?;
     transaction.commit().await?;
     Ok(notices)
 }

@@ -6,8 +6,9 @@
 use super::apply;
 use crate::bus::EventNotice;
 use crate::db::begin_write;
-use crate::jobs::budget::{self, Spent};
+use crate::jobs::budget::Spent;
 use crate::jobs::events;
+use crate::jobs::holds;
 use crate::jobs::lifecycle;
 use entity::{JobStatus, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait};
@@ -77,7 +78,7 @@ pub async fn fail_past_deadlines(db: &DatabaseConnection) -> Result<Vec<EventNot
         })
         .collect();
     // Last: it locks the tenants' rows, which every job of those tenants needs.
-    budget::resolve_holds(&transaction, &resolutions, Default::default()).await?;
+    holds::resolve_holds(&transaction, &resolutions, Default::default()).await?;
     transaction.commit().await?;
     for job in &failed {
         tracing::info!(job.id = %job.id, tenant.id = %job.tenant_id, "job failed: its deadline passed while it was queued");

@@ -10,8 +10,9 @@ use crate::billing::{Credits, ModelPrice};
 use crate::bus::EventNotice;
 use crate::db::storable_text;
 use crate::db::{Values, begin_write};
-use crate::jobs::budget::{self, Spent};
+use crate::jobs::budget::Spent;
 use crate::jobs::events;
+use crate::jobs::holds;
 use crate::jobs::lifecycle::{self, Transition};
 use crate::jobs::lifecycle::{AttemptReport, JobError, JobOutcome};
 use entity::{JobStatus, JsonText, Timestamp, attempts, jobs};
@@ -144,7 +145,7 @@ pub async fn finish_attempts(
         .filter_map(|(_, job, _, _, resolution)| Some((job, (*resolution)?)))
         .collect();
     // Last: it locks the tenants' rows, which every job of those tenants needs.
-    budget::resolve_holds(&transaction, &terminal, progress).await?;
+    holds::resolve_holds(&transaction, &terminal, progress).await?;
     transaction.commit().await?;
     let mut answers: Vec<Option<Vec<EventNotice>>> = ends.iter().map(|_| None).collect();
     for ((index, ..), notice) in finished.iter().zip(notices) {
@@ -265,7 +266,7 @@ pub async fn abandon_claim(
     .await?;
     // Last: it locks the tenant's row, which every job of the tenant needs.
     if let Some(hold) = transition.hold(job.id, &spent) {
-        budget::resolve_holds(&transaction, &[(&job, hold)], Default::default()).await?;
+        holds::resolve_holds(&transaction, &[(&job, hold)], Default::default()).await?;
     }
     transaction.commit().await?;
     Ok(Some(notice))

@@ -3,8 +3,9 @@
 use super::{Claim, apply, lock_claimed, releasing_update};
 use crate::bus::EventNotice;
 use crate::db::begin_write;
-use crate::jobs::budget::{self, Spent};
+use crate::jobs::budget::Spent;
 use crate::jobs::events;
+use crate::jobs::holds;
 use crate::jobs::lifecycle;
 use crate::jobs::provider_batches::ITEM_LEASE;
 use entity::JobErrorCode;
@@ -155,7 +156,7 @@ async fn expire_lease(
     .await?;
     // Last: it locks the tenant's row, which every job of the tenant needs.
     if let Some(hold) = transition.hold(job.id, &spent) {
-        budget::resolve_holds(&transaction, &[(&job, hold)], Default::default()).await?;
+        holds::resolve_holds(&transaction, &[(&job, hold)], Default::default()).await?;
     }
     transaction.commit().await?;
     tracing::warn!(job.id = %job.id, status = ?job.status, "took back a job whose lease expired");

@@ -8,6 +8,7 @@ use crate::billing::batch_totals::BatchTotals;
 use crate::db::begin_write;
 use crate::jobs::budget::{self, Spent};
 use crate::jobs::events;
+use crate::jobs::holds;
 use entity::{AttemptOutcome, EventKind, Timestamp, attempts, jobs};
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{ActiveValue::Set, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait};
@@ -74,7 +75,7 @@ pub async fn start_attempts_in(
     // The fenced UPDATE above holds the jobs' row locks, so numbering and the budget
     // check cannot race.
     let spent = Spent::load_many(transaction, &job_ids).await?;
-    let holds = budget::open_holds(transaction, &job_ids).await?;
+    let holds = holds::open_holds(transaction, &job_ids).await?;
     let mut rows = Vec::with_capacity(owned.len());
     // Per job: why the call may not be made for want of budget, if it may not.
     let mut refusals: HashMap<Uuid, Option<budget::Refusal>> = HashMap::with_capacity(owned.len());
