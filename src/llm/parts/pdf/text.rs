@@ -71,6 +71,28 @@ pub struct TextCounter {
     /// Inside a `/Differences` array.
     in_differences: bool,
     longest_glyph: u64,
+    /// Inside an inline image's data (after `ID`): its bytes are pixels, not
+    /// operators, so a `(` in them must not open a string that swallows the text
+    /// after the image.
+    image: Option<InlineImage>,
+    /// Reads an image's data as operators: the shadow of one, which skips no
+    /// image of its own (so that nested `ID`s cost no more than one reading).
+    shadow: bool,
+}
+
+/// An inline image's data being skipped, up to the `EI` that ends it: `EI`
+/// preceded by white space and followed by white space or the end of the data.
+struct InlineImage {
+    /// Bytes of the data so far.
+    bytes: u64,
+    /// The data read as operators, as it was before it was skipped: when no `EI`
+    /// ends the image, what a reader makes of it is not known, and it counts at
+    /// least as much as it did then.
+    shadow: Box<TextCounter>,
+    /// The last byte was white space (the `ID` ends with one).
+    after_space: bool,
+    /// How much of `EI` follows that white space.
+    matched: u8,
 }
 
 /// The most characters one code of a font whose `ToUnicode` sections map a code to
@@ -128,9 +150,21 @@ impl TextCounter {
 
     /// What the stream shows, once every byte is fed.
     pub fn finish(mut self) -> Shown {
-        // The data may end on an operator.
-        if self.state == State::Between {
-            self.end_token();
+        match self.image.take() {
+            // The data ends with the image's `EI`.
+            Some(image) if image.matched == 2 => {}
+            // No `EI` ends the image: each of its bytes counts as text (no string
+            // in it has more), and whatever else the bytes read as operators show.
+            Some(image) => {
+                let shadow = image.shadow.finish();
+                self.shown = self.shown.saturating_add(image.bytes);
+                self.longest_mapping = self.longest_mapping.max(shadow.longest_mapping);
+                self.longest_glyph = self.longest_glyph.max(shadow.longest_glyph);
+                self.draws.merge(shadow.draws);
+            }
+            // The data may end on an operator.
+            None if self.state == State::Between => self.end_token(),
+            None => {}
         }
         Shown {
             bytes: self.shown,
@@ -141,6 +175,22 @@ impl TextCounter {
     }
 
     fn step(&mut self, byte: u8) {
+        if let Some(image) = &mut self.image {
+            if image.matched == 2 && is_space(byte) {
+                self.image = None;
+                self.state = State::Between;
+                return;
+            }
+            image.matched = match (image.matched, byte) {
+                (0, b'E') if image.after_space => 1,
+                (1, b'I') => 2,
+                _ => 0,
+            };
+            image.after_space = is_space(byte);
+            image.bytes += 1;
+            image.shadow.step(byte);
+            return;
+        }
         match self.state {
             State::Literal { depth, escaped } => {
                 if escaped {
@@ -228,6 +278,10 @@ impl TextCounter {
             return;
         }
         self.end_token();
+        if self.image.is_some() {
+            // The white space that ends `ID`; the image's data follows.
+            return;
+        }
         match byte {
             b'(' => {
                 self.string_bytes = 0;
@@ -288,6 +342,17 @@ impl TextCounter {
             match token.as_slice() {
                 b"Tj" | b"TJ" | b"'" | b"\"" => self.shown += self.pending,
                 b"Do" => self.draws.add(name),
+                b"ID" if !self.shadow => {
+                    self.image = Some(InlineImage {
+                        bytes: 0,
+                        shadow: Box::new(TextCounter {
+                            shadow: true,
+                            ..TextCounter::default()
+                        }),
+                        after_space: false,
+                        matched: 0,
+                    })
+                }
                 b"beginbfchar" | b"beginbfrange" => self.in_unicode_map = true,
                 b"endbfchar" | b"endbfrange" => self.in_unicode_map = false,
                 _ => {}
@@ -373,6 +438,27 @@ mod tests {
         assert_eq!(count(&[b"<< /Type /Page /Contents 4 0 R >> (x)"]), 0);
         assert_eq!(count(&[b"<< /Contents [4 0 R] >> (x)"]), 0);
         assert_eq!(count(&[b"<< /Contents << /A (x) >> >>"]), 0);
+    }
+
+    #[test]
+    fn an_inline_image_is_skipped_to_its_end() {
+        // A `(` in the pixels opened a string that took the text after the image.
+        let image = b"BI /W 1 /H 1 /BPC 8 /CS /G ID ((((\nEI (after) Tj";
+        assert_eq!(count(&[image]), 5);
+        for cut in 0..image.len() {
+            let (first, second) = image.split_at(cut);
+            assert_eq!(count(&[first, second]), 5, "cut at {cut}");
+        }
+        // `EI` inside the data, not after white space, does not end it.
+        assert_eq!(count(&[b"BI ID xEI ( EI (ab) Tj"]), 2);
+        // The image ends the data.
+        assert_eq!(count(&[b"(ab) Tj BI ID ( EI"]), 2);
+        // No `EI` ends it: every byte after `ID ` counts, and what its operators
+        // show would exceed no more.
+        let data: &[u8] = b"((cd) Tj";
+        assert_eq!(count(&[b"(ab) Tj BI ID ", data]), 2 + data.len() as u64);
+        let data: &[u8] = b"1 beginbfchar <01> <006600660069> endbfchar";
+        assert_eq!(count(&[b"BI ID ", data]), data.len() as u64 * 3);
     }
 
     #[test]
