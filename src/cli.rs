@@ -190,6 +190,12 @@ struct WorkerArgs {
           default_value_t = crate::jobs::provider_batches::DEFAULT_UNKNOWN_AFTER.as_secs(),
           value_parser = clap::value_parser!(u64).range(1..))]
     provider_batch_unknown_after_seconds: u64,
+    /// After an ambiguous answer to a provider batch's create (a timeout, a lost
+    /// connection, a 429/529), wait S seconds from the last request before searching
+    /// the provider for the batch, and before ever uploading it again.
+    #[arg(long, env = "JOBLEDGER_PROVIDER_BATCH_CREATE_GRACE_SECONDS", value_name = "S",
+          default_value_t = crate::jobs::provider_batches::DEFAULT_CREATE_GRACE.as_secs())]
+    provider_batch_create_grace_seconds: u64,
     /// Live connections (WebSocket connections and SSE streams) the API holds open at
     /// once across all clients; past it a new one is refused with 503.
     #[arg(long, env = "JOBLEDGER_MAX_LIVE_CONNECTIONS", value_name = "N",
@@ -294,6 +300,7 @@ impl WorkerArgs {
                 provider_batches: crate::jobs::provider_batches::ProviderBatchSettings {
                     poll: Duration::from_secs(self.provider_batch_poll_seconds),
                     unknown_after: Duration::from_secs(self.provider_batch_unknown_after_seconds),
+                    create_grace: Duration::from_secs(self.provider_batch_create_grace_seconds),
                 },
             },
             allow_private_webhooks: self.allow_private_webhooks,

@@ -50,6 +50,12 @@ pub struct Model {
     /// Provider batches its searches found whose results named none of its attempts:
     /// a JSON array of provider ids, left out of its next search.
     pub ruled_out: Option<String>,
+    /// When its upload last sent a request that creates something at the provider:
+    /// after an ambiguous answer, it is not searched for before a grace period has
+    /// passed since, as the provider may still be making it.
+    pub sent_at: Option<Timestamp>,
+    /// How many requests its upload holds: what a search for it looks for.
+    pub upload_requests: Option<i64>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -34,6 +34,7 @@ mod m20261202_000030_provider_batches;
 mod m20261202_000040_price_origins;
 mod m20261203_000010_held_prices;
 mod m20261203_000040_provider_batch_attribution;
+mod m20261204_000100_provider_batch_sends;
 
 /// Applies jobledger's migrations in order.
 pub struct Migrator;
@@ -69,6 +70,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261202_000040_price_origins::Migration),
             Box::new(m20261203_000010_held_prices::Migration),
             Box::new(m20261203_000040_provider_batch_attribution::Migration),
+            Box::new(m20261204_000100_provider_batch_sends::Migration),
         ]
     }
 }

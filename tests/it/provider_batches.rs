@@ -119,6 +119,8 @@ pub(crate) fn options(
             provider_batches: ProviderBatchSettings {
                 poll,
                 unknown_after,
+                // Short: a lost answer is searched for a second after its create.
+                create_grace: Duration::from_secs(1),
             },
             ..OperationsSettings::default()
         },

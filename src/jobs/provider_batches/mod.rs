@@ -57,6 +57,12 @@ pub struct ProviderBatchSettings {
     /// How long a provider batch may go without the provider answering about it
     /// before its items' fates are unknown (`--provider-batch-unknown-after-seconds`).
     pub unknown_after: Duration,
+    /// How long after its last creating request an upload whose answer was lost (or
+    /// was a 429/529, which a gateway may have sent after forwarding it) is left
+    /// alone before it is searched for (`--provider-batch-create-grace-seconds`): a
+    /// create still in flight is not listed yet, and a search that misses it would
+    /// upload the items a second time.
+    pub create_grace: Duration,
 }
 
 /// 30 s, as the flag's default.
@@ -64,12 +70,15 @@ pub const DEFAULT_POLL: Duration = Duration::from_secs(30);
 /// 24 hours: the providers' completion window. A provider unreachable that long
 /// about a batch has let it expire or lost it.
 pub const DEFAULT_UNKNOWN_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
+/// A minute: far past how long either provider takes to answer a create.
+pub const DEFAULT_CREATE_GRACE: Duration = Duration::from_secs(60);
 
 impl Default for ProviderBatchSettings {
     fn default() -> Self {
         Self {
             poll: DEFAULT_POLL,
             unknown_after: DEFAULT_UNKNOWN_AFTER,
+            create_grace: DEFAULT_CREATE_GRACE,
         }
     }
 }

@@ -131,6 +131,8 @@ mod tests {
             ended_at: None,
             attributed: true,
             ruled_out: None,
+            sent_at: None,
+            upload_requests: None,
         }
     }
 

@@ -213,6 +213,18 @@ pub(super) async fn send(
 ) -> Result<(), DbErr> {
     let api = provider.batch_api().expect("a provider with a batch API");
     tracing::info!(provider_batch.id = %row.id, provider = %row.provider, items = encoded.len(), "uploading a provider batch");
+    // What a search for the upload looks for, should its answer be lost: the
+    // requests as built now, whatever becomes of their attempts meanwhile. (Created
+    // from OpenAI's input file found again, the upload is the one recorded before.)
+    if !encoded.is_empty() {
+        let count = fenced(submitter, row, token).col_expr(
+            provider_batches::Column::UploadRequests,
+            Expr::value(encoded.len() as i64),
+        );
+        if rows::write(&submitter.db, count).await?.is_none() {
+            return Ok(());
+        }
+    }
     let gate = rows::OwnerGate {
         db: &submitter.db,
         id: row.id,
@@ -244,7 +256,7 @@ pub(super) async fn send(
             }
             Ok(())
         }
-        // Nothing was created at the provider: back to preparing, uploaded again later.
+        // Nothing was sent: back to preparing, uploaded again later.
         Err(error) if created_nothing(&error) => {
             let back = fenced(submitter, row, token)
                 .col_expr(
@@ -288,7 +300,9 @@ pub(super) async fn send(
             .await?;
             finish_row(submitter, row, token, ProviderBatchState::Settled).await
         }
-        // The provider may have the batch: found again before anything is re-sent.
+        // The provider may have the batch, or be making it still (a 429 or 529 too,
+        // which a gateway may have answered after forwarding the create): searched
+        // for once the create grace has passed, before anything is sent again.
         Err(error) => unreadable(submitter, row, token, &error).await,
     }
 }

@@ -169,9 +169,14 @@ pub(super) struct OwnerGate<'a, C> {
 #[async_trait::async_trait]
 impl<C: ConnectionTrait + Send + Sync> crate::llm::batches::SendGate for OwnerGate<'_, C> {
     async fn may_send(&self) -> bool {
+        // The time of the send, too: a search for the upload waits a grace period
+        // from it.
         let renewed = write(
             self.db,
-            fenced(self.db.get_database_backend(), self.id, self.token),
+            fenced(self.db.get_database_backend(), self.id, self.token).col_expr(
+                provider_batches::Column::SentAt,
+                Expr::value(Timestamp::now()),
+            ),
         )
         .await;
         match renewed {

@@ -9,7 +9,7 @@
 use super::poll::{
     abandon, fenced, finish_row, items, record_submitted, send, state, take_upload_slot, unreadable,
 };
-use super::{Submitter, settle};
+use super::{Submitter, rows, settle};
 use crate::llm::Provider;
 use crate::llm::batches::{Found, ResultLine};
 use entity::{ProviderBatchState, Timestamp, attempts, provider_batches};
@@ -31,6 +31,22 @@ pub(super) async fn recover(
     provider: &Arc<dyn Provider>,
     cancelled: bool,
 ) -> Result<(), DbErr> {
+    // A create still in flight is not listed yet: a search now could miss it and
+    // upload the items a second time. Every upload again follows a search made
+    // after this, so nothing is re-sent within the grace of the last send either.
+    if let Some(sent) = row.sent_at {
+        let searchable = sent.plus(
+            chrono::Duration::from_std(submitter.settings.create_grace)
+                .unwrap_or(chrono::Duration::MAX),
+        );
+        if searchable > Timestamp::now() {
+            let wait = fenced(submitter, row, token).col_expr(
+                provider_batches::Column::NextPollAt,
+                Expr::value(searchable),
+            );
+            return rows::write(&submitter.db, wait).await.map(drop);
+        }
+    }
     let api = provider.batch_api().expect("a provider with a batch API");
     let began = row.uploading_at.unwrap_or(row.created_at);
     let since = began.to_datetime() - SEARCH_SLACK;
@@ -49,9 +65,17 @@ pub(super) async fn recover(
         .flatten()
         .collect();
     known.extend(ruled_out(row));
-    // What the upload sent: the row's attempts still running, none of which can have
-    // been settled before the row was submitted.
-    let sent = settle::running_count(submitter, row).await?;
+    // What the upload sent, as recorded when it was built: an attempt settled since
+    // (a cancel, a deadline) is still a request of the batch the provider holds. A
+    // row uploaded before the count was recorded falls back on its attempts still
+    // running.
+    let sent = match row
+        .upload_requests
+        .and_then(|count| usize::try_from(count).ok())
+    {
+        Some(count) => count,
+        None => settle::running_count(submitter, row).await?,
+    };
     match api.find(row.id, since, &known, sent).await {
         Ok(Found::Batch(remote)) => {
             let attributed = remote.ours == Some(row.id);

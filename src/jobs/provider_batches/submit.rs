@@ -257,6 +257,8 @@ async fn submit_one(submitter: &Submitter, batch: &batches::Model) -> Result<usi
             ended_at: Set(None),
             attributed: Set(true),
             ruled_out: Set(None),
+            sent_at: Set(None),
+            upload_requests: Set(None),
         })
         .exec_without_returning(&transaction)
         .await?;

@@ -169,16 +169,14 @@ pub fn valid_custom_id(id: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
 }
 
-/// Whether a failed creating request certainly created nothing at the provider:
-/// it was not sent, or the provider turned it away before taking it (429, or
-/// Anthropic's 529 overloaded). Anything else may have created the batch, which is
-/// then searched for before anything is sent again.
+/// Whether a failed creating request certainly created nothing at the provider: it
+/// was not sent. Anything else may have created the batch, which is then searched
+/// for before anything is sent again — a 429 or Anthropic's 529 too: a gateway in
+/// front of the provider may have forwarded the request before answering so, and
+/// what a search finds is ours, or (Anthropic) a candidate its results prove or
+/// rule out.
 pub fn created_nothing(error: &ProviderError) -> bool {
-    match error {
-        ProviderError::NotSent { .. } => true,
-        ProviderError::Transient { status, .. } => matches!(status, 429 | 529),
-        ProviderError::Permanent { .. } | ProviderError::OutcomeUnknown { .. } => false,
-    }
+    matches!(error, ProviderError::NotSent { .. })
 }
 
 /// A provider batch API answer that is not what it should be: a fault of the
@@ -203,8 +201,9 @@ mod tests {
         }
     }
 
-    /// Only an answer that says the request was turned away spares the search: a
-    /// server error or a lost answer may stand for a batch the provider made.
+    /// Only a request never sent spares the search: a rate limit (perhaps a
+    /// gateway's, after forwarding), a server error or a lost answer may stand for a
+    /// batch the provider made.
     #[test]
     fn only_a_request_turned_away_certainly_created_nothing() {
         let cases = [
@@ -214,8 +213,8 @@ mod tests {
                 },
                 true,
             ),
-            (transient(429), true),
-            (transient(529), true),
+            (transient(429), false),
+            (transient(529), false),
             (transient(500), false),
             (transient(503), false),
             (transient(408), false),
