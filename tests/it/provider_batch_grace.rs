@@ -20,6 +20,8 @@ use tokio::net::{TcpListener, TcpStream};
 on_both_backends!(
     a_create_made_late_after_a_lost_answer_is_found_not_made_twice,
     a_create_forwarded_before_a_429_is_found_not_made_twice,
+    an_openai_create_made_late_after_a_lost_answer_is_found_not_made_twice,
+    an_openai_create_forwarded_before_a_429_is_found_not_made_twice,
 );
 
 /// What the gateway does with the first create it is sent.
@@ -68,16 +70,25 @@ async fn read_request(stream: &mut TcpStream) -> Option<(String, Vec<u8>)> {
     Some((head, buffer[head_end..head_end + length].to_vec()))
 }
 
-/// Sends the request to the simulator; its status and body.
+/// Sends the request to the simulator, with its content type (OpenAI's file upload
+/// is multipart); its status and body.
 async fn forward(simulator: &str, head: &str, body: Vec<u8>) -> (u16, Vec<u8>) {
     let line = head.lines().next().unwrap_or_default();
     let mut parts = line.split(' ');
     let method = parts.next().unwrap_or("GET");
     let path = parts.next().unwrap_or("/");
+    let content_type = head
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("content-type")
+                .then(|| value.trim().to_owned())
+        })
+        .unwrap_or_else(|| "application/json".to_owned());
     let client = reqwest::Client::new();
     let request = client
         .request(method.parse().unwrap(), format!("http://{simulator}{path}"))
-        .header("content-type", "application/json")
+        .header("content-type", content_type)
         .body(body);
     let response = request.send().await.unwrap();
     let status = response.status().as_u16();
@@ -95,8 +106,12 @@ async fn answer(stream: &mut TcpStream, status: u16, body: &[u8]) {
 }
 
 /// A gateway in front of the simulator: every request is forwarded, one per
-/// connection; the first batch create as `gateway` says. Its address.
-async fn start_gateway(simulator: String, gateway: Gateway) -> String {
+/// connection; the first batch create of `shape` as `gateway` says. Its address.
+async fn start_gateway(simulator: String, shape: Shape, gateway: Gateway) -> String {
+    let create_line = match shape {
+        Shape::OpenAi => "POST /v1/batches ",
+        Shape::Anthropic => "POST /v1/messages/batches ",
+    };
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
     let first = Arc::new(AtomicBool::new(true));
@@ -111,7 +126,7 @@ async fn start_gateway(simulator: String, gateway: Gateway) -> String {
                 let Some((head, body)) = read_request(&mut stream).await else {
                     return;
                 };
-                let create = head.starts_with("POST /v1/messages/batches ");
+                let create = head.starts_with(create_line);
                 if create && first.swap(false, Ordering::SeqCst) {
                     match gateway {
                         Gateway::LosesTheAnswer => {
@@ -135,23 +150,28 @@ async fn start_gateway(simulator: String, gateway: Gateway) -> String {
     address
 }
 
-async fn an_ambiguous_create_is_not_made_twice(backend: Backend, gateway: Gateway) {
+async fn an_ambiguous_create_is_not_made_twice(backend: Backend, shape: Shape, gateway: Gateway) {
     let simulator =
         RunningSimulator::start_with(Simulator::new().with_batch_delay(Duration::from_secs(1)))
             .await;
     let folder = tempfile::tempdir().unwrap();
     let direct = config(folder.path(), &simulator);
     let simulator_address = simulator.address.to_string();
-    let through = start_gateway(simulator_address.clone(), gateway).await;
+    let through = start_gateway(simulator_address.clone(), shape, gateway).await;
     let path = direct.with_file_name("gateway.toml");
     let text = std::fs::read_to_string(&direct).unwrap();
-    std::fs::write(&path, text.replace(&simulator_address, &through)).unwrap();
+    // Both shapes through the gateway: the OpenAI provider as an OpenAI-compatible
+    // endpoint at the gateway rather than the simulator in the process.
+    let text = text.replace(&simulator_address, &through).replace(
+        r#"kind = "simulator""#,
+        &format!("kind = \"openai\"\n        base_url = \"http://{through}/v1\""),
+    );
+    std::fs::write(&path, text).unwrap();
     let mut options = options(&path, Duration::from_secs(3600), Duration::from_secs(1));
     // Past the late create, which a search a second after the lost answer misses.
     options.operations.provider_batches.create_grace = LATE * 2;
     let app = spawn_app_beside(backend, simulator, options).await;
     let tenant = app.funded_tenant("acme", "100").await;
-    let shape = Shape::Anthropic;
     let id = create_provider_batch(&app, &tenant, shape).await;
     assert!(add_items(&app, &tenant, id, &items(10, false)).await["errors"].is_null());
     close(&app, &tenant, id).await;
@@ -168,9 +188,23 @@ async fn an_ambiguous_create_is_not_made_twice(backend: Backend, gateway: Gatewa
 }
 
 async fn a_create_made_late_after_a_lost_answer_is_found_not_made_twice(backend: Backend) {
-    an_ambiguous_create_is_not_made_twice(backend, Gateway::LosesTheAnswer).await;
+    an_ambiguous_create_is_not_made_twice(backend, Shape::Anthropic, Gateway::LosesTheAnswer).await;
+}
+
+async fn an_openai_create_made_late_after_a_lost_answer_is_found_not_made_twice(backend: Backend) {
+    an_ambiguous_create_is_not_made_twice(backend, Shape::OpenAi, Gateway::LosesTheAnswer).await;
+}
+
+async fn an_openai_create_forwarded_before_a_429_is_found_not_made_twice(backend: Backend) {
+    an_ambiguous_create_is_not_made_twice(backend, Shape::OpenAi, Gateway::AnswersTooManyRequests)
+        .await;
 }
 
 async fn a_create_forwarded_before_a_429_is_found_not_made_twice(backend: Backend) {
-    an_ambiguous_create_is_not_made_twice(backend, Gateway::AnswersTooManyRequests).await;
+    an_ambiguous_create_is_not_made_twice(
+        backend,
+        Shape::Anthropic,
+        Gateway::AnswersTooManyRequests,
+    )
+    .await;
 }
