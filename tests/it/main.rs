@@ -50,6 +50,7 @@ mod operations;
 mod parameters;
 mod parts;
 mod pdf_holds;
+mod pgbouncer;
 mod pooler;
 mod prices_import;
 mod processes;
