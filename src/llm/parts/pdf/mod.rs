@@ -5,9 +5,9 @@
 //! the file and in its compressed streams (PDF 1.5 keeps objects inside them). The
 //! text is the string operands of the text-showing operators of every stream, as a
 //! reader decodes it ([`text`]), a form's once per draw ([`forms`]), times the most
-//! characters the document's `ToUnicode` maps give one code. Both are upper bounds
-//! of what a provider sees, which is what a hold needs; a document whose text
-//! cannot be bounded is refused.
+//! UTF-8 bytes the document's `ToUnicode` maps give one code ([`unicode`]). Both are
+//! upper bounds of what a provider sees, which is what a hold needs; a document
+//! whose text cannot be bounded is refused.
 //!
 //! Streams are inflated a chunk at a time and counted as they come, so memory stays
 //! that of one chunk whatever a stream inflates to (object streams aside, kept up to
@@ -20,6 +20,7 @@ mod objects;
 mod pages;
 mod streams;
 mod text;
+mod unicode;
 
 use forms::{Bindings, Draws, Form};
 use objects::Objects;
@@ -249,7 +250,7 @@ pub fn measure(bytes: &[u8], budget: &mut InflateBudget) -> Result<Measure, PdfE
         text_tokens: text
             .bytes
             .saturating_add(drawn)
-            .saturating_mul(text::units(text.longest_mapping).max(text.longest_glyph)),
+            .saturating_mul(text.longest_mapping.max(text.longest_glyph).max(1)),
     })
 }
 
@@ -275,11 +276,16 @@ impl Text {
 /// What a stream inflated to `inflated` bytes not read may show: each byte, a
 /// draw every four (`/ Do`), and — when a reader may take it for a `ToUnicode` map
 /// or an object stream holding an encoding (`mapped`: it has a dictionary) — codes
-/// mapped to half its bytes, glyph names as long as it.
+/// mapped to a string of all its bytes (three UTF-8 bytes each two, as a literal
+/// destination counts), glyph names as long as it.
 fn unread(inflated: u64, mapped: bool) -> Shown {
     Shown {
         bytes: inflated,
-        longest_mapping: if mapped { inflated / 2 } else { 0 },
+        longest_mapping: if mapped {
+            inflated.div_ceil(2).saturating_mul(3)
+        } else {
+            0
+        },
         longest_glyph: if mapped { inflated } else { 0 },
         draws: Draws::unnamed(inflated / 4),
     }
@@ -474,9 +480,12 @@ mod tests {
             &deflated(content.as_bytes()),
         );
         // It may be a `ToUnicode` map too, or hold an encoding's glyph names: one
-        // code may stand for as many characters as it has bytes.
+        // code may map to a string of all its bytes, three UTF-8 bytes each two.
         let bytes = content.len() as u64;
-        assert_eq!(measured(&tiff).unwrap().text_tokens, bytes * bytes);
+        assert_eq!(
+            measured(&tiff).unwrap().text_tokens,
+            bytes * bytes.div_ceil(2) * 3
+        );
     }
 
     #[test]
@@ -491,6 +500,18 @@ mod tests {
         file.extend(deflated(b"BT (\x01\x01) Tj ET"));
         file.extend(b"\nendstream\nendobj\n%%EOF\n");
         assert_eq!(measured(&file).unwrap().text_tokens, 2 * 3);
+        // A rare BMP character is three tokens (o200k's `꒢`, 299 for 100): 10,000 of
+        // them were held at 13,008 when a unit counted one.
+        let mut file = with_stream(
+            "<< /Filter /FlateDecode >>",
+            &deflated(b"1 beginbfchar <01> <A4A2> endbfchar"),
+        );
+        file.truncate(file.len() - b"%%EOF\n".len());
+        file.extend(b"10 0 obj\n<< /Filter /FlateDecode >>\nstream\n");
+        let content = format!("BT ({}) Tj ET", "\x01".repeat(10_000));
+        file.extend(deflated(content.as_bytes()));
+        file.extend(b"\nendstream\nendobj\n%%EOF\n");
+        assert_eq!(measured(&file).unwrap().text_tokens, 30_000);
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! operands of the text-showing operators (`Tj`, `TJ`, `'`, `"`) in its content
 //! streams. A provider that reads a document extracts that text (one character or
 //! more per character code) and bills its tokens; every token covers at least one
-//! character, so these bytes, times the most characters a `ToUnicode` map gives one
-//! code, bound what the text can count.
+//! UTF-8 byte, so these bytes, times the most UTF-8 bytes a `ToUnicode` map gives
+//! one code ([`super::unicode`]), bound what the text can count.
 //!
 //! Some strings are text an extractor outputs though no operator shows them: a
 //! marked-content `/ActualText`, an annotation's `/Contents`; they count too. And a
@@ -17,6 +17,7 @@
 //! name, so a stream of any size is counted in chunks as it is inflated.
 
 use super::forms::Draws;
+use super::unicode::UnicodeMap;
 
 /// The longest operator the counter tells apart (`beginbfrange`); a longer run of
 /// regular characters is no operator it acts on.
@@ -25,8 +26,9 @@ const LONGEST_OPERATOR: usize = 12;
 /// bytes); a `Do` of a longer one draws a name not known.
 const LONGEST_NAME: usize = 127;
 
-/// What a stream shows: its shown string bytes, the longest mapping of its
-/// `ToUnicode` sections and the most characters a glyph of its `/Differences`
+/// What a stream shows: its shown string bytes, the most UTF-8 bytes its
+/// `ToUnicode` sections map one code to and the most characters a glyph of its
+/// `/Differences`
 /// stands for (which multiply the text of every stream that uses the font, so the
 /// document's largest counts), and its draws.
 pub struct Shown {
@@ -52,11 +54,8 @@ pub struct TextCounter {
     pending: u64,
     /// String bytes given to text-showing operators.
     shown: u64,
-    /// Inside a `ToUnicode` map's `beginbfchar`/`beginbfrange` section.
-    in_unicode_map: bool,
-    /// The longest hex string of those sections, in bytes: no code maps to more
-    /// UTF-16 than that.
-    longest_mapping: u64,
+    /// The `ToUnicode` map's `beginbfchar`/`beginbfrange` sections.
+    map: UnicodeMap,
     /// The name operand since the last operator, `#xx` decoded; `None` when none,
     /// or when it was too long to keep.
     name: Option<Vec<u8>>,
@@ -93,12 +92,6 @@ struct InlineImage {
     after_space: bool,
     /// How much of `EI` follows that white space.
     matched: u8,
-}
-
-/// The most characters one code of a font whose `ToUnicode` sections map a code to
-/// at most `longest_mapping` bytes of UTF-16 shows (at least one).
-pub fn units(longest_mapping: u64) -> u64 {
-    longest_mapping.div_ceil(2).max(1)
 }
 
 /// The most characters a glyph name stands for, by the Adobe Glyph List's rules:
@@ -158,7 +151,7 @@ impl TextCounter {
             Some(image) => {
                 let shadow = image.shadow.finish();
                 self.shown = self.shown.saturating_add(image.bytes);
-                self.longest_mapping = self.longest_mapping.max(shadow.longest_mapping);
+                self.map.longest = self.map.longest.max(shadow.longest_mapping);
                 self.longest_glyph = self.longest_glyph.max(shadow.longest_glyph);
                 self.draws.merge(shadow.draws);
             }
@@ -168,7 +161,7 @@ impl TextCounter {
         }
         Shown {
             bytes: self.shown,
-            longest_mapping: self.longest_mapping,
+            longest_mapping: self.map.longest,
             longest_glyph: self.longest_glyph,
             draws: self.draws,
         }
@@ -208,6 +201,7 @@ impl TextCounter {
                 };
                 if depth == 0 {
                     self.end_string(self.string_bytes);
+                    self.map.literal(self.string_bytes);
                     self.state = State::Between;
                 } else {
                     // Raw bytes: an escape only shortens what it stands for.
@@ -222,12 +216,15 @@ impl TextCounter {
                 b'>' => {
                     let bytes = self.hex_digits.div_ceil(2);
                     self.end_string(bytes);
-                    if self.in_unicode_map {
-                        self.longest_mapping = self.longest_mapping.max(bytes);
-                    }
+                    self.map.hex_end();
                     self.state = State::Between;
                 }
-                byte if byte.is_ascii_hexdigit() => self.hex_digits += 1,
+                byte if byte.is_ascii_hexdigit() => {
+                    self.hex_digits += 1;
+                    if self.map.active() {
+                        self.map.digit(byte);
+                    }
+                }
                 _ => {}
             },
             State::Comment => {
@@ -294,8 +291,12 @@ impl TextCounter {
             b'[' => {
                 self.in_differences = std::mem::take(&mut self.differences_next);
                 self.string_shown = false;
+                self.map.array(true);
             }
-            b']' => self.in_differences = false,
+            b']' => {
+                self.in_differences = false;
+                self.map.array(false);
+            }
             b'%' => self.state = State::Comment,
             // A name's characters follow its slash: its token starts with it.
             b'/' => self.token.push(byte),
@@ -334,6 +335,8 @@ impl TextCounter {
                 self.string_shown = matches!(name.as_slice(), b"ActualText" | b"Contents");
                 self.differences_next = name == b"Differences";
                 self.name = (!long).then_some(name);
+            } else {
+                self.map.number();
             }
             return;
         }
@@ -353,8 +356,9 @@ impl TextCounter {
                         matched: 0,
                     })
                 }
-                b"beginbfchar" | b"beginbfrange" => self.in_unicode_map = true,
-                b"endbfchar" | b"endbfrange" => self.in_unicode_map = false,
+                b"beginbfchar" => self.map.begin(false),
+                b"beginbfrange" => self.map.begin(true),
+                b"endbfchar" | b"endbfrange" => self.map.end(),
                 _ => {}
             }
         }
@@ -380,7 +384,7 @@ mod tests {
 
     fn count(chunks: &[&[u8]]) -> u64 {
         let shown = shown(chunks);
-        shown.bytes * units(shown.longest_mapping).max(shown.longest_glyph)
+        shown.bytes * shown.longest_mapping.max(shown.longest_glyph).max(1)
     }
 
     #[test]
@@ -415,9 +419,12 @@ mod tests {
         // One code mapped to three UTF-16 units (a ligature "ffi").
         let map = b"1 beginbfchar <01> <006600660069> endbfchar";
         assert_eq!(count(&[map, b" (\x01\x01) Tj"]), 2 * 3);
-        // An ordinary map keeps one token per byte.
+        // A rare BMP character: one unit, three UTF-8 bytes, as many tokens.
+        let map = b"1 beginbfchar <01> <A4A2> endbfchar";
+        assert_eq!(count(&[map, b" (\x01\x01) Tj"]), 2 * 3);
+        // A map to ASCII keeps one token per byte.
         assert_eq!(
-            count(&[b"1 beginbfrange <00> <ff> <0041> endbfrange (abc) Tj"]),
+            count(&[b"1 beginbfrange <00> <5e> <0021> endbfrange (abc) Tj"]),
             3
         );
     }
