@@ -57,7 +57,7 @@ mod processes;
 mod properties;
 mod protocol_model;
 mod provider_batch_crash;
-mod provider_batch_grace;
+mod provider_batch_gateway;
 mod provider_batch_limits;
 mod provider_batch_search;
 mod provider_batch_upkeep;

@@ -28,6 +28,7 @@ on_both_backends!(
     a_provider_batch_of_forty_settles_every_item_once_openai,
     a_provider_batch_of_forty_settles_every_item_once_anthropic,
     cancel_charges_what_the_provider_finished,
+    a_cancel_reaches_the_provider_before_the_next_poll,
     a_cancel_after_the_provider_finished_charges_its_results,
     an_unreadable_provider_batch_ends_with_the_unknown_bound,
 );
@@ -463,6 +464,45 @@ async fn cancel_charges_what_the_provider_finished(backend: Backend) {
     assert_eq!(listed[0]["status"], "ended", "{listed:?}");
     let rows = rows_of(&app, id).await;
     assert!(rows[0].cancel_sent);
+    assert_settled_once(&app, id, shape).await;
+    assert_eq!(
+        crate::helpers::decimal(&app.balance(&tenant).await["charged"]),
+        rust_decimal::Decimal::ZERO
+    );
+}
+
+/// With a poll interval longer than the provider takes, a cancel still reaches the
+/// provider at once: nothing it finishes after the cancel is charged.
+async fn a_cancel_reaches_the_provider_before_the_next_poll(backend: Backend) {
+    let shape = Shape::OpenAi;
+    let Setup { app, tenant, .. } = setup_polling(
+        backend,
+        Duration::from_secs(15),
+        Duration::from_secs(3600),
+        Duration::from_secs(60),
+    )
+    .await;
+    let id = create_provider_batch(&app, &tenant, shape).await;
+    assert!(add_items(&app, &tenant, id, &items(8, false)).await["errors"].is_null());
+    close(&app, &tenant, id).await;
+    wait_for_rows(&app, id, |rows| {
+        rows.iter()
+            .any(|row| row.state == ProviderBatchState::Submitted)
+    })
+    .await;
+    let cancelled_at = Instant::now();
+    let cancelled = app
+        .operation(Some(&tenant.key), "CancelBatch", json!({"id": id}))
+        .await;
+    assert!(cancelled["errors"].is_null(), "{cancelled}");
+    wait_for_rows(&app, id, |rows| rows.iter().all(|row| row.cancel_sent)).await;
+    assert!(
+        cancelled_at.elapsed() < Duration::from_secs(10),
+        "the cancel reached the provider {:?} after cancelBatch, before the provider finished (15 s) but not at once",
+        cancelled_at.elapsed()
+    );
+    let finished = wait_until_finished(&app, &tenant, id, Duration::from_secs(90)).await;
+    assert_eq!(finished["counts"]["cancelled"], 8, "{finished}");
     assert_settled_once(&app, id, shape).await;
     assert_eq!(
         crate::helpers::decimal(&app.balance(&tenant).await["charged"]),

@@ -14,7 +14,7 @@ use crate::jobs::holds;
 use crate::jobs::lifecycle::{self, Cancel};
 use crate::jobs::{events, observe};
 use crate::metrics::Metrics;
-use entity::{JobStatus, Timestamp, batches, jobs};
+use entity::{JobStatus, ProviderBatchState, Timestamp, batches, jobs, provider_batches};
 use sea_orm::sea_query::{Expr, ExprTrait, LockBehavior, LockType};
 use sea_orm::{
     ColumnTrait, DatabaseConnection, DbBackend, EntityTrait, PaginatorTrait, QueryFilter,
@@ -44,6 +44,20 @@ pub async fn cancel_batch(
 ) -> Result<batches::Model, ServiceError> {
     let transaction = begin_write(db).await?;
     close(&transaction, tenant_id, batch_id, true).await?;
+    // Its provider batches are read now, not at their next poll: the cancel must reach
+    // the provider before it runs (and bills) more of them.
+    provider_batches::Entity::update_many()
+        .col_expr(
+            provider_batches::Column::NextPollAt,
+            Expr::value(Timestamp::now()),
+        )
+        .filter(provider_batches::Column::BatchId.eq(batch_id))
+        .filter(
+            provider_batches::Column::State
+                .is_in([ProviderBatchState::Preparing, ProviderBatchState::Submitted]),
+        )
+        .exec(&transaction)
+        .await?;
     transaction.commit().await?;
     let cancelled = cancel_items(db, bus, metrics, batch_id).await?;
     tracing::info!(batch.id = %batch_id, tenant.id = %tenant_id, items = cancelled, "batch cancelled");

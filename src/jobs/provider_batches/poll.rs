@@ -552,12 +552,32 @@ async fn settle_results(
         }
     }
     settled += settle::settle(submitter, row, chunk).await?;
-    let missing = settle::settle_all_running(submitter, row, || {
-        not_run("the provider batch ended without a result for the request")
+    // A request the results do not mention: of a batch the provider refused to run,
+    // an error that spends an attempt (not billed); of one it ran, a fate unknown — it
+    // may have run, and been billed, with its line lost (a results file cut short),
+    // so it is never sent again (invariant 1).
+    let refused = remote.refused.clone();
+    let missing = settle::settle_all_running(submitter, row, || match &refused {
+        Some(reason) => Err(ProviderError::Transient {
+            status: 400,
+            message: reason.clone(),
+            retry_after: None,
+            request_id: None,
+        }),
+        None => Err(ProviderError::OutcomeUnknown {
+            message: "the provider batch ended without a result for the request".to_owned(),
+        }),
     })
     .await?;
     if missing > 0 {
-        tracing::warn!(provider_batch.id = %row.id, missing, "the provider batch ended without results for some requests; they go out again");
+        match &remote.refused {
+            Some(reason) => {
+                tracing::warn!(provider_batch.id = %row.id, missing, reason = %reason, "the provider refused to run the provider batch; its requests spend an attempt");
+            }
+            None => {
+                tracing::warn!(provider_batch.id = %row.id, missing, "the provider batch ended without results for some requests; their fates are unknown");
+            }
+        }
     }
     tracing::info!(provider_batch.id = %row.id, settled = settled + missing, "provider batch settled");
     finish_row(submitter, row, token, ProviderBatchState::Settled).await

@@ -95,10 +95,16 @@ pub(super) async fn recover(
         }
         Ok(Found::InputFile(file)) => {
             tracing::warn!(provider_batch.id = %row.id, file = %file, "found the input file without its batch; creating the batch from it");
+            let Some(row) = &answered(submitter, row, token).await? else {
+                return Ok(());
+            };
             send(submitter, row, token, provider, &[], Some(&file)).await
         }
         Ok(Found::Nothing) => {
             tracing::warn!(provider_batch.id = %row.id, "the provider has nothing of the upload; uploading again");
+            let Some(row) = &answered(submitter, row, token).await? else {
+                return Ok(());
+            };
             settle::settle_past_deadline(submitter, row).await?;
             let items = items(submitter, row).await?;
             if items.is_empty() {
@@ -109,6 +115,23 @@ pub(super) async fn recover(
         }
         Err(error) => unreadable(submitter, row, token, &error).await,
     }
+}
+
+/// `row` once the provider answered its search: the unknown-fate bound counts the
+/// provider's silence from its last answer, and a search that found nothing of the
+/// upload is one (else creates refused before reaching the provider would, after the
+/// bound, give items never sent an unknown outcome). `None`: the row is no longer
+/// this token's.
+async fn answered(
+    submitter: &Submitter,
+    row: &provider_batches::Model,
+    token: Uuid,
+) -> Result<Option<provider_batches::Model>, DbErr> {
+    let read = fenced(submitter, row, token).col_expr(
+        provider_batches::Column::LastReadAt,
+        Expr::value(Timestamp::now()),
+    );
+    rows::write(&submitter.db, read).await
 }
 
 /// The provider ids of the batches `row`'s searches ruled out.

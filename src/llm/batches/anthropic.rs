@@ -77,6 +77,8 @@ fn remote(object: BatchObject) -> RemoteBatch {
         created_at: object.created_at,
         ours: None,
         results: object.results_url.into_iter().collect(),
+        // Anthropic ends a batch only with every request's result.
+        refused: None,
     }
 }
 

@@ -51,6 +51,10 @@ pub struct RemoteBatch {
     /// Where its results are read from (OpenAI: the output and error files;
     /// Anthropic: the results URL).
     pub results: Vec<String>,
+    /// Why the provider ended the batch without running it, when it did (OpenAI's
+    /// `failed`: the input failed validation, or the account's enqueued-token limit
+    /// was reached). Its requests have no results, and none was billed.
+    pub refused: Option<String>,
 }
 
 /// What became of one request of a batch.

@@ -34,6 +34,9 @@ struct BatchObject {
     metadata: Option<Value>,
     output_file_id: Option<String>,
     error_file_id: Option<String>,
+    /// Why a `failed` batch failed: `{"data": [{"code", "message"}, …]}`.
+    #[serde(default)]
+    errors: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -67,6 +70,7 @@ fn remote(object: BatchObject) -> RemoteBatch {
         .metadata
         .as_ref()
         .and_then(|metadata| metadata.get(OURS)?.as_str()?.parse().ok());
+    let refused = (object.status == "failed").then(|| failure_of(object.errors.as_ref()));
     RemoteBatch {
         id: object.id,
         state,
@@ -76,6 +80,29 @@ fn remote(object: BatchObject) -> RemoteBatch {
             .into_iter()
             .flatten()
             .collect(),
+        refused,
+    }
+}
+
+/// What a failed batch's `errors` say, in a line.
+fn failure_of(errors: Option<&Value>) -> String {
+    let first = errors
+        .and_then(|errors| errors.get("data")?.as_array()?.first().cloned())
+        .unwrap_or_default();
+    let text = |key: &str| {
+        first
+            .get(key)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned()
+    };
+    match (text("code"), text("message")) {
+        (code, message) if code.is_empty() && message.is_empty() => {
+            "the provider failed the batch without saying why".to_owned()
+        }
+        (code, message) => format!("the provider failed the batch: {code} {message}")
+            .trim_end()
+            .to_owned(),
     }
 }
 
@@ -354,11 +381,87 @@ fn parse_line(provider: &str, line: &[u8]) -> Result<ResultLine, ProviderError> 
         (None, Some(error)) if error.code.as_deref() == Some("batch_cancelled") => {
             ItemResult::Cancelled
         }
-        // `batch_expired`, and a request the batch never reached for any reason.
-        (None, _) => ItemResult::Expired,
+        (None, Some(error)) if error.code.as_deref() == Some("batch_expired") => {
+            ItemResult::Expired
+        }
+        // Refused without an answer of its own (its input, say): not billed, and not a
+        // free wait either, or a request refused in every batch would go out for
+        // ever. It spends an attempt.
+        (None, Some(error)) => ItemResult::Errored(ProviderError::Transient {
+            status: 400,
+            message: format!(
+                "the provider batch refused the request: {}",
+                error.code.as_deref().unwrap_or("no code")
+            ),
+            retry_after: None,
+            request_id: None,
+        }),
+        // A line that says nothing of the request's fate.
+        (None, None) => {
+            ItemResult::Unknown("a result line with neither a response nor an error".to_owned())
+        }
     };
     Ok(ResultLine {
         custom_id: line.custom_id,
         result,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result_of(line: &str) -> ItemResult {
+        parse_line("openai", line.as_bytes()).unwrap().result
+    }
+
+    /// Only an expiry or a cancel is a free wait; any other refusal without a response
+    /// spends an attempt, and a line that says nothing is an unknown outcome.
+    #[test]
+    fn an_error_line_is_a_free_wait_only_when_it_says_expired_or_cancelled() {
+        let error = |code: &str| {
+            format!(
+                r#"{{"custom_id": "a", "response": null, "error": {{"code": "{code}", "message": "m"}}}}"#
+            )
+        };
+        assert!(matches!(
+            result_of(&error("batch_expired")),
+            ItemResult::Expired
+        ));
+        assert!(matches!(
+            result_of(&error("batch_cancelled")),
+            ItemResult::Cancelled
+        ));
+        assert!(matches!(
+            result_of(&error("invalid_request")),
+            ItemResult::Errored(ProviderError::Transient { .. })
+        ));
+        assert!(matches!(
+            result_of(r#"{"custom_id": "a", "response": null, "error": null}"#),
+            ItemResult::Unknown(_)
+        ));
+    }
+
+    /// A failed batch says why, and carries no results.
+    #[test]
+    fn a_failed_batch_is_refused_with_its_reason() {
+        let object: BatchObject = serde_json::from_str(
+            r#"{"id": "batch_1", "status": "failed", "created_at": 0, "output_file_id": null, "error_file_id": null,
+                "errors": {"data": [{"code": "token_limit_exceeded", "message": "Enqueued token limit reached."}]}}"#,
+        )
+        .unwrap();
+        let batch = remote(object);
+        assert_eq!(batch.state, RemoteState::Ended);
+        assert_eq!(
+            batch.refused.as_deref(),
+            Some(
+                "the provider failed the batch: token_limit_exceeded Enqueued token limit reached."
+            )
+        );
+        let completed: BatchObject = serde_json::from_str(
+            r#"{"id": "batch_2", "status": "completed", "created_at": 0, "output_file_id": "f", "error_file_id": null}"#,
+        )
+        .unwrap();
+        assert_eq!(remote(completed).refused, None);
+    }
 }
