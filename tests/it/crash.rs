@@ -62,21 +62,7 @@ async fn a_killed_worker_loses_no_job_and_no_cent() {
         http: http.clone(),
         url: format!("http://{api}/graphql"),
     };
-    let created = client
-        .send(ADMIN_TOKEN, "CreateTenant", json!({"name": "crash-test"}))
-        .await;
-    let tenant_id = created["createTenant"]["tenant"]["id"].as_str().unwrap();
-    let key = created["createTenant"]["apiKey"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    client
-        .send(
-            ADMIN_TOKEN,
-            "GrantCredits",
-            json!({"input": {"tenantId": tenant_id, "amount": "100", "idempotencyKey": "crash-topup"}}),
-        )
-        .await;
+    let key = client.funded_tenant(ADMIN_TOKEN, "crash-test", "100").await;
     let mut job_ids = Vec::with_capacity(JOBS);
     for index in 0..JOBS {
         // Long and short calls interleaved, so that whatever a worker holds at the

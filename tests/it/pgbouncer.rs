@@ -148,21 +148,7 @@ async fn an_api_and_two_workers_through_pgbouncer_drain_two_thousand_jobs() {
         http: http.clone(),
         url: format!("http://{api}/graphql"),
     };
-    let created = client
-        .send(ADMIN_TOKEN, "CreateTenant", json!({"name": "pooled"}))
-        .await;
-    let tenant_id = created["createTenant"]["tenant"]["id"].as_str().unwrap();
-    let key = created["createTenant"]["apiKey"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    client
-        .send(
-            ADMIN_TOKEN,
-            "GrantCredits",
-            json!({"input": {"tenantId": tenant_id, "amount": "1000", "idempotencyKey": "pooled-topup"}}),
-        )
-        .await;
+    let key = client.funded_tenant(ADMIN_TOKEN, "pooled", "1000").await;
     let creators: Vec<_> = (0..CREATORS)
         .map(|creator| {
             let client = Client {

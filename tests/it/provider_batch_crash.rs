@@ -120,20 +120,8 @@ async fn killed_submitter(backend: Backend, shape: Shape, kill: Kill) {
         http: http.clone(),
         url: format!("http://{api}/graphql"),
     };
-    let created = client
-        .send(ADMIN_TOKEN, "CreateTenant", json!({"name": "pbatch-crash"}))
-        .await;
-    let tenant_id = created["createTenant"]["tenant"]["id"].as_str().unwrap();
-    let key = created["createTenant"]["apiKey"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    client
-        .send(
-            ADMIN_TOKEN,
-            "GrantCredits",
-            json!({"input": {"tenantId": tenant_id, "amount": "100", "idempotencyKey": "pbatch-topup"}}),
-        )
+    let key = client
+        .funded_tenant(ADMIN_TOKEN, "pbatch-crash", "100")
         .await;
     let batch = client
         .send(

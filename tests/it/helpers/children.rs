@@ -38,6 +38,24 @@ pub struct Client {
 }
 
 impl Client {
+    /// A tenant made by `admin` and granted `amount` credits; its API key.
+    pub async fn funded_tenant(&self, admin: &str, name: &str, amount: &str) -> String {
+        let created = self
+            .send(admin, "CreateTenant", json!({"name": name}))
+            .await;
+        let tenant_id = created["createTenant"]["tenant"]["id"].as_str().unwrap();
+        self.send(
+            admin,
+            "GrantCredits",
+            json!({"input": {"tenantId": tenant_id, "amount": amount, "idempotencyKey": format!("{name}-topup")}}),
+        )
+        .await;
+        created["createTenant"]["apiKey"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
     /// Sends one contract operation and returns its `data`, failing on any error.
     pub async fn send(&self, key: &str, name: &str, variables: Value) -> Value {
         let response: Value = self
