@@ -279,6 +279,8 @@ pub(crate) async fn assert_settled_once(
     id: Uuid,
     shape: Shape,
 ) -> Vec<attempts::Model> {
+    // The items end as their results are settled; their rows end just after.
+    wait_for_rows(app, id, |rows| rows.iter().all(|row| row.state.is_final())).await;
     let items = items_of(app, id).await;
     assert!(
         items.iter().all(|item| item.status.is_terminal()),
