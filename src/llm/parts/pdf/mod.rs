@@ -21,6 +21,7 @@ mod between;
 mod contents;
 mod decode;
 mod forms;
+mod marked;
 mod objects;
 mod pages;
 mod streams;
@@ -240,6 +241,8 @@ pub fn measure(bytes: &[u8], budget: &mut InflateBudget) -> Result<Measure, PdfE
             text.add(shown);
         }
     }
+    let properties = marked::Properties::everywhere(bytes, &objects);
+    text.bytes = text.bytes.saturating_add(properties.shown(&text.marked));
     let forms: Vec<Form> = found_forms
         .into_iter()
         .map(|(dictionary, object, shown)| {
@@ -247,7 +250,7 @@ pub fn measure(bytes: &[u8], budget: &mut InflateBudget) -> Result<Measure, PdfE
             text.longest_glyph = text.longest_glyph.max(shown.longest_glyph);
             Form {
                 object,
-                text: shown.bytes,
+                text: shown.bytes.saturating_add(properties.shown(&shown.marked)),
                 draws: shown.draws,
                 bindings: Bindings::of_form(dictionary, &objects),
             }
@@ -284,6 +287,7 @@ fn unread(inflated: u64, mapped: bool) -> Shown {
         },
         longest_glyph: if mapped { inflated } else { 0 },
         draws: Draws::unnamed(inflated / 4),
+        marked: Draws::unnamed(inflated / 4),
     }
 }
 
@@ -492,6 +496,20 @@ mod tests {
             .as_bytes(),
         );
         assert_eq!(measured(&file).unwrap().text_tokens, 1_000);
+    }
+
+    #[test]
+    fn a_named_property_lists_actual_text_counts_per_use() {
+        let text = "z".repeat(1_000);
+        let file = String::from_utf8(pdf_with_content(&b"/Span /MC0 BDC EMC\n".repeat(5)))
+            .unwrap()
+            .replace(
+                "/Contents 4 0 R",
+                &format!("/Contents 4 0 R /Resources << /Properties << /MC0 << /ActualText ({text}) >> >> >>"),
+            );
+        let tokens = measured(file.as_bytes()).unwrap().text_tokens;
+        // Each use, and the list once where it is written.
+        assert_eq!(tokens, 6 * 1_000);
     }
 
     #[test]

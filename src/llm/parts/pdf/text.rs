@@ -37,6 +37,8 @@ pub struct Shown {
     pub longest_mapping: u64,
     pub longest_glyph: u64,
     pub draws: Draws,
+    /// The `/Name BDC`s, by name: each shows its property list's `/ActualText`.
+    pub marked: Draws,
 }
 
 impl Shown {
@@ -46,6 +48,7 @@ impl Shown {
         self.longest_mapping = self.longest_mapping.max(other.longest_mapping);
         self.longest_glyph = self.longest_glyph.max(other.longest_glyph);
         self.draws.merge(other.draws);
+        self.marked.merge(other.marked);
     }
 }
 
@@ -71,6 +74,7 @@ pub struct TextCounter {
     /// or when it was too long to keep.
     name: Option<Vec<u8>>,
     draws: Draws,
+    marked: Draws,
     /// Regular characters of the token being read, however long.
     token_bytes: u64,
     /// The string that follows is output though no operator shows it (it follows
@@ -175,6 +179,7 @@ impl TextCounter {
             longest_mapping: self.map.longest,
             longest_glyph: self.longest_glyph,
             draws: self.draws,
+            marked: self.marked,
         }
     }
 
@@ -376,6 +381,7 @@ impl TextCounter {
             match token.as_slice() {
                 b"Tj" | b"TJ" | b"'" | b"\"" => self.shown += self.pending,
                 b"Do" => self.draws.add(name),
+                b"BDC" => self.marked.add(name),
                 b"ID" if !self.shadow => {
                     self.image = Some(InlineImage {
                         bytes: 0,
