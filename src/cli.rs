@@ -196,6 +196,13 @@ struct WorkerArgs {
     #[arg(long, env = "JOBLEDGER_PROVIDER_BATCH_CREATE_GRACE_SECONDS", value_name = "S",
           default_value_t = crate::jobs::provider_batches::DEFAULT_CREATE_GRACE.as_secs())]
     provider_batch_create_grace_seconds: u64,
+    /// A request of a provider's batch API (a read, a cancel, a page of a search, a
+    /// line of the results) unanswered for S seconds is given up as unanswered; an
+    /// upload has twice this, and a second for each megabyte it sends.
+    #[arg(long, env = "JOBLEDGER_PROVIDER_BATCH_CALL_TIMEOUT_SECONDS", value_name = "S",
+          default_value_t = crate::jobs::provider_batches::DEFAULT_CALL_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..))]
+    provider_batch_call_timeout_seconds: u64,
     /// Live connections (WebSocket connections and SSE streams) the API holds open at
     /// once across all clients; past it a new one is refused with 503.
     #[arg(long, env = "JOBLEDGER_MAX_LIVE_CONNECTIONS", value_name = "N",
@@ -301,6 +308,7 @@ impl WorkerArgs {
                     poll: Duration::from_secs(self.provider_batch_poll_seconds),
                     unknown_after: Duration::from_secs(self.provider_batch_unknown_after_seconds),
                     create_grace: Duration::from_secs(self.provider_batch_create_grace_seconds),
+                    call_timeout: Duration::from_secs(self.provider_batch_call_timeout_seconds),
                 },
             },
             allow_private_webhooks: self.allow_private_webhooks,

@@ -28,7 +28,11 @@ on_both_backends!(
     creates_refused_unsent_do_not_make_the_items_unknown,
     openai_creates_refused_unsent_do_not_make_the_items_unknown,
     requests_missing_from_the_results_are_not_sent_again,
+    anthropic_requests_missing_from_the_results_are_not_sent_again,
     a_failed_batch_spends_an_attempt,
+    a_provider_that_never_answers_holds_up_only_its_own_batch,
+    uploads_refused_as_too_large_go_out_smaller,
+    openai_uploads_refused_as_too_large_go_out_smaller,
 );
 
 /// What the gateway does with the first create(s) it is sent.
@@ -42,13 +46,24 @@ enum Gateway {
     /// Answers the first [`REFUSALS`] creates 503 without forwarding them: each is
     /// ambiguous to us, and each search after it finds nothing.
     RefusesUnsent,
-    /// Passes on only the first half of the lines of every results file (OpenAI):
+    /// Passes on only the first half of the lines of every results file (both
+    /// shapes: OpenAI's output file, Anthropic's results, which the service reads at
+    /// the gateway although the simulator's `results_url` names the simulator):
     /// well formed, and short.
     CutsResults,
     /// Reports every batch read (OpenAI) as `failed`, with no results, as OpenAI
     /// does when the account's enqueued-token limit is reached.
     FailsBatches,
+    /// Holds every read of an OpenAI batch open and never answers it: a provider, or
+    /// a connection, that takes a request and goes silent.
+    StallsReads,
+    /// Answers 413 to every request whose body is over [`BODY_LIMIT`] bytes, without
+    /// forwarding it, as a proxy's body limit does.
+    LimitsBodies,
 }
+
+/// The body limit of [`Gateway::LimitsBodies`]: a few requests of the test's items.
+const BODY_LIMIT: usize = 900;
 
 /// Creates [`Gateway::RefusesUnsent`] refuses: spread over longer than
 /// [`UNKNOWN_AFTER`] by the backoff between them.
@@ -161,10 +176,19 @@ async fn start_gateway(simulator: String, shape: Shape, gateway: Gateway) -> Str
                     answer(&mut stream, 503, refusal).await;
                     return;
                 }
-                if gateway == Gateway::CutsResults
-                    && head.starts_with("GET /v1/files/")
-                    && head.contains("/content ")
-                {
+                if gateway == Gateway::LimitsBodies && body.len() > BODY_LIMIT {
+                    let refusal = br#"{"error":{"type":"invalid_request_error","message":"request entity too large"}}"#;
+                    answer(&mut stream, 413, refusal).await;
+                    return;
+                }
+                if gateway == Gateway::StallsReads && head.starts_with("GET /v1/batches/batch_") {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    return;
+                }
+                let results = (head.starts_with("GET /v1/files/") && head.contains("/content "))
+                    || (head.starts_with("GET /v1/messages/batches/")
+                        && head.contains("/results "));
+                if gateway == Gateway::CutsResults && results {
                     let (status, answered) = forward(&simulator, &head, body).await;
                     let lines: Vec<&[u8]> = answered
                         .split(|byte| *byte == b'\n')
@@ -199,7 +223,11 @@ async fn start_gateway(simulator: String, shape: Shape, gateway: Gateway) -> Str
                             let refusal = br#"{"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}"#;
                             answer(&mut stream, 429, refusal).await;
                         }
-                        Gateway::RefusesUnsent | Gateway::CutsResults | Gateway::FailsBatches => {
+                        Gateway::RefusesUnsent
+                        | Gateway::CutsResults
+                        | Gateway::FailsBatches
+                        | Gateway::StallsReads
+                        | Gateway::LimitsBodies => {
                             forward_and_answer(&simulator, &head, body, &mut stream).await;
                         }
                     }
@@ -217,16 +245,16 @@ async fn forward_and_answer(simulator: &str, head: &str, body: Vec<u8>, stream: 
     answer(stream, status, &answered).await;
 }
 
-/// The service with both shapes' providers behind a gateway doing `gateway`, and a
-/// closed provider batch of ten items on `shape`'s model.
-async fn closed_batch_through(
+/// The service with both shapes' providers behind a gateway doing `gateway` (to the
+/// creates of `shape`), its options as `configure` leaves them, and a funded tenant.
+async fn through_gateway(
     backend: Backend,
     shape: Shape,
     gateway: Gateway,
+    configure: impl FnOnce(&mut crate::helpers::AppOptions),
 ) -> (
     crate::helpers::TestApp,
     crate::helpers::TestTenant,
-    uuid::Uuid,
     tempfile::TempDir,
 ) {
     let simulator =
@@ -245,7 +273,7 @@ async fn closed_batch_through(
         &format!("kind = \"openai\"\n        base_url = \"http://{through}/v1\""),
     );
     std::fs::write(&path, text).unwrap();
-    let options = if gateway == Gateway::RefusesUnsent {
+    let mut options = if gateway == Gateway::RefusesUnsent {
         // Every search finds nothing: the provider was read each time, so the
         // refusals are no silence of the provider's.
         options(&path, UNKNOWN_AFTER, Duration::from_secs(1))
@@ -255,11 +283,38 @@ async fn closed_batch_through(
         options.operations.provider_batches.create_grace = LATE * 2;
         options
     };
+    configure(&mut options);
     let app = spawn_app_beside(backend, simulator, options).await;
     let tenant = app.funded_tenant("acme", "100").await;
-    let id = create_provider_batch(&app, &tenant, shape).await;
-    assert!(add_items(&app, &tenant, id, &items(10, false)).await["errors"].is_null());
-    close(&app, &tenant, id).await;
+    (app, tenant, folder)
+}
+
+/// A closed provider batch of `items` on `shape`'s model; its id.
+async fn closed_batch(
+    app: &crate::helpers::TestApp,
+    tenant: &crate::helpers::TestTenant,
+    shape: Shape,
+    items: &[Value],
+) -> uuid::Uuid {
+    let id = create_provider_batch(app, tenant, shape).await;
+    assert!(add_items(app, tenant, id, items).await["errors"].is_null());
+    close(app, tenant, id).await;
+    id
+}
+
+/// [`through_gateway`] with a closed provider batch of ten items on `shape`'s model.
+async fn closed_batch_through(
+    backend: Backend,
+    shape: Shape,
+    gateway: Gateway,
+) -> (
+    crate::helpers::TestApp,
+    crate::helpers::TestTenant,
+    uuid::Uuid,
+    tempfile::TempDir,
+) {
+    let (app, tenant, folder) = through_gateway(backend, shape, gateway, |_| {}).await;
+    let id = closed_batch(&app, &tenant, shape, &items(10, false)).await;
     (app, tenant, id, folder)
 }
 
@@ -280,7 +335,17 @@ async fn an_ambiguous_create_is_not_made_twice(backend: Backend, shape: Shape, g
 /// Results cut short: the requests they do not mention may have run and been billed,
 /// so they end with an unknown outcome and are never sent again.
 async fn requests_missing_from_the_results_are_not_sent_again(backend: Backend) {
-    let shape = Shape::OpenAi;
+    missing_results_are_not_sent_again(backend, Shape::OpenAi).await;
+}
+
+/// As for OpenAI. The simulator's `results_url` names the simulator, not the gateway
+/// the service was configured with: the results are read at the configured base all
+/// the same (the API key goes nowhere else), so the gateway cuts them.
+async fn anthropic_requests_missing_from_the_results_are_not_sent_again(backend: Backend) {
+    missing_results_are_not_sent_again(backend, Shape::Anthropic).await;
+}
+
+async fn missing_results_are_not_sent_again(backend: Backend, shape: Shape) {
     let (app, tenant, id, _folder) =
         closed_batch_through(backend, shape, Gateway::CutsResults).await;
     let finished = wait_until_finished(&app, &tenant, id, Duration::from_secs(60)).await;
@@ -356,4 +421,97 @@ async fn a_create_forwarded_before_a_429_is_found_not_made_twice(backend: Backen
         Gateway::AnswersTooManyRequests,
     )
     .await;
+}
+
+/// A provider that takes a read and never answers it holds up neither the other
+/// provider batches of the process nor its own fate: each read is given up after the
+/// call timeout, the other shape's batch runs meanwhile, and the silent one ends
+/// unknown once the provider has been silent past the bound.
+async fn a_provider_that_never_answers_holds_up_only_its_own_batch(backend: Backend) {
+    let unknown_after = Duration::from_secs(8);
+    let (app, tenant, _folder) =
+        through_gateway(backend, Shape::OpenAi, Gateway::StallsReads, |options| {
+            options.operations.provider_batches.call_timeout = Duration::from_secs(2);
+            options.operations.provider_batches.unknown_after = unknown_after;
+        })
+        .await;
+    let silent = closed_batch(&app, &tenant, Shape::OpenAi, &items(4, false)).await;
+    crate::provider_batches::wait_for_rows(&app, silent, |rows| {
+        rows.iter()
+            .any(|row| row.state == entity::ProviderBatchState::Submitted)
+    })
+    .await;
+    let answered = closed_batch(&app, &tenant, Shape::Anthropic, &items(4, false)).await;
+    let finished = wait_until_finished(&app, &tenant, answered, Duration::from_secs(30)).await;
+    assert_eq!(finished["counts"]["succeeded"], 4, "{finished}");
+    let finished = wait_until_finished(&app, &tenant, silent, Duration::from_secs(60)).await;
+    assert_eq!(finished["counts"]["failed"], 4, "{finished}");
+    let items = crate::provider_batches::items_of(&app, silent).await;
+    let ids: Vec<uuid::Uuid> = items.iter().map(|item| item.id).collect();
+    let attempts = crate::provider_batches::attempts_of(&app, &ids).await;
+    assert_eq!(attempts.len(), 4, "never sent again: {attempts:?}");
+    assert!(
+        attempts
+            .iter()
+            .all(|attempt| attempt.outcome == entity::AttemptOutcome::Unknown),
+        "{attempts:?}"
+    );
+    let rows = rows_of(&app, silent).await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].state, entity::ProviderBatchState::Unknown);
+    crate::invariants::assert_billing_invariants(&app.app.db).await;
+}
+
+/// Behind a proxy that takes bodies of [`BODY_LIMIT`] bytes at most, an upload refused
+/// 413 (which created nothing) goes out again in smaller provider batches, halving
+/// until they pass; a request too large on its own fails, by the provider's refusal,
+/// rather than go out for ever. Every other item succeeds, billed once.
+async fn uploads_refused_as_too_large_go_out_smaller(backend: Backend) {
+    too_large_uploads_go_out_smaller(backend, Shape::Anthropic).await;
+}
+
+async fn openai_uploads_refused_as_too_large_go_out_smaller(backend: Backend) {
+    too_large_uploads_go_out_smaller(backend, Shape::OpenAi).await;
+}
+
+async fn too_large_uploads_go_out_smaller(backend: Backend, shape: Shape) {
+    let (app, tenant, _folder) =
+        through_gateway(backend, shape, Gateway::LimitsBodies, |_| {}).await;
+    let mut sent = items(10, false);
+    sent.push(serde_json::json!({
+        "customId": "too-large",
+        "messages": [{"role": "user", "content": "x".repeat(BODY_LIMIT)}],
+    }));
+    let id = closed_batch(&app, &tenant, shape, &sent).await;
+    let finished = wait_until_finished(&app, &tenant, id, Duration::from_secs(90)).await;
+    assert_eq!(finished["counts"]["succeeded"], 10, "{finished}");
+    assert_eq!(finished["counts"]["failed"], 1, "{finished}");
+    let items = crate::provider_batches::items_of(&app, id).await;
+    let large = items
+        .iter()
+        .find(|item| item.custom_id.as_deref() == Some("too-large"))
+        .unwrap();
+    assert_eq!(large.status, entity::JobStatus::Failed);
+    let made: Vec<Value> = mock_batches(&app).await;
+    assert!(
+        made.len() > 1,
+        "the items went out in smaller batches: {made:?}"
+    );
+    let attempts = assert_settled_once(&app, id, shape).await;
+    let billed = app
+        .simulator
+        .calls()
+        .into_iter()
+        .filter(|call| call.billed && call.batch_id.is_some())
+        .count();
+    assert_eq!(billed, 10, "each request that fits billed once");
+    assert_eq!(
+        attempts
+            .iter()
+            .filter(|attempt| attempt.provider_cost_nanos.is_some_and(|cost| cost > 0))
+            .count(),
+        10,
+        "{attempts:?}"
+    );
+    crate::invariants::assert_billing_invariants(&app.app.db).await;
 }

@@ -56,6 +56,11 @@ async fn a_provider_batch_shows_its_uploads_and_its_saving(backend: Backend) {
     );
     close(&app, &tenant, id).await;
     wait_until_finished(&app, &tenant, id, Duration::from_secs(60)).await;
+    // The items end as their results are settled; their row ends just after.
+    crate::provider_batches::wait_for_rows(&app, id, |rows| {
+        rows.iter().all(|row| row.state.is_final())
+    })
+    .await;
     let seen = view(id).await;
 
     // One entry per row, in order, each with its attempts by outcome.

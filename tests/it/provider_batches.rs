@@ -122,6 +122,7 @@ pub(crate) fn options(
                 unknown_after,
                 // Short: a lost answer is searched for a second after its create.
                 create_grace: Duration::from_secs(1),
+                ..ProviderBatchSettings::default()
             },
             ..OperationsSettings::default()
         },
@@ -344,7 +345,15 @@ pub(crate) async fn assert_settled_once(
     assert!(!rows.is_empty());
     for row in &rows {
         assert!(row.state.is_final(), "{row:?}");
-        assert!(row.provider_batch_id.is_some() || row.state == ProviderBatchState::Abandoned);
+        // A row has its provider batch, or never made one: abandoned (nothing sent,
+        // or an upload too large that went out again smaller), or refused by the
+        // provider, which says why.
+        assert!(
+            row.provider_batch_id.is_some()
+                || row.state == ProviderBatchState::Abandoned
+                || (row.state == ProviderBatchState::Settled && row.last_error.is_some()),
+            "{row:?}"
+        );
     }
     let listed = mock_batches(app).await;
     assert!(

@@ -29,12 +29,14 @@
 //!    ends `unknown`: its attempts end `UNKNOWN` with their cost bounds, reconcilable
 //!    as any unknown attempt, and its items fail rather than go out again.
 
+mod calls;
 mod orphans;
 mod poll;
 mod rows;
 mod search;
 mod settle;
 mod submit;
+mod upload_size;
 
 pub(crate) use submit::ITEM_LEASE;
 
@@ -63,6 +65,11 @@ pub struct ProviderBatchSettings {
     /// create still in flight is not listed yet, and a search that misses it would
     /// upload the items a second time.
     pub create_grace: Duration,
+    /// The longest a request of a provider's batch API may go unanswered (a read, a
+    /// cancel, a page of a search, a line of the results; an upload has twice this
+    /// and its bytes' time) before it is given up as unanswered
+    /// (`--provider-batch-call-timeout-seconds`).
+    pub call_timeout: Duration,
 }
 
 /// 30 s, as the flag's default.
@@ -72,6 +79,8 @@ pub const DEFAULT_POLL: Duration = Duration::from_secs(30);
 pub const DEFAULT_UNKNOWN_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
 /// A minute: far past how long either provider takes to answer a create.
 pub const DEFAULT_CREATE_GRACE: Duration = Duration::from_secs(60);
+/// Two minutes: both providers answer a read or a list within seconds.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl Default for ProviderBatchSettings {
     fn default() -> Self {
@@ -79,6 +88,7 @@ impl Default for ProviderBatchSettings {
             poll: DEFAULT_POLL,
             unknown_after: DEFAULT_UNKNOWN_AFTER,
             create_grace: DEFAULT_CREATE_GRACE,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
         }
     }
 }
@@ -93,6 +103,8 @@ pub struct Submitter {
     charging: ChargingPolicy,
     /// Recorded on the attempts it starts, as a worker's id is.
     worker_id: String,
+    /// Smaller uploads for providers that refused larger ones.
+    upload_sizes: upload_size::UploadSizes,
 }
 
 impl Submitter {
@@ -111,6 +123,7 @@ impl Submitter {
             settings,
             charging,
             worker_id,
+            upload_sizes: upload_size::UploadSizes::default(),
         }
     }
 
@@ -129,6 +142,15 @@ impl Submitter {
                 tracing::warn!(error = %error, "provider-batch round failed; it runs again shortly");
             }
         }
+    }
+
+    /// `provider`'s batch API, each call bounded by the call timeout.
+    fn calls<'a>(
+        &self,
+        provider: &'a std::sync::Arc<dyn crate::llm::Provider>,
+    ) -> calls::Calls<'a> {
+        let api = provider.batch_api().expect("a provider with a batch API");
+        calls::Calls::new(api, self.settings.call_timeout)
     }
 
     async fn round(&self, stop: &CancellationToken) -> Result<(), sea_orm::DbErr> {

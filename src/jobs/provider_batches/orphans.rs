@@ -9,6 +9,7 @@
 //! until it knows which, and cancels its batch if another one is the row's.
 
 use super::Submitter;
+use super::calls::Calls;
 use crate::llm::Provider;
 use entity::{ProviderBatchState, provider_batches};
 use sea_orm::{DatabaseConnection, EntityTrait};
@@ -60,9 +61,14 @@ pub(super) fn look_after(
 ) {
     tracing::error!(provider_batch.id = %id, provider_batch = %created, "created a provider batch after losing its row; watching whether the row's new owner records it");
     let db = submitter.db.clone();
+    let limit = submitter.settings.call_timeout;
     tokio::spawn(async move {
+        let api = Calls::new(
+            provider.batch_api().expect("a provider with a batch API"),
+            limit,
+        );
         for _ in 0..LOOKS {
-            match look(&db, id, &provider, &created).await {
+            match look(&db, id, api, &created).await {
                 Ok(Verdict::Wait) | Err(_) => tokio::time::sleep(LOOK_EVERY).await,
                 Ok(_) => return,
             }
@@ -74,7 +80,7 @@ pub(super) fn look_after(
 async fn look(
     db: &DatabaseConnection,
     id: Uuid,
-    provider: &Arc<dyn Provider>,
+    api: Calls<'_>,
     created: &str,
 ) -> Result<Verdict, ()> {
     let row = provider_batches::Entity::find_by_id(id)
@@ -89,7 +95,6 @@ async fn look(
             tracing::info!(provider_batch.id = %id, provider_batch = %created, "the row's new owner recorded the batch this process created");
         }
         Verdict::Cancel => {
-            let api = provider.batch_api().expect("a provider with a batch API");
             api.cancel(created).await.map_err(|error| {
                 tracing::error!(provider_batch.id = %id, provider_batch = %created, error = %error, "could not cancel a second provider batch of one row; trying again");
             })?;

@@ -12,6 +12,7 @@ use entity::{
     AttemptOutcome, JobStatus, ProviderBatchState, Timestamp, attempts, batches, jobs,
     provider_batches,
 };
+use futures_util::StreamExt;
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{ColumnTrait, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use std::collections::HashMap;
@@ -23,25 +24,50 @@ use uuid::Uuid;
 /// The longest wait between two tries after the provider failed to answer.
 const MAX_BACKOFF: Duration = Duration::from_secs(600);
 
+/// Rows one process advances at once: a provider slow to answer about one row (up
+/// to the call timeout) holds up that row's step, not every other row's.
+const ROWS_AT_ONCE: usize = 8;
+
 /// Looks at every due row whose lease is free, one step each.
 pub(super) async fn advance_due_rows(
     submitter: &Submitter,
     stop: &CancellationToken,
 ) -> Result<(), DbErr> {
-    for due in rows::due(&submitter.db).await? {
-        if stop.is_cancelled() {
-            break;
-        }
-        let token = Uuid::new_v4();
-        let Some(row) = rows::take(&submitter.db, due.id, token).await? else {
-            continue;
-        };
-        if let Err(error) = advance(submitter, &row, token).await {
-            tracing::warn!(provider_batch.id = %row.id, error = %error, "a provider batch step failed; it is tried again");
-        }
-        rows::release(&submitter.db, row.id, token).await?;
+    let due = rows::due(&submitter.db).await?;
+    let steps: Vec<Result<(), DbErr>> = futures_util::stream::iter(due)
+        .map(|due| advance_one(submitter, due.id, stop))
+        .buffer_unordered(ROWS_AT_ONCE)
+        .collect()
+        .await;
+    steps.into_iter().collect()
+}
+
+/// One step of the row `id`, if its lease is still free.
+async fn advance_one(
+    submitter: &Submitter,
+    id: Uuid,
+    stop: &CancellationToken,
+) -> Result<(), DbErr> {
+    if stop.is_cancelled() {
+        return Ok(());
     }
-    Ok(())
+    let token = Uuid::new_v4();
+    let Some(row) = rows::take(&submitter.db, id, token).await? else {
+        return Ok(());
+    };
+    // The lease is renewed while the step runs: a step waiting on the provider is
+    // no lapse for another process to take the row over and ask again.
+    let step = rows::while_owned(
+        &submitter.db,
+        row.id,
+        token,
+        advance(submitter, &row, token),
+    )
+    .await;
+    if let Err(error) = step {
+        tracing::warn!(provider_batch.id = %row.id, error = %error, "a provider batch step failed; it is tried again");
+    }
+    rows::release(&submitter.db, row.id, token).await
 }
 
 /// The provider the row was uploaded to, if this process still routes its model
@@ -151,7 +177,7 @@ pub(super) async fn upload(
     token: Uuid,
     provider: &Arc<dyn Provider>,
 ) -> Result<(), DbErr> {
-    let api = provider.batch_api().expect("a provider with a batch API");
+    let api = submitter.calls(provider);
     let late = settle::settle_past_deadline(submitter, row).await?;
     if late > 0 {
         tracing::info!(provider_batch.id = %row.id, items = late, "items whose deadlines passed before their provider batch was sent end unsent");
@@ -211,7 +237,7 @@ pub(super) async fn send(
     encoded: &[Vec<u8>],
     input_file: Option<&str>,
 ) -> Result<(), DbErr> {
-    let api = provider.batch_api().expect("a provider with a batch API");
+    let api = submitter.calls(provider);
     tracing::info!(provider_batch.id = %row.id, provider = %row.provider, items = encoded.len(), "uploading a provider batch");
     // What a search for the upload looks for, should its answer be lost: the
     // requests as built now, whatever becomes of their attempts meanwhile. (Created
@@ -230,13 +256,7 @@ pub(super) async fn send(
         id: row.id,
         token,
     };
-    let answer = rows::while_owned(
-        &submitter.db,
-        row.id,
-        token,
-        api.submit(row.id, encoded, input_file, &gate),
-    )
-    .await;
+    let answer = api.submit(row.id, encoded, input_file, &gate).await;
     match answer {
         Ok(submitted) => {
             // The provider named it in answer to our create: it is ours.
@@ -282,6 +302,19 @@ pub(super) async fn send(
             rows::write(&submitter.db, back).await?;
             Ok(())
         }
+        // Too large for the provider, or for a gateway in front of it, which did not
+        // forward it: nothing was made. The items go out again in smaller provider
+        // batches; a single request too large fails below.
+        Err(ProviderError::Permanent { status: 413, .. }) if encoded.len() > 1 => {
+            let bytes: usize = encoded.iter().map(Vec::len).sum();
+            submitter.upload_sizes.refused(&row.provider, bytes);
+            tracing::warn!(provider_batch.id = %row.id, provider = %row.provider, bytes, items = encoded.len(), "the provider refused the upload as too large; its items go out in smaller provider batches");
+            settle::settle_all_running(submitter, row, || {
+                not_run("the provider refused the upload as too large; the item goes out in a smaller provider batch")
+            })
+            .await?;
+            finish_row(submitter, row, token, ProviderBatchState::Abandoned).await
+        }
         // The provider refused the batch: nothing of it exists there, and the same
         // requests would be refused again. Each item is judged by that refusal.
         Err(ProviderError::Permanent {
@@ -298,6 +331,15 @@ pub(super) async fn send(
                 })
             })
             .await?;
+            // Why the row ended with no provider batch, for the console and the
+            // operator.
+            let refused = fenced(submitter, row, token).col_expr(
+                provider_batches::Column::LastError,
+                Expr::value(crate::db::storable_text(format!(
+                    "refused ({status}): {message}"
+                ))),
+            );
+            rows::write(&submitter.db, refused).await?;
             finish_row(submitter, row, token, ProviderBatchState::Settled).await
         }
         // The provider may have the batch, or be making it still (a 429 or 529 too,
@@ -367,7 +409,7 @@ async fn poll(
     provider: &Arc<dyn Provider>,
     cancelled: bool,
 ) -> Result<(), DbErr> {
-    let api = provider.batch_api().expect("a provider with a batch API");
+    let api = submitter.calls(provider);
     let Some(id) = row.provider_batch_id.clone() else {
         return Ok(());
     };
@@ -484,7 +526,7 @@ async fn settle_results(
     provider: &Arc<dyn Provider>,
     remote: Option<RemoteBatch>,
 ) -> Result<(), DbErr> {
-    let api = provider.batch_api().expect("a provider with a batch API");
+    let api = submitter.calls(provider);
     let remote = match remote {
         Some(remote) => remote,
         None => {

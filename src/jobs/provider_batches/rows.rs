@@ -11,9 +11,8 @@ use sea_orm::{
 use std::time::Duration;
 use uuid::Uuid;
 
-/// How long a row is owned without renewal; every step renews it, settling a batch's
-/// results renews it chunk by chunk, and an upload renews it while it runs
-/// ([`while_owned`]). A process that died holding a row holds it up this long.
+/// How long a row is owned without renewal; every fenced write renews it, and a
+/// step renews it while it runs ([`while_owned`]). A process that died holding a row holds it up this long.
 pub(super) const ROW_LEASE: Duration = Duration::from_secs(30);
 /// Rows one round looks at.
 const ROWS_PER_ROUND: u64 = 50;
@@ -119,13 +118,15 @@ pub(super) async fn release(db: &impl ConnectionTrait, id: Uuid, token: Uuid) ->
     Ok(())
 }
 
-/// Runs `work` (an upload, which may take longer than a lease) while renewing the
-/// row's lease, so that no other process takes the row and searches for, or makes
-/// again, an upload still in flight. Should the token lose the row all the same (its
-/// renewals failed for a lease, or the process was paused past it), renewing stops
-/// and `work` still runs to its end: a request of it already on its way may have
-/// created the batch, and only its answer says so ([`super::orphans`]); the
-/// [`OwnerGate`] keeps it from sending anything more.
+/// Runs `work` (a step of the row: an upload, a read, a search, the results, any of
+/// which may take longer than a lease) while renewing the row's lease, so that no
+/// other process takes the row and asks the provider again, or searches for (or
+/// makes again) an upload still in flight. Should the token lose the row all the
+/// same (its renewals failed for a lease, or the process was paused past it),
+/// renewing stops and `work` still runs to its end: every write of it is fenced, and
+/// a request of an upload already on its way may have created the batch, which only
+/// its answer says ([`super::orphans`]); the [`OwnerGate`] keeps it from sending
+/// anything more.
 pub(super) async fn while_owned<T>(
     db: &impl ConnectionTrait,
     id: Uuid,
@@ -142,7 +143,7 @@ pub(super) async fn while_owned<T>(
                 Ok(None) => return,
                 // Tried again at the next beat; the lease outlasts three failures.
                 Err(error) => {
-                    tracing::warn!(provider_batch.id = %id, error = %error, "renewing a provider batch's lease during its upload failed")
+                    tracing::warn!(provider_batch.id = %id, error = %error, "renewing a provider batch's lease during a step failed")
                 }
             }
         }
@@ -151,7 +152,7 @@ pub(super) async fn while_owned<T>(
         done = &mut work => return done,
         () = renew => {}
     }
-    tracing::warn!(provider_batch.id = %id, "lost the provider batch during its upload; its next owner finds the upload");
+    tracing::warn!(provider_batch.id = %id, "lost the provider batch during a step; its next owner takes it from what was written");
     work.await
 }
 

@@ -47,7 +47,7 @@ pub(super) async fn recover(
             return rows::write(&submitter.db, wait).await.map(drop);
         }
     }
-    let api = provider.batch_api().expect("a provider with a batch API");
+    let api = submitter.calls(provider);
     let began = row.uploading_at.unwrap_or(row.created_at);
     let since = began.to_datetime() - SEARCH_SLACK;
     // The provider's batches some row of ours recorded: one created since the upload

@@ -135,7 +135,10 @@ async fn submit_one(submitter: &Submitter, batch: &batches::Model) -> Result<usi
         transaction.rollback().await?;
         return Ok(0);
     }
-    let (chosen, unreadable) = within_limits(api, candidates);
+    let bytes = submitter
+        .upload_sizes
+        .bound(provider.name(), api.limits().bytes);
+    let (chosen, unreadable) = within_limits(api, bytes, candidates);
     let row_id = Uuid::now_v7();
     // Each item's run token is the provider batch's id: every write about the item
     // from now on is fenced by it, as a worker's by its claim's.
@@ -310,11 +313,12 @@ async fn submit_one(submitter: &Submitter, batch: &batches::Model) -> Result<usi
 }
 
 /// The candidates that fit one provider batch, in order: at most the provider's
-/// requests, in at most its bytes (each request measured as it will be uploaded,
-/// with a custom id of the length it will have); and the items whose stored input
-/// cannot be read, which are claimed only to be ended.
+/// requests, in at most `max_bytes` (each request measured as it will be uploaded,
+/// with a custom id of the length it will have), and always the first; and the
+/// items whose stored input cannot be read, which are claimed only to be ended.
 fn within_limits(
     api: &dyn BatchApi,
+    max_bytes: usize,
     candidates: Vec<jobs::Model>,
 ) -> (Vec<(jobs::Model, JobInput)>, Vec<jobs::Model>) {
     let limits = api.limits();
@@ -332,7 +336,7 @@ fn within_limits(
         };
         // The line's newline, or the array's comma.
         let size = api.encode(&item).len() + 1;
-        if chosen.len() >= limits.requests || bytes + size > limits.bytes {
+        if chosen.len() >= limits.requests || (!chosen.is_empty() && bytes + size > max_bytes) {
             break;
         }
         bytes += size;

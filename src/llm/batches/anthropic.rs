@@ -222,17 +222,33 @@ impl BatchApi for AnthropicClient {
     }
 
     async fn results(&self, batch: &RemoteBatch) -> Result<ResultLines, ProviderError> {
-        let url = batch
-            .results
-            .first()
-            .cloned()
-            .unwrap_or_else(|| format!("{}/{}/results", self.batches_url(), batch.id));
+        let own = format!("{}/{}/results", self.batches_url(), batch.id);
+        let url = match batch.results.first() {
+            Some(url) if same_origin(url, &own) => url.clone(),
+            // The key goes only where the operator configured: a results URL
+            // elsewhere (a provider that was not Anthropic, or a gateway passing on
+            // the upstream address) is read at the configured base instead, where
+            // Anthropic serves it too.
+            Some(url) => {
+                tracing::warn!(provider = %self.name, provider_batch = %batch.id, results_url = %url, "a batch's results URL is outside the configured base; reading the results from the base");
+                own
+            }
+            None => own,
+        };
         Ok(ResultLines::new(
             &self.name,
             self.http.clone(),
             vec![self.authorised(self.http.get(&url))],
             parse_line,
         ))
+    }
+}
+
+/// Whether `url` has the scheme, host and port of `base`.
+fn same_origin(url: &str, base: &str) -> bool {
+    match (reqwest::Url::parse(url), reqwest::Url::parse(base)) {
+        (Ok(url), Ok(base)) => url.origin() == base.origin(),
+        _ => false,
     }
 }
 
@@ -310,6 +326,33 @@ fn parse_line(provider: &str, line: &[u8]) -> Result<ResultLine, ProviderError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The API key follows a results URL only to the configured origin.
+    #[test]
+    fn a_results_url_is_followed_only_on_the_configured_origin() {
+        let base = "https://api.anthropic.com/v1/messages/batches/b1/results";
+        let cases = [
+            (
+                "https://api.anthropic.com/v1/messages/batches/b1/results",
+                true,
+            ),
+            ("https://api.anthropic.com:443/other/path", true),
+            (
+                "http://api.anthropic.com/v1/messages/batches/b1/results",
+                false,
+            ),
+            (
+                "https://api.anthropic.com:8443/v1/messages/batches/b1/results",
+                false,
+            ),
+            ("https://evil.example/v1/messages/batches/b1/results", false),
+            ("https://api.anthropic.com.evil.example/x", false),
+            ("not a url", false),
+        ];
+        for (url, expected) in cases {
+            assert_eq!(same_origin(url, base), expected, "{url}");
+        }
+    }
 
     fn parsed(kind: &str) -> ItemResult {
         let line = json!({"custom_id": "a1", "result": {"type": kind}}).to_string();
