@@ -58,6 +58,14 @@ impl Draws {
         }
     }
 
+    /// The sum of `of_name` over every draw; a draw of a name not known, `any`.
+    pub fn total(&self, of_name: impl Fn(&[u8]) -> u64, any: u64) -> u64 {
+        let named = self.named.iter().fold(0u64, |sum, (name, count)| {
+            sum.saturating_add(count.saturating_mul(of_name(name)))
+        });
+        named.saturating_add(self.unnamed.saturating_mul(any))
+    }
+
     /// Adds the draws of `other`.
     pub fn merge(&mut self, other: Draws) {
         self.unnamed = self.unnamed.saturating_add(other.unnamed);

@@ -4,7 +4,9 @@
 //! Pages are the larger of the page tree's `/Count` and the page objects found, in
 //! the file and in its compressed streams (PDF 1.5 keeps objects inside them). The
 //! text is the string operands of the text-showing operators of every stream, as a
-//! reader decodes it ([`text`]), a form's once per draw ([`forms`]), times the most
+//! reader decodes it ([`text`]), each stream on its own but a page's several content
+//! streams joined ([`contents`]), and the strings of the file outside its streams
+//! ([`between`]); a form's once per draw ([`forms`]), times the most
 //! UTF-8 bytes the document's `ToUnicode` maps give one code ([`unicode`]). Both are
 //! upper bounds of what a provider sees, which is what a hold needs; a document
 //! whose text cannot be bounded is refused.
@@ -15,26 +17,29 @@
 //! documents of one request are capped together ([`InflateBudget`]), and documents
 //! above the cap (deflate bombs) are refused.
 
+mod between;
+mod contents;
+mod decode;
 mod forms;
+mod marked;
 mod objects;
 mod pages;
 mod streams;
 mod text;
 mod unicode;
 
+use decode::{decode, inflate};
 use forms::{Bindings, Draws, Form};
 use objects::Objects;
 use pages::Pages;
+use std::collections::HashSet;
 use std::fmt;
-use std::io::Read;
-use streams::{Encoding, PngRows, Predictor, Value, value_of};
+use streams::{Encoding, Predictor, StreamStart, Value, value_of};
 use text::{Shown, TextCounter};
 
 /// Most bytes the streams of all the documents of one request (a job, a quote, a
 /// call adding batch items) may inflate to together.
 pub const MAX_INFLATED_BYTES: u64 = 64 * 1024 * 1024;
-/// Bytes inflated at a time.
-const CHUNK_BYTES: usize = 64 * 1024;
 
 /// The bytes the documents of one request may still inflate to: one budget is
 /// shared by all of them, so twenty documents cost what one may.
@@ -111,18 +116,14 @@ pub fn measure(bytes: &[u8], budget: &mut InflateBudget) -> Result<Measure, PdfE
     pages.feed(bytes);
     pages.finish();
     let mut objects = Objects::of_file(bytes);
-    let mut text = Text::default();
-    // The file as it is: its unfiltered streams, wherever they end.
-    let mut whole = TextCounter::default();
-    whole.feed(bytes);
-    text.add(whole.finish());
-    // The forms, with their dictionaries: their bindings are read once every object
-    // stream is.
-    let mut found_forms: Vec<(&[u8], Option<u32>, Shown)> = Vec::new();
-    for stream in streams::streams(bytes) {
+    let found: Vec<StreamStart> = streams::streams(bytes).collect();
+    // What each stream shows on its own, and where its data ends for a reader
+    // that reads the file around it.
+    let mut own: Vec<Option<Shown>> = Vec::with_capacity(found.len());
+    let mut claimed = Vec::new();
+    for stream in &found {
         let data = &bytes[stream.data..];
         let dictionary = stream.dictionary.unwrap_or_default();
-        let form = forms::is_form(dictionary);
         let mut kept = match value_of(dictionary, b"/Type") {
             None => None,
             Some(Value::Names(names)) if names != [b"ObjStm".to_vec()] => None,
@@ -143,51 +144,34 @@ pub fn measure(bytes: &[u8], budget: &mut InflateBudget) -> Result<Measure, PdfE
                 }
             }
         };
+        let end = match stream.encoding {
+            // A plain stream's text is read to where it may end.
+            Encoding::Plain => forms::plain_extent(data, dictionary, &objects),
+            // Not known to be a stream: the bytes are the file's.
+            Encoding::Unknown => 0,
+            _ => find(data, b"endstream").unwrap_or(data.len()),
+        };
+        claimed.push((stream.data, stream.data + end));
         let shown = match stream.encoding {
-            Encoding::Plain => {
-                let end = forms::plain_extent(data, dictionary, &objects);
-                keep(&data[..end]);
-                // Read above, with the rest of the file; a form is read again on its
-                // own, as it is shown on every draw.
-                form.then(|| {
-                    let mut counter = TextCounter::default();
-                    counter.feed(&data[..end]);
-                    counter.finish()
-                })
-            }
-            // Pixels: the page's allowance counts them.
-            Encoding::Image => None,
-            Encoding::Unread(filters) => return Err(PdfError::Filter(filters)),
-            Encoding::Flate(Predictor::None) => {
+            Encoding::Plain | Encoding::Flate(Predictor::None | Predictor::Png { .. }) => {
+                let plain = stream.encoding == Encoding::Plain;
                 let mut counter = TextCounter::default();
                 let mut pages_here = Pages::default();
-                inflate(data, budget, |chunk| {
+                decode(stream, bytes, &objects, budget, false, |chunk| {
                     counter.feed(chunk);
-                    pages_here.feed(chunk);
+                    // The file's own pages are counted in it.
+                    if !plain {
+                        pages_here.feed(chunk);
+                    }
                     keep(chunk);
                 })?;
                 pages_here.finish();
                 pages.add(&pages_here);
                 Some(counter.finish())
             }
-            Encoding::Flate(Predictor::Png {
-                bytes_per_pixel,
-                row,
-            }) => {
-                let mut counter = TextCounter::default();
-                let mut pages_here = Pages::default();
-                let mut rows = PngRows::new(bytes_per_pixel, row);
-                inflate(data, budget, |chunk| {
-                    rows.feed(chunk, &mut |row| {
-                        counter.feed(row);
-                        pages_here.feed(row);
-                        keep(row);
-                    });
-                })?;
-                pages_here.finish();
-                pages.add(&pages_here);
-                Some(counter.finish())
-            }
+            // Pixels: the page's allowance counts them.
+            Encoding::Image => None,
+            Encoding::Unread(ref filters) => return Err(PdfError::Filter(filters.clone())),
             // What a reader makes of it is not known here — a predictor not undone, a
             // keyword in other data, a stream whose dictionary is hidden: every byte
             // it inflates to counts, which no text it shows exceeds (one that does not
@@ -219,12 +203,46 @@ pub fn measure(bytes: &[u8], budget: &mut InflateBudget) -> Result<Measure, PdfE
             }
             None => {}
         }
-        match shown {
-            Some(shown) if form => found_forms.push((dictionary, stream.object, shown)),
-            Some(shown) => text.add(shown),
-            None => {}
+        own.push(shown);
+    }
+    let mut text = between::shown(bytes, claimed);
+    // The streams of a page's `/Contents` array are read joined, and not on their
+    // own (but for a form, read on its own as it is drawn).
+    let is_form = |stream: &StreamStart| forms::is_form(stream.dictionary.unwrap_or_default());
+    let joinable = |stream: &StreamStart| {
+        !is_form(stream)
+            && matches!(
+                stream.encoding,
+                Encoding::Plain | Encoding::Flate(Predictor::None | Predictor::Png { .. })
+            )
+    };
+    let mut joined = HashSet::new();
+    for array in contents::arrays(bytes, &objects) {
+        let mut counter = TextCounter::default();
+        for number in array {
+            for stream in found
+                .iter()
+                .filter(|stream| stream.object == Some(number) && joinable(stream))
+            {
+                decode(stream, bytes, &objects, budget, true, |chunk| {
+                    counter.feed(chunk)
+                })?;
+                joined.insert(number);
+            }
+        }
+        text.add(counter.finish());
+    }
+    let mut found_forms: Vec<(&[u8], Option<u32>, Shown)> = Vec::new();
+    for (stream, shown) in found.iter().zip(own) {
+        let Some(shown) = shown else { continue };
+        if is_form(stream) {
+            found_forms.push((stream.dictionary.unwrap_or_default(), stream.object, shown));
+        } else if !(joinable(stream) && stream.object.is_some_and(|n| joined.contains(&n))) {
+            text.add(shown);
         }
     }
+    let properties = marked::Properties::everywhere(bytes, &objects);
+    text.bytes = text.bytes.saturating_add(properties.shown(&text.marked));
     let forms: Vec<Form> = found_forms
         .into_iter()
         .map(|(dictionary, object, shown)| {
@@ -232,7 +250,7 @@ pub fn measure(bytes: &[u8], budget: &mut InflateBudget) -> Result<Measure, PdfE
             text.longest_glyph = text.longest_glyph.max(shown.longest_glyph);
             Form {
                 object,
-                text: shown.bytes,
+                text: shown.bytes.saturating_add(properties.shown(&shown.marked)),
                 draws: shown.draws,
                 bindings: Bindings::of_form(dictionary, &objects),
             }
@@ -254,25 +272,6 @@ pub fn measure(bytes: &[u8], budget: &mut InflateBudget) -> Result<Measure, PdfE
     })
 }
 
-/// What the streams that are not forms show, together.
-#[derive(Default)]
-struct Text {
-    bytes: u64,
-    /// The document's: a font's map applies wherever the font is used.
-    longest_mapping: u64,
-    longest_glyph: u64,
-    draws: Draws,
-}
-
-impl Text {
-    fn add(&mut self, shown: Shown) {
-        self.bytes = self.bytes.saturating_add(shown.bytes);
-        self.longest_mapping = self.longest_mapping.max(shown.longest_mapping);
-        self.longest_glyph = self.longest_glyph.max(shown.longest_glyph);
-        self.draws.merge(shown.draws);
-    }
-}
-
 /// What a stream inflated to `inflated` bytes not read may show: each byte, a
 /// draw every four (`/ Do`), and — when a reader may take it for a `ToUnicode` map
 /// or an object stream holding an encoding (`mapped`: it has a dictionary) — codes
@@ -288,31 +287,7 @@ fn unread(inflated: u64, mapped: bool) -> Shown {
         },
         longest_glyph: if mapped { inflated } else { 0 },
         draws: Draws::unnamed(inflated / 4),
-    }
-}
-
-/// Inflates the deflate data at the start of `data` into `each`, a chunk at a time,
-/// until it ends or is broken; the bytes inflated are taken from `budget`. Data that
-/// is not deflated inflates to nothing.
-fn inflate(
-    data: &[u8],
-    budget: &mut InflateBudget,
-    mut each: impl FnMut(&[u8]),
-) -> Result<u64, PdfError> {
-    let mut decoder = flate2::read::ZlibDecoder::new(data);
-    let mut chunk = vec![0; CHUNK_BYTES];
-    let mut inflated = 0u64;
-    loop {
-        let read = match decoder.read(&mut chunk) {
-            Ok(0) | Err(_) => return Ok(inflated),
-            Ok(read) => read,
-        };
-        budget.left = budget
-            .left
-            .checked_sub(read as u64)
-            .ok_or(PdfError::Inflated)?;
-        inflated += read as u64;
-        each(&chunk[..read]);
+        marked: Draws::unnamed(inflated / 4),
     }
 }
 
@@ -421,7 +396,7 @@ mod tests {
     #[test]
     fn pages_are_counted_across_chunks() {
         // Page objects far apart, inflated in many chunks.
-        let padding = " ".repeat(CHUNK_BYTES / 3);
+        let padding = " ".repeat(decode::CHUNK_BYTES / 3);
         let objects: String = (0..10)
             .map(|_| format!("<< /Type /Page /Parent 2 0 R >>{padding}"))
             .collect();
@@ -486,6 +461,55 @@ mod tests {
             measured(&tiff).unwrap().text_tokens,
             bytes * bytes.div_ceil(2) * 3
         );
+    }
+
+    #[test]
+    fn a_string_split_across_a_pages_streams_counts() {
+        // A reader joins the streams of a page's `/Contents`: the string opens in one
+        // and is shown in the next.
+        let mut file = b"%PDF-1.4\n1 0 obj\n<< /Type /Catalog /Pages 2 0 R >>\nendobj\n2 0 obj\n<< /Type /Pages /Kids [3 0 R] /Count 1 >>\nendobj\n3 0 obj\n<< /Type /Page /Parent 2 0 R /Contents [4 0 R 5 0 R] >>\nendobj\n".to_vec();
+        let text = "x".repeat(1_000);
+        let (first, second) = text.split_at(400);
+        for (number, content) in [(4, format!("BT ({first}")), (5, format!("{second}) Tj ET"))] {
+            file.extend(format!("{number} 0 obj\n<< /Filter /FlateDecode >>\nstream\n").as_bytes());
+            file.extend(deflated(content.as_bytes()));
+            file.extend(b"\nendstream\nendobj\n");
+        }
+        file.extend(b"trailer\n<< /Root 1 0 R >>\n%%EOF\n");
+        assert_eq!(measured(&file).unwrap().text_tokens, 1_000);
+    }
+
+    #[test]
+    fn a_string_open_in_an_images_data_hides_no_object() {
+        // An `endstream` in the pixels, and a `(` after it: read as the file's, the
+        // string would take the annotation after the image.
+        let mut file = with_stream(
+            "<< /Type /XObject /Subtype /Image /Filter /DCTDecode >>",
+            b"\xff\xd8 endstream ( \xff\xd9",
+        );
+        file.truncate(file.len() - b"%%EOF\n".len());
+        let note = "y".repeat(1_000);
+        file.extend(
+            format!(
+                "10 0 obj\n<< /Type /Annot /Subtype /Text /Contents ({note}) >>\nendobj\n%%EOF\n"
+            )
+            .as_bytes(),
+        );
+        assert_eq!(measured(&file).unwrap().text_tokens, 1_000);
+    }
+
+    #[test]
+    fn a_named_property_lists_actual_text_counts_per_use() {
+        let text = "z".repeat(1_000);
+        let file = String::from_utf8(pdf_with_content(&b"/Span /MC0 BDC EMC\n".repeat(5)))
+            .unwrap()
+            .replace(
+                "/Contents 4 0 R",
+                &format!("/Contents 4 0 R /Resources << /Properties << /MC0 << /ActualText ({text}) >> >> >>"),
+            );
+        let tokens = measured(file.as_bytes()).unwrap().text_tokens;
+        // Each use, and the list once where it is written.
+        assert_eq!(tokens, 6 * 1_000);
     }
 
     #[test]

@@ -32,18 +32,8 @@ impl<'a> Objects<'a> {
     /// The objects of the file itself; object streams are added as they are read.
     pub fn of_file(file: &'a [u8]) -> Self {
         let mut in_file: HashMap<u32, Vec<usize>> = HashMap::new();
-        for at in memchr::memmem::find_iter(file, b"obj") {
-            let end = at + b"obj".len();
-            // `obj` ends a token: followed by a delimiter, a space or the end.
-            if file
-                .get(end)
-                .is_some_and(|byte| !byte.is_ascii_whitespace() && !b"<[(/%".contains(byte))
-            {
-                continue;
-            }
-            if let Some(number) = super::streams::object_number_before(&file[..end]) {
-                in_file.entry(number).or_default().push(end);
-            }
+        for (number, end) in headers(file) {
+            in_file.entry(number).or_default().push(end);
         }
         Self {
             file,
@@ -166,6 +156,21 @@ impl<'a> Objects<'a> {
             None => direct(value).into_iter().collect(),
         }
     }
+}
+
+/// Every `N G obj` header of `file`, in order: its number, and where it ends.
+pub fn headers(file: &[u8]) -> impl Iterator<Item = (u32, usize)> + '_ {
+    memchr::memmem::find_iter(file, b"obj").filter_map(|at| {
+        let end = at + b"obj".len();
+        // `obj` ends a token: followed by a delimiter, a space or the end.
+        if file
+            .get(end)
+            .is_some_and(|byte| !byte.is_ascii_whitespace() && !b"<[(/%".contains(byte))
+        {
+            return None;
+        }
+        super::streams::object_number_before(&file[..end]).map(|number| (number, end))
+    })
 }
 
 /// The object number of the reference `N G R` at the start of `bytes`.

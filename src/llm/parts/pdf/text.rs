@@ -31,11 +31,25 @@ const LONGEST_NAME: usize = 127;
 /// `/Differences`
 /// stands for (which multiply the text of every stream that uses the font, so the
 /// document's largest counts), and its draws.
+#[derive(Default)]
 pub struct Shown {
     pub bytes: u64,
     pub longest_mapping: u64,
     pub longest_glyph: u64,
     pub draws: Draws,
+    /// The `/Name BDC`s, by name: each shows its property list's `/ActualText`.
+    pub marked: Draws,
+}
+
+impl Shown {
+    /// Adds what `other` shows: the bytes of both, the larger multipliers.
+    pub fn add(&mut self, other: Shown) {
+        self.bytes = self.bytes.saturating_add(other.bytes);
+        self.longest_mapping = self.longest_mapping.max(other.longest_mapping);
+        self.longest_glyph = self.longest_glyph.max(other.longest_glyph);
+        self.draws.merge(other.draws);
+        self.marked.merge(other.marked);
+    }
 }
 
 /// Counts the shown text of every byte it is fed, in order, across chunks.
@@ -60,6 +74,7 @@ pub struct TextCounter {
     /// or when it was too long to keep.
     name: Option<Vec<u8>>,
     draws: Draws,
+    marked: Draws,
     /// Regular characters of the token being read, however long.
     token_bytes: u64,
     /// The string that follows is output though no operator shows it (it follows
@@ -164,10 +179,31 @@ impl TextCounter {
             longest_mapping: self.map.longest,
             longest_glyph: self.longest_glyph,
             draws: self.draws,
+            marked: self.marked,
         }
     }
 
-    fn step(&mut self, byte: u8) {
+    /// Between tokens, strings and images: a reading of other bytes that is here
+    /// too reads the same from now on, when [`Self::agrees`] says so.
+    pub fn settled(&self) -> bool {
+        self.state == State::Between && self.token.is_empty() && self.image.is_none()
+    }
+
+    /// Both are settled, with the same operands pending and the same sections
+    /// open: what follows counts the same for both.
+    pub fn agrees(&self, other: &TextCounter) -> bool {
+        self.settled()
+            && other.settled()
+            && self.pending == other.pending
+            && self.string_shown == other.string_shown
+            && self.differences_next == other.differences_next
+            && self.in_differences == other.in_differences
+            && self.name == other.name
+            && self.map == other.map
+    }
+
+    /// Counts one more byte.
+    pub fn step(&mut self, byte: u8) {
         if let Some(image) = &mut self.image {
             if image.matched == 2 && is_space(byte) {
                 self.image = None;
@@ -345,6 +381,7 @@ impl TextCounter {
             match token.as_slice() {
                 b"Tj" | b"TJ" | b"'" | b"\"" => self.shown += self.pending,
                 b"Do" => self.draws.add(name),
+                b"BDC" => self.marked.add(name),
                 b"ID" if !self.shadow => {
                     self.image = Some(InlineImage {
                         bytes: 0,

@@ -8,7 +8,7 @@
 
 /// Reads the `beginbfchar`/`beginbfrange` sections of a stream, a token at a time,
 /// as [`super::text::TextCounter`] meets them.
-#[derive(Default)]
+#[derive(Default, PartialEq, Eq)]
 pub struct UnicodeMap {
     section: Option<Section>,
     /// Strings (or numbers) of the entry being read: a `bfchar` entry is a code and
@@ -125,7 +125,7 @@ impl UnicodeMap {
 }
 
 /// A UTF-16BE hex string, read a digit at a time.
-#[derive(Default)]
+#[derive(Default, PartialEq, Eq)]
 struct Utf16 {
     digits: u64,
     /// The high digit of the byte being read.
