@@ -56,6 +56,10 @@ pub struct Model {
     pub sent_at: Option<Timestamp>,
     /// How many requests its upload holds: what a search for it looks for.
     pub upload_requests: Option<i64>,
+    /// Whether its upload takes the provider's one upload slot: a search can tell an
+    /// upload from others only by when it was made and how many requests it holds
+    /// (Anthropic), unlike one that finds our id in the batch (OpenAI's metadata).
+    pub exclusive_upload: bool,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

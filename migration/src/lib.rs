@@ -35,6 +35,7 @@ mod m20261202_000040_price_origins;
 mod m20261203_000010_held_prices;
 mod m20261203_000040_provider_batch_attribution;
 mod m20261204_000100_provider_batch_sends;
+mod m20261205_000010_exclusive_uploads;
 
 /// Applies jobledger's migrations in order.
 pub struct Migrator;
@@ -71,6 +72,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261203_000010_held_prices::Migration),
             Box::new(m20261203_000040_provider_batch_attribution::Migration),
             Box::new(m20261204_000100_provider_batch_sends::Migration),
+            Box::new(m20261205_000010_exclusive_uploads::Migration),
         ]
     }
 }

@@ -33,6 +33,8 @@ on_both_backends!(
     a_provider_that_never_answers_holds_up_only_its_own_batch,
     uploads_refused_as_too_large_go_out_smaller,
     openai_uploads_refused_as_too_large_go_out_smaller,
+    an_openai_upload_searched_for_holds_up_no_other,
+    a_slow_provider_holds_up_no_other_row,
 );
 
 /// What the gateway does with the first create(s) it is sent.
@@ -60,6 +62,10 @@ enum Gateway {
     /// Answers 413 to every request whose body is over [`BODY_LIMIT`] bytes, without
     /// forwarding it, as a proxy's body limit does.
     LimitsBodies,
+    /// Drops the first create's connection without forwarding it, and answers every
+    /// list of OpenAI's batches 500: the upload's answer is lost, and its search keeps
+    /// failing.
+    LosesTheAnswerAndLists,
 }
 
 /// The body limit of [`Gateway::LimitsBodies`]: a few requests of the test's items.
@@ -181,6 +187,13 @@ async fn start_gateway(simulator: String, shape: Shape, gateway: Gateway) -> Str
                     answer(&mut stream, 413, refusal).await;
                     return;
                 }
+                if gateway == Gateway::LosesTheAnswerAndLists
+                    && head.starts_with("GET /v1/batches?")
+                {
+                    let failure = br#"{"error":{"type":"server_error","message":"unavailable"}}"#;
+                    answer(&mut stream, 500, failure).await;
+                    return;
+                }
                 if gateway == Gateway::StallsReads && head.starts_with("GET /v1/batches/batch_") {
                     tokio::time::sleep(Duration::from_secs(3600)).await;
                     return;
@@ -218,6 +231,7 @@ async fn start_gateway(simulator: String, shape: Shape, gateway: Gateway) -> Str
                             tokio::time::sleep(LATE).await;
                             forward(&simulator, &head, body).await;
                         }
+                        Gateway::LosesTheAnswerAndLists => drop(stream),
                         Gateway::AnswersTooManyRequests => {
                             forward(&simulator, &head, body).await;
                             let refusal = br#"{"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}"#;
@@ -297,7 +311,8 @@ async fn closed_batch(
     items: &[Value],
 ) -> uuid::Uuid {
     let id = create_provider_batch(app, tenant, shape).await;
-    assert!(add_items(app, tenant, id, items).await["errors"].is_null());
+    let added = add_items(app, tenant, id, items).await;
+    assert!(added["errors"].is_null(), "{added}");
     close(app, tenant, id).await;
     id
 }
@@ -462,6 +477,45 @@ async fn a_provider_that_never_answers_holds_up_only_its_own_batch(backend: Back
     crate::invariants::assert_billing_invariants(&app.app.db).await;
 }
 
+/// A read the provider takes a minute to answer (within the call bound) holds up its
+/// own row alone: the other shape's batch, closed while the read waits, is submitted,
+/// polled and settled meanwhile, as each row's step runs on its own.
+async fn a_slow_provider_holds_up_no_other_row(backend: Backend) {
+    let (app, tenant, _folder) =
+        through_gateway(backend, Shape::OpenAi, Gateway::StallsReads, |options| {
+            options.operations.provider_batches.call_timeout = Duration::from_secs(60);
+        })
+        .await;
+    let slow = closed_batch(&app, &tenant, Shape::OpenAi, &items(4, false)).await;
+    crate::provider_batches::wait_for_rows(&app, slow, |rows| {
+        rows.iter()
+            .any(|row| row.state == entity::ProviderBatchState::Submitted)
+    })
+    .await;
+    // Past the row's first read, which the gateway holds.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let answered = closed_batch(&app, &tenant, Shape::Anthropic, &items(4, false)).await;
+    let finished = wait_until_finished(&app, &tenant, answered, Duration::from_secs(20)).await;
+    assert_eq!(finished["counts"]["succeeded"], 4, "{finished}");
+    let rows = rows_of(&app, slow).await;
+    assert_eq!(
+        rows[0].state,
+        entity::ProviderBatchState::Submitted,
+        "still waiting on its read"
+    );
+    let items = crate::provider_batches::items_of(&app, answered).await;
+    let ids: Vec<uuid::Uuid> = items.iter().map(|item| item.id).collect();
+    let attempts = crate::provider_batches::attempts_of(&app, &ids).await;
+    assert_eq!(attempts.len(), 4, "one attempt an item: {attempts:?}");
+    assert!(
+        attempts.iter().all(|attempt| {
+            attempt.outcome == entity::AttemptOutcome::Succeeded
+                && attempt.provider_cost_nanos.unwrap_or(0) > 0
+        }),
+        "{attempts:?}"
+    );
+}
+
 /// Behind a proxy that takes bodies of [`BODY_LIMIT`] bytes at most, an upload refused
 /// 413 (which created nothing) goes out again in smaller provider batches, halving
 /// until they pass; a request too large on its own fails, by the provider's refusal,
@@ -513,5 +567,40 @@ async fn too_large_uploads_go_out_smaller(backend: Backend, shape: Shape) {
         10,
         "{attempts:?}"
     );
+    crate::invariants::assert_billing_invariants(&app.app.db).await;
+}
+
+/// An OpenAI upload whose answer was lost, searched for while the provider's list of
+/// batches fails, holds up no other upload of the provider: OpenAI's search finds our
+/// id in the batch's metadata, so its rows do not take the provider's one upload slot
+/// (which Anthropic's need, to tell uploads apart by when they were made).
+async fn an_openai_upload_searched_for_holds_up_no_other(backend: Backend) {
+    let shape = Shape::OpenAi;
+    let (app, tenant, _folder) =
+        through_gateway(backend, shape, Gateway::LosesTheAnswerAndLists, |_| {}).await;
+    let lost = closed_batch(&app, &tenant, shape, &items(4, false)).await;
+    crate::provider_batches::wait_for_rows(&app, lost, |rows| {
+        rows.iter()
+            .any(|row| row.state == entity::ProviderBatchState::Uploading && row.sent_at.is_some())
+    })
+    .await;
+    let input = serde_json::json!({"idempotencyKey": "pb-next", "mode": "PROVIDER_BATCH",
+        "model": shape.model(), "maxOutputTokens": 50});
+    let next = crate::provider_batches::create_batch_of(&app, &tenant.key, input).await;
+    let added = add_items(&app, &tenant, next, &items(4, false)).await;
+    assert!(added["errors"].is_null(), "{added}");
+    close(&app, &tenant, next).await;
+    let finished = wait_until_finished(&app, &tenant, next, Duration::from_secs(30)).await;
+    assert_eq!(finished["counts"]["succeeded"], 4, "{finished}");
+    let rows = rows_of(&app, lost).await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(
+        rows[0].state,
+        entity::ProviderBatchState::Uploading,
+        "still searching for its upload: {:?}",
+        rows[0]
+    );
+    let attempts = assert_settled_once(&app, next, shape).await;
+    assert_eq!(attempts.len(), 4, "each item billed once");
     crate::invariants::assert_billing_invariants(&app.app.db).await;
 }

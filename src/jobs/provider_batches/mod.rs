@@ -44,12 +44,18 @@ use crate::billing::ChargingPolicy;
 use crate::bus::EventBus;
 use crate::llm::ProviderRegistry;
 use sea_orm::DatabaseConnection;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 /// How often the submitter looks for closed batches with queued items and for rows
 /// due a look: a closed batch's items go out within about this.
 const TICK: Duration = Duration::from_secs(1);
+/// Rows one process advances at once.
+const ROWS_AT_ONCE: usize = 8;
+/// How long a stopping submitter waits for the steps under way.
+const STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// The submitter's settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,18 +135,48 @@ impl Submitter {
 
     /// Submits, polls and settles until `stop` is cancelled. A step that fails is
     /// logged and tried again on a later tick: every step starts from the rows.
+    ///
+    /// Each row's step runs as a task of its own, up to [`ROWS_AT_ONCE`] at a time,
+    /// and a tick starts the due rows there is room for without waiting for the steps
+    /// still running: a provider slow to answer about one row (up to the call
+    /// timeout) holds up that row alone — not the submission of closed batches, nor
+    /// rows that come due meanwhile.
     pub async fn run(self, stop: CancellationToken) {
         tracing::info!(worker.id = %self.worker_id, poll_seconds = self.settings.poll.as_secs(), "provider-batch submitter started");
+        let submitter = Arc::new(self);
+        let mut steps = JoinSet::new();
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                () = stop.cancelled() => return,
+                () = stop.cancelled() => break,
                 _ = tick.tick() => {}
             }
-            if let Err(error) = self.round(&stop).await {
-                tracing::warn!(error = %error, "provider-batch round failed; it runs again shortly");
+            while let Some(ended) = steps.try_join_next() {
+                if let Err(error) = ended {
+                    tracing::error!(error = %error, "a provider batch step panicked; its row is taken up again after its lease");
+                }
             }
+            if let Err(error) = submit::submit_closed_batches(&submitter, &stop).await {
+                tracing::warn!(error = %error, "submitting closed provider batches failed; it runs again shortly");
+            }
+            let room = ROWS_AT_ONCE.saturating_sub(steps.len());
+            if let Err(error) = poll::start_due_rows(&submitter, room, &mut steps, &stop).await {
+                tracing::warn!(error = %error, "looking for due provider batches failed; it runs again shortly");
+            }
+        }
+        // The steps under way end by their call bounds; past a grace, what is left is
+        // dropped, as a crash would drop it, and taken up after its lease.
+        let drained = tokio::time::timeout(STOP_GRACE, async {
+            while steps.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                steps = steps.len(),
+                "provider batch steps still waiting on their provider at shutdown are dropped; their rows are taken up after their leases"
+            );
+            steps.abort_all();
         }
     }
 
@@ -151,10 +187,5 @@ impl Submitter {
     ) -> calls::Calls<'a> {
         let api = provider.batch_api().expect("a provider with a batch API");
         calls::Calls::new(api, self.settings.call_timeout)
-    }
-
-    async fn round(&self, stop: &CancellationToken) -> Result<(), sea_orm::DbErr> {
-        submit::submit_closed_batches(self, stop).await?;
-        poll::advance_due_rows(self, stop).await
     }
 }

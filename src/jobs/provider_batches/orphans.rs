@@ -138,6 +138,7 @@ mod tests {
             ruled_out: None,
             sent_at: None,
             upload_requests: None,
+            exclusive_upload: false,
         }
     }
 

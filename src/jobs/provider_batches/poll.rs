@@ -12,34 +12,39 @@ use entity::{
     AttemptOutcome, JobStatus, ProviderBatchState, Timestamp, attempts, batches, jobs,
     provider_batches,
 };
-use futures_util::StreamExt;
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{ColumnTrait, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 /// The longest wait between two tries after the provider failed to answer.
 const MAX_BACKOFF: Duration = Duration::from_secs(600);
 
-/// Rows one process advances at once: a provider slow to answer about one row (up
-/// to the call timeout) holds up that row's step, not every other row's.
-const ROWS_AT_ONCE: usize = 8;
-
-/// Looks at every due row whose lease is free, one step each.
-pub(super) async fn advance_due_rows(
-    submitter: &Submitter,
+/// Starts a step, in `steps`, for each of at most `room` due rows whose lease is
+/// free (a row whose step is under way is leased to it).
+pub(super) async fn start_due_rows(
+    submitter: &Arc<Submitter>,
+    room: usize,
+    steps: &mut JoinSet<()>,
     stop: &CancellationToken,
 ) -> Result<(), DbErr> {
-    let due = rows::due(&submitter.db).await?;
-    let steps: Vec<Result<(), DbErr>> = futures_util::stream::iter(due)
-        .map(|due| advance_one(submitter, due.id, stop))
-        .buffer_unordered(ROWS_AT_ONCE)
-        .collect()
-        .await;
-    steps.into_iter().collect()
+    if room == 0 {
+        return Ok(());
+    }
+    for due in rows::due(&submitter.db, room).await? {
+        let submitter = submitter.clone();
+        let stop = stop.clone();
+        steps.spawn(async move {
+            if let Err(error) = advance_one(&submitter, due.id, &stop).await {
+                tracing::warn!(provider_batch.id = %due.id, error = %error, "a provider batch step failed; it is tried again");
+            }
+        });
+    }
+    Ok(())
 }
 
 /// One step of the row `id`, if its lease is still free.
@@ -204,9 +209,10 @@ pub(super) async fn upload(
     send(submitter, &row, token, provider, &encoded, None).await
 }
 
-/// Moves the row to `uploading` by `update` (fenced), unless another upload of its
-/// provider is in flight: at most one is, so that a search after a crash can always
-/// tell which provider batch was whose. The row then waits its turn, a second.
+/// Moves the row to `uploading` by `update` (fenced), unless it takes the provider's
+/// upload slot (`exclusive_upload`) and another upload holds it: at most one does, so
+/// that a search after a crash can always tell which provider batch was whose. The row
+/// then waits its turn, a second.
 /// The row as moved, if it was.
 pub(super) async fn take_upload_slot(
     submitter: &Submitter,

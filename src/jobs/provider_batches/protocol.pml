@@ -22,7 +22,8 @@
  *     started (`item_row`: the row, which is their run token) and the row written
  *     `preparing`, before anything is sent.
  *   - upload: `preparing` -> `uploading` (only while no other row is `uploading`:
- *     the partial unique index), then the upload, which lands or not, and whose
+ *     the partial unique index, which only Anthropic's rows take, as the search
+ *     below is Anthropic's), then the upload, which lands or not, and whose
  *     answer is received or lost; the answer makes the row `submitted` (or, nothing
  *     having reached the provider, `preparing` again).
  *   - recover: a row found `uploading` is searched for at the provider first, as

@@ -14,8 +14,6 @@ use uuid::Uuid;
 /// How long a row is owned without renewal; every fenced write renews it, and a
 /// step renews it while it runs ([`while_owned`]). A process that died holding a row holds it up this long.
 pub(super) const ROW_LEASE: Duration = Duration::from_secs(30);
-/// Rows one round looks at.
-const ROWS_PER_ROUND: u64 = 50;
 
 /// The states in which a row still has something to do.
 pub(super) const OPEN: [ProviderBatchState; 5] = [
@@ -44,13 +42,16 @@ fn free(backend: DbBackend) -> Condition {
 }
 
 /// The open rows due a look whose lease is free, oldest first.
-pub(super) async fn due(db: &impl ConnectionTrait) -> Result<Vec<provider_batches::Model>, DbErr> {
+pub(super) async fn due(
+    db: &impl ConnectionTrait,
+    at_most: usize,
+) -> Result<Vec<provider_batches::Model>, DbErr> {
     provider_batches::Entity::find()
         .filter(provider_batches::Column::State.is_in(OPEN))
         .filter(provider_batches::Column::NextPollAt.lte(Timestamp::now()))
         .filter(free(db.get_database_backend()))
         .order_by_asc(provider_batches::Column::NextPollAt)
-        .limit(ROWS_PER_ROUND)
+        .limit(at_most as u64)
         .all(db)
         .await
 }

@@ -2,8 +2,7 @@
 //! their attempts started and the row written in one transaction, before anything is
 //! sent — and the upload follows.
 
-use super::rows::{self, ROW_LEASE};
-use super::{Submitter, poll, settle};
+use super::{Submitter, settle};
 use crate::billing::{AttemptEnding, ModelPrice, prices};
 use crate::db::begin_write;
 use crate::jobs::input::JobInput;
@@ -230,7 +229,6 @@ async fn submit_one(submitter: &Submitter, batch: &batches::Model) -> Result<usi
             going.push((claim, started));
         }
     }
-    let owner = Uuid::new_v4();
     if !going.is_empty() {
         let bound: i64 = going
             .iter()
@@ -247,7 +245,9 @@ async fn submit_one(submitter: &Submitter, batch: &batches::Model) -> Result<usi
             input_file_id: Set(None),
             item_count: Set(going.len() as i64),
             cost_bound_nanos: Set(bound),
-            run_token: Set(Some(owner)),
+            // Free and due at once: the upload is the row's first step, in a task of
+            // its own (`poll::start_due_rows`), in this process or another.
+            run_token: Set(None),
             lease_until: Set(None),
             next_poll_at: Set(now),
             polls: Set(0),
@@ -262,18 +262,10 @@ async fn submit_one(submitter: &Submitter, batch: &batches::Model) -> Result<usi
             ruled_out: Set(None),
             sent_at: Set(None),
             upload_requests: Set(None),
+            exclusive_upload: Set(!api.finds_by_our_id()),
         })
         .exec_without_returning(&transaction)
         .await?;
-        // Owned from its first instant, by the lease the database's clock gives.
-        provider_batches::Entity::update_many()
-            .col_expr(
-                provider_batches::Column::LeaseUntil,
-                crate::db::lease_until(backend, ROW_LEASE),
-            )
-            .filter(provider_batches::Column::Id.eq(row_id))
-            .exec(&transaction)
-            .await?;
         attempts::Entity::update_many()
             .col_expr(attempts::Column::ProviderBatchId, Expr::value(row_id))
             .filter(attempts::Column::Id.is_in(going.iter().map(|(_, started)| started.attempt.id)))
@@ -299,16 +291,6 @@ async fn submit_one(submitter: &Submitter, batch: &batches::Model) -> Result<usi
         }
     }
     settle::held_back(submitter, &item_prices, &inputs, held_back).await?;
-    if !going.is_empty()
-        && let Some(row) = provider_batches::Entity::find_by_id(row_id)
-            .one(&submitter.db)
-            .await?
-    {
-        let uploaded = poll::upload(submitter, &row, owner, &provider).await;
-        // Given up either way: the next round (of any process) takes it from the row.
-        rows::release(&submitter.db, row_id, owner).await?;
-        uploaded?;
-    }
     Ok(count)
 }
 

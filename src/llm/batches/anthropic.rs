@@ -114,6 +114,10 @@ impl BatchApi for AnthropicClient {
         LIMITS
     }
 
+    fn finds_by_our_id(&self) -> bool {
+        false
+    }
+
     fn encode(&self, item: &BatchItem) -> Vec<u8> {
         let request = json!({"custom_id": item.custom_id, "params": Self::body(&item.request)});
         serde_json::to_vec(&request).expect("a request serializes")

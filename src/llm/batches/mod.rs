@@ -155,6 +155,11 @@ pub trait BatchApi: Send + Sync {
         requests: usize,
     ) -> Result<Found, ProviderError>;
 
+    /// Whether [`BatchApi::find`] knows an upload by our id, which the provider's batch
+    /// carries (OpenAI's metadata), rather than only by when it was made and how many
+    /// requests it holds (Anthropic): uploads of the latter are made one at a time.
+    fn finds_by_our_id(&self) -> bool;
+
     /// The batch as the provider reports it now.
     async fn read(&self, id: &str) -> Result<RemoteBatch, ProviderError>;
 

@@ -216,6 +216,10 @@ impl BatchApi for OpenAiClient {
         LIMITS
     }
 
+    fn finds_by_our_id(&self) -> bool {
+        true
+    }
+
     fn encode(&self, item: &BatchItem) -> Vec<u8> {
         let line = json!({
             "custom_id": item.custom_id,
