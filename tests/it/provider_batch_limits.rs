@@ -125,7 +125,15 @@ async fn a_deadline_passing_at_the_provider_cancels_the_provider_batch(backend: 
     assert_eq!(rows.len(), 1, "not sent again: {rows:?}");
     assert!(rows[0].cancel_sent, "{rows:?}");
     assert_eq!(mock_batches(&app).await[0]["status"], "ended");
-    assert_settled_once(&app, id, shape).await;
+    let attempts = assert_settled_once(&app, id, shape).await;
+    // Recorded as a call the deadline kept from being made, not as a wait.
+    assert!(
+        attempts.iter().all(|attempt| {
+            attempt.outcome == AttemptOutcome::Cancelled
+                && attempt.error_code == Some(JobErrorCode::DeadlineExceeded)
+        }),
+        "{attempts:?}"
+    );
     assert_eq!(
         crate::helpers::decimal(&app.balance(&tenant).await["charged"]),
         rust_decimal::Decimal::ZERO

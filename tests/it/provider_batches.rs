@@ -12,7 +12,7 @@ use crate::helpers::{
 };
 use crate::invariants::assert_billing_invariants;
 use entity::{
-    AttemptOutcome, JobStatus, ProviderBatchState, ReservationStatus, attempts,
+    AttemptOutcome, JobErrorCode, JobStatus, ProviderBatchState, ReservationStatus, attempts,
     credit_reservations, jobs, provider_batches,
 };
 use jobledger::config::OperationsSettings;
@@ -475,7 +475,15 @@ async fn cancel_charges_what_the_provider_finished(backend: Backend) {
     assert_eq!(listed[0]["status"], "ended", "{listed:?}");
     let rows = rows_of(&app, id).await;
     assert!(rows[0].cancel_sent);
-    assert_settled_once(&app, id, shape).await;
+    let attempts = assert_settled_once(&app, id, shape).await;
+    // Recorded as cancelled, not as a wait for another provider batch.
+    assert!(
+        attempts.iter().all(|attempt| {
+            attempt.outcome == AttemptOutcome::Cancelled
+                && attempt.error_code == Some(JobErrorCode::Cancelled)
+        }),
+        "{attempts:?}"
+    );
     assert_eq!(
         crate::helpers::decimal(&app.balance(&tenant).await["charged"]),
         rust_decimal::Decimal::ZERO

@@ -94,6 +94,19 @@ pub(super) async fn settle(
         let bound = input
             .call_bound(counting_for(&submitter.providers, &job.model), &job.model)
             .within(job.token_bound);
+        let end = match answer {
+            // A request the provider never ran ends as a call never made would: an
+            // item cancelled, or past its deadline, is recorded so, not as a wait.
+            Err(ProviderError::NotSent { .. }) if job.cancel_requested => {
+                CallEnd::CancelledBeforeSending
+            }
+            Err(ProviderError::NotSent { .. })
+                if job.deadline.is_some_and(|deadline| deadline <= ended_at) =>
+            {
+                CallEnd::PastDeadlineBeforeSending
+            }
+            answer => CallEnd::Answered(answer),
+        };
         // An answer that may have been billed without a result (an unknown fate, or a
         // line that cannot be read) is never sent again: the judge fails the item with
         // the attempt's cost bound, reconcilable later (invariant 1;
@@ -107,7 +120,7 @@ pub(super) async fn settle(
             submitter.charging,
             latency,
             ended_at,
-            CallEnd::Answered(answer),
+            end,
         );
         ends.push(AttemptEnd {
             claim,
