@@ -73,8 +73,12 @@ pub async fn append_many<'a>(
         return Ok(notices);
     }
     if db.get_database_backend() == sea_orm::DbBackend::Postgres {
-        let insert = job_events::Entity::insert_many(rows).into_query();
-        crate::bus::relay::store_and_notify(db, insert, &notices).await?;
+        // A notice is one entry of the statement's select list, of which PostgreSQL
+        // takes at most 1,664.
+        for (rows, notices) in rows.chunks(1_000).zip(notices.chunks(1_000)) {
+            let insert = job_events::Entity::insert_many(rows.to_vec()).into_query();
+            crate::bus::relay::store_and_notify(db, insert, notices).await?;
+        }
     } else {
         // SQLite binds a long statement's parameters in quadratic time (see
         // `db::bulk`): a batch's chunk of 1,000 events goes in statements of ~1,000.

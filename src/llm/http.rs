@@ -21,6 +21,11 @@ impl Transport {
         Self {
             client: reqwest::Client::builder()
                 .connect_timeout(timeouts.connect)
+                // A redirect would take the request, and Anthropic's `x-api-key`
+                // (which reqwest keeps across hosts, unlike `Authorization`), to
+                // wherever the answer points; and an answer from elsewhere would be
+                // trusted as the provider's. The configured base URL is the provider.
+                .redirect(reqwest::redirect::Policy::none())
                 .build()
                 .expect("the TLS backend initialises"),
             first_byte: timeouts.first_byte,
@@ -454,6 +459,46 @@ const MAX_RETRY_AFTER_SECONDS: f64 = 86_400.0;
 mod tests {
     use super::*;
     use reqwest::header::HeaderValue;
+
+    /// A server that answers every request `answer` and counts the requests.
+    async fn server(answer: String) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut buffer = [0; 4096];
+                let _ = stream.read(&mut buffer).await;
+                let _ = stream.write_all(answer.as_bytes()).await;
+            }
+        });
+        (format!("http://{address}"), seen)
+    }
+
+    #[tokio::test]
+    async fn a_redirect_is_not_followed() {
+        let (elsewhere, reached) =
+            server("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}".into()).await;
+        let (provider, _) = server(format!(
+            "HTTP/1.1 307 Temporary Redirect\r\nlocation: {elsewhere}/v1/messages\r\ncontent-length: 0\r\n\r\n"
+        ))
+        .await;
+        let transport = Transport::new(Timeouts::default());
+        let call = transport
+            .post(&format!("{provider}/v1/messages"))
+            .header("x-api-key", "secret")
+            .body("{}");
+        let answer = transport.send(call).await.unwrap();
+        assert_eq!(answer.status, StatusCode::TEMPORARY_REDIRECT);
+        assert_eq!(
+            reached.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "nothing reached the redirect's target"
+        );
+    }
 
     #[test]
     fn events_split_on_blank_lines_of_either_kind() {

@@ -35,6 +35,9 @@ on_both_backends!(
     openai_uploads_refused_as_too_large_go_out_smaller,
     an_openai_upload_searched_for_holds_up_no_other,
     a_slow_provider_holds_up_no_other_row,
+    a_slow_first_upload_keeps_its_lease,
+    a_cancel_during_the_upload_reaches_the_provider_when_it_is_answered,
+    a_provider_refusing_to_cancel_is_not_silent,
 );
 
 /// What the gateway does with the first create(s) it is sent.
@@ -66,6 +69,11 @@ enum Gateway {
     /// list of OpenAI's batches 500: the upload's answer is lost, and its search keeps
     /// failing.
     LosesTheAnswerAndLists,
+    /// Holds the first create for as long as it says before forwarding it and
+    /// answering.
+    HoldsTheFirstCreate(Duration),
+    /// Answers every cancel 500 without forwarding it; everything else passes.
+    RefusesCancels,
 }
 
 /// The body limit of [`Gateway::LimitsBodies`]: a few requests of the test's items.
@@ -187,6 +195,11 @@ async fn start_gateway(simulator: String, shape: Shape, gateway: Gateway) -> Str
                     answer(&mut stream, 413, refusal).await;
                     return;
                 }
+                if gateway == Gateway::RefusesCancels && head.contains("/cancel ") {
+                    let refusal = br#"{"error":{"type":"server_error","message":"try later"}}"#;
+                    answer(&mut stream, 500, refusal).await;
+                    return;
+                }
                 if gateway == Gateway::LosesTheAnswerAndLists
                     && head.starts_with("GET /v1/batches?")
                 {
@@ -232,12 +245,17 @@ async fn start_gateway(simulator: String, shape: Shape, gateway: Gateway) -> Str
                             forward(&simulator, &head, body).await;
                         }
                         Gateway::LosesTheAnswerAndLists => drop(stream),
+                        Gateway::HoldsTheFirstCreate(held) => {
+                            tokio::time::sleep(held).await;
+                            forward_and_answer(&simulator, &head, body, &mut stream).await;
+                        }
                         Gateway::AnswersTooManyRequests => {
                             forward(&simulator, &head, body).await;
                             let refusal = br#"{"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}"#;
                             answer(&mut stream, 429, refusal).await;
                         }
                         Gateway::RefusesUnsent
+                        | Gateway::RefusesCancels
                         | Gateway::CutsResults
                         | Gateway::FailsBatches
                         | Gateway::StallsReads
@@ -271,9 +289,23 @@ async fn through_gateway(
     crate::helpers::TestTenant,
     tempfile::TempDir,
 ) {
+    through_gateway_taking(backend, shape, gateway, Duration::from_secs(1), configure).await
+}
+
+/// [`through_gateway`] with a provider that takes `batch_delay` to run a batch.
+async fn through_gateway_taking(
+    backend: Backend,
+    shape: Shape,
+    gateway: Gateway,
+    batch_delay: Duration,
+    configure: impl FnOnce(&mut crate::helpers::AppOptions),
+) -> (
+    crate::helpers::TestApp,
+    crate::helpers::TestTenant,
+    tempfile::TempDir,
+) {
     let simulator =
-        RunningSimulator::start_with(Simulator::new().with_batch_delay(Duration::from_secs(1)))
-            .await;
+        RunningSimulator::start_with(Simulator::new().with_batch_delay(batch_delay)).await;
     let folder = tempfile::tempdir().unwrap();
     let direct = config(folder.path(), &simulator);
     let simulator_address = simulator.address.to_string();
@@ -603,4 +635,105 @@ async fn an_openai_upload_searched_for_holds_up_no_other(backend: Backend) {
     let attempts = assert_settled_once(&app, next, shape).await;
     assert_eq!(attempts.len(), 4, "each item billed once");
     crate::invariants::assert_billing_invariants(&app.app.db).await;
+}
+
+/// An upload slower than a row's lease (30 s) keeps its row all the while: the lease
+/// is renewed through the create, so no other process takes the row for a lost one
+/// and makes the upload a second time.
+async fn a_slow_first_upload_keeps_its_lease(backend: Backend) {
+    let shape = Shape::Anthropic;
+    let held = Gateway::HoldsTheFirstCreate(Duration::from_secs(40));
+    let (app, tenant, id, _folder) = closed_batch_through(backend, shape, held).await;
+    crate::provider_batches::wait_for_rows(&app, id, |rows| {
+        rows.iter()
+            .any(|row| row.state == entity::ProviderBatchState::Uploading)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(35)).await;
+    let rows = rows_of(&app, id).await;
+    assert_eq!(rows[0].state, entity::ProviderBatchState::Uploading);
+    let lease = rows[0].lease_until.expect("owned while it uploads");
+    assert!(
+        lease > entity::Timestamp::now(),
+        "the lease lapsed during the upload: {:?}",
+        rows[0]
+    );
+    let finished = wait_until_finished(&app, &tenant, id, Duration::from_secs(60)).await;
+    assert_eq!(finished["counts"]["succeeded"], 10, "{finished}");
+    assert_eq!(mock_batches(&app).await.len(), 1, "uploaded once");
+    assert_settled_once(&app, id, shape).await;
+}
+
+/// A cancel that comes while the upload is on its way reaches the provider as soon as
+/// the upload is answered, not a poll interval later: the provider runs nothing of it.
+async fn a_cancel_during_the_upload_reaches_the_provider_when_it_is_answered(backend: Backend) {
+    let shape = Shape::Anthropic;
+    let (app, tenant, _folder) = through_gateway_taking(
+        backend,
+        shape,
+        Gateway::HoldsTheFirstCreate(Duration::from_secs(3)),
+        Duration::from_secs(10),
+        |options| options.operations.provider_batches.poll = Duration::from_secs(30),
+    )
+    .await;
+    let id = closed_batch(&app, &tenant, shape, &items(4, false)).await;
+    crate::provider_batches::wait_for_rows(&app, id, |rows| {
+        rows.iter()
+            .any(|row| row.state == entity::ProviderBatchState::Uploading)
+    })
+    .await;
+    let cancelled = app
+        .operation(
+            Some(&tenant.key),
+            "CancelBatch",
+            serde_json::json!({"id": id}),
+        )
+        .await;
+    assert!(cancelled["errors"].is_null(), "{cancelled}");
+    let finished = wait_until_finished(&app, &tenant, id, Duration::from_secs(25)).await;
+    assert_eq!(finished["counts"]["cancelled"], 4, "{finished}");
+    assert_settled_once(&app, id, shape).await;
+    assert_eq!(
+        crate::helpers::decimal(&app.balance(&tenant).await["charged"]),
+        rust_decimal::Decimal::ZERO
+    );
+}
+
+/// A provider that reads a batch but refuses to cancel it is answering: the row is
+/// not silent, does not end with an unknown fate, and is settled from its results
+/// when the batch ends (its items charged: the cancel never took).
+async fn a_provider_refusing_to_cancel_is_not_silent(backend: Backend) {
+    let shape = Shape::OpenAi;
+    let (app, tenant, _folder) = through_gateway_taking(
+        backend,
+        shape,
+        Gateway::RefusesCancels,
+        Duration::from_secs(12),
+        |options| options.operations.provider_batches.unknown_after = Duration::from_secs(4),
+    )
+    .await;
+    let id = closed_batch(&app, &tenant, shape, &items(4, false)).await;
+    crate::provider_batches::wait_for_rows(&app, id, |rows| {
+        rows.iter()
+            .any(|row| row.state == entity::ProviderBatchState::Submitted)
+    })
+    .await;
+    let cancelled = app
+        .operation(
+            Some(&tenant.key),
+            "CancelBatch",
+            serde_json::json!({"id": id}),
+        )
+        .await;
+    assert!(cancelled["errors"].is_null(), "{cancelled}");
+    let finished = wait_until_finished(&app, &tenant, id, Duration::from_secs(60)).await;
+    assert_eq!(finished["counts"]["succeeded"], 4, "{finished}");
+    let rows = rows_of(&app, id).await;
+    assert_eq!(
+        rows[0].state,
+        entity::ProviderBatchState::Settled,
+        "{:?}",
+        rows[0]
+    );
+    assert_settled_once(&app, id, shape).await;
 }

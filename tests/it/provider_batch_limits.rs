@@ -20,6 +20,7 @@ on_both_backends!(
     a_request_rate_limited_in_every_provider_batch_fails_by_its_attempts,
     a_deadline_passing_at_the_provider_cancels_the_provider_batch,
     a_deadline_passing_before_the_upload_fails_its_items_unsent,
+    thousands_of_items_go_out_together,
 );
 
 fn item(n: usize, directive: &str) -> Value {
@@ -189,4 +190,45 @@ async fn a_deadline_passing_before_the_upload_fails_its_items_unsent(backend: Ba
         crate::helpers::decimal(&app.balance(&tenant).await["charged"]),
         rust_decimal::Decimal::ZERO
     );
+}
+
+/// A batch of a few thousand items is claimed into provider batches as large as the
+/// backend lets one transaction start (10,000 on PostgreSQL, 500 on SQLite): a claim
+/// of more attempts than PostgreSQL takes in one statement's parameters or select
+/// list is started in several statements of one transaction, and every item is
+/// settled once.
+async fn thousands_of_items_go_out_together(backend: Backend) {
+    const ITEMS: usize = 3_000;
+    let shape = Shape::OpenAi;
+    let postgres = matches!(backend, Backend::Postgres(_));
+    let Setup { app, tenant, .. } = setup(
+        backend,
+        Duration::from_millis(200),
+        Duration::from_secs(3600),
+    )
+    .await;
+    let id = create_batch_of(
+        &app,
+        &tenant.key,
+        json!({"idempotencyKey": "pb-thousands", "mode": "PROVIDER_BATCH", "model": shape.model(),
+            "maxOutputTokens": 20}),
+    )
+    .await;
+    let items: Vec<Value> = (0..ITEMS).map(|n| item(n, "")).collect();
+    for some in items.chunks(1_000) {
+        let added = add_items(&app, &tenant, id, some).await;
+        assert!(added["errors"].is_null(), "{added}");
+    }
+    close(&app, &tenant, id).await;
+    let finished = wait_until_finished(&app, &tenant, id, Duration::from_secs(120)).await;
+    assert_eq!(finished["counts"]["succeeded"], ITEMS, "{finished}");
+    let made = mock_batches(&app).await;
+    let rows = rows_of(&app, id).await;
+    assert_eq!(rows.len(), made.len(), "{made:?}");
+    if postgres {
+        assert_eq!(made.len(), 1, "one provider batch: {made:?}");
+    }
+    let attempts = assert_settled_once(&app, id, shape).await;
+    assert_eq!(attempts.len(), ITEMS, "each item billed once");
+    crate::invariants::assert_billing_invariants(&app.app.db).await;
 }

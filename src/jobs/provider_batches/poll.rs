@@ -60,17 +60,28 @@ async fn advance_one(
     let Some(row) = rows::take(&submitter.db, id, token).await? else {
         return Ok(());
     };
+    let cancelled = cancel_requested(submitter, &row).await?;
     // The lease is renewed while the step runs: a step waiting on the provider is
     // no lapse for another process to take the row over and ask again.
     let step = rows::while_owned(
         &submitter.db,
         row.id,
         token,
-        advance(submitter, &row, token),
+        advance(submitter, &row, token, cancelled),
     )
     .await;
     if let Err(error) = step {
         tracing::warn!(provider_batch.id = %row.id, error = %error, "a provider batch step failed; it is tried again");
+    }
+    // A cancel that came while the step ran (an upload, a read) found the row's next
+    // look set by the step, up to a poll interval away: it is due now, so that the
+    // cancel reaches the provider before it runs what is not run yet.
+    if !cancelled && cancel_requested(submitter, &row).await? {
+        let due = fenced(submitter, &row, token).col_expr(
+            provider_batches::Column::NextPollAt,
+            Expr::value(Timestamp::now()),
+        );
+        rows::write(&submitter.db, due).await?;
     }
     rows::release(&submitter.db, row.id, token).await
 }
@@ -84,10 +95,22 @@ fn provider_of(submitter: &Submitter, row: &provider_batches::Model) -> Option<A
         .filter(|provider| provider.name() == row.provider && provider.batch_api().is_some())
 }
 
+/// Whether the tenant cancelled the row's batch.
+async fn cancel_requested(
+    submitter: &Submitter,
+    row: &provider_batches::Model,
+) -> Result<bool, DbErr> {
+    Ok(batches::Entity::find_by_id(row.batch_id)
+        .one(&submitter.db)
+        .await?
+        .is_some_and(|batch| batch.cancel_requested))
+}
+
 async fn advance(
     submitter: &Submitter,
     row: &provider_batches::Model,
     token: Uuid,
+    cancelled: bool,
 ) -> Result<(), DbErr> {
     let Some(provider) = provider_of(submitter, row) else {
         let error = ProviderError::NotSent {
@@ -98,10 +121,6 @@ async fn advance(
         };
         return unreadable(submitter, row, token, &error).await;
     };
-    let cancelled = batches::Entity::find_by_id(row.batch_id)
-        .one(&submitter.db)
-        .await?
-        .is_some_and(|batch| batch.cancel_requested);
     match row.state {
         ProviderBatchState::Preparing if cancelled => abandon(submitter, row, token).await,
         ProviderBatchState::Preparing => upload(submitter, row, token, &provider).await,
@@ -444,7 +463,11 @@ async fn poll(
             // its results are then what the cancel charges, and they are read below.
             match api.read(&id).await {
                 Ok(remote) if remote.state == RemoteState::Ended => {}
-                _ => return unreadable(submitter, row, token, &error).await,
+                // The provider answers and refuses the cancel: no silence toward the
+                // unknown-fate bound (the batch runs on, and its results will
+                // settle it); the cancel is tried again after the backoff.
+                Ok(_) => return cancel_refused(submitter, row, token, &error).await,
+                Err(_) => return unreadable(submitter, row, token, &error).await,
             }
         }
         let sent = fenced(submitter, row, token)
@@ -703,6 +726,36 @@ pub(super) async fn unreadable(
         .col_expr(
             provider_batches::Column::LastError,
             Expr::value(crate::db::storable_text(error.to_string())),
+        )
+        .col_expr(
+            provider_batches::Column::Polls,
+            Expr::col(provider_batches::Column::Polls).add(1),
+        )
+        .col_expr(
+            provider_batches::Column::NextPollAt,
+            Expr::value(after(backoff(submitter, row))),
+        );
+    rows::write(&submitter.db, update).await?;
+    Ok(())
+}
+
+/// The provider read the row's batch but refused to cancel it: an answer, so the row
+/// is not silent; the cancel goes again after the backoff.
+async fn cancel_refused(
+    submitter: &Submitter,
+    row: &provider_batches::Model,
+    token: Uuid,
+    error: &ProviderError,
+) -> Result<(), DbErr> {
+    tracing::warn!(provider_batch.id = %row.id, provider = %row.provider, error = %error, "the provider refused to cancel a provider batch that still runs; trying again");
+    let update = fenced(submitter, row, token)
+        .col_expr(
+            provider_batches::Column::LastReadAt,
+            Expr::value(Timestamp::now()),
+        )
+        .col_expr(
+            provider_batches::Column::LastError,
+            Expr::value(crate::db::storable_text(format!("cancel refused: {error}"))),
         )
         .col_expr(
             provider_batches::Column::Polls,

@@ -63,8 +63,14 @@ pub(super) async fn submit_closed_batches(
         .await?;
     for batch in closed {
         while !stop.is_cancelled() {
-            if submit_one(submitter, &batch).await? == 0 {
-                break;
+            match submit_one(submitter, &batch).await {
+                Ok(0) => break,
+                Ok(_) => {}
+                // One batch's failure is its own: the others still go out.
+                Err(error) => {
+                    tracing::warn!(batch.id = %batch.id, error = %error, "submitting a provider batch failed; its items wait for the next try");
+                    break;
+                }
             }
         }
     }

@@ -44,6 +44,23 @@ pub async fn start_attempts_in(
     transaction: &impl ConnectionTrait,
     starts: &[(&Claim, &AttemptStart)],
 ) -> Result<Vec<Option<StartedAttempt>>, DbErr> {
+    let mut started = Vec::with_capacity(starts.len());
+    for some in starts.chunks(STARTS_PER_STATEMENT) {
+        started.extend(start_some_in(transaction, some).await?);
+    }
+    Ok(started)
+}
+
+/// Attempts started by one set of statements: an attempt row binds about 25
+/// parameters and PostgreSQL takes at most 65,535 a statement, and its events' notices
+/// are one select-list entry each, of which it takes at most 1,664. A provider batch
+/// starts up to 10,000 at once.
+const STARTS_PER_STATEMENT: usize = 1_000;
+
+async fn start_some_in(
+    transaction: &impl ConnectionTrait,
+    starts: &[(&Claim, &AttemptStart)],
+) -> Result<Vec<Option<StartedAttempt>>, DbErr> {
     let now = Timestamp::now();
     // Locks every job still owned, and reserves the seq of its event.
     let locked: HashMap<Uuid, jobs::Model> =
