@@ -11,6 +11,7 @@
 use super::Submitter;
 use super::calls::Calls;
 use crate::llm::Provider;
+use crate::llm::batches::RemoteState;
 use entity::{ProviderBatchState, provider_batches};
 use sea_orm::{DatabaseConnection, EntityTrait};
 use std::sync::Arc;
@@ -95,9 +96,20 @@ async fn look(
             tracing::info!(provider_batch.id = %id, provider_batch = %created, "the row's new owner recorded the batch this process created");
         }
         Verdict::Cancel => {
-            api.cancel(created).await.map_err(|error| {
-                tracing::error!(provider_batch.id = %id, provider_batch = %created, error = %error, "could not cancel a second provider batch of one row; trying again");
-            })?;
+            if let Err(error) = api.cancel(created).await {
+                // A batch that has ended cannot be cancelled (OpenAI answers 409): there
+                // is nothing left to stop, so asking again is no use.
+                if api
+                    .read(created)
+                    .await
+                    .is_ok_and(|remote| remote.state == RemoteState::Ended)
+                {
+                    tracing::error!(provider_batch.id = %id, provider_batch = %created, "a second provider batch of one row ended before it could be cancelled: what it ran is billed by the provider and recorded nowhere");
+                    return Ok(verdict);
+                }
+                tracing::warn!(provider_batch.id = %id, provider_batch = %created, error = %error, "could not cancel a second provider batch of one row; trying again");
+                return Err(());
+            }
             tracing::error!(provider_batch.id = %id, provider_batch = %created, "cancelled a second provider batch of one row: what it finished before the cancel is billed by the provider and recorded nowhere");
         }
         Verdict::Wait => {}
