@@ -21,6 +21,7 @@ mod between;
 mod contents;
 mod decode;
 mod forms;
+mod glyphs;
 mod marked;
 mod objects;
 mod pages;
@@ -276,7 +277,7 @@ pub fn measure(bytes: &[u8], budget: &mut InflateBudget) -> Result<Measure, PdfE
 /// draw every four (`/ Do`), and — when a reader may take it for a `ToUnicode` map
 /// or an object stream holding an encoding (`mapped`: it has a dictionary) — codes
 /// mapped to a string of all its bytes (three UTF-8 bytes each two, as a literal
-/// destination counts), glyph names as long as it.
+/// destination counts), a glyph name as long as it.
 fn unread(inflated: u64, mapped: bool) -> Shown {
     Shown {
         bytes: inflated,
@@ -285,7 +286,11 @@ fn unread(inflated: u64, mapped: bool) -> Shown {
         } else {
             0
         },
-        longest_glyph: if mapped { inflated } else { 0 },
+        longest_glyph: if mapped {
+            glyphs::long_glyph_bytes(inflated)
+        } else {
+            0
+        },
         draws: Draws::unnamed(inflated / 4),
         marked: Draws::unnamed(inflated / 4),
     }
@@ -455,12 +460,10 @@ mod tests {
             &deflated(content.as_bytes()),
         );
         // It may be a `ToUnicode` map too, or hold an encoding's glyph names: one
-        // code may map to a string of all its bytes, three UTF-8 bytes each two.
+        // code may map to a string of all its bytes (three UTF-8 bytes each two),
+        // or be named by all of them (four UTF-8 bytes each, the larger).
         let bytes = content.len() as u64;
-        assert_eq!(
-            measured(&tiff).unwrap().text_tokens,
-            bytes * bytes.div_ceil(2) * 3
-        );
+        assert_eq!(measured(&tiff).unwrap().text_tokens, bytes * bytes * 4);
     }
 
     #[test]

@@ -7,8 +7,9 @@
 //!
 //! Some strings are text an extractor outputs though no operator shows them: a
 //! marked-content `/ActualText`, an annotation's `/Contents`; they count too. And a
-//! font's `/Differences` may name a ligature glyph (`/f_f_i`, `/uni00660069`) that
-//! one code shows as several characters: the largest counts like a `ToUnicode` map's.
+//! font's `/Differences` may name a glyph that one code shows as several UTF-8 bytes
+//! (`/f_f_i`, `/uni00660069`, `/Euro`; [`super::glyphs`]): the largest counts like a
+//! `ToUnicode` map's.
 //!
 //! It also counts the stream's `Do`s by the name they draw: a form XObject's text
 //! is shown again on every draw ([`super::forms`]).
@@ -17,6 +18,7 @@
 //! name, so a stream of any size is counted in chunks as it is inflated.
 
 use super::forms::Draws;
+use super::glyphs;
 use super::unicode::UnicodeMap;
 
 /// The longest operator the counter tells apart (`beginbfrange`); a longer run of
@@ -27,10 +29,9 @@ const LONGEST_OPERATOR: usize = 12;
 const LONGEST_NAME: usize = 127;
 
 /// What a stream shows: its shown string bytes, the most UTF-8 bytes its
-/// `ToUnicode` sections map one code to and the most characters a glyph of its
-/// `/Differences`
-/// stands for (which multiply the text of every stream that uses the font, so the
-/// document's largest counts), and its draws.
+/// `ToUnicode` sections map one code to and the most UTF-8 bytes a glyph of its
+/// `/Differences` stands for (which multiply the text of every stream that uses the
+/// font, so the document's largest counts), and its draws.
 #[derive(Default)]
 pub struct Shown {
     pub bytes: u64,
@@ -107,31 +108,6 @@ struct InlineImage {
     after_space: bool,
     /// How much of `EI` follows that white space.
     matched: u8,
-}
-
-/// The most characters a glyph name stands for, by the Adobe Glyph List's rules:
-/// components joined by `_`, each `uni` and four hex digits a character or a glyph
-/// name; the standard ligatures (`ffi`, …) are one character an extractor may spell
-/// out. What follows a `.` is a variant's suffix.
-fn glyph_characters(name: &[u8]) -> u64 {
-    let name = name.split(|byte| *byte == b'.').next().unwrap_or_default();
-    let characters: u64 = name
-        .split(|byte| *byte == b'_')
-        .map(|component| match component.strip_prefix(b"uni") {
-            Some(hex)
-                if hex.len() >= 4
-                    && hex.len() % 4 == 0
-                    && hex.iter().all(u8::is_ascii_hexdigit) =>
-            {
-                (hex.len() / 4) as u64
-            }
-            _ if matches!(component, b"ff" | b"fi" | b"fl" | b"ffi" | b"ffl") => {
-                component.len() as u64
-            }
-            _ => 1,
-        })
-        .sum();
-    characters.max(1)
 }
 
 #[derive(Clone, Copy, Default, PartialEq, Eq)]
@@ -359,14 +335,12 @@ impl TextCounter {
             if token[0] == b'/' {
                 let name = super::streams::name(&token[1..]);
                 if self.in_differences {
-                    // A name too long to keep stands for no more characters than
-                    // it has.
-                    let characters = if long {
-                        token_bytes
+                    let bytes = if long {
+                        glyphs::long_glyph_bytes(token_bytes)
                     } else {
-                        glyph_characters(&name)
+                        glyphs::glyph_bytes(&name)
                     };
-                    self.longest_glyph = self.longest_glyph.max(characters);
+                    self.longest_glyph = self.longest_glyph.max(bytes);
                 }
                 self.string_shown = matches!(name.as_slice(), b"ActualText" | b"Contents");
                 self.differences_next = name == b"Differences";
@@ -519,9 +493,18 @@ mod tests {
         assert_eq!(encoding(b"1/a_b_c_d.alt/e"), 2 * 4);
         assert_eq!(encoding(b"1 /uni006600660069006C"), 2 * 4);
         assert_eq!(encoding(b"1 /ffl"), 2 * 3);
-        // A name too long to keep counts as many characters as its bytes.
+        // Each by the UTF-8 bytes of what it names, not its characters.
+        assert_eq!(encoding(b"1 /Euro /a"), 2 * 3);
+        assert_eq!(encoding(b"1 /quotedblleft"), 2 * 3);
+        assert_eq!(encoding(b"1 /uni4E2D"), 2 * 3);
+        assert_eq!(encoding(b"1 /u1F600"), 2 * 4);
+        // A name of no known rule: the most one code point has.
+        assert_eq!(encoding(b"1 /g12"), 2 * 4);
+        // A Latin encoding of ASCII names stays at one byte a code.
+        assert_eq!(encoding(b"32 /space /exclam 48 /zero /one 65 /A /B"), 2);
+        // A name too long to keep counts the most its bytes may name.
         let long = format!("1 /{}", "a_".repeat(100));
-        assert_eq!(encoding(long.as_bytes()), 2 * 200);
+        assert_eq!(encoding(long.as_bytes()), 2 * 200 * 4);
         // Names outside the array are no glyphs.
         assert_eq!(count(&[b"/f_f_i /a_b_c [/x] ", text]), 2);
     }
