@@ -10,7 +10,8 @@
 //! which a bound may.
 
 use super::objects::headers;
-use super::text::{Shown, TextCounter};
+use super::shown::{Shown, TextBytes};
+use super::text::TextCounter;
 
 /// Most interrupted readings followed at once. Past it, no reading restarts, and
 /// every byte left counts as shown: no string in them has more.
@@ -102,7 +103,7 @@ impl Readings {
         for reading in self.interrupted {
             self.done.add(reading.finish());
         }
-        self.done.bytes = self.done.bytes.saturating_add(self.bytes_after);
+        self.done.bytes = self.done.bytes.plus(TextBytes::any(self.bytes_after));
         self.done
     }
 }
@@ -112,7 +113,7 @@ mod tests {
     use super::*;
 
     fn bytes_shown(file: &[u8], streams: Vec<(usize, usize)>) -> u64 {
-        shown(file, streams).bytes
+        shown(file, streams).bytes.all
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //! in it, and the document is refused. A cycle that shows no text settles at zero.
 
 use super::objects::{Objects, reference};
+use super::shown::TextBytes;
 use super::streams::{name, raw_name_length, value_at};
 use super::{find, skip_space};
 use std::collections::HashMap;
@@ -147,7 +148,7 @@ impl Bindings {
 /// A form XObject: its number, its own text (string bytes), draws and bindings.
 pub struct Form {
     pub object: Option<u32>,
-    pub text: u64,
+    pub text: TextBytes,
     pub draws: Draws,
     pub bindings: Bindings,
 }
@@ -164,11 +165,16 @@ pub fn is_form(dictionary: &[u8]) -> bool {
     }
 }
 
-/// The string bytes every draw shows: each form once on its own (an annotation's
-/// appearance is drawn without a `Do`), and the forms drawn by `pages` (the draws
-/// of every stream that is not a form) and by each other, per draw. `None` when
-/// forms still grow after [`MAX_FORM_DEPTH`] levels.
-pub fn drawn_bytes(forms: &[Form], pages: &Draws, everywhere: Option<&Bindings>) -> Option<u64> {
+/// The string bytes every draw shows, of the `channel` of the forms' text: each form
+/// once on its own (an annotation's appearance is drawn without a `Do`), and the
+/// forms drawn by `pages` (the draws of every stream that is not a form) and by each
+/// other, per draw. `None` when forms still grow after [`MAX_FORM_DEPTH`] levels.
+pub fn drawn_bytes(
+    forms: &[Form],
+    pages: &Draws,
+    everywhere: Option<&Bindings>,
+    channel: fn(TextBytes) -> u64,
+) -> Option<u64> {
     let mut by_object: HashMap<u32, Vec<usize>> = HashMap::new();
     for (index, form) in forms.iter().enumerate() {
         if let Some(object) = form.object {
@@ -184,7 +190,7 @@ pub fn drawn_bytes(forms: &[Form], pages: &Draws, everywhere: Option<&Bindings>)
         let next: Vec<u64> = forms
             .iter()
             .map(|form| {
-                form.text
+                channel(form.text)
                     .saturating_add(totals.of_draws(&form.draws, Some(&form.bindings)))
             })
             .collect();
@@ -352,6 +358,22 @@ mod tests {
         // Every draw, and the form once on its own.
         assert!(tokens >= (draws * TEXT) as u64, "{tokens}");
         assert!(tokens <= ((draws + 2) * TEXT) as u64, "{tokens}");
+    }
+
+    /// A form's bytes of 0x80 or above count three UTF-8 bytes on every draw, as a
+    /// font without a `ToUnicode` map may show them.
+    #[test]
+    fn a_forms_high_bytes_count_three_per_draw() {
+        let draws = 10;
+        let high = format!("BT /F1 1 Tf <{}> Tj ET\n", "80".repeat(TEXT));
+        let file = document(
+            "<< /XObject << /Fm0 10 0 R >> >>",
+            &"/Fm0 Do\n".repeat(draws),
+            &[(10, &form("<< >>"), Some(&high))],
+        );
+        let tokens = text_tokens(&file).unwrap();
+        assert!(tokens >= (3 * draws * TEXT) as u64, "{tokens}");
+        assert!(tokens <= (3 * (draws + 2) * TEXT) as u64, "{tokens}");
     }
 
     #[test]

@@ -5,8 +5,12 @@
 //! UTF-8 byte, so these bytes, times the most UTF-8 bytes a `ToUnicode` map gives
 //! one code ([`super::unicode`]), bound what the text can count.
 //!
+//! A shown byte of 0x80 or above is counted apart ([`TextBytes`]): a font without
+//! a `ToUnicode` map may show it as three UTF-8 bytes.
+//!
 //! Some strings are text an extractor outputs though no operator shows them: a
-//! marked-content `/ActualText`, an annotation's `/Contents`; they count too. And a
+//! marked-content `/ActualText`, an annotation's `/Contents`; they count too, by the
+//! UTF-8 bytes they decode to ([`TextString`]). And a
 //! font's `/Differences` may name a glyph that one code shows as several UTF-8 bytes
 //! (`/f_f_i`, `/uni00660069`, `/Euro`; [`super::glyphs`]): the largest counts like a
 //! `ToUnicode` map's.
@@ -19,6 +23,8 @@
 
 use super::forms::Draws;
 use super::glyphs;
+use super::shown::{Shown, TextBytes};
+use super::text_string::TextString;
 use super::unicode::UnicodeMap;
 
 /// The longest operator the counter tells apart (`beginbfrange`); a longer run of
@@ -27,31 +33,6 @@ const LONGEST_OPERATOR: usize = 12;
 /// The longest name kept as the operand of a `Do` (a PDF name has at most 127
 /// bytes); a `Do` of a longer one draws a name not known.
 const LONGEST_NAME: usize = 127;
-
-/// What a stream shows: its shown string bytes, the most UTF-8 bytes its
-/// `ToUnicode` sections map one code to and the most UTF-8 bytes a glyph of its
-/// `/Differences` stands for (which multiply the text of every stream that uses the
-/// font, so the document's largest counts), and its draws.
-#[derive(Default)]
-pub struct Shown {
-    pub bytes: u64,
-    pub longest_mapping: u64,
-    pub longest_glyph: u64,
-    pub draws: Draws,
-    /// The `/Name BDC`s, by name: each shows its property list's `/ActualText`.
-    pub marked: Draws,
-}
-
-impl Shown {
-    /// Adds what `other` shows: the bytes of both, the larger multipliers.
-    pub fn add(&mut self, other: Shown) {
-        self.bytes = self.bytes.saturating_add(other.bytes);
-        self.longest_mapping = self.longest_mapping.max(other.longest_mapping);
-        self.longest_glyph = self.longest_glyph.max(other.longest_glyph);
-        self.draws.merge(other.draws);
-        self.marked.merge(other.marked);
-    }
-}
 
 /// Counts the shown text of every byte it is fed, in order, across chunks.
 #[derive(Default)]
@@ -63,12 +44,16 @@ pub struct TextCounter {
     token_long: bool,
     /// Bytes of the string being read.
     string_bytes: u64,
+    /// Bytes of 0x80 or above of the string being read: a raw byte of a literal, a
+    /// byte of a hex string whose high digit is 8 or above.
+    string_high: u64,
     /// Hex digits of the hex string being read.
     hex_digits: u64,
     /// String bytes among the operands since the last operator.
-    pending: u64,
-    /// String bytes given to text-showing operators.
-    shown: u64,
+    pending: TextBytes,
+    /// String bytes given to text-showing operators, and the UTF-8 bytes of the
+    /// strings output as they are.
+    shown: TextBytes,
     /// The `ToUnicode` map's `beginbfchar`/`beginbfrange` sections.
     map: UnicodeMap,
     /// The name operand since the last operator, `#xx` decoded; `None` when none,
@@ -81,6 +66,8 @@ pub struct TextCounter {
     /// The string that follows is output though no operator shows it (it follows
     /// `/ActualText` or `/Contents`).
     string_shown: bool,
+    /// The string being read is output as it is: decoded to count its UTF-8 bytes.
+    as_is: Option<TextString>,
     /// The name just read is `/Differences`: its array may follow.
     differences_next: bool,
     /// Inside a `/Differences` array.
@@ -98,8 +85,8 @@ pub struct TextCounter {
 /// An inline image's data being skipped, up to the `EI` that ends it: `EI`
 /// preceded by white space and followed by white space or the end of the data.
 struct InlineImage {
-    /// Bytes of the data so far.
-    bytes: u64,
+    /// Bytes of the data so far, and of 0x80 or above.
+    bytes: TextBytes,
     /// The data read as operators, as it was before it was skipped: when no `EI`
     /// ends the image, what a reader makes of it is not known, and it counts at
     /// least as much as it did then.
@@ -141,14 +128,24 @@ impl TextCounter {
             // in it has more), and whatever else the bytes read as operators show.
             Some(image) => {
                 let shadow = image.shadow.finish();
-                self.shown = self.shown.saturating_add(image.bytes);
+                // Its strings output as they are may decode to more than their bytes.
+                self.shown = self.shown.plus(TextBytes {
+                    all: image.bytes.all.max(shadow.bytes.all),
+                    high: image.bytes.high.max(shadow.bytes.high),
+                });
                 self.map.longest = self.map.longest.max(shadow.longest_mapping);
                 self.longest_glyph = self.longest_glyph.max(shadow.longest_glyph);
                 self.draws.merge(shadow.draws);
             }
             // The data may end on an operator.
             None if self.state == State::Between => self.end_token(),
-            None => {}
+            // The data ends in a string. One output as it is, a reader takes to the
+            // end. One that is an operand has no operator left to show it.
+            None => {
+                if let Some(string) = self.as_is.take() {
+                    self.shown.all = self.shown.all.saturating_add(string.utf8());
+                }
+            }
         }
         Shown {
             bytes: self.shown,
@@ -192,7 +189,10 @@ impl TextCounter {
                 _ => 0,
             };
             image.after_space = is_space(byte);
-            image.bytes += 1;
+            image.bytes = image.bytes.plus(TextBytes {
+                all: 1,
+                high: u64::from(byte >= 0x80),
+            });
             image.shadow.step(byte);
             return;
         }
@@ -203,7 +203,7 @@ impl TextCounter {
                         depth,
                         escaped: false,
                     };
-                    self.string_bytes += 1;
+                    self.string_byte(byte);
                     return;
                 }
                 let depth = match byte {
@@ -216,8 +216,9 @@ impl TextCounter {
                     self.map.literal(self.string_bytes);
                     self.state = State::Between;
                 } else {
-                    // Raw bytes: an escape only shortens what it stands for.
-                    self.string_bytes += 1;
+                    // Raw bytes: an escape only shortens what it stands for (and
+                    // one of a high byte is four).
+                    self.string_byte(byte);
                     self.state = State::Literal {
                         depth,
                         escaped: byte == b'\\',
@@ -232,7 +233,13 @@ impl TextCounter {
                     self.state = State::Between;
                 }
                 byte if byte.is_ascii_hexdigit() => {
+                    if self.hex_digits.is_multiple_of(2) && !matches!(byte, b'0'..=b'7') {
+                        self.string_high += 1;
+                    }
                     self.hex_digits += 1;
+                    if let Some(string) = &mut self.as_is {
+                        string.hex_digit(byte);
+                    }
                     if self.map.active() {
                         self.map.digit(byte);
                     }
@@ -251,6 +258,8 @@ impl TextCounter {
                     self.state = State::Between;
                 } else {
                     self.hex_digits = 0;
+                    self.string_high = 0;
+                    self.as_is = self.string_shown.then(TextString::default);
                     self.state = State::Hex;
                     self.step(byte);
                 }
@@ -259,11 +268,24 @@ impl TextCounter {
         }
     }
 
+    /// A byte of the literal string being read, as written.
+    fn string_byte(&mut self, byte: u8) {
+        self.string_bytes += 1;
+        self.string_high += u64::from(byte >= 0x80);
+        if let Some(string) = &mut self.as_is {
+            string.literal(byte);
+        }
+    }
+
     /// A string of `bytes` bytes ends: an operand, or text output as it is.
     fn end_string(&mut self, bytes: u64) {
-        self.pending += bytes;
-        if std::mem::take(&mut self.string_shown) {
-            self.shown += bytes;
+        self.pending = self.pending.plus(TextBytes {
+            all: bytes,
+            high: self.string_high,
+        });
+        self.string_shown = false;
+        if let Some(string) = self.as_is.take() {
+            self.shown.all = self.shown.all.saturating_add(string.utf8());
         }
     }
 
@@ -294,6 +316,8 @@ impl TextCounter {
         match byte {
             b'(' => {
                 self.string_bytes = 0;
+                self.string_high = 0;
+                self.as_is = self.string_shown.then(TextString::default);
                 self.state = State::Literal {
                     depth: 1,
                     escaped: false,
@@ -353,12 +377,12 @@ impl TextCounter {
         let name = self.name.take();
         if !long {
             match token.as_slice() {
-                b"Tj" | b"TJ" | b"'" | b"\"" => self.shown += self.pending,
+                b"Tj" | b"TJ" | b"'" | b"\"" => self.shown = self.shown.plus(self.pending),
                 b"Do" => self.draws.add(name),
                 b"BDC" => self.marked.add(name),
                 b"ID" if !self.shadow => {
                     self.image = Some(InlineImage {
-                        bytes: 0,
+                        bytes: TextBytes::default(),
                         shadow: Box::new(TextCounter {
                             shadow: true,
                             ..TextCounter::default()
@@ -373,7 +397,7 @@ impl TextCounter {
                 _ => {}
             }
         }
-        self.pending = 0;
+        self.pending = TextBytes::default();
     }
 }
 
@@ -395,7 +419,7 @@ mod tests {
 
     fn count(chunks: &[&[u8]]) -> u64 {
         let shown = shown(chunks);
-        shown.bytes * shown.longest_mapping.max(shown.longest_glyph).max(1)
+        shown.bytes.tokens(shown.multiplier())
     }
 
     #[test]
@@ -447,7 +471,7 @@ mod tests {
             count(&[b"/Span << /ActualText (ffi) >> BDC (\x01) Tj EMC"]),
             4
         );
-        assert_eq!(count(&[b"/Span <</ActualText<FEFF0066>>> BDC EMC"]), 4);
+        assert_eq!(count(&[b"/Span <</ActualText<FEFF0066>>> BDC EMC"]), 1);
         // An annotation's text; a page's `/Contents` is a reference, and counts none.
         assert_eq!(
             count(&[b"<< /Type /Annot /Subtype /Text /Contents (a note) >>"]),
@@ -507,5 +531,56 @@ mod tests {
         assert_eq!(encoding(long.as_bytes()), 2 * 200 * 4);
         // Names outside the array are no glyphs.
         assert_eq!(count(&[b"/f_f_i /a_b_c [/x] ", text]), 2);
+    }
+
+    /// A font without a `ToUnicode` map shows a byte of 0x80 or above as up to three
+    /// UTF-8 bytes (WinAnsi's 0x80 is `€`); a map that gives more multiplies it alone.
+    #[test]
+    fn high_bytes_count_three() {
+        assert_eq!(count(&[b"(a\x80b) Tj"]), 1 + 3 + 1);
+        assert_eq!(count(&[b"<80C0FF41> Tj"]), 3 * 3 + 1);
+        assert_eq!(count(&[b"<8> Tj"]), 3);
+        // An escape of one is written in four bytes, counted as such.
+        assert_eq!(count(&[b"(\\200) Tj"]), 4);
+        // A map of three bytes a code covers them.
+        let map = b"1 beginbfchar <01> <A4A2> endbfchar";
+        assert_eq!(count(&[map, b" (\x80\x01) Tj"]), 2 * 3);
+        // Strings no operator shows count none, high or not.
+        assert_eq!(count(&[b"(\x80\x80) Td"]), 0);
+        // ASCII text stays at one a byte.
+        assert_eq!(count(&[b"(Hello) Tj <48656C6C6F> Tj"]), 10);
+    }
+
+    /// Text output as it is counts its UTF-8 bytes: UTF-16 after a byte order mark
+    /// decoded (a CJK character is two bytes there, three in UTF-8), PDFDocEncoding's
+    /// bytes above 0x7F three.
+    #[test]
+    fn text_output_as_it_is_counts_its_utf8_bytes() {
+        let actual = |string: &[u8]| {
+            let mut content = b"/Span << /ActualText ".to_vec();
+            content.extend(string);
+            content.extend(b" >> BDC EMC");
+            count(&[&content])
+        };
+        assert_eq!(actual(b"<FEFF4E2D4E2D4E2D4E2D>"), 4 * 3);
+        assert_eq!(actual(b"(\xfe\xffN-N-N-N-)"), 4 * 3);
+        assert_eq!(actual(b"(\\376\\377N-N-N-N-)"), 4 * 3);
+        assert_eq!(actual(b"(\x80\x80)"), 2 * 3);
+        assert_eq!(actual(b"(plain)"), 5);
+        assert_eq!(
+            count(&[b"<< /Type /Annot /Contents <FEFF4E2D4E2D4E2D> >>"]),
+            3 * 3
+        );
+    }
+
+    /// A stream that ends in a string output as it is: a reader takes the string to
+    /// the end. An operand string left open shows nothing, no operator following it
+    /// (a font program read as operators ends in one as often as not).
+    #[test]
+    fn a_string_output_as_it_is_open_at_the_end_counts() {
+        assert_eq!(count(&[b"/Span << /ActualText (abc"]), 3);
+        assert_eq!(count(&[b"/Span << /ActualText <FEFF4E2D4E2D"]), 6);
+        assert_eq!(count(&[b"<< /Contents (a (nested) note"]), 15);
+        assert_eq!(count(&[b"BT (abc"]), 0);
     }
 }
