@@ -288,6 +288,20 @@ pub fn plain_extent(data: &[u8], dictionary: &[u8], objects: &Objects) -> usize 
     }
 }
 
+/// Where a reader may read the file again after an unfiltered stream (from
+/// `data`): at its first `endstream` or its `/Length`, whichever is earlier. The
+/// bytes from there to [`plain_extent`] are the stream's for one reader and the
+/// file's for another, so they are read both ways.
+pub fn plain_resumption(data: &[u8], dictionary: &[u8], objects: &Objects) -> usize {
+    let keyword = find(data, b"endstream").unwrap_or(data.len());
+    let lengths =
+        value_at(dictionary, b"/Length").map_or_else(Vec::new, |value| objects.numbers(value));
+    lengths
+        .into_iter()
+        .map(|length| length.min(data.len()))
+        .fold(keyword, usize::min)
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::{InflateBudget, PdfError, measure};
@@ -374,6 +388,25 @@ mod tests {
         let tokens = text_tokens(&file).unwrap();
         assert!(tokens >= (3 * draws * TEXT) as u64, "{tokens}");
         assert!(tokens <= (3 * (draws + 2) * TEXT) as u64, "{tokens}");
+    }
+
+    /// A plain stream whose `/Length` runs past its first `endstream` (or stops
+    /// short of it): a reader that ends it at the other reads the bytes between as
+    /// the file's, where an annotation's text may be, which the stream's own
+    /// reading swallows in a string it leaves open.
+    #[test]
+    fn the_bytes_a_plain_streams_length_disputes_are_read_as_the_files_too() {
+        let annotation = "9 0 obj\n<< /Type /Annot /Contents (hidden note) >>\nendobj\n";
+        let past = format!("BT (xendstream\nendobj\n{annotation}");
+        let short = format!("BT (x\nendobj\n{annotation}");
+        for (length, data) in [(past.len(), past), (5, short)] {
+            let mut file = format!(
+                "%PDF-1.4\n1 0 obj\n<< /Type /Catalog /Pages 2 0 R >>\nendobj\n2 0 obj\n<< /Type /Pages /Kids [3 0 R] /Count 1 >>\nendobj\n3 0 obj\n<< /Type /Page /Parent 2 0 R /Contents 4 0 R >>\nendobj\n4 0 obj\n<< /Length {length} >>\nstream\n{data}"
+            );
+            file.push_str("\nendstream\nendobj\ntrailer\n<< /Root 1 0 R >>\n%%EOF\n");
+            let tokens = text_tokens(file.as_bytes()).unwrap();
+            assert!(tokens >= "hidden note".len() as u64, "{length}: {tokens}");
+        }
     }
 
     #[test]

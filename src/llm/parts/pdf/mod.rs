@@ -148,9 +148,10 @@ pub fn measure(bytes: &[u8], budget: &mut InflateBudget) -> Result<Measure, PdfE
                 }
             }
         };
+        // Where a reader may read the file again: its text is read to where the
+        // stream may end, and the file's from where it may.
         let end = match stream.encoding {
-            // A plain stream's text is read to where it may end.
-            Encoding::Plain => forms::plain_extent(data, dictionary, &objects),
+            Encoding::Plain => forms::plain_resumption(data, dictionary, &objects),
             // Not known to be a stream: the bytes are the file's.
             Encoding::Unknown => 0,
             _ => find(data, b"endstream").unwrap_or(data.len()),
@@ -445,13 +446,14 @@ mod tests {
             &deflated(content.as_bytes()),
         );
         assert_eq!(measured(&disguised).unwrap().text_tokens, 100_000);
-        // An `endstream` inside the data cuts nothing.
+        // An `endstream` inside the data cuts nothing; what follows it is read as
+        // the file's too, as a reader that ends the stream there reads it.
         let cut = format!("(endstream\nendobj\n) Tj {content}");
         assert_eq!(
             measured(&pdf_with_content(cut.as_bytes()))
                 .unwrap()
                 .text_tokens,
-            100_017
+            100_017 + 100_000
         );
         // Rows of a PNG predictor are undone before they are read.
         let mut rows = Vec::new();
