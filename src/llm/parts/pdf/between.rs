@@ -9,12 +9,14 @@
 //! fresh one (at once, in a well-formed file), and both count — more than either,
 //! which a bound may.
 
+use super::glyphs;
 use super::objects::headers;
 use super::shown::{Shown, TextBytes};
 use super::text::TextCounter;
 
 /// Most interrupted readings followed at once. Past it, no reading restarts, and
-/// every byte left counts as shown: no string in them has more.
+/// every byte left counts as shown: no string in them has more. A glyph name a
+/// fresh reading would have found in them may be as long as they are.
 const MAX_READINGS: usize = 8;
 
 /// What the bytes of `file` outside `streams` (ranges of stream data, in any
@@ -104,6 +106,12 @@ impl Readings {
             self.done.add(reading.finish());
         }
         self.done.bytes = self.done.bytes.plus(TextBytes::any(self.bytes_after));
+        if self.every_byte {
+            self.done.longest_glyph = self
+                .done
+                .longest_glyph
+                .max(glyphs::long_glyph_bytes(self.bytes_after));
+        }
         self.done
     }
 }
@@ -127,5 +135,21 @@ mod tests {
         let file = b"1 0 obj\n<< >>\nstream\n(x) Tj\nendstream\n";
         let data = file.iter().position(|byte| *byte == b'(').unwrap();
         assert_eq!(bytes_shown(file, vec![(data, data + 6)]), 0);
+    }
+
+    /// Past the readings followed at once, an encoding's glyph names after them
+    /// may be read by no reading left (each is in a string): they count as long as
+    /// the bytes left.
+    #[test]
+    fn past_the_readings_followed_glyph_names_count_as_long_as_the_bytes_left() {
+        let mut file = Vec::new();
+        for number in 1..=MAX_READINGS + 2 {
+            file.extend(format!("{number} 0 obj\n( junk\n").as_bytes());
+        }
+        let encoding = b"<< /Type /Encoding /Differences [1 /u1F600] >>\nendobj\n";
+        file.extend(encoding);
+        let shown = shown(&file, Vec::new());
+        assert!(shown.longest_glyph >= 4, "{}", shown.longest_glyph);
+        assert!(shown.bytes.all >= encoding.len() as u64);
     }
 }
