@@ -97,7 +97,9 @@ impl Readings {
             self.every_byte = true;
             return;
         }
-        self.interrupted.push(std::mem::take(&mut self.main));
+        let fresh = TextCounter::at_object_start();
+        self.interrupted
+            .push(std::mem::replace(&mut self.main, fresh));
     }
 
     fn finish(mut self) -> Shown {
@@ -126,7 +128,7 @@ mod tests {
 
     #[test]
     fn a_string_open_in_junk_ends_at_the_next_object() {
-        let file = b"1 0 obj\n( junk\n2 0 obj\n<< /Contents (a note) >>\nendobj\n";
+        let file = b"1 0 obj\n<< >>\nendobj\n( junk\n2 0 obj\n<< /Contents (a note) >>\nendobj\n";
         assert_eq!(bytes_shown(file, Vec::new()), 6);
         // Text that only looks like a header is read both ways.
         let file = b"1 0 obj\n<< /Contents (see 2 0 obj here) >>\nendobj\n";
@@ -151,5 +153,16 @@ mod tests {
         let shown = shown(&file, Vec::new());
         assert!(shown.longest_glyph >= 4, "{}", shown.longest_glyph);
         assert!(shown.bytes.all >= encoding.len() as u64);
+    }
+
+    /// An object whose value is a string may be an annotation's `/Contents` or an
+    /// `/ActualText` given by reference (`/Contents 7 0 R`): it counts as shown.
+    #[test]
+    fn a_string_objects_text_counts() {
+        let file =
+            b"6 0 obj\n<< /Type /Annot /Contents 7 0 R >>\nendobj\n7 0 obj\n(a note)\nendobj\n";
+        assert_eq!(bytes_shown(file, Vec::new()), 6);
+        let file = b"7 0 obj <FEFF4E2D4E2D> endobj 8 0 obj<</A (x)>>endobj";
+        assert_eq!(bytes_shown(file, Vec::new()), 6);
     }
 }

@@ -64,7 +64,7 @@ pub struct TextCounter {
     /// Regular characters of the token being read, however long.
     token_bytes: u64,
     /// The string that follows is output though no operator shows it (it follows
-    /// `/ActualText` or `/Contents`).
+    /// `/ActualText` or `/Contents`, or an object's header).
     string_shown: bool,
     /// The string being read is output as it is: decoded to count its UTF-8 bytes.
     as_is: Option<TextString>,
@@ -112,6 +112,16 @@ enum State {
 }
 
 impl TextCounter {
+    /// A counter that starts reading just after an object's `N G obj` header: a
+    /// string that is the object's whole value may be named by reference as an
+    /// annotation's `/Contents` or an `/ActualText`, and is output as it is.
+    pub fn at_object_start() -> Self {
+        Self {
+            string_shown: true,
+            ..Self::default()
+        }
+    }
+
     /// Counts `bytes`, following on from what was fed before.
     pub fn feed(&mut self, bytes: &[u8]) {
         for &byte in bytes {
