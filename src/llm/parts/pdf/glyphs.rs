@@ -77,7 +77,7 @@ fn code_point_bytes(code: u32) -> u64 {
 }
 
 /// The UTF-8 bytes of a name of the Adobe Glyph List, for ASCII and the common
-/// names of the standard Latin encodings above it.
+/// names of the standard Latin encodings above it, and Greek.
 fn known_bytes(name: &[u8]) -> Option<u64> {
     let bytes = match name {
         b"space" | b"exclam" | b"quotedbl" | b"numbersign" | b"dollar" | b"percent"
@@ -90,22 +90,33 @@ fn known_bytes(name: &[u8]) -> Option<u64> {
         b"exclamdown" | b"cent" | b"sterling" | b"currency" | b"yen" | b"brokenbar"
         | b"section" | b"dieresis" | b"copyright" | b"ordfeminine" | b"guillemotleft"
         | b"logicalnot" | b"registered" | b"macron" | b"degree" | b"plusminus" | b"twosuperior"
-        | b"threesuperior" | b"acute" | b"mu" | b"paragraph" | b"periodcentered" | b"cedilla"
-        | b"onesuperior" | b"ordmasculine" | b"guillemotright" | b"onequarter" | b"onehalf"
-        | b"threequarters" | b"questiondown" | b"Agrave" | b"Aacute" | b"Acircumflex"
-        | b"Atilde" | b"Adieresis" | b"Aring" | b"AE" | b"Ccedilla" | b"Egrave" | b"Eacute"
-        | b"Ecircumflex" | b"Edieresis" | b"Igrave" | b"Iacute" | b"Icircumflex" | b"Idieresis"
-        | b"Eth" | b"Ntilde" | b"Ograve" | b"Oacute" | b"Ocircumflex" | b"Otilde"
-        | b"Odieresis" | b"multiply" | b"Oslash" | b"Ugrave" | b"Uacute" | b"Ucircumflex"
-        | b"Udieresis" | b"Yacute" | b"Thorn" | b"germandbls" | b"agrave" | b"aacute"
-        | b"acircumflex" | b"atilde" | b"adieresis" | b"aring" | b"ae" | b"ccedilla"
-        | b"egrave" | b"eacute" | b"ecircumflex" | b"edieresis" | b"igrave" | b"iacute"
-        | b"icircumflex" | b"idieresis" | b"eth" | b"ntilde" | b"ograve" | b"oacute"
-        | b"ocircumflex" | b"otilde" | b"odieresis" | b"divide" | b"oslash" | b"ugrave"
-        | b"uacute" | b"ucircumflex" | b"udieresis" | b"yacute" | b"thorn" | b"ydieresis"
-        | b"OE" | b"oe" | b"Scaron" | b"scaron" | b"Zcaron" | b"zcaron" | b"Ydieresis"
-        | b"florin" | b"circumflex" | b"tilde" | b"dotlessi" | b"Lslash" | b"lslash" | b"caron"
-        | b"breve" | b"dotaccent" | b"ring" | b"ogonek" | b"hungarumlaut" => 2,
+        | b"threesuperior" | b"acute" | b"mu" | b"paragraph" | b"cedilla" | b"onesuperior"
+        | b"ordmasculine" | b"guillemotright" | b"onequarter" | b"onehalf" | b"threequarters"
+        | b"questiondown" | b"Agrave" | b"Aacute" | b"Acircumflex" | b"Atilde" | b"Adieresis"
+        | b"Aring" | b"AE" | b"Ccedilla" | b"Egrave" | b"Eacute" | b"Ecircumflex"
+        | b"Edieresis" | b"Igrave" | b"Iacute" | b"Icircumflex" | b"Idieresis" | b"Eth"
+        | b"Ntilde" | b"Ograve" | b"Oacute" | b"Ocircumflex" | b"Otilde" | b"Odieresis"
+        | b"multiply" | b"Oslash" | b"Ugrave" | b"Uacute" | b"Ucircumflex" | b"Udieresis"
+        | b"Yacute" | b"Thorn" | b"germandbls" | b"agrave" | b"aacute" | b"acircumflex"
+        | b"atilde" | b"adieresis" | b"aring" | b"ae" | b"ccedilla" | b"egrave" | b"eacute"
+        | b"ecircumflex" | b"edieresis" | b"igrave" | b"iacute" | b"icircumflex" | b"idieresis"
+        | b"eth" | b"ntilde" | b"ograve" | b"oacute" | b"ocircumflex" | b"otilde"
+        | b"odieresis" | b"divide" | b"oslash" | b"ugrave" | b"uacute" | b"ucircumflex"
+        | b"udieresis" | b"yacute" | b"thorn" | b"ydieresis" | b"OE" | b"oe" | b"Scaron"
+        | b"scaron" | b"Zcaron" | b"zcaron" | b"Ydieresis" | b"florin" | b"circumflex"
+        | b"tilde" | b"dotlessi" | b"Lslash" | b"lslash" | b"caron" | b"breve" | b"dotaccent"
+        | b"ring" | b"ogonek" | b"hungarumlaut" => 2,
+        // Greek, which TeX's text and math encodings name.
+        b"Alpha" | b"Beta" | b"Gamma" | b"Epsilon" | b"Zeta" | b"Eta" | b"Theta" | b"Iota"
+        | b"Kappa" | b"Lambda" | b"Mu" | b"Nu" | b"Xi" | b"Omicron" | b"Pi" | b"Rho" | b"Sigma"
+        | b"Tau" | b"Upsilon" | b"Upsilon1" | b"Phi" | b"Chi" | b"Psi" | b"alpha" | b"beta"
+        | b"gamma" | b"delta" | b"epsilon" | b"zeta" | b"eta" | b"theta" | b"theta1" | b"iota"
+        | b"kappa" | b"lambda" | b"nu" | b"xi" | b"omicron" | b"pi" | b"rho" | b"sigma"
+        | b"sigma1" | b"tau" | b"upsilon" | b"phi" | b"phi1" | b"chi" | b"psi" | b"omega"
+        | b"omega1" | b"dotlessj" | b"Eng" | b"eng" | b"dcroat" | b"Dcroat" => 2,
+        // The list gives these a second character of three bytes (U+2206, U+2126,
+        // U+2219).
+        b"Delta" | b"Omega" | b"periodcentered" => 3,
         // Three bytes as the one ligature character (U+FB00…), no more spelt out.
         b"ff" | b"fi" | b"fl" | b"ffi" | b"ffl" => 3,
         b"Euro" | b"quotesinglbase" | b"quotedblbase" | b"ellipsis" | b"dagger" | b"daggerdbl"
@@ -135,6 +146,9 @@ mod tests {
             ("Euro", 3),
             ("quotedblleft", 3),
             ("endash", 3),
+            ("Gamma", 2),
+            ("alpha", 2),
+            ("Omega", 3),
             // Ligatures: the one character, or their letters joined by `_`.
             ("fi", 3),
             ("ffl", 3),
