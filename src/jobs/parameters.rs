@@ -67,7 +67,7 @@ const REFUSED_OPTIONS: &[(&str, &str)] = &[
 /// a provider's server-side tools, faster or regional tiers, containers, MCP servers,
 /// fields not known here — may bill beyond the hold, so it is refused by name rather
 /// than passed on. Which provider takes which, and of what type, is checked at create,
-/// when the models' providers are known ([`check_options_for`]).
+/// when the models' providers are known ([`check_parameters_for`]).
 fn known_option(name: &str) -> bool {
     RequestShape::ALL.iter().any(|shape| shape.takes(name))
 }
@@ -83,15 +83,23 @@ fn known_options() -> Vec<&'static str> {
     names
 }
 
-/// `Validation` naming the first of `parameters`' options that `model`'s provider,
-/// whose calls are sent as `shape`, does not take or takes of another type: it would
+/// `Validation` naming the first of `parameters` that `model`'s provider, whose calls
+/// are sent to `shape`, does not take or takes of another type or range: it would
 /// answer 400 to every attempt.
-pub fn check_options_for(
+pub fn check_parameters_for(
     model: &str,
     shape: RequestShape,
     parameters: &Parameters,
 ) -> Result<(), ServiceError> {
-    match shape.refused_option(&parameters.provider_options) {
+    let max_temperature = shape.max_temperature();
+    if let Some(temperature) = parameters.temperature
+        && temperature > max_temperature
+    {
+        return Err(ServiceError::validation(format!(
+            "temperature must be 0 to {max_temperature} for model {model:?}: {shape} takes no more"
+        )));
+    }
+    match shape.refused_option(model, &parameters.provider_options) {
         None => Ok(()),
         Some((name, why)) => Err(ServiceError::validation(format!(
             "providerOptions.{name} cannot be sent for model {model:?}: {why}"
@@ -270,5 +278,44 @@ mod tests {
         assert!(stops(vec!["a", "b", "c", "d"]).is_ok());
         assert!(stops(vec!["a", "b", "c", "d", "e"]).is_err());
         assert!(stops(vec![""]).is_err());
+    }
+
+    /// Anthropic takes a temperature of at most 1, and OpenAI's own API none of the
+    /// sampling fields of other servers: each is refused for a model of that provider
+    /// only, naming the field, the model and what is taken.
+    #[test]
+    fn parameters_are_checked_against_the_models_provider() {
+        let warm = Parameters {
+            temperature: Some(1.5),
+            ..Parameters::default()
+        };
+        let Err(ServiceError::Validation(message)) =
+            check_parameters_for("claude-haiku-4-5", RequestShape::Anthropic, &warm)
+        else {
+            panic!("1.5 is above Anthropic's range");
+        };
+        assert!(
+            message.contains("temperature must be 0 to 1 for model \"claude-haiku-4-5\""),
+            "{message}"
+        );
+        for shape in [RequestShape::OpenAi, RequestShape::OpenAiCompatible] {
+            assert!(check_parameters_for("gpt-4o", shape, &warm).is_ok());
+        }
+        let one = Parameters {
+            temperature: Some(1.0),
+            ..Parameters::default()
+        };
+        assert!(check_parameters_for("claude-haiku-4-5", RequestShape::Anthropic, &one).is_ok());
+        let top_k = options(json!({"top_k": 40})).unwrap();
+        let Err(ServiceError::Validation(message)) =
+            check_parameters_for("gpt-4o", RequestShape::OpenAi, &top_k)
+        else {
+            panic!("OpenAI's own API takes no top_k");
+        };
+        assert!(
+            message.contains("providerOptions.top_k cannot be sent for model \"gpt-4o\""),
+            "{message}"
+        );
+        assert!(check_parameters_for("llama3", RequestShape::OpenAiCompatible, &top_k).is_ok());
     }
 }

@@ -70,9 +70,9 @@ pub(super) async fn quote(
                 "model {model:?} is not served: no configured provider routes it"
             )));
         };
-        // Each model's provider must take the options as they are: a field it does
-        // not know, or a value of another type, is a 400 on every attempt.
-        super::parameters::check_options_for(
+        // Each model's provider must take the parameters as they are: a field it does
+        // not know, or a value of another type or range, is a 400 on every attempt.
+        super::parameters::check_parameters_for(
             model,
             provider.request_shape(),
             &new.input.parameters,

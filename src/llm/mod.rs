@@ -8,6 +8,7 @@ mod http;
 pub mod openai;
 mod parameters;
 pub mod parts;
+mod request_shape;
 pub mod routing;
 pub mod simulator;
 mod tools;
@@ -17,7 +18,8 @@ use serde_json::Value;
 use std::time::Duration;
 
 pub use counting::{Encoding, PromptCounting};
-pub use parameters::{Parameters, RequestShape};
+pub use parameters::Parameters;
+pub use request_shape::RequestShape;
 pub use routing::ProviderRegistry;
 pub use tools::{Tool, ToolCall, ToolChoice, Tools};
 pub use vocabulary::{Message, Role, TokenUsage};
@@ -105,11 +107,9 @@ pub trait Provider: Send + Sync + std::fmt::Debug {
         self.batch_api().is_some()
     }
 
-    /// The request body this provider's calls are sent in, which decides the
-    /// `providerOptions` a job of its models may carry.
-    fn request_shape(&self) -> RequestShape {
-        RequestShape::OpenAi
-    }
+    /// The API this provider's calls are sent to, which decides the `providerOptions`
+    /// a job of its models may carry, and the range of their values.
+    fn request_shape(&self) -> RequestShape;
 
     /// How this provider counts the prompt tokens of a call to `model`, which a job's
     /// hold bounds its input by. Without a public tokenizer: one token per byte.

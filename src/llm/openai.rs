@@ -6,7 +6,7 @@ use super::parts;
 use super::tools::StreamedCalls;
 use super::{
     ChatRequest, Completion, DeltaSender, Encoding, PromptCounting, Provider, ProviderError,
-    Timeouts, TokenUsage, ToolCall,
+    RequestShape, Timeouts, TokenUsage, ToolCall,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -202,6 +202,14 @@ struct PromptTokensDetails {
 impl Provider for OpenAiClient {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn request_shape(&self) -> RequestShape {
+        if self.is_openai() {
+            RequestShape::OpenAi
+        } else {
+            RequestShape::OpenAiCompatible
+        }
     }
 
     fn prompt_counting(&self, model: &str) -> PromptCounting {

@@ -241,6 +241,10 @@ mod tests {
             self.0
         }
 
+        fn request_shape(&self) -> crate::llm::RequestShape {
+            crate::llm::RequestShape::OpenAiCompatible
+        }
+
         async fn complete(
             &self,
             _: &crate::llm::ChatRequest,

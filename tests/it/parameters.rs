@@ -16,6 +16,8 @@ on_both_backends!(
     parameters_are_part_of_the_request_a_key_names,
     batch_items_are_called_with_the_batch_parameters,
     provider_options_are_checked_against_each_models_provider,
+    values_out_of_each_providers_range_are_refused,
+    openais_own_api_is_refused_what_it_answers_400_to,
 );
 
 fn with_parameters(key: &str) -> Value {
@@ -374,4 +376,175 @@ async fn provider_options_are_checked_against_each_models_provider(backend: Back
             .contains("providerOptions.store"),
         "{response}"
     );
+}
+
+/// Each value is checked against the range its model's provider takes, before
+/// anything is held: the message names the field and the range.
+async fn values_out_of_each_providers_range_are_refused(backend: Backend) {
+    let options = AppOptions {
+        anthropic_shape: true,
+        openai_endpoint: true,
+        worker: None,
+        ..AppOptions::default()
+    };
+    let app = spawn_app_with(backend, options).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let balance = app.balance(&tenant).await;
+    let claude = "claude-haiku-4-5";
+    let job = |key: &str, model: &str, field: &str, value: &Value| {
+        let mut input = job_input(key, "hello");
+        input["model"] = json!(model);
+        input[field] = value.clone();
+        input
+    };
+    for (index, (model, field, value, says)) in [
+        (
+            claude,
+            "temperature",
+            json!(1.5),
+            "temperature must be 0 to 1",
+        ),
+        (
+            "gpt-4o-mini",
+            "providerOptions",
+            json!({"presence_penalty": 3}),
+            "a number from -2 to 2",
+        ),
+        (
+            "gpt-4o-mini",
+            "providerOptions",
+            json!({"frequency_penalty": -2.5}),
+            "providerOptions.frequency_penalty",
+        ),
+        (
+            "gpt-4o-mini",
+            "providerOptions",
+            json!({"logit_bias": {"50256": 150}}),
+            "numbers from -100 to 100",
+        ),
+        (
+            "gpt-4o-mini",
+            "providerOptions",
+            json!({"logit_bias": {"hello": 1}}),
+            "token ids",
+        ),
+        (
+            claude,
+            "providerOptions",
+            json!({"top_k": -1}),
+            "a whole number of at least 0",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let response = app
+            .create_job(&tenant, job(&format!("bad-{index}"), model, field, &value))
+            .await;
+        assert_eq!(error_code(&response), "VALIDATION", "{value}: {response}");
+        let message = response["errors"][0]["message"].as_str().unwrap();
+        assert!(
+            message.contains(says),
+            "{value}: {message:?} should say {says}"
+        );
+    }
+    assert_eq!(app.balance(&tenant).await, balance, "nothing was held");
+    for (index, (model, field, value)) in [
+        (claude, "temperature", json!(1.0)),
+        ("gpt-4o-mini", "temperature", json!(1.5)),
+        (
+            "gpt-4o-mini",
+            "providerOptions",
+            json!({"presence_penalty": -2, "frequency_penalty": 2, "logit_bias": {"50256": -100}}),
+        ),
+        (claude, "providerOptions", json!({"top_k": 0})),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let response = app
+            .create_job(&tenant, job(&format!("good-{index}"), model, field, &value))
+            .await;
+        assert!(response["errors"].is_null(), "{value}: {response}");
+    }
+}
+
+/// A config file with OpenAI's own API (`api.openai.com`) serving `gpt-4o` and
+/// `o3-mini`, and an OpenAI-compatible server `gpt-4o-mini`. Nothing is called: the
+/// app has no workers.
+fn openai_and_a_compatible_server() -> (tempfile::TempDir, AppOptions) {
+    let folder = tempfile::tempdir().unwrap();
+    let path = folder.path().join("jobledger.toml");
+    std::fs::write(
+        &path,
+        "[providers.openai]\nkind = \"openai\"\nbase_url = \"https://api.openai.com/v1\"\n\n\
+         [providers.vllm]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\n\
+         [routes]\n\"gpt-4o\" = \"openai\"\n\"o3-mini\" = \"openai\"\n\"gpt-4o-mini\" = \"vllm\"\n",
+    )
+    .unwrap();
+    let options = AppOptions {
+        config_file: Some(path),
+        ..AppOptions::no_workers()
+    };
+    (folder, options)
+}
+
+/// OpenAI's own API answers 400 to the sampling fields of other servers and to
+/// `reasoning_effort` for a model that does not reason, on every attempt: a job is
+/// refused them at create, naming the field, while a compatible server takes them.
+async fn openais_own_api_is_refused_what_it_answers_400_to(backend: Backend) {
+    let (_folder, options) = openai_and_a_compatible_server();
+    let app = spawn_app_with(backend, options).await;
+    let tenant = app.funded_tenant("acme", "5").await;
+    let balance = app.balance(&tenant).await;
+    let job = |key: &str, model: &str, options: &Value| {
+        let mut input = job_input(key, "hello");
+        input["model"] = json!(model);
+        input["providerOptions"] = options.clone();
+        input
+    };
+    for (index, (model, options, says)) in [
+        ("gpt-4o", json!({"top_k": 40}), "providerOptions.top_k"),
+        ("gpt-4o", json!({"min_p": 0.05}), "providerOptions.min_p"),
+        (
+            "gpt-4o",
+            json!({"repetition_penalty": 1.1}),
+            "providerOptions.repetition_penalty",
+        ),
+        (
+            "gpt-4o",
+            json!({"reasoning_effort": "low"}),
+            "only for its reasoning models",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let response = app
+            .create_job(&tenant, job(&format!("bad-{index}"), model, &options))
+            .await;
+        assert_eq!(error_code(&response), "VALIDATION", "{options}: {response}");
+        let message = response["errors"][0]["message"].as_str().unwrap();
+        assert!(
+            message.contains(says) && message.contains("OpenAI's API"),
+            "{options}: {message:?} should say {says}"
+        );
+    }
+    assert_eq!(app.balance(&tenant).await, balance, "nothing was held");
+    for (index, (model, options)) in [
+        ("o3-mini", json!({"reasoning_effort": "low"})),
+        ("gpt-4o", json!({"store": true, "presence_penalty": 1})),
+        (
+            "gpt-4o-mini",
+            json!({"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1, "reasoning_effort": "low"}),
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let response = app
+            .create_job(&tenant, job(&format!("good-{index}"), model, &options))
+            .await;
+        assert!(response["errors"].is_null(), "{options}: {response}");
+    }
 }

@@ -178,8 +178,9 @@ pub async fn create_batch(
             new.model
         )));
     };
-    // Every item is sent with these options: its provider must take them as they are.
-    crate::jobs::parameters::check_options_for(
+    // Every item is sent with these parameters: its provider must take them as they
+    // are.
+    crate::jobs::parameters::check_parameters_for(
         &new.model,
         provider.request_shape(),
         &new.settings.parameters,

@@ -9,11 +9,14 @@
 //! fresh one (at once, in a well-formed file), and both count — more than either,
 //! which a bound may.
 
+use super::glyphs;
 use super::objects::headers;
-use super::text::{Shown, TextCounter};
+use super::shown::{Shown, TextBytes};
+use super::text::TextCounter;
 
 /// Most interrupted readings followed at once. Past it, no reading restarts, and
-/// every byte left counts as shown: no string in them has more.
+/// every byte left counts as shown: no string in them has more. A glyph name a
+/// fresh reading would have found in them may be as long as they are.
 const MAX_READINGS: usize = 8;
 
 /// What the bytes of `file` outside `streams` (ranges of stream data, in any
@@ -94,7 +97,9 @@ impl Readings {
             self.every_byte = true;
             return;
         }
-        self.interrupted.push(std::mem::take(&mut self.main));
+        let fresh = TextCounter::at_object_start();
+        self.interrupted
+            .push(std::mem::replace(&mut self.main, fresh));
     }
 
     fn finish(mut self) -> Shown {
@@ -102,7 +107,13 @@ impl Readings {
         for reading in self.interrupted {
             self.done.add(reading.finish());
         }
-        self.done.bytes = self.done.bytes.saturating_add(self.bytes_after);
+        self.done.bytes = self.done.bytes.plus(TextBytes::any(self.bytes_after));
+        if self.every_byte {
+            self.done.longest_glyph = self
+                .done
+                .longest_glyph
+                .max(glyphs::long_glyph_bytes(self.bytes_after));
+        }
         self.done
     }
 }
@@ -112,12 +123,12 @@ mod tests {
     use super::*;
 
     fn bytes_shown(file: &[u8], streams: Vec<(usize, usize)>) -> u64 {
-        shown(file, streams).bytes
+        shown(file, streams).bytes.all
     }
 
     #[test]
     fn a_string_open_in_junk_ends_at_the_next_object() {
-        let file = b"1 0 obj\n( junk\n2 0 obj\n<< /Contents (a note) >>\nendobj\n";
+        let file = b"1 0 obj\n<< >>\nendobj\n( junk\n2 0 obj\n<< /Contents (a note) >>\nendobj\n";
         assert_eq!(bytes_shown(file, Vec::new()), 6);
         // Text that only looks like a header is read both ways.
         let file = b"1 0 obj\n<< /Contents (see 2 0 obj here) >>\nendobj\n";
@@ -126,5 +137,32 @@ mod tests {
         let file = b"1 0 obj\n<< >>\nstream\n(x) Tj\nendstream\n";
         let data = file.iter().position(|byte| *byte == b'(').unwrap();
         assert_eq!(bytes_shown(file, vec![(data, data + 6)]), 0);
+    }
+
+    /// Past the readings followed at once, an encoding's glyph names after them
+    /// may be read by no reading left (each is in a string): they count as long as
+    /// the bytes left.
+    #[test]
+    fn past_the_readings_followed_glyph_names_count_as_long_as_the_bytes_left() {
+        let mut file = Vec::new();
+        for number in 1..=MAX_READINGS + 2 {
+            file.extend(format!("{number} 0 obj\n( junk\n").as_bytes());
+        }
+        let encoding = b"<< /Type /Encoding /Differences [1 /u1F600] >>\nendobj\n";
+        file.extend(encoding);
+        let shown = shown(&file, Vec::new());
+        assert!(shown.longest_glyph >= 4, "{}", shown.longest_glyph);
+        assert!(shown.bytes.all >= encoding.len() as u64);
+    }
+
+    /// An object whose value is a string may be an annotation's `/Contents` or an
+    /// `/ActualText` given by reference (`/Contents 7 0 R`): it counts as shown.
+    #[test]
+    fn a_string_objects_text_counts() {
+        let file =
+            b"6 0 obj\n<< /Type /Annot /Contents 7 0 R >>\nendobj\n7 0 obj\n(a note)\nendobj\n";
+        assert_eq!(bytes_shown(file, Vec::new()), 6);
+        let file = b"7 0 obj <FEFF4E2D4E2D> endobj 8 0 obj<</A (x)>>endobj";
+        assert_eq!(bytes_shown(file, Vec::new()), 6);
     }
 }

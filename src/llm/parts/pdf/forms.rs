@@ -17,6 +17,7 @@
 //! in it, and the document is refused. A cycle that shows no text settles at zero.
 
 use super::objects::{Objects, reference};
+use super::shown::TextBytes;
 use super::streams::{name, raw_name_length, value_at};
 use super::{find, skip_space};
 use std::collections::HashMap;
@@ -147,7 +148,7 @@ impl Bindings {
 /// A form XObject: its number, its own text (string bytes), draws and bindings.
 pub struct Form {
     pub object: Option<u32>,
-    pub text: u64,
+    pub text: TextBytes,
     pub draws: Draws,
     pub bindings: Bindings,
 }
@@ -164,11 +165,16 @@ pub fn is_form(dictionary: &[u8]) -> bool {
     }
 }
 
-/// The string bytes every draw shows: each form once on its own (an annotation's
-/// appearance is drawn without a `Do`), and the forms drawn by `pages` (the draws
-/// of every stream that is not a form) and by each other, per draw. `None` when
-/// forms still grow after [`MAX_FORM_DEPTH`] levels.
-pub fn drawn_bytes(forms: &[Form], pages: &Draws, everywhere: Option<&Bindings>) -> Option<u64> {
+/// The string bytes every draw shows, of the `channel` of the forms' text: each form
+/// once on its own (an annotation's appearance is drawn without a `Do`), and the
+/// forms drawn by `pages` (the draws of every stream that is not a form) and by each
+/// other, per draw. `None` when forms still grow after [`MAX_FORM_DEPTH`] levels.
+pub fn drawn_bytes(
+    forms: &[Form],
+    pages: &Draws,
+    everywhere: Option<&Bindings>,
+    channel: fn(TextBytes) -> u64,
+) -> Option<u64> {
     let mut by_object: HashMap<u32, Vec<usize>> = HashMap::new();
     for (index, form) in forms.iter().enumerate() {
         if let Some(object) = form.object {
@@ -184,7 +190,7 @@ pub fn drawn_bytes(forms: &[Form], pages: &Draws, everywhere: Option<&Bindings>)
         let next: Vec<u64> = forms
             .iter()
             .map(|form| {
-                form.text
+                channel(form.text)
                     .saturating_add(totals.of_draws(&form.draws, Some(&form.bindings)))
             })
             .collect();
@@ -282,6 +288,20 @@ pub fn plain_extent(data: &[u8], dictionary: &[u8], objects: &Objects) -> usize 
     }
 }
 
+/// Where a reader may read the file again after an unfiltered stream (from
+/// `data`): at its first `endstream` or its `/Length`, whichever is earlier. The
+/// bytes from there to [`plain_extent`] are the stream's for one reader and the
+/// file's for another, so they are read both ways.
+pub fn plain_resumption(data: &[u8], dictionary: &[u8], objects: &Objects) -> usize {
+    let keyword = find(data, b"endstream").unwrap_or(data.len());
+    let lengths =
+        value_at(dictionary, b"/Length").map_or_else(Vec::new, |value| objects.numbers(value));
+    lengths
+        .into_iter()
+        .map(|length| length.min(data.len()))
+        .fold(keyword, usize::min)
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::{InflateBudget, PdfError, measure};
@@ -352,6 +372,41 @@ mod tests {
         // Every draw, and the form once on its own.
         assert!(tokens >= (draws * TEXT) as u64, "{tokens}");
         assert!(tokens <= ((draws + 2) * TEXT) as u64, "{tokens}");
+    }
+
+    /// A form's bytes of 0x80 or above count three UTF-8 bytes on every draw, as a
+    /// font without a `ToUnicode` map may show them.
+    #[test]
+    fn a_forms_high_bytes_count_three_per_draw() {
+        let draws = 10;
+        let high = format!("BT /F1 1 Tf <{}> Tj ET\n", "80".repeat(TEXT));
+        let file = document(
+            "<< /XObject << /Fm0 10 0 R >> >>",
+            &"/Fm0 Do\n".repeat(draws),
+            &[(10, &form("<< >>"), Some(&high))],
+        );
+        let tokens = text_tokens(&file).unwrap();
+        assert!(tokens >= (3 * draws * TEXT) as u64, "{tokens}");
+        assert!(tokens <= (3 * (draws + 2) * TEXT) as u64, "{tokens}");
+    }
+
+    /// A plain stream whose `/Length` runs past its first `endstream` (or stops
+    /// short of it): a reader that ends it at the other reads the bytes between as
+    /// the file's, where an annotation's text may be, which the stream's own
+    /// reading swallows in a string it leaves open.
+    #[test]
+    fn the_bytes_a_plain_streams_length_disputes_are_read_as_the_files_too() {
+        let annotation = "9 0 obj\n<< /Type /Annot /Contents (hidden note) >>\nendobj\n";
+        let past = format!("BT (xendstream\nendobj\n{annotation}");
+        let short = format!("BT (x\nendobj\n{annotation}");
+        for (length, data) in [(past.len(), past), (5, short)] {
+            let mut file = format!(
+                "%PDF-1.4\n1 0 obj\n<< /Type /Catalog /Pages 2 0 R >>\nendobj\n2 0 obj\n<< /Type /Pages /Kids [3 0 R] /Count 1 >>\nendobj\n3 0 obj\n<< /Type /Page /Parent 2 0 R /Contents 4 0 R >>\nendobj\n4 0 obj\n<< /Length {length} >>\nstream\n{data}"
+            );
+            file.push_str("\nendstream\nendobj\ntrailer\n<< /Root 1 0 R >>\n%%EOF\n");
+            let tokens = text_tokens(file.as_bytes()).unwrap();
+            assert!(tokens >= "hidden note".len() as u64, "{length}: {tokens}");
+        }
     }
 
     #[test]

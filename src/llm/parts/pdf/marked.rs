@@ -61,7 +61,8 @@ fn entries(dictionary: &[u8], objects: &Objects, by_name: &mut HashMap<Vec<u8>, 
         for list in lists {
             let mut counter = TextCounter::default();
             counter.feed(list);
-            let bytes = counter.finish().bytes;
+            // Only its strings output as they are show, counted in UTF-8.
+            let bytes = counter.finish().bytes.all;
             let entry = by_name.entry(name(rest)).or_default();
             *entry = (*entry).max(bytes);
             if value.starts_with(b"<<") {

@@ -21,21 +21,25 @@ mod between;
 mod contents;
 mod decode;
 mod forms;
+mod glyphs;
 mod marked;
 mod objects;
 mod pages;
+mod shown;
 mod streams;
 mod text;
+mod text_string;
 mod unicode;
 
 use decode::{decode, inflate};
 use forms::{Bindings, Draws, Form};
 use objects::Objects;
 use pages::Pages;
+use shown::{Shown, TextBytes};
 use std::collections::HashSet;
 use std::fmt;
 use streams::{Encoding, Predictor, StreamStart, Value, value_of};
-use text::{Shown, TextCounter};
+use text::TextCounter;
 
 /// Most bytes the streams of all the documents of one request (a job, a quote, a
 /// call adding batch items) may inflate to together.
@@ -144,9 +148,10 @@ pub fn measure(bytes: &[u8], budget: &mut InflateBudget) -> Result<Measure, PdfE
                 }
             }
         };
+        // Where a reader may read the file again: its text is read to where the
+        // stream may end, and the file's from where it may.
         let end = match stream.encoding {
-            // A plain stream's text is read to where it may end.
-            Encoding::Plain => forms::plain_extent(data, dictionary, &objects),
+            Encoding::Plain => forms::plain_resumption(data, dictionary, &objects),
             // Not known to be a stream: the bytes are the file's.
             Encoding::Unknown => 0,
             _ => find(data, b"endstream").unwrap_or(data.len()),
@@ -242,7 +247,9 @@ pub fn measure(bytes: &[u8], budget: &mut InflateBudget) -> Result<Measure, PdfE
         }
     }
     let properties = marked::Properties::everywhere(bytes, &objects);
-    text.bytes = text.bytes.saturating_add(properties.shown(&text.marked));
+    text.bytes = text
+        .bytes
+        .plus(TextBytes::low(properties.shown(&text.marked)));
     let forms: Vec<Form> = found_forms
         .into_iter()
         .map(|(dictionary, object, shown)| {
@@ -250,42 +257,52 @@ pub fn measure(bytes: &[u8], budget: &mut InflateBudget) -> Result<Measure, PdfE
             text.longest_glyph = text.longest_glyph.max(shown.longest_glyph);
             Form {
                 object,
-                text: shown.bytes.saturating_add(properties.shown(&shown.marked)),
+                text: shown
+                    .bytes
+                    .plus(TextBytes::low(properties.shown(&shown.marked))),
                 draws: shown.draws,
                 bindings: Bindings::of_form(dictionary, &objects),
             }
         })
         .collect();
     let everywhere = Bindings::everywhere(bytes, &objects);
-    let drawn =
-        forms::drawn_bytes(&forms, &text.draws, everywhere.as_ref()).ok_or(PdfError::Forms)?;
+    // Each channel is bounded on its own: a draw of a name that may be one of
+    // several forms counts the most of each.
+    let drawn = |channel: fn(TextBytes) -> u64| {
+        forms::drawn_bytes(&forms, &text.draws, everywhere.as_ref(), channel).ok_or(PdfError::Forms)
+    };
+    let drawn = TextBytes {
+        all: drawn(|text| text.all)?,
+        high: drawn(|text| text.high)?,
+    };
     let count = pages.tree_count.max(pages.objects);
     if count == 0 {
         return Err(PdfError::NoPages);
     }
     Ok(Measure {
         pages: count,
-        text_tokens: text
-            .bytes
-            .saturating_add(drawn)
-            .saturating_mul(text.longest_mapping.max(text.longest_glyph).max(1)),
+        text_tokens: text.bytes.plus(drawn).tokens(text.multiplier()),
     })
 }
 
-/// What a stream inflated to `inflated` bytes not read may show: each byte, a
-/// draw every four (`/ Do`), and — when a reader may take it for a `ToUnicode` map
+/// What a stream inflated to `inflated` bytes not read may show: each byte (each
+/// perhaps 0x80 or above), a draw every four (`/ Do`), and — when a reader may take it for a `ToUnicode` map
 /// or an object stream holding an encoding (`mapped`: it has a dictionary) — codes
 /// mapped to a string of all its bytes (three UTF-8 bytes each two, as a literal
-/// destination counts), glyph names as long as it.
+/// destination counts), a glyph name as long as it.
 fn unread(inflated: u64, mapped: bool) -> Shown {
     Shown {
-        bytes: inflated,
+        bytes: TextBytes::any(inflated),
         longest_mapping: if mapped {
             inflated.div_ceil(2).saturating_mul(3)
         } else {
             0
         },
-        longest_glyph: if mapped { inflated } else { 0 },
+        longest_glyph: if mapped {
+            glyphs::long_glyph_bytes(inflated)
+        } else {
+            0
+        },
         draws: Draws::unnamed(inflated / 4),
         marked: Draws::unnamed(inflated / 4),
     }
@@ -429,13 +446,14 @@ mod tests {
             &deflated(content.as_bytes()),
         );
         assert_eq!(measured(&disguised).unwrap().text_tokens, 100_000);
-        // An `endstream` inside the data cuts nothing.
+        // An `endstream` inside the data cuts nothing; what follows it is read as
+        // the file's too, as a reader that ends the stream there reads it.
         let cut = format!("(endstream\nendobj\n) Tj {content}");
         assert_eq!(
             measured(&pdf_with_content(cut.as_bytes()))
                 .unwrap()
                 .text_tokens,
-            100_017
+            100_017 + 100_000
         );
         // Rows of a PNG predictor are undone before they are read.
         let mut rows = Vec::new();
@@ -455,12 +473,10 @@ mod tests {
             &deflated(content.as_bytes()),
         );
         // It may be a `ToUnicode` map too, or hold an encoding's glyph names: one
-        // code may map to a string of all its bytes, three UTF-8 bytes each two.
+        // code may map to a string of all its bytes (three UTF-8 bytes each two),
+        // or be named by all of them (four UTF-8 bytes each, the larger).
         let bytes = content.len() as u64;
-        assert_eq!(
-            measured(&tiff).unwrap().text_tokens,
-            bytes * bytes.div_ceil(2) * 3
-        );
+        assert_eq!(measured(&tiff).unwrap().text_tokens, bytes * bytes * 4);
     }
 
     #[test]

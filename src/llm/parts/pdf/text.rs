@@ -5,10 +5,15 @@
 //! UTF-8 byte, so these bytes, times the most UTF-8 bytes a `ToUnicode` map gives
 //! one code ([`super::unicode`]), bound what the text can count.
 //!
+//! A shown byte of 0x80 or above is counted apart ([`TextBytes`]): a font without
+//! a `ToUnicode` map may show it as three UTF-8 bytes.
+//!
 //! Some strings are text an extractor outputs though no operator shows them: a
-//! marked-content `/ActualText`, an annotation's `/Contents`; they count too. And a
-//! font's `/Differences` may name a ligature glyph (`/f_f_i`, `/uni00660069`) that
-//! one code shows as several characters: the largest counts like a `ToUnicode` map's.
+//! marked-content `/ActualText`, an annotation's `/Contents`; they count too, by the
+//! UTF-8 bytes they decode to ([`TextString`]). And a
+//! font's `/Differences` may name a glyph that one code shows as several UTF-8 bytes
+//! (`/f_f_i`, `/uni00660069`, `/Euro`; [`super::glyphs`]): the largest counts like a
+//! `ToUnicode` map's.
 //!
 //! It also counts the stream's `Do`s by the name they draw: a form XObject's text
 //! is shown again on every draw ([`super::forms`]).
@@ -17,6 +22,9 @@
 //! name, so a stream of any size is counted in chunks as it is inflated.
 
 use super::forms::Draws;
+use super::glyphs;
+use super::shown::{Shown, TextBytes};
+use super::text_string::TextString;
 use super::unicode::UnicodeMap;
 
 /// The longest operator the counter tells apart (`beginbfrange`); a longer run of
@@ -25,32 +33,6 @@ const LONGEST_OPERATOR: usize = 12;
 /// The longest name kept as the operand of a `Do` (a PDF name has at most 127
 /// bytes); a `Do` of a longer one draws a name not known.
 const LONGEST_NAME: usize = 127;
-
-/// What a stream shows: its shown string bytes, the most UTF-8 bytes its
-/// `ToUnicode` sections map one code to and the most characters a glyph of its
-/// `/Differences`
-/// stands for (which multiply the text of every stream that uses the font, so the
-/// document's largest counts), and its draws.
-#[derive(Default)]
-pub struct Shown {
-    pub bytes: u64,
-    pub longest_mapping: u64,
-    pub longest_glyph: u64,
-    pub draws: Draws,
-    /// The `/Name BDC`s, by name: each shows its property list's `/ActualText`.
-    pub marked: Draws,
-}
-
-impl Shown {
-    /// Adds what `other` shows: the bytes of both, the larger multipliers.
-    pub fn add(&mut self, other: Shown) {
-        self.bytes = self.bytes.saturating_add(other.bytes);
-        self.longest_mapping = self.longest_mapping.max(other.longest_mapping);
-        self.longest_glyph = self.longest_glyph.max(other.longest_glyph);
-        self.draws.merge(other.draws);
-        self.marked.merge(other.marked);
-    }
-}
 
 /// Counts the shown text of every byte it is fed, in order, across chunks.
 #[derive(Default)]
@@ -62,12 +44,16 @@ pub struct TextCounter {
     token_long: bool,
     /// Bytes of the string being read.
     string_bytes: u64,
+    /// Bytes of 0x80 or above of the string being read: a raw byte of a literal, a
+    /// byte of a hex string whose high digit is 8 or above.
+    string_high: u64,
     /// Hex digits of the hex string being read.
     hex_digits: u64,
     /// String bytes among the operands since the last operator.
-    pending: u64,
-    /// String bytes given to text-showing operators.
-    shown: u64,
+    pending: TextBytes,
+    /// String bytes given to text-showing operators, and the UTF-8 bytes of the
+    /// strings output as they are.
+    shown: TextBytes,
     /// The `ToUnicode` map's `beginbfchar`/`beginbfrange` sections.
     map: UnicodeMap,
     /// The name operand since the last operator, `#xx` decoded; `None` when none,
@@ -78,8 +64,10 @@ pub struct TextCounter {
     /// Regular characters of the token being read, however long.
     token_bytes: u64,
     /// The string that follows is output though no operator shows it (it follows
-    /// `/ActualText` or `/Contents`).
+    /// `/ActualText` or `/Contents`, or an object's header).
     string_shown: bool,
+    /// The string being read is output as it is: decoded to count its UTF-8 bytes.
+    as_is: Option<TextString>,
     /// The name just read is `/Differences`: its array may follow.
     differences_next: bool,
     /// Inside a `/Differences` array.
@@ -97,8 +85,8 @@ pub struct TextCounter {
 /// An inline image's data being skipped, up to the `EI` that ends it: `EI`
 /// preceded by white space and followed by white space or the end of the data.
 struct InlineImage {
-    /// Bytes of the data so far.
-    bytes: u64,
+    /// Bytes of the data so far, and of 0x80 or above.
+    bytes: TextBytes,
     /// The data read as operators, as it was before it was skipped: when no `EI`
     /// ends the image, what a reader makes of it is not known, and it counts at
     /// least as much as it did then.
@@ -107,31 +95,6 @@ struct InlineImage {
     after_space: bool,
     /// How much of `EI` follows that white space.
     matched: u8,
-}
-
-/// The most characters a glyph name stands for, by the Adobe Glyph List's rules:
-/// components joined by `_`, each `uni` and four hex digits a character or a glyph
-/// name; the standard ligatures (`ffi`, …) are one character an extractor may spell
-/// out. What follows a `.` is a variant's suffix.
-fn glyph_characters(name: &[u8]) -> u64 {
-    let name = name.split(|byte| *byte == b'.').next().unwrap_or_default();
-    let characters: u64 = name
-        .split(|byte| *byte == b'_')
-        .map(|component| match component.strip_prefix(b"uni") {
-            Some(hex)
-                if hex.len() >= 4
-                    && hex.len() % 4 == 0
-                    && hex.iter().all(u8::is_ascii_hexdigit) =>
-            {
-                (hex.len() / 4) as u64
-            }
-            _ if matches!(component, b"ff" | b"fi" | b"fl" | b"ffi" | b"ffl") => {
-                component.len() as u64
-            }
-            _ => 1,
-        })
-        .sum();
-    characters.max(1)
 }
 
 #[derive(Clone, Copy, Default, PartialEq, Eq)]
@@ -149,6 +112,16 @@ enum State {
 }
 
 impl TextCounter {
+    /// A counter that starts reading just after an object's `N G obj` header: a
+    /// string that is the object's whole value may be named by reference as an
+    /// annotation's `/Contents` or an `/ActualText`, and is output as it is.
+    pub fn at_object_start() -> Self {
+        Self {
+            string_shown: true,
+            ..Self::default()
+        }
+    }
+
     /// Counts `bytes`, following on from what was fed before.
     pub fn feed(&mut self, bytes: &[u8]) {
         for &byte in bytes {
@@ -165,14 +138,24 @@ impl TextCounter {
             // in it has more), and whatever else the bytes read as operators show.
             Some(image) => {
                 let shadow = image.shadow.finish();
-                self.shown = self.shown.saturating_add(image.bytes);
+                // Its strings output as they are may decode to more than their bytes.
+                self.shown = self.shown.plus(TextBytes {
+                    all: image.bytes.all.max(shadow.bytes.all),
+                    high: image.bytes.high.max(shadow.bytes.high),
+                });
                 self.map.longest = self.map.longest.max(shadow.longest_mapping);
                 self.longest_glyph = self.longest_glyph.max(shadow.longest_glyph);
                 self.draws.merge(shadow.draws);
             }
             // The data may end on an operator.
             None if self.state == State::Between => self.end_token(),
-            None => {}
+            // The data ends in a string. One output as it is, a reader takes to the
+            // end. One that is an operand has no operator left to show it.
+            None => {
+                if let Some(string) = self.as_is.take() {
+                    self.shown.all = self.shown.all.saturating_add(string.utf8());
+                }
+            }
         }
         Shown {
             bytes: self.shown,
@@ -216,7 +199,10 @@ impl TextCounter {
                 _ => 0,
             };
             image.after_space = is_space(byte);
-            image.bytes += 1;
+            image.bytes = image.bytes.plus(TextBytes {
+                all: 1,
+                high: u64::from(byte >= 0x80),
+            });
             image.shadow.step(byte);
             return;
         }
@@ -227,7 +213,7 @@ impl TextCounter {
                         depth,
                         escaped: false,
                     };
-                    self.string_bytes += 1;
+                    self.string_byte(byte);
                     return;
                 }
                 let depth = match byte {
@@ -240,8 +226,9 @@ impl TextCounter {
                     self.map.literal(self.string_bytes);
                     self.state = State::Between;
                 } else {
-                    // Raw bytes: an escape only shortens what it stands for.
-                    self.string_bytes += 1;
+                    // Raw bytes: an escape only shortens what it stands for (and
+                    // one of a high byte is four).
+                    self.string_byte(byte);
                     self.state = State::Literal {
                         depth,
                         escaped: byte == b'\\',
@@ -256,7 +243,13 @@ impl TextCounter {
                     self.state = State::Between;
                 }
                 byte if byte.is_ascii_hexdigit() => {
+                    if self.hex_digits.is_multiple_of(2) && !matches!(byte, b'0'..=b'7') {
+                        self.string_high += 1;
+                    }
                     self.hex_digits += 1;
+                    if let Some(string) = &mut self.as_is {
+                        string.hex_digit(byte);
+                    }
                     if self.map.active() {
                         self.map.digit(byte);
                     }
@@ -275,6 +268,8 @@ impl TextCounter {
                     self.state = State::Between;
                 } else {
                     self.hex_digits = 0;
+                    self.string_high = 0;
+                    self.as_is = self.string_shown.then(TextString::default);
                     self.state = State::Hex;
                     self.step(byte);
                 }
@@ -283,11 +278,24 @@ impl TextCounter {
         }
     }
 
+    /// A byte of the literal string being read, as written.
+    fn string_byte(&mut self, byte: u8) {
+        self.string_bytes += 1;
+        self.string_high += u64::from(byte >= 0x80);
+        if let Some(string) = &mut self.as_is {
+            string.literal(byte);
+        }
+    }
+
     /// A string of `bytes` bytes ends: an operand, or text output as it is.
     fn end_string(&mut self, bytes: u64) {
-        self.pending += bytes;
-        if std::mem::take(&mut self.string_shown) {
-            self.shown += bytes;
+        self.pending = self.pending.plus(TextBytes {
+            all: bytes,
+            high: self.string_high,
+        });
+        self.string_shown = false;
+        if let Some(string) = self.as_is.take() {
+            self.shown.all = self.shown.all.saturating_add(string.utf8());
         }
     }
 
@@ -318,6 +326,8 @@ impl TextCounter {
         match byte {
             b'(' => {
                 self.string_bytes = 0;
+                self.string_high = 0;
+                self.as_is = self.string_shown.then(TextString::default);
                 self.state = State::Literal {
                     depth: 1,
                     escaped: false,
@@ -359,14 +369,12 @@ impl TextCounter {
             if token[0] == b'/' {
                 let name = super::streams::name(&token[1..]);
                 if self.in_differences {
-                    // A name too long to keep stands for no more characters than
-                    // it has.
-                    let characters = if long {
-                        token_bytes
+                    let bytes = if long {
+                        glyphs::long_glyph_bytes(token_bytes)
                     } else {
-                        glyph_characters(&name)
+                        glyphs::glyph_bytes(&name)
                     };
-                    self.longest_glyph = self.longest_glyph.max(characters);
+                    self.longest_glyph = self.longest_glyph.max(bytes);
                 }
                 self.string_shown = matches!(name.as_slice(), b"ActualText" | b"Contents");
                 self.differences_next = name == b"Differences";
@@ -379,12 +387,12 @@ impl TextCounter {
         let name = self.name.take();
         if !long {
             match token.as_slice() {
-                b"Tj" | b"TJ" | b"'" | b"\"" => self.shown += self.pending,
+                b"Tj" | b"TJ" | b"'" | b"\"" => self.shown = self.shown.plus(self.pending),
                 b"Do" => self.draws.add(name),
                 b"BDC" => self.marked.add(name),
                 b"ID" if !self.shadow => {
                     self.image = Some(InlineImage {
-                        bytes: 0,
+                        bytes: TextBytes::default(),
                         shadow: Box::new(TextCounter {
                             shadow: true,
                             ..TextCounter::default()
@@ -399,7 +407,7 @@ impl TextCounter {
                 _ => {}
             }
         }
-        self.pending = 0;
+        self.pending = TextBytes::default();
     }
 }
 
@@ -421,7 +429,7 @@ mod tests {
 
     fn count(chunks: &[&[u8]]) -> u64 {
         let shown = shown(chunks);
-        shown.bytes * shown.longest_mapping.max(shown.longest_glyph).max(1)
+        shown.bytes.tokens(shown.multiplier())
     }
 
     #[test]
@@ -473,7 +481,7 @@ mod tests {
             count(&[b"/Span << /ActualText (ffi) >> BDC (\x01) Tj EMC"]),
             4
         );
-        assert_eq!(count(&[b"/Span <</ActualText<FEFF0066>>> BDC EMC"]), 4);
+        assert_eq!(count(&[b"/Span <</ActualText<FEFF0066>>> BDC EMC"]), 1);
         // An annotation's text; a page's `/Contents` is a reference, and counts none.
         assert_eq!(
             count(&[b"<< /Type /Annot /Subtype /Text /Contents (a note) >>"]),
@@ -519,10 +527,70 @@ mod tests {
         assert_eq!(encoding(b"1/a_b_c_d.alt/e"), 2 * 4);
         assert_eq!(encoding(b"1 /uni006600660069006C"), 2 * 4);
         assert_eq!(encoding(b"1 /ffl"), 2 * 3);
-        // A name too long to keep counts as many characters as its bytes.
+        // Each by the UTF-8 bytes of what it names, not its characters.
+        assert_eq!(encoding(b"1 /Euro /a"), 2 * 3);
+        assert_eq!(encoding(b"1 /quotedblleft"), 2 * 3);
+        assert_eq!(encoding(b"1 /uni4E2D"), 2 * 3);
+        assert_eq!(encoding(b"1 /u1F600"), 2 * 4);
+        // A name of no known rule: the most one code point has.
+        assert_eq!(encoding(b"1 /g12"), 2 * 4);
+        // A Latin encoding of ASCII names stays at one byte a code.
+        assert_eq!(encoding(b"32 /space /exclam 48 /zero /one 65 /A /B"), 2);
+        // A name too long to keep counts the most its bytes may name.
         let long = format!("1 /{}", "a_".repeat(100));
-        assert_eq!(encoding(long.as_bytes()), 2 * 200);
+        assert_eq!(encoding(long.as_bytes()), 2 * 200 * 4);
         // Names outside the array are no glyphs.
         assert_eq!(count(&[b"/f_f_i /a_b_c [/x] ", text]), 2);
+    }
+
+    /// A font without a `ToUnicode` map shows a byte of 0x80 or above as up to three
+    /// UTF-8 bytes (WinAnsi's 0x80 is `€`); a map that gives more multiplies it alone.
+    #[test]
+    fn high_bytes_count_three() {
+        assert_eq!(count(&[b"(a\x80b) Tj"]), 1 + 3 + 1);
+        assert_eq!(count(&[b"<80C0FF41> Tj"]), 3 * 3 + 1);
+        assert_eq!(count(&[b"<8> Tj"]), 3);
+        // An escape of one is written in four bytes, counted as such.
+        assert_eq!(count(&[b"(\\200) Tj"]), 4);
+        // A map of three bytes a code covers them.
+        let map = b"1 beginbfchar <01> <A4A2> endbfchar";
+        assert_eq!(count(&[map, b" (\x80\x01) Tj"]), 2 * 3);
+        // Strings no operator shows count none, high or not.
+        assert_eq!(count(&[b"(\x80\x80) Td"]), 0);
+        // ASCII text stays at one a byte.
+        assert_eq!(count(&[b"(Hello) Tj <48656C6C6F> Tj"]), 10);
+    }
+
+    /// Text output as it is counts its UTF-8 bytes: UTF-16 after a byte order mark
+    /// decoded (a CJK character is two bytes there, three in UTF-8), PDFDocEncoding's
+    /// bytes above 0x7F three.
+    #[test]
+    fn text_output_as_it_is_counts_its_utf8_bytes() {
+        let actual = |string: &[u8]| {
+            let mut content = b"/Span << /ActualText ".to_vec();
+            content.extend(string);
+            content.extend(b" >> BDC EMC");
+            count(&[&content])
+        };
+        assert_eq!(actual(b"<FEFF4E2D4E2D4E2D4E2D>"), 4 * 3);
+        assert_eq!(actual(b"(\xfe\xffN-N-N-N-)"), 4 * 3);
+        assert_eq!(actual(b"(\\376\\377N-N-N-N-)"), 4 * 3);
+        assert_eq!(actual(b"(\x80\x80)"), 2 * 3);
+        assert_eq!(actual(b"(plain)"), 5);
+        assert_eq!(
+            count(&[b"<< /Type /Annot /Contents <FEFF4E2D4E2D4E2D> >>"]),
+            3 * 3
+        );
+    }
+
+    /// A stream that ends in a string output as it is: a reader takes the string to
+    /// the end. An operand string left open shows nothing, no operator following it
+    /// (a font program read as operators ends in one as often as not).
+    #[test]
+    fn a_string_output_as_it_is_open_at_the_end_counts() {
+        assert_eq!(count(&[b"/Span << /ActualText (abc"]), 3);
+        assert_eq!(count(&[b"/Span << /ActualText <FEFF4E2D4E2D"]), 6);
+        assert_eq!(count(&[b"<< /Contents (a (nested) note"]), 15);
+        assert_eq!(count(&[b"BT (abc"]), 0);
     }
 }
