@@ -38,6 +38,7 @@ on_both_backends!(
     a_slow_first_upload_keeps_its_lease,
     a_cancel_during_the_upload_reaches_the_provider_when_it_is_answered,
     a_provider_refusing_to_cancel_is_not_silent,
+    a_create_landing_after_its_time_bound_is_found_not_made_twice,
 );
 
 /// What the gateway does with the first create(s) it is sent.
@@ -736,4 +737,24 @@ async fn a_provider_refusing_to_cancel_is_not_silent(backend: Backend) {
         rows[0]
     );
     assert_settled_once(&app, id, shape).await;
+}
+
+/// A create the provider gets only after the service gave it up (held in the network
+/// past the upload's time bound) is found by the search, not made a second time: the
+/// create grace counts from when the call was given up, not from when it was sent.
+async fn a_create_landing_after_its_time_bound_is_found_not_made_twice(backend: Backend) {
+    let shape = Shape::Anthropic;
+    let held = Gateway::HoldsTheFirstCreate(Duration::from_secs(8));
+    let (app, tenant, _folder) = through_gateway(backend, shape, held, |options| {
+        // An upload's bound is twice this: the held create is given up at about 4 s.
+        options.operations.provider_batches.call_timeout = Duration::from_secs(2);
+    })
+    .await;
+    let id = closed_batch(&app, &tenant, shape, &items(10, false)).await;
+    let finished = wait_until_finished(&app, &tenant, id, Duration::from_secs(60)).await;
+    assert_eq!(finished["counts"]["succeeded"], 10, "{finished}");
+    let made = mock_batches(&app).await;
+    assert_eq!(made.len(), 1, "one provider batch for the items: {made:?}");
+    assert_settled_once(&app, id, shape).await;
+    crate::invariants::assert_billing_invariants(&app.app.db).await;
 }

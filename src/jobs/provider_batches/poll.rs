@@ -369,8 +369,17 @@ pub(super) async fn send(
         }
         // The provider may have the batch, or be making it still (a 429 or 529 too,
         // which a gateway may have answered after forwarding the create): searched
-        // for once the create grace has passed, before anything is sent again.
-        Err(error) => unreadable(submitter, row, token, &error).await,
+        // for once the create grace has passed, before anything is sent again. The
+        // grace counts from now, when the call was given up: a create held on its way
+        // (past its time bound, in a proxy) may reach the provider until then.
+        Err(error) => {
+            let given_up = fenced(submitter, row, token).col_expr(
+                provider_batches::Column::SentAt,
+                Expr::value(Timestamp::now()),
+            );
+            rows::write(&submitter.db, given_up).await?;
+            unreadable(submitter, row, token, &error).await
+        }
     }
 }
 
