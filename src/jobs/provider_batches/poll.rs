@@ -731,10 +731,20 @@ pub(super) async fn unreadable(
         return unknown(submitter, row, token, silent).await;
     }
     tracing::warn!(provider_batch.id = %row.id, provider = %row.provider, error = %error, "the provider could not be read about a provider batch; trying again");
+    back_off(submitter, row, token, error.to_string()).await
+}
+
+/// Records `why` the row's step failed and looks at it again after the backoff.
+async fn back_off(
+    submitter: &Submitter,
+    row: &provider_batches::Model,
+    token: Uuid,
+    why: String,
+) -> Result<(), DbErr> {
     let update = fenced(submitter, row, token)
         .col_expr(
             provider_batches::Column::LastError,
-            Expr::value(crate::db::storable_text(error.to_string())),
+            Expr::value(crate::db::storable_text(why)),
         )
         .col_expr(
             provider_batches::Column::Polls,
@@ -744,8 +754,7 @@ pub(super) async fn unreadable(
             provider_batches::Column::NextPollAt,
             Expr::value(after(backoff(submitter, row))),
         );
-    rows::write(&submitter.db, update).await?;
-    Ok(())
+    rows::write(&submitter.db, update).await.map(drop)
 }
 
 /// The provider read the row's batch but refused to cancel it: an answer, so the row
@@ -757,25 +766,14 @@ async fn cancel_refused(
     error: &ProviderError,
 ) -> Result<(), DbErr> {
     tracing::warn!(provider_batch.id = %row.id, provider = %row.provider, error = %error, "the provider refused to cancel a provider batch that still runs; trying again");
-    let update = fenced(submitter, row, token)
-        .col_expr(
-            provider_batches::Column::LastReadAt,
-            Expr::value(Timestamp::now()),
-        )
-        .col_expr(
-            provider_batches::Column::LastError,
-            Expr::value(crate::db::storable_text(format!("cancel refused: {error}"))),
-        )
-        .col_expr(
-            provider_batches::Column::Polls,
-            Expr::col(provider_batches::Column::Polls).add(1),
-        )
-        .col_expr(
-            provider_batches::Column::NextPollAt,
-            Expr::value(after(backoff(submitter, row))),
-        );
-    rows::write(&submitter.db, update).await?;
-    Ok(())
+    let read = fenced(submitter, row, token).col_expr(
+        provider_batches::Column::LastReadAt,
+        Expr::value(Timestamp::now()),
+    );
+    if rows::write(&submitter.db, read).await?.is_none() {
+        return Ok(());
+    }
+    back_off(submitter, row, token, format!("cancel refused: {error}")).await
 }
 
 /// Past the bound: every attempt still running ends `UNKNOWN` with its cost bound
