@@ -114,6 +114,16 @@ fn tokenized(messages: &[Message], encoding: Encoding) -> u64 {
         + REPLY_PRIMING_TOKENS
 }
 
+/// Builds the tokenizers' tables, which happens once per process and takes seconds in
+/// an unoptimised build on a busy machine. A worker does it before its first claim:
+/// done inside the claim, between taking the lease and the first renewal, it can
+/// outlast a short lease and hand the job to a second worker while the first calls.
+pub fn load_tokenizers() {
+    for encoding in [Encoding::O200kBase, Encoding::Cl100kBase] {
+        bpe(encoding);
+    }
+}
+
 fn bpe(encoding: Encoding) -> &'static CoreBPE {
     match encoding {
         Encoding::O200kBase => tiktoken_rs::o200k_base_singleton(),

@@ -160,6 +160,9 @@ impl Worker {
                 .clone()
                 .run(self.inner.db.clone(), keeper_stop),
         );
+        if let Err(error) = tokio::task::spawn_blocking(super::tokens::load_tokenizers).await {
+            tracing::error!(error = %error, "loading the tokenizers failed");
+        }
         let permits = Arc::new(Semaphore::new(settings.concurrency));
         let mut created = self.inner.bus.watch_created();
         let mut attempts = JoinSet::new();
