@@ -35,6 +35,7 @@ on_both_backends!(
     openai_uploads_refused_as_too_large_go_out_smaller,
     an_openai_upload_searched_for_holds_up_no_other,
     a_slow_provider_holds_up_no_other_row,
+    a_provider_stalled_on_more_rows_than_its_slots_holds_up_no_other,
     a_slow_first_upload_keeps_its_lease,
     a_cancel_during_the_upload_reaches_the_provider_when_it_is_answered,
     a_provider_refusing_to_cancel_is_not_silent,
@@ -547,6 +548,47 @@ async fn a_slow_provider_holds_up_no_other_row(backend: Backend) {
         }),
         "{attempts:?}"
     );
+}
+
+/// Ten OpenAI rows whose reads the gateway holds fill every slot OpenAI has (eight);
+/// an Anthropic batch closed then still goes out and settles at once, in slots of
+/// its own.
+async fn a_provider_stalled_on_more_rows_than_its_slots_holds_up_no_other(backend: Backend) {
+    let (app, tenant, _folder) =
+        through_gateway(backend, Shape::OpenAi, Gateway::StallsReads, |options| {
+            options.operations.provider_batches.call_timeout = Duration::from_secs(60);
+        })
+        .await;
+    let mut stalled = Vec::new();
+    for n in 0..10 {
+        let input = serde_json::json!({"idempotencyKey": format!("stalled-{n}"), "mode": "PROVIDER_BATCH",
+            "model": Shape::OpenAi.model(), "maxOutputTokens": 50});
+        let id = crate::provider_batches::create_batch_of(&app, &tenant.key, input).await;
+        let added = add_items(&app, &tenant, id, &items(1, false)).await;
+        assert!(added["errors"].is_null(), "{added}");
+        close(&app, &tenant, id).await;
+        stalled.push(id);
+    }
+    for &batch in &stalled {
+        crate::provider_batches::wait_for_rows(&app, batch, |rows| {
+            rows.iter()
+                .any(|row| row.state == entity::ProviderBatchState::Submitted)
+        })
+        .await;
+    }
+    // Past the rows' first reads, which the gateway holds.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let answered = closed_batch(&app, &tenant, Shape::Anthropic, &items(2, false)).await;
+    let finished = wait_until_finished(&app, &tenant, answered, Duration::from_secs(20)).await;
+    assert_eq!(finished["counts"]["succeeded"], 2, "{finished}");
+    for &batch in &stalled {
+        let rows = rows_of(&app, batch).await;
+        assert_eq!(
+            rows[0].state,
+            entity::ProviderBatchState::Submitted,
+            "still waiting on its read"
+        );
+    }
 }
 
 /// Behind a proxy that takes bodies of [`BODY_LIMIT`] bytes at most, an upload refused

@@ -35,6 +35,7 @@ mod poll;
 mod rows;
 mod search;
 mod settle;
+mod steps;
 mod submit;
 mod upload_size;
 
@@ -52,8 +53,6 @@ use tokio_util::sync::CancellationToken;
 /// How often the submitter looks for closed batches with queued items and for rows
 /// due a look: a closed batch's items go out within about this.
 const TICK: Duration = Duration::from_secs(1);
-/// Rows one process advances at once.
-const ROWS_AT_ONCE: usize = 8;
 /// How long a stopping submitter waits for the steps under way.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 
@@ -136,8 +135,8 @@ impl Submitter {
     /// Submits, polls and settles until `stop` is cancelled. A step that fails is
     /// logged and tried again on a later tick: every step starts from the rows.
     ///
-    /// Each row's step runs as a task of its own, up to [`ROWS_AT_ONCE`] at a time,
-    /// and a tick starts the due rows there is room for without waiting for the steps
+    /// Each row's step runs as a task of its own, up to [`steps::ROWS_AT_ONCE`] of
+    /// each provider at a time, and a tick starts the due rows there is room for without waiting for the steps
     /// still running: a provider slow to answer about one row (up to the call
     /// timeout) holds up that row alone — not the submission of closed batches, nor
     /// rows that come due meanwhile.
@@ -145,6 +144,7 @@ impl Submitter {
         tracing::info!(worker.id = %self.worker_id, poll_seconds = self.settings.poll.as_secs(), "provider-batch submitter started");
         let submitter = Arc::new(self);
         let mut steps = JoinSet::new();
+        let slots = steps::Slots::default();
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -160,8 +160,7 @@ impl Submitter {
             if let Err(error) = submit::submit_closed_batches(&submitter, &stop).await {
                 tracing::warn!(error = %error, "submitting closed provider batches failed; it runs again shortly");
             }
-            let room = ROWS_AT_ONCE.saturating_sub(steps.len());
-            if let Err(error) = poll::start_due_rows(&submitter, room, &mut steps, &stop).await {
+            if let Err(error) = steps::start_due_rows(&submitter, &slots, &mut steps, &stop).await {
                 tracing::warn!(error = %error, "looking for due provider batches failed; it runs again shortly");
             }
         }

@@ -9,133 +9,17 @@ use crate::jobs::input::JobInput;
 use crate::llm::batches::{BatchItem, RemoteBatch, RemoteState, created_nothing};
 use crate::llm::{Provider, ProviderError};
 use entity::{
-    AttemptOutcome, JobStatus, ProviderBatchState, Timestamp, attempts, batches, jobs,
-    provider_batches,
+    AttemptOutcome, JobStatus, ProviderBatchState, Timestamp, attempts, jobs, provider_batches,
 };
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{ColumnTrait, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::task::JoinSet;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 /// The longest wait between two tries after the provider failed to answer.
 const MAX_BACKOFF: Duration = Duration::from_secs(600);
-
-/// Starts a step, in `steps`, for each of at most `room` due rows whose lease is
-/// free (a row whose step is under way is leased to it).
-pub(super) async fn start_due_rows(
-    submitter: &Arc<Submitter>,
-    room: usize,
-    steps: &mut JoinSet<()>,
-    stop: &CancellationToken,
-) -> Result<(), DbErr> {
-    if room == 0 {
-        return Ok(());
-    }
-    for due in rows::due(&submitter.db, room).await? {
-        let submitter = submitter.clone();
-        let stop = stop.clone();
-        steps.spawn(async move {
-            if let Err(error) = advance_one(&submitter, due.id, &stop).await {
-                tracing::warn!(provider_batch.id = %due.id, error = %error, "a provider batch step failed; it is tried again");
-            }
-        });
-    }
-    Ok(())
-}
-
-/// One step of the row `id`, if its lease is still free.
-async fn advance_one(
-    submitter: &Submitter,
-    id: Uuid,
-    stop: &CancellationToken,
-) -> Result<(), DbErr> {
-    if stop.is_cancelled() {
-        return Ok(());
-    }
-    let token = Uuid::new_v4();
-    let Some(row) = rows::take(&submitter.db, id, token).await? else {
-        return Ok(());
-    };
-    let cancelled = cancel_requested(submitter, &row).await?;
-    // The lease is renewed while the step runs: a step waiting on the provider is
-    // no lapse for another process to take the row over and ask again.
-    let step = rows::while_owned(
-        &submitter.db,
-        row.id,
-        token,
-        advance(submitter, &row, token, cancelled),
-    )
-    .await;
-    if let Err(error) = step {
-        tracing::warn!(provider_batch.id = %row.id, error = %error, "a provider batch step failed; it is tried again");
-    }
-    // A cancel that came while the step ran (an upload, a read) found the row's next
-    // look set by the step, up to a poll interval away: it is due now, so that the
-    // cancel reaches the provider before it runs what is not run yet.
-    if !cancelled && cancel_requested(submitter, &row).await? {
-        let due = fenced(submitter, &row, token).col_expr(
-            provider_batches::Column::NextPollAt,
-            Expr::value(Timestamp::now()),
-        );
-        rows::write(&submitter.db, due).await?;
-    }
-    rows::release(&submitter.db, row.id, token).await
-}
-
-/// The provider the row was uploaded to, if this process still routes its model
-/// there and it has a batch API.
-fn provider_of(submitter: &Submitter, row: &provider_batches::Model) -> Option<Arc<dyn Provider>> {
-    submitter
-        .providers
-        .provider_for(&row.model)
-        .filter(|provider| provider.name() == row.provider && provider.batch_api().is_some())
-}
-
-/// Whether the tenant cancelled the row's batch.
-async fn cancel_requested(
-    submitter: &Submitter,
-    row: &provider_batches::Model,
-) -> Result<bool, DbErr> {
-    Ok(batches::Entity::find_by_id(row.batch_id)
-        .one(&submitter.db)
-        .await?
-        .is_some_and(|batch| batch.cancel_requested))
-}
-
-async fn advance(
-    submitter: &Submitter,
-    row: &provider_batches::Model,
-    token: Uuid,
-    cancelled: bool,
-) -> Result<(), DbErr> {
-    let Some(provider) = provider_of(submitter, row) else {
-        let error = ProviderError::NotSent {
-            message: format!(
-                "this process routes {:?} to no batch API of provider {:?}",
-                row.model, row.provider
-            ),
-        };
-        return unreadable(submitter, row, token, &error).await;
-    };
-    match row.state {
-        ProviderBatchState::Preparing if cancelled => abandon(submitter, row, token).await,
-        ProviderBatchState::Preparing => upload(submitter, row, token, &provider).await,
-        ProviderBatchState::Uploading => {
-            search::recover(submitter, row, token, &provider, cancelled).await
-        }
-        ProviderBatchState::Submitted | ProviderBatchState::Cancelling => {
-            poll(submitter, row, token, &provider, cancelled).await
-        }
-        ProviderBatchState::Ended => settle_results(submitter, row, token, &provider, None).await,
-        ProviderBatchState::Settled
-        | ProviderBatchState::Abandoned
-        | ProviderBatchState::Unknown => Ok(()),
-    }
-}
 
 fn backend(submitter: &Submitter) -> sea_orm::DbBackend {
     submitter.db.get_database_backend()
@@ -436,7 +320,7 @@ pub(super) async fn record_submitted(
 
 /// A submitted row: cancelled at the provider when its batch was, read, and settled
 /// once ended.
-async fn poll(
+pub(super) async fn poll(
     submitter: &Submitter,
     row: &provider_batches::Model,
     token: Uuid,
@@ -557,7 +441,7 @@ fn next_poll(submitter: &Submitter, deadline: Option<Timestamp>) -> Timestamp {
 
 /// Streams an ended batch's results, settling them a chunk at a time; then the
 /// attempts it holds no line for (treated as expired), and the row is `settled`.
-async fn settle_results(
+pub(super) async fn settle_results(
     submitter: &Submitter,
     row: &provider_batches::Model,
     token: Uuid,

@@ -41,12 +41,29 @@ fn free(backend: DbBackend) -> Condition {
         .add(Expr::col(provider_batches::Column::LeaseUntil).lt(now(backend)))
 }
 
-/// The open rows due a look whose lease is free, oldest first.
+/// The providers with open rows due a look whose lease is free.
+pub(super) async fn due_providers(db: &impl ConnectionTrait) -> Result<Vec<String>, DbErr> {
+    provider_batches::Entity::find()
+        .select_only()
+        .column(provider_batches::Column::Provider)
+        .distinct()
+        .filter(provider_batches::Column::State.is_in(OPEN))
+        .filter(provider_batches::Column::NextPollAt.lte(Timestamp::now()))
+        .filter(free(db.get_database_backend()))
+        .into_tuple()
+        .all(db)
+        .await
+}
+
+/// At most `at_most` of `provider`'s open rows due a look whose lease is free, the
+/// longest due first.
 pub(super) async fn due(
     db: &impl ConnectionTrait,
+    provider: &str,
     at_most: usize,
 ) -> Result<Vec<provider_batches::Model>, DbErr> {
     provider_batches::Entity::find()
+        .filter(provider_batches::Column::Provider.eq(provider))
         .filter(provider_batches::Column::State.is_in(OPEN))
         .filter(provider_batches::Column::NextPollAt.lte(Timestamp::now()))
         .filter(free(db.get_database_backend()))

@@ -252,7 +252,7 @@ async fn submit_one(submitter: &Submitter, batch: &batches::Model) -> Result<usi
             item_count: Set(going.len() as i64),
             cost_bound_nanos: Set(bound),
             // Free and due at once: the upload is the row's first step, in a task of
-            // its own (`poll::start_due_rows`), in this process or another.
+            // its own (`steps::start_due_rows`), in this process or another.
             run_token: Set(None),
             lease_until: Set(None),
             next_poll_at: Set(now),
