@@ -229,7 +229,22 @@ impl Answer {
         let body = ErrorBody::parse(&self.body);
         let class = ErrorClass::of(status, &body);
         let request = request_id.as_deref().unwrap_or("none");
-        if class == ErrorClass::QuotaExhausted {
+        if class == ErrorClass::Redirected {
+            // Every call to this provider fails the same way until an operator fixes
+            // the base URL; where it points is the hint.
+            let location = self
+                .headers
+                .get(reqwest::header::LOCATION)
+                .and_then(|value| value.to_str().ok())
+                .unwrap_or("none");
+            tracing::error!(
+                provider,
+                status,
+                provider_request_id = request,
+                location,
+                "the provider's base URL answers with a redirect: correct it in the configuration"
+            );
+        } else if class == ErrorClass::QuotaExhausted {
             // A 429 that no retry fixes: the provider account is out of credit. Every
             // job on this provider will fail until an operator tops it up.
             tracing::error!(
@@ -357,6 +372,9 @@ enum ErrorClass {
     Conflict,
     Overloaded,
     Failed,
+    /// A 3xx: the configured base URL is not the provider's API (a moved endpoint, a
+    /// proxy sending clients to a login page). Redirects are not followed.
+    Redirected,
     Refused,
 }
 
@@ -382,6 +400,7 @@ impl ErrorClass {
             // 529 is Anthropic's "overloaded".
             503 | 529 => Self::Overloaded,
             500.. => Self::Failed,
+            300..=399 => Self::Redirected,
             _ => Self::Refused,
         }
     }
@@ -401,6 +420,9 @@ impl ErrorClass {
             Self::Conflict => "the provider reported a conflict",
             Self::Overloaded => "the provider is overloaded or unavailable",
             Self::Failed => "the provider failed",
+            Self::Redirected => {
+                "the provider's configured address answered with a redirect, which is not followed: its base URL needs correcting"
+            }
             Self::Refused => "the provider refused the request",
         }
     }
@@ -493,6 +515,16 @@ mod tests {
             .body("{}");
         let answer = transport.send(call).await.unwrap();
         assert_eq!(answer.status, StatusCode::TEMPORARY_REDIRECT);
+        // Not worth retrying, and the tenant reads why, not a bare refusal.
+        match answer.into_error("anthropic", None) {
+            ProviderError::Permanent {
+                status, message, ..
+            } => {
+                assert_eq!(status, 307);
+                assert!(message.contains("redirect"), "{message}");
+            }
+            other => panic!("a redirect is permanent: {other:?}"),
+        }
         assert_eq!(
             reached.load(std::sync::atomic::Ordering::SeqCst),
             0,
