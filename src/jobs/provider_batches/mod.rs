@@ -37,6 +37,7 @@ mod search;
 mod settle;
 mod steps;
 mod submit;
+mod upload;
 mod upload_size;
 
 pub(crate) use submit::ITEM_LEASE;

@@ -191,7 +191,7 @@ inline create_remote(mask, k) {
     assert(!((mask & BIT(1)) && HELD_ELSEWHERE(k, 1)))                   /* Q1 */
 }
 
-/* The requests of row r still running (poll::items). */
+/* The requests of row r still running (upload::items). */
 inline running_of(r, mask) {
     mask = 0;
     if :: IN_ROW(0, r) -> mask = mask | BIT(0) :: else fi;
@@ -214,7 +214,7 @@ inline may_die() {
     fi
 }
 
-/* poll::send: the upload, then its answer. */
+/* upload::send: the upload, then its answer. */
 inline send(r) {
     atomic {
         running_of(r, mask);
@@ -334,7 +334,7 @@ end:
             if :: IN_ROW(0, r) -> item[0] = CANCELLED :: else fi;
             if :: IN_ROW(1, r) -> item[1] = CANCELLED :: else fi;
             row_state[r] = ABANDONED }
-       /* poll::upload: one row uploading at a time */
+       /* upload::upload: one row uploading at a time */
        :: atomic { OWNS(r) && row_state[r] == PREPARING && !cancel_requested && NONE_UPLOADING ->
             row_state[r] = UPLOADING; row_began[r] = remotes };
           may_die();

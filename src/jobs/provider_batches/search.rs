@@ -6,9 +6,8 @@
 //! candidate, recorded unattributed, and its first result line says whose it is —
 //! ours, it is settled; someone else's, it is ruled out and the row searches again.
 
-use super::poll::{
-    abandon, fenced, finish_row, items, record_submitted, send, state, take_upload_slot, unreadable,
-};
+use super::poll::{abandon, fenced, finish_row, state, unreadable};
+use super::upload::{items, record_submitted, send, take_upload_slot};
 use super::{Submitter, rows, settle};
 use crate::llm::Provider;
 use crate::llm::batches::{Found, ResultLine};

@@ -1,7 +1,7 @@
 //! Which rows' steps run, and when: each due row's step is a task of its own, and
 //! each provider has [`ROWS_AT_ONCE`] slots of its own for them.
 
-use super::{Submitter, poll, rows, search};
+use super::{Submitter, poll, rows, search, upload};
 use crate::llm::{Provider, ProviderError};
 use entity::{ProviderBatchState, Timestamp, batches, provider_batches};
 use sea_orm::sea_query::Expr;
@@ -167,7 +167,7 @@ async fn advance(
     };
     match row.state {
         ProviderBatchState::Preparing if cancelled => poll::abandon(submitter, row, token).await,
-        ProviderBatchState::Preparing => poll::upload(submitter, row, token, &provider).await,
+        ProviderBatchState::Preparing => upload::upload(submitter, row, token, &provider).await,
         ProviderBatchState::Uploading => {
             search::recover(submitter, row, token, &provider, cancelled).await
         }
