@@ -18,6 +18,7 @@ pub mod error;
 pub mod graphql;
 pub mod http;
 pub mod jobs;
+pub mod keyed_slots;
 pub mod llm;
 pub mod metrics;
 pub mod outbox;

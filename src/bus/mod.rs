@@ -21,6 +21,7 @@
 pub mod relay;
 pub(crate) mod rereads;
 
+use crate::keyed_slots::{KeyedSlot, KeyedSlots};
 use entity::{EventKind, JobStatus, JsonText, Timestamp, job_events};
 use rereads::{SharedRereads, TenantRereads};
 use serde::{Deserialize, Serialize};
@@ -125,7 +126,7 @@ struct Hub {
     /// Bumped when notices may have been lost, so that every receiver re-reads.
     missed: watch::Sender<u64>,
     revoked_keys: broadcast::Sender<Uuid>,
-    subscriptions_by_tenant: Mutex<HashMap<Uuid, usize>>,
+    subscriptions_by_tenant: KeyedSlots<Uuid>,
     published_here: Mutex<OwnEvents>,
     rereads: SharedRereads,
 }
@@ -165,7 +166,7 @@ impl Default for EventBus {
                 topics: Mutex::default(),
                 missed: watch::channel(0).0,
                 revoked_keys: broadcast::channel(WIDE_CAPACITY).0,
-                subscriptions_by_tenant: Mutex::default(),
+                subscriptions_by_tenant: KeyedSlots::default(),
                 published_here: Mutex::default(),
                 rereads: SharedRereads::default(),
             }),
@@ -282,21 +283,15 @@ impl EventBus {
     /// tenant holds [`MAX_SUBSCRIPTIONS_PER_TENANT`] already. The count drops with
     /// the returned slot.
     pub fn admit_subscription(&self, tenant_id: Uuid) -> Option<SubscriptionSlot> {
-        let mut counts = self.hub.subscriptions();
-        let count = counts.entry(tenant_id).or_default();
-        if *count >= MAX_SUBSCRIPTIONS_PER_TENANT {
-            return None;
-        }
-        *count += 1;
-        Some(SubscriptionSlot {
-            hub: self.hub.clone(),
-            tenant_id,
-        })
+        self.hub
+            .subscriptions_by_tenant
+            .try_take(&tenant_id, MAX_SUBSCRIPTIONS_PER_TENANT)
+            .map(|slot| SubscriptionSlot { _slot: slot })
     }
 
     /// Live subscriptions of every tenant in this process.
     pub fn open_subscriptions(&self) -> usize {
-        self.hub.subscriptions().values().sum()
+        self.hub.subscriptions_by_tenant.total()
     }
 
     /// The shared re-reads of `tenant_id`'s account streams.
@@ -318,12 +313,6 @@ impl Hub {
 
     fn own_events(&self) -> std::sync::MutexGuard<'_, OwnEvents> {
         self.published_here
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn subscriptions(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, usize>> {
-        self.subscriptions_by_tenant
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
@@ -418,18 +407,5 @@ impl RevocationReceiver {
 /// One live subscription counted against its tenant's limit.
 #[derive(Debug)]
 pub struct SubscriptionSlot {
-    hub: Arc<Hub>,
-    tenant_id: Uuid,
-}
-
-impl Drop for SubscriptionSlot {
-    fn drop(&mut self) {
-        let mut counts = self.hub.subscriptions();
-        if let Some(count) = counts.get_mut(&self.tenant_id) {
-            *count -= 1;
-            if *count == 0 {
-                counts.remove(&self.tenant_id);
-            }
-        }
-    }
+    _slot: KeyedSlot<Uuid>,
 }

@@ -137,10 +137,10 @@ impl Submitter {
     /// logged and tried again on a later tick: every step starts from the rows.
     ///
     /// Each row's step runs as a task of its own, up to [`steps::ROWS_AT_ONCE`] of
-    /// each provider at a time, and a tick starts the due rows there is room for without waiting for the steps
-    /// still running: a provider slow to answer about one row (up to the call
-    /// timeout) holds up that row alone — not the submission of closed batches, nor
-    /// rows that come due meanwhile.
+    /// each provider at a time, and a tick starts the due rows there is room for
+    /// without waiting for the steps still running: a provider slow to answer about
+    /// one row (up to the call timeout) holds up that row alone — not the submission
+    /// of closed batches, nor rows that come due meanwhile.
     pub async fn run(self, stop: CancellationToken) {
         tracing::info!(worker.id = %self.worker_id, poll_seconds = self.settings.poll.as_secs(), "provider-batch submitter started");
         let submitter = Arc::new(self);

@@ -6,7 +6,7 @@ use entity::{ProviderBatchState, Timestamp, provider_batches};
 use sea_orm::sea_query::{Expr, ExprTrait, SimpleExpr};
 use sea_orm::{
     ColumnTrait, Condition, ConnectionTrait, DbBackend, DbErr, EntityTrait, QueryFilter,
-    QueryOrder, QuerySelect, UpdateMany,
+    QueryOrder, QuerySelect, Select, UpdateMany,
 };
 use std::time::Duration;
 use uuid::Uuid;
@@ -41,15 +41,20 @@ fn free(backend: DbBackend) -> Condition {
         .add(Expr::col(provider_batches::Column::LeaseUntil).lt(now(backend)))
 }
 
+/// The open rows due a look whose lease is free.
+fn due_rows(backend: DbBackend) -> Select<provider_batches::Entity> {
+    provider_batches::Entity::find()
+        .filter(provider_batches::Column::State.is_in(OPEN))
+        .filter(provider_batches::Column::NextPollAt.lte(Timestamp::now()))
+        .filter(free(backend))
+}
+
 /// The providers with open rows due a look whose lease is free.
 pub(super) async fn due_providers(db: &impl ConnectionTrait) -> Result<Vec<String>, DbErr> {
-    provider_batches::Entity::find()
+    due_rows(db.get_database_backend())
         .select_only()
         .column(provider_batches::Column::Provider)
         .distinct()
-        .filter(provider_batches::Column::State.is_in(OPEN))
-        .filter(provider_batches::Column::NextPollAt.lte(Timestamp::now()))
-        .filter(free(db.get_database_backend()))
         .into_tuple()
         .all(db)
         .await
@@ -62,11 +67,8 @@ pub(super) async fn due(
     provider: &str,
     at_most: usize,
 ) -> Result<Vec<provider_batches::Model>, DbErr> {
-    provider_batches::Entity::find()
+    due_rows(db.get_database_backend())
         .filter(provider_batches::Column::Provider.eq(provider))
-        .filter(provider_batches::Column::State.is_in(OPEN))
-        .filter(provider_batches::Column::NextPollAt.lte(Timestamp::now()))
-        .filter(free(db.get_database_backend()))
         .order_by_asc(provider_batches::Column::NextPollAt)
         .limit(at_most as u64)
         .all(db)

@@ -2,12 +2,12 @@
 //! each provider has [`ROWS_AT_ONCE`] slots of its own for them.
 
 use super::{Submitter, poll, rows, search, upload};
+use crate::keyed_slots::KeyedSlots;
 use crate::llm::{Provider, ProviderError};
 use entity::{ProviderBatchState, Timestamp, batches, provider_batches};
 use sea_orm::sea_query::Expr;
 use sea_orm::{DbErr, EntityTrait};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -18,49 +18,7 @@ pub(super) const ROWS_AT_ONCE: usize = 8;
 /// The steps under way, counted by provider. A provider that stalls holds each of
 /// its rows' steps up to the call timeout; with slots of its own, its rows fill
 /// those and leave the other providers' rows theirs.
-#[derive(Clone, Default)]
-pub(super) struct Slots(Arc<Mutex<HashMap<String, usize>>>);
-
-impl Slots {
-    fn room(&self, provider: &str) -> usize {
-        let taken = self.lock().get(provider).copied().unwrap_or(0);
-        ROWS_AT_ONCE.saturating_sub(taken)
-    }
-
-    fn take(&self, provider: &str) -> Slot {
-        *self.lock().entry(provider.to_owned()).or_default() += 1;
-        Slot {
-            slots: self.clone(),
-            provider: provider.to_owned(),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
-        // A count is never left half-updated: a poisoned lock's map is still right.
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-/// A step's slot, given back when the step ends however it ends (a panic, an abort
-/// at shutdown).
-struct Slot {
-    slots: Slots,
-    provider: String,
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let mut taken = self.slots.lock();
-        if let Some(count) = taken.get_mut(&self.provider) {
-            *count -= 1;
-            if *count == 0 {
-                taken.remove(&self.provider);
-            }
-        }
-    }
-}
+pub(super) type Slots = KeyedSlots<String>;
 
 /// Starts a step, in `steps`, for each due row whose lease is free (a row whose
 /// step is under way is leased to it), as many of each provider's as it has free
@@ -72,12 +30,14 @@ pub(super) async fn start_due_rows(
     stop: &CancellationToken,
 ) -> Result<(), DbErr> {
     for provider in rows::due_providers(&submitter.db).await? {
-        let room = slots.room(&provider);
+        let room = ROWS_AT_ONCE.saturating_sub(slots.taken(&provider));
         if room == 0 {
             continue;
         }
         for due in rows::due(&submitter.db, &provider, room).await? {
-            let slot = slots.take(&provider);
+            let Some(slot) = slots.try_take(&provider, ROWS_AT_ONCE) else {
+                break;
+            };
             let submitter = submitter.clone();
             let stop = stop.clone();
             steps.spawn(async move {
